@@ -1,0 +1,32 @@
+# kv-cache-bench: make install | run | test | bench | lint | clean
+PYTHON ?= python3
+ARGS ?=
+
+.PHONY: install run test test-gpu bench lint clean
+
+install:  ## Python package with test tools, and fio for `make bench`
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	@command -v fio >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio >/dev/null) \
+	      || echo "note: fio could not be installed; make bench will skip the fio comparison"; \
+	  else echo "note: fio is not installed (sudo apt-get install fio); make bench needs it"; fi; }
+
+run:  ## The main job on the embedded defaults
+	$(PYTHON) kv_cache_benchmark.py --model llama70b --users 200 $(ARGS)
+
+test:  ## Unit, property, contract, scenario and end-to-end tests (GPU and MPI tests skip)
+	$(PYTHON) -m pytest -q -m "not gpu and not mpi" tests
+
+test-gpu:
+	$(PYTHON) -m pytest -q -m gpu tests
+
+bench:  ## Ratios against fio, numpy memcpy and the null tier, on this machine
+	$(PYTHON) bench/run_bench.py $(ARGS)
+
+lint:
+	$(PYTHON) -m ruff check kv_cache tests bench kv_cache_benchmark.py
+
+clean:
+	rm -rf reports/*/ build *.egg-info .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,3 @@
+from kv_cache.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,163 @@
+"""Building a run from settings: geometry, cache directory, tiers, memory budget.
+
+With run.py this is the composition root: the only code that knows the
+concrete tier classes. Everything a user can get wrong here ends in one
+UserError sentence before any data is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+
+from kv_cache.budget import MemoryBudget
+from kv_cache.config import Settings
+from kv_cache.errors import UserError
+from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
+from kv_cache.model import ModelSpec, find_model, slot_bytes
+from kv_cache.tiers.cpu import CpuTier
+from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct
+from kv_cache.tiers.null import NullTier
+from kv_cache.tiers.nvme import NvmeTier
+from kv_cache.tiers.simulated import SimulatedTier
+
+GiB = 2**30
+WHOLE_REQUEST_SLOT_BYTES = 16 << 20  # slot size of every tier in whole-request mode
+NVME_AUTO_FRACTION, NVME_AUTO_MAX = 0.25, 64 * GiB
+
+
+@dataclass
+class Geometry:
+    """Sizes that follow from the model and the block settings."""
+
+    model: ModelSpec
+    bytes_per_token: int
+    block_bytes: int        # logical bytes of one full block (0 in whole-request mode)
+    slot_bytes: int         # bytes one tier slot holds (block rounded up to 4 KiB)
+    max_object_bytes: int   # largest object a worker stages
+
+
+@dataclass
+class StorageSite:
+    """Where the NVMe tier lives and which engine really runs there."""
+
+    cache_dir: str
+    data_dir: str
+    fs_type: str
+    mount_point: str
+    engine: str
+    engine_note: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+def geometry(s: Settings) -> Geometry:
+    model = find_model(s.model.name, s.models)
+    bpt = model.bytes_per_token(s.model.kv_dtype, s.model.tp)
+    if s.model.block_tokens:
+        block = bpt * s.model.block_tokens
+        return Geometry(model, bpt, block, slot_bytes(block), slot_bytes(block))
+    profiles = [getattr(s.profiles, n) for n in s.profiles.__dataclass_fields__]
+    longest = max(p.max_context_tokens + p.output_tokens[1] for p in profiles)
+    return Geometry(model, bpt, 0, WHOLE_REQUEST_SLOT_BYTES, slot_bytes(longest * bpt))
+
+
+def workers(s: Settings) -> int:
+    return s.schedule.workers or max(4, min(16, 2 * (os.cpu_count() or 1)))
+
+
+def memory_budget(s: Settings, geo: Geometry) -> MemoryBudget:
+    fake = s.tiers.null_io
+    cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
+    staging = 0 if fake else workers(s) * 2 * geo.max_object_bytes
+    pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
+    return MemoryBudget(cpu, staging, pool)
+
+
+# ---------------------------------------------------------------------------- NVMe site
+
+def _check_dir(path: str) -> None:
+    if not os.path.exists(path):
+        raise UserError(f"cache directory {path} does not exist; create it or pass another --cache-dir.")
+    if not os.path.isdir(path):
+        raise UserError(f"cache directory {path} is not a directory; pass a directory to --cache-dir.")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"cache directory {path} is not writable; fix its permissions or pass another --cache-dir.")
+
+
+def storage_site(s: Settings, run_id: str) -> StorageSite:
+    """Check the cache directory, make the run's data directory and choose the engine."""
+    cache_dir = s.tiers.cache_dir
+    if not cache_dir:
+        cache_dir = os.path.join(s.run.output_dir, "cache")
+        os.makedirs(cache_dir, exist_ok=True)
+    cache_dir = os.path.abspath(cache_dir)
+    _check_dir(cache_dir)
+    mount = mount_of(cache_dir)
+    warnings = []
+    if mount.fs_type in RAM_FILESYSTEMS:
+        if not s.tiers.allow_tmpfs:
+            raise UserError(f"cache directory {cache_dir} is on {mount.fs_type} (RAM), so the NVMe tier would "
+                            f"measure memory; pass a directory on the device under test, or --allow-tmpfs.")
+        warnings.append(f"the NVMe tier is on {mount.fs_type}: its numbers are RAM, not a storage device.")
+    data_dir = os.path.join(cache_dir, f"kvbench-{run_id}")
+    try:
+        os.makedirs(data_dir)
+    except FileExistsError:
+        raise UserError(f"{data_dir} already exists (a run with the same --run-id kept its data); "
+                        f"remove it or choose another --run-id.") from None
+    except OSError as e:
+        raise UserError(f"cannot create {data_dir}: {e.strerror}.") from None
+    engine, note = s.tiers.io_engine, ""
+    if engine == "direct":
+        why = probe_direct(data_dir)
+        if why:
+            engine, note = "buffered", f"fallback: {mount.fs_type} refused O_DIRECT ({why})"
+            warnings.append(f"O_DIRECT is not available in {cache_dir} ({why}); the buffered engine "
+                            f"(write + fsync, page cache dropped before reads) runs instead.")
+    return StorageSite(cache_dir, data_dir, mount.fs_type, mount.mount_point, engine, note, warnings)
+
+
+def nvme_capacity(s: Settings, site: StorageSite, geo: Geometry) -> int:
+    free = shutil.disk_usage(site.cache_dir).free
+    if s.tiers.nvme_gb:
+        want = int(s.tiers.nvme_gb * GiB)
+        if want > free:
+            raise UserError(f"--nvme-gb {s.tiers.nvme_gb:g} asks for {want / GiB:.2f} GiB but {site.cache_dir} "
+                            f"has {free / GiB:.2f} GiB free; lower --nvme-gb or free space.")
+    else:
+        want = min(int(free * NVME_AUTO_FRACTION), NVME_AUTO_MAX)
+    slots = want // geo.slot_bytes
+    if slots * geo.slot_bytes < geo.max_object_bytes:
+        raise UserError(f"{site.cache_dir} has too little space for the NVMe tier: {want / GiB:.3f} GiB holds no "
+                        f"{geo.max_object_bytes / 2**20:.1f} MiB object ({free / GiB:.2f} GiB free); free space, "
+                        f"pass a larger --nvme-gb or another --cache-dir.")
+    return slots * geo.slot_bytes
+
+
+# ---------------------------------------------------------------------------- tiers
+
+def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None) -> tuple[list, list[str]]:
+    """The ordered tier list (fastest first) and lines saying what is off and why."""
+    notes: list[str] = []
+    tiers: list = []
+    slot = geo.slot_bytes
+    gpu_bytes = int(s.tiers.gpu_mem_gb * GiB)
+    if s.tiers.gpu == "simulated" and gpu_bytes >= slot:
+        tiers.append(NullTier("gpu", gpu_bytes, slot) if s.tiers.null_io
+                     else SimulatedTier("gpu", gpu_bytes, slot, s.tiers.gpu_sim_gbps))
+    elif s.tiers.gpu == "auto":
+        notes.append("GPU tier off: the real CuPy HBM tier is not built yet (see issue 5); "
+                     "--gpu simulated models one.")
+    cpu_bytes = int(s.tiers.cpu_mem_gb * GiB)
+    if cpu_bytes >= slot:
+        tiers.append(NullTier("cpu", cpu_bytes, slot) if s.tiers.null_io else CpuTier(cpu_bytes, slot))
+    elif cpu_bytes:
+        notes.append(f"CPU tier off: {s.tiers.cpu_mem_gb:g} GiB holds no {slot / 2**20:.1f} MiB slot.")
+    if site is None:
+        tiers.append(NullTier("nvme", NVME_AUTO_MAX, slot))
+    else:
+        cap = nvme_capacity(s, site, geo)
+        tiers.append(NvmeTier(site.data_dir, cap, slot, site.engine, s.tiers.nvme_layout,
+                              int(s.tiers.slab_file_gb * GiB), site.engine_note))
+    return tiers, notes

@@ -1,0 +1,269 @@
+"""The multi-tier block cache: where blocks live, and the waterfall between tiers.
+
+Vocabulary: tiers are ordered fastest first (gpu, cpu, nvme). A new block
+goes to the top tier; when that tier is full its policy picks *victims*
+that are *demoted* to the next tier (waterfall), and the bottom tier
+*evicts* for good. A hit read from a lower tier is *promoted* back to the
+top tier unless promotion is off. A block being read is *pinned* and never
+chosen as a victim.
+
+Locking: one lock guards the index, the per-tier accounting and the
+policies; no I/O ever happens under it. Space is reserved under the lock
+(victims are chosen and marked MOVING at once), then the reserving thread
+performs the moves, deepest first, and only then writes its own block, so a
+tier's slots are never over-committed. A reader that meets a MOVING block
+waits for the move to finish.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from time import monotonic_ns as now_ns
+
+import numpy as np
+
+from kv_cache.cache.policies import make_policy
+
+READY, WRITING, MOVING = "ready", "writing", "moving"
+
+
+class Entry:
+    """Index record of one block."""
+
+    __slots__ = ("key", "tier", "nbytes", "pins", "state", "label")
+
+    def __init__(self, key: int, tier: int, nbytes: int, label: str):
+        self.key, self.tier, self.nbytes, self.label = key, tier, nbytes, label
+        self.pins = 0
+        self.state = WRITING
+
+
+@dataclass(frozen=True)
+class Move:
+    """One planned waterfall step: demote entry from src to dst, or evict it (dst None)."""
+
+    entry: Entry
+    src: int
+    dst: int | None
+
+
+@dataclass
+class Reservation:
+    """Space reserved for a new block, with the moves that must run before it is written."""
+
+    entry: Entry
+    moves: list[Move]
+
+
+class BlockCache:
+    """Index + per-tier policies + placement over an ordered list of tiers."""
+
+    def __init__(self, tiers: list, policy: str, promote: bool, recorder):
+        self.tiers = tiers
+        self.names = [t.name for t in tiers]
+        self.policies = [make_policy(policy) for _ in tiers]
+        self.promote_enabled = promote
+        self.recorder = recorder
+        self.index: dict[int, Entry] = {}
+        self.used = [0] * len(tiers)  # slots of blocks in, or reserved for, each tier
+        self._cond = threading.Condition(threading.Lock())
+
+    # ------------------------------------------------------------------ placement (lock held)
+
+    def _slots(self, t: int, nbytes: int) -> int:
+        return self.tiers[t].slots_for(nbytes)
+
+    def _make_room(self, t: int, need: int) -> list[Move] | None:
+        """Choose victims so that need slots of tier t are free; None (and no change) if impossible."""
+        free = self.tiers[t].num_slots - self.used[t]
+        if free >= need:
+            return []
+        victims, got = [], free
+        for key in self.policies[t].candidates():
+            e = self.index[key]
+            if e.state == READY and e.pins == 0:
+                victims.append(e)
+                got += self._slots(t, e.nbytes)
+                if got >= need:
+                    break
+        if got < need:
+            return None
+        moves: list[Move] = []
+        for e in victims:
+            e.state = MOVING
+            self.used[t] -= self._slots(t, e.nbytes)
+            self.policies[t].on_remove(e.key)
+            deeper = None
+            if t + 1 < len(self.tiers):
+                deeper = self._make_room(t + 1, self._slots(t + 1, e.nbytes))
+            if deeper is None:
+                moves.append(Move(e, t, None))
+            else:
+                self.used[t + 1] += self._slots(t + 1, e.nbytes)
+                moves.extend(deeper)
+                moves.append(Move(e, t, t + 1))
+        return moves
+
+    def _reserve(self, t: int, nbytes: int) -> list[Move] | None:
+        moves = self._make_room(t, self._slots(t, nbytes))
+        if moves is not None:
+            self.used[t] += self._slots(t, nbytes)
+        return moves
+
+    # ------------------------------------------------------------------ moves (no lock)
+
+    def run_moves(self, moves: list[Move], scratch: np.ndarray) -> None:
+        """Perform planned moves in order (deepest first), each timed and recorded."""
+        for i, mv in enumerate(moves):
+            e, src = mv.entry, self.tiers[mv.src]
+            start = now_ns()
+            try:
+                if mv.dst is None:
+                    src.delete(e.key)
+                else:
+                    buf = scratch[: e.nbytes]
+                    src.get(e.key, buf)
+                    self.tiers[mv.dst].put(e.key, buf)
+                    src.delete(e.key)
+            except BaseException:
+                for failed in moves[i:]:  # nobody may wait forever on a MOVING block
+                    self._forget(failed.entry, failed, src_accounted=True)
+                raise
+            dur = now_ns() - start
+            if mv.dst is None:
+                self.recorder.op(src.name, "evict", "evict", start, dur, e.nbytes)
+            else:
+                self.recorder.op(self.names[mv.dst], "demote", "evict", start, dur, e.nbytes)
+                self.recorder.add_bytes(src.name, "read", start, e.nbytes)
+            with self._cond:
+                if mv.dst is None:
+                    del self.index[e.key]
+                else:
+                    e.tier, e.state = mv.dst, READY
+                    self.policies[mv.dst].on_insert(e.key)
+                self._cond.notify_all()
+
+    def _forget(self, e: Entry, mv: Move, src_accounted: bool) -> None:
+        """A move failed mid-way: drop the block from the index, both tiers and their accounting."""
+        with self._cond:
+            self.index.pop(e.key, None)
+            if not src_accounted:
+                self.used[mv.src] -= self._slots(mv.src, e.nbytes)
+            if mv.dst is not None:
+                self.used[mv.dst] -= self._slots(mv.dst, e.nbytes)
+                if self.tiers[mv.dst].contains(e.key):
+                    self.tiers[mv.dst].delete(e.key)
+            if self.tiers[mv.src].contains(e.key):
+                self.tiers[mv.src].delete(e.key)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ reads
+
+    def pin_prefix(self, keys) -> list[Entry]:
+        """Pin and return the entries of the longest cached prefix of keys."""
+        hits: list[Entry] = []
+        with self._cond:
+            for k in keys:
+                e = self.index.get(k)
+                while e is not None and e.state == MOVING:
+                    self._cond.wait()
+                    e = self.index.get(k)
+                if e is None or e.state != READY:
+                    break
+                e.pins += 1
+                self.policies[e.tier].on_hit(k)
+                hits.append(e)
+        return hits
+
+    def unpin(self, entries) -> None:
+        with self._cond:
+            for e in entries:
+                e.pins -= 1
+
+    def read(self, e: Entry, out: np.ndarray, phase: str) -> int:
+        """Read a pinned block into out; return the tier index it came from."""
+        t = e.tier
+        start = now_ns()
+        self.tiers[t].get(e.key, out[: e.nbytes])
+        self.recorder.op(self.names[t], "read", phase, start, now_ns() - start, e.nbytes)
+        return t
+
+    def release(self, e: Entry, data: np.ndarray, scratch: np.ndarray) -> None:
+        """Unpin a block that was read into data, promoting it to the top tier if due."""
+        with self._cond:
+            src = e.tier
+            moves = None
+            if self.promote_enabled and src > 0 and e.pins == 1 and e.state == READY:
+                moves = self._reserve(0, e.nbytes)
+            e.pins -= 1
+            if moves is None:
+                return
+            e.state = MOVING
+            self.policies[src].on_remove(e.key)
+        move = Move(e, src, 0)
+        try:
+            self.run_moves(moves, scratch)
+            start = now_ns()
+            self.tiers[0].put(e.key, data[: e.nbytes])
+            self.tiers[src].delete(e.key)
+            self.recorder.op(self.names[0], "promote", "load", start, now_ns() - start, e.nbytes)
+        except BaseException:
+            self._forget(e, move, src_accounted=False)
+            raise
+        with self._cond:
+            self.used[src] -= self._slots(src, e.nbytes)
+            e.tier, e.state = 0, READY
+            self.policies[0].on_insert(e.key)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ writes
+
+    def reserve_write(self, key: int, nbytes: int, label: str) -> Reservation | None:
+        """Reserve room for a new block in the highest tier that can make it; None if the
+        block is already cached or being written, or no tier can take it."""
+        with self._cond:
+            if key in self.index:
+                return None
+            for t in range(len(self.tiers)):
+                moves = self._reserve(t, nbytes)
+                if moves is not None:
+                    e = self.index[key] = Entry(key, t, nbytes, label)
+                    return Reservation(e, moves)
+        return None
+
+    def commit_write(self, res: Reservation, buf: np.ndarray, phase: str, scratch: np.ndarray) -> None:
+        """Run the reservation's moves, then write the block (timed) into its tier."""
+        e = res.entry
+        try:
+            self.run_moves(res.moves, scratch)
+            start = now_ns()
+            self.tiers[e.tier].put(e.key, buf[: e.nbytes])
+            self.recorder.op(self.names[e.tier], "write", phase, start, now_ns() - start, e.nbytes)
+        except BaseException:
+            self.abort(res)
+            raise
+        with self._cond:
+            e.state = READY
+            self.policies[e.tier].on_insert(e.key)
+            self._cond.notify_all()
+
+    def abort(self, res: Reservation) -> None:
+        """Give back a reservation whose block will not be written."""
+        e = res.entry
+        with self._cond:
+            if self.index.get(e.key) is e:
+                del self.index[e.key]
+                self.used[e.tier] -= self._slots(e.tier, e.nbytes)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ accounting
+
+    def occupancy(self) -> dict[str, dict[str, int]]:
+        """Per tier: blocks, bytes of blocks and reserved slots (for the report and tests)."""
+        with self._cond:
+            out = {n: {"blocks": 0, "bytes": 0, "slots_accounted": self.used[i]} for i, n in enumerate(self.names)}
+            for e in self.index.values():
+                out[self.names[e.tier]]["blocks"] += 1
+                out[self.names[e.tier]]["bytes"] += e.nbytes
+            return out

@@ -1,0 +1,104 @@
+"""Command line: flags derived from the settings schema, sub-commands, clean errors.
+
+    kv_cache_benchmark.py [run] [--flags]     run the benchmark (the default)
+    kv_cache_benchmark.py report RESULTS      re-render a results.json (or its folder)
+    kv_cache_benchmark.py --list-models       the model table
+
+A user error prints one sentence and exits 2; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import typing
+from pathlib import Path
+
+from kv_cache import __version__
+from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, resolve
+from kv_cache.errors import UserError
+
+SUBCOMMANDS = ("run", "report")
+
+
+def _add_setting_flags(p: argparse.ArgumentParser) -> None:
+    for section in ("run", "model", "tiers", "cache", "workload", "schedule"):
+        group = p.add_argument_group(f"{section} settings (config.yaml section '{section}')")
+        for dotted, f, typ in iter_keys(Settings):
+            if not dotted.startswith(section + ".") or not is_flag_key(dotted, typ):
+                continue
+            name, meta = flag_name(dotted, f), f.metadata
+            text = meta["help"] + (f" [default: {f.default}]" if not isinstance(f.default, bool) else "")
+            if typ is bool and f.default:
+                group.add_argument("--no-" + name[2:], dest=dotted, action="store_false",
+                                   default=argparse.SUPPRESS, help=text)
+            elif typ is bool:
+                group.add_argument(name, dest=dotted, action="store_true", default=argparse.SUPPRESS, help=text)
+            else:
+                metavar = "LO,HI" if typing.get_origin(typ) is tuple else dotted.split(".")[1].upper()
+                group.add_argument(name, dest=dotted, default=argparse.SUPPRESS, help=text,
+                                   choices=meta.get("choices"), metavar=metavar)
+
+
+def run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py",
+                                description="Block-level KV-cache storage benchmark (GPU / CPU / NVMe tiers).")
+    p.add_argument("--version", action="version", version=f"kv-cache-bench {__version__}")
+    p.add_argument("--config", help="YAML settings file (default: the repository's config.yaml).")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="Override any setting, e.g. --set profiles.chatbot.think_time_s=0.1,0.2 (repeatable).")
+    p.add_argument("--list-models", action="store_true", help="Print the model table and exit.")
+    _add_setting_flags(p)
+    return p
+
+
+def _cmd_run(argv: list[str]) -> int:
+    args = vars(run_parser().parse_args(argv))
+    config, sets, list_models = args.pop("config"), args.pop("set"), args.pop("list_models")
+    settings = resolve(config, sets, args)
+    if list_models:
+        from kv_cache.report.models_table import list_models_table
+
+        print(list_models_table(settings.models, settings.model.kv_dtype, settings.model.tp,
+                                settings.model.block_tokens))
+        return 0
+    from kv_cache.run import execute
+
+    say = (lambda *a, **k: None) if settings.run.quiet else print
+    return execute(settings, say)
+
+
+def _cmd_report(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py report", description="Re-render a results.json.")
+    p.add_argument("results", help="A results.json file or the run folder holding it.")
+    path = Path(p.parse_args(argv).results)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist; pass a run folder under reports/ or its results.json.") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is not a readable results file ({e}).") from None
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise UserError(f"{path} is not a kv-cache-bench results file (no schema_version).")
+    from kv_cache.report.console import render
+
+    print(render(data, str(path)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
+    rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
+    try:
+        return _cmd_report(rest) if command == "report" else _cmd_run(rest)
+    except UserError as e:
+        print(f"kv_cache_benchmark.py: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kv_cache_benchmark.py: interrupted before the measurement started; nothing was measured "
+              "and temporary data was removed.", file=sys.stderr)
+        return 130

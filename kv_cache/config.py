@@ -1,0 +1,348 @@
+"""Settings: one typed schema, the only source of truth.
+
+Vocabulary: a *section* is one frozen dataclass (run, model, tiers, cache,
+workload, schedule, profiles); a *key* is one of its fields. Every key carries
+its help text in ``metadata``; the CLI flags, ``--help``, the documented
+``config.yaml`` and validation are all derived from this module.
+
+Precedence, lowest first: schema defaults < config file (``config.yaml`` of
+the repository, or ``--config FILE``) < ``--set section.key=value`` < flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kv_cache.errors import UserError
+
+REPO_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
+
+
+def key(default, help: str, flag: str | None = None, choices=None, lo=None, hi=None):
+    """A schema field with its documentation and bounds."""
+    meta = {"help": help, "flag": flag, "choices": choices, "lo": lo, "hi": hi}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    seed: int = key(42, "Seed of every random choice: the same seed gives the same request schedule.")
+    duration_s: float = key(60.0, "Seconds of measurement after the warm-up.", "--duration", lo=0.1)
+    warmup_s: float = key(5.0, "Seconds at the start excluded from statistics.", "--warmup", lo=0.0)
+    max_requests: int = key(0, "Stop after issuing this many requests (0: no limit, the duration decides).", lo=0)
+    output_dir: str = key("reports", "Folder under which reports/<run-id>/ is written.")
+    run_id: str = key("", "Name of the run folder (empty: a UTC timestamp).")
+    keep_data: bool = key(False, "Keep the NVMe tier's data files after the run (default: removed).")
+    quiet: bool = key(False, "Print nothing but errors.")
+    verify: str = key("stamps", "Check read blocks: stamps (every 4 KiB page's stamp), full (every byte), off.",
+                      choices=("stamps", "full", "off"))
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    name: str = key("llama70b", "Model whose KV geometry sizes the blocks (see --list-models).", "--model")
+    kv_dtype: str = key("bf16", "KV-cache element type.", choices=("fp16", "bf16", "fp8", "fp32"))
+    tp: int = key(1, "Tensor-parallel degree: the benchmark plays one rank, holding 1/tp of each block.",
+                  lo=1, hi=1024)
+    block_tokens: int = key(256, "Tokens per KV block (256 as LMCache, 16 as vLLM, 512 as Mooncake); "
+                                 "0 stores one object per request, as the MLPerf reference does.", lo=0,
+                            hi=1 << 20)
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    gpu: str = key("auto", "GPU tier: auto (on when CuPy finds a device, else off), simulated "
+                           "(capacity + bandwidth model, labelled simulated), off.",
+                   choices=("auto", "simulated", "off"))
+    gpu_mem_gb: float = key(16.0, "GPU tier capacity in GiB.", lo=0.0)
+    gpu_sim_gbps: float = key(25.0, "Bandwidth model of the simulated GPU tier, GB/s per transfer "
+                                    "(PCIe 5 x16 host copies reach about 25).", lo=0.001)
+    cpu_mem_gb: float = key(4.0, "CPU tier capacity in GiB (0 turns the tier off).", lo=0.0)
+    nvme_gb: float = key(0.0, "NVMe tier capacity in GiB (0: a quarter of the free space, at most 64 GiB).",
+                         lo=0.0)
+    cache_dir: str = key("", "Directory for the NVMe tier's files (empty: reports/cache). A run "
+                             "makes its own subdirectory there and removes it at the end.")
+    io_engine: str = key("direct", "How the NVMe tier moves bytes: direct (O_DIRECT), mmap (msync, "
+                                   "cached pages dropped before reads), buffered (write+fsync, fadvise).",
+                         choices=("direct", "mmap", "buffered"))
+    nvme_layout: str = key("slab", "slab: preallocated files of fixed slots; file-per-block: one file per "
+                                   "block, created and unlinked.", choices=("slab", "file-per-block"))
+    slab_file_gb: float = key(4.0, "Size of one slab file in GiB (slab layout).", lo=0.001)
+    allow_tmpfs: bool = key(False, "Accept a cache directory on tmpfs/ramfs (then the NVMe tier measures RAM).")
+    null_io: bool = key(False, "Replace every tier by the null tier: no byte moves, the numbers are the "
+                               "load generator's own overhead (as fio's null engine).")
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    policy: str = key("lru", "Eviction policy of every tier.", choices=("lru",))
+    promote: bool = key(True, "Promote a block read from a lower tier back to the top tier "
+                              "(--no-promote: waterfall only).")
+
+
+@dataclass(frozen=True)
+class WorkloadSettings:
+    users: int = key(200, "Simulated users (closed loop: each waits for its answer, thinks, asks again).",
+                     lo=1, hi=1_000_000)
+    profile_mix: str = key("chatbot=1,coding=1,document=1", "Weights of the user profiles, name=weight,...")
+    num_system_prompts: int = key(4, "Shared system prompts; every conversation starts with one of them.",
+                                  lo=0, hi=100_000)
+    system_prompt_tokens: tuple[int, int] = key((512, 2048), "Range of system prompt lengths in tokens.", lo=0)
+    end_probability: float = key(0.2, "Chance that a conversation ends after a turn.", lo=0.0, hi=1.0)
+    max_turns: int = key(50, "A conversation ends after this many turns.", lo=1)
+    generation_ms_per_token: float = key(0.0, "Simulated generation time per output token (0: storage stress).",
+                                         lo=0.0)
+    vocab_size: int = key(128256, "Token ids are drawn from [0, vocab_size).", lo=2, hi=1 << 31)
+
+
+@dataclass(frozen=True)
+class ScheduleSettings:
+    workers: int = key(0, "Worker threads issuing block I/O (0: 2 per CPU core, at least 4, at most 16).",
+                       lo=0, hi=4096)
+
+
+@dataclass(frozen=True)
+class Profile:
+    context_tokens: tuple[int, int] = key((512, 4096), "First-turn context length range (tokens).", lo=1)
+    message_tokens: tuple[int, int] = key((32, 256), "Length range of each later user message.", lo=1)
+    output_tokens: tuple[int, int] = key((50, 200), "Answer length range (tokens).", lo=1)
+    think_time_s: tuple[float, float] = key((0.1, 0.5), "Pause between an answer and the next question.", lo=0.0)
+    max_context_tokens: int = key(16384, "A conversation ends before its prompt would exceed this.", lo=1)
+
+
+def _profile(ctx, msg, out, think, max_ctx):
+    defaults = dict(context_tokens=ctx, message_tokens=msg, output_tokens=out, think_time_s=think,
+                    max_context_tokens=max_ctx)
+    return field(default_factory=lambda: Profile(**defaults),
+                 metadata={"help": "User profile (MLPerf ranges for context, output and think time)."})
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    chatbot: Profile = _profile((512, 4096), (32, 256), (50, 200), (0.1, 0.5), 16384)
+    coding: Profile = _profile((4096, 25000), (64, 512), (100, 500), (0.2, 1.0), 32768)
+    document: Profile = _profile((4096, 16384), (32, 256), (200, 800), (0.3, 1.5), 32768)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved settings of a run; embedded in every results file."""
+
+    run: RunSettings = field(default_factory=RunSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    tiers: TierSettings = field(default_factory=TierSettings)
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
+    schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+    profiles: ProfileSettings = field(default_factory=ProfileSettings)
+    models: dict = key({}, "Extra models: name -> {layers, kv_heads, head_dim} or "
+                           "{layers, attention: mla, kv_lora_rank, rope_dim}.")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- walking the schema
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def iter_keys(cls=Settings, prefix: str = ""):
+    """Yield (dotted name, field, type) for every leaf key of the schema."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        typ = hints[f.name]
+        name = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(typ):
+            yield from iter_keys(typ, name + ".")
+        else:
+            yield name, f, typ
+
+
+def default_dict() -> dict:
+    return _to_plain(Settings().to_dict())
+
+
+def _to_plain(obj):
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------- coercion and checks
+
+def _coerce(name: str, typ, value, meta: dict, where: str):
+    """Return value converted to typ, or raise UserError naming the key."""
+    def bad(what: str):
+        return UserError(f"{where}: {name} {what}; got {value!r}. "
+                         f"See config.yaml for what it means ({meta.get('help', '')})")
+
+    origin = typing.get_origin(typ)
+    if typ is bool:
+        if isinstance(value, bool):
+            out = value
+        elif isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+            out = value.lower() in ("true", "yes", "1", "on")
+        else:
+            raise bad("must be true or false")
+    elif typ is int:
+        if isinstance(value, bool):
+            raise bad("must be an integer")
+        try:
+            out = int(value) if isinstance(value, (int, str)) else _int_from_float(value)
+        except (TypeError, ValueError):
+            raise bad("must be an integer") from None
+    elif typ is float:
+        if isinstance(value, bool):
+            raise bad("must be a number")
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            raise bad("must be a number") from None
+    elif typ is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise bad("must be a string")
+        out = str(value)
+    elif origin is tuple:
+        item_t = typing.get_args(typ)[0]
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or len(items) != 2:
+            raise bad("must be a range of two values [low, high]")
+        out = tuple(_coerce(name, item_t, v, meta, where) for v in items)
+        if out[0] > out[1]:
+            raise bad("must have low <= high")
+    elif typ is dict or origin is dict:
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise bad("must be a mapping")
+        out = dict(value)
+    else:  # pragma: no cover - schema error, not user error
+        raise TypeError(f"unsupported schema type {typ} for {name}")
+    _check_bounds(name, out, meta, bad)
+    return out
+
+
+def _int_from_float(value):
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ValueError
+
+
+def _check_bounds(name, out, meta, bad):
+    choices, lo, hi = meta.get("choices"), meta.get("lo"), meta.get("hi")
+    if choices and out not in choices:
+        raise bad(f"must be one of {', '.join(choices)}")
+    values = out if isinstance(out, tuple) else (out,)
+    for v in values:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if lo is not None and v < lo:
+                raise bad(f"must be >= {lo}")
+            if hi is not None and v > hi:
+                raise bad(f"must be <= {hi}")
+
+
+def _build(cls, data: dict, where: str, prefix: str = ""):
+    """Build dataclass cls from a plain mapping, refusing unknown keys."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: section {prefix.rstrip('.') or '(top)'} must be a mapping, got {data!r}.")
+    hints = _hints(cls)
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        known = ", ".join(prefix + n for n in names)
+        raise UserError(f"{where}: unknown key '{prefix}{unknown[0]}' (known here: {known}).")
+    kwargs = {}
+    for fname, value in data.items():
+        typ = hints[fname]
+        if dataclasses.is_dataclass(typ):
+            kwargs[fname] = _build(typ, value, where, f"{prefix}{fname}.")
+        else:
+            kwargs[fname] = _coerce(prefix + fname, typ, value, dict(names[fname].metadata), where)
+    return cls(**kwargs)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "models":
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _set_dotted(tree: dict, dotted: str, value) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise UserError(f"--set {dotted}: '{p}' is not a section.")
+    node[parts[-1]] = value
+
+
+def read_config_file(path: Path) -> dict:
+    """Read a YAML settings file; a missing or malformed file is a UserError."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist; pass an existing file to --config.") from None
+    except OSError as e:
+        raise UserError(f"config file {path} cannot be read ({e.strerror}).") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark else ""
+        raise UserError(f"config file {path}{at} is not valid YAML ({getattr(e, 'problem', e)}).") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}.")
+    return data
+
+
+def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any]) -> Settings:
+    """Merge defaults < config file < --set < flags into one validated Settings."""
+    tree = default_dict()
+    path = Path(config_path) if config_path else (REPO_CONFIG if REPO_CONFIG.exists() else None)
+    if path is not None:
+        tree = _deep_merge(tree, read_config_file(path))
+    where = str(path) if path else "settings"
+    for item in sets:
+        if "=" not in item:
+            raise UserError(f"--set {item}: expected section.key=value.")
+        dotted, value = item.split("=", 1)
+        _set_dotted(tree, dotted.strip(), yaml.safe_load(value) if value else "")
+        where = f"{where} / --set"
+    for dotted, value in flags.items():
+        _set_dotted(tree, dotted, value)
+    return _build(Settings, tree, where)
+
+
+def replace(settings: Settings, dotted: str, value) -> Settings:
+    """Return settings with one key changed (used by the runner's resolved defaults)."""
+    section, name = dotted.split(".")
+    sec = dataclasses.replace(getattr(settings, section), **{name: value})
+    return dataclasses.replace(settings, **{section: sec})
+
+
+def flag_name(dotted: str, f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + dotted.split(".")[-1].replace("_", "-")
+
+
+def is_flag_key(dotted: str, typ) -> bool:
+    """Keys that get a dedicated CLI flag (nested profiles and models go through --set)."""
+    return dotted.count(".") == 1 and typ is not dict

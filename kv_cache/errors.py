@@ -1,0 +1,17 @@
+"""Errors a user can cause, and faults that stop a run cleanly.
+
+A ``UserError`` is printed as one sentence (what was wrong, where, what to do)
+and the program exits with status 2, never with a traceback.
+"""
+
+
+class UserError(Exception):
+    """Bad input: unknown model, malformed setting, unusable cache directory, ..."""
+
+
+class RunFault(Exception):
+    """A fault during the measured run (disk full, I/O error): stop, drain, write partial results."""
+
+
+class VerificationError(Exception):
+    """A block read back did not carry the bytes that were written."""

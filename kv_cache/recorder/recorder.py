@@ -1,0 +1,202 @@
+"""The recorder: the only place numbers are kept.
+
+Vocabulary: an *op* is one timed block operation, keyed by (tier, op, phase)
+- op: read | write | demote | promote | evict
+- phase: the request stage that caused it: load (prefix read), prefill,
+  decode, or evict (background waterfall moves).
+Each thread records into its own *shard* (no shared lock on the hot path);
+``snapshot()`` merges shards into one plain Snapshot. Operations that start
+before the measurement window (warm-up) are counted apart and kept out of
+every statistic.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from kv_cache.recorder.histogram import decode, encode, merged, new_histogram, record
+
+# Which byte direction an op moves into the tier it is recorded under.
+OP_DIRECTION = {"read": "read", "write": "write", "demote": "write", "promote": "write", "evict": None}
+
+
+class _Shard:
+    __slots__ = ("hists", "counters", "series")
+
+    def __init__(self) -> None:
+        self.hists: dict[tuple, object] = {}
+        self.counters: defaultdict[str, int] = defaultdict(int)
+        self.series: defaultdict[tuple[int, str], int] = defaultdict(int)
+
+    def hist(self, key: tuple):
+        h = self.hists.get(key)
+        if h is None:
+            h = self.hists[key] = new_histogram()
+        return h
+
+
+@dataclass
+class Snapshot:
+    """Merged statistics: histograms, counters, one-second series and the window."""
+
+    hists: dict[tuple, object] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    series: dict[int, dict[str, int]] = field(default_factory=dict)
+    window_start_ns: int = 0
+    window_end_ns: int = 0
+
+    @property
+    def window_s(self) -> float:
+        return max(self.window_end_ns - self.window_start_ns, 1) / 1e9
+
+    def to_dict(self) -> dict:
+        return {
+            "histograms": {"/".join(k): encode(h) for k, h in self.hists.items()},
+            "counters": dict(self.counters),
+            "series": {str(s): v for s, v in self.series.items()},
+            "window_ns": [self.window_start_ns, self.window_end_ns],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Snapshot:
+        return cls({tuple(k.split("/")): decode(v) for k, v in d["histograms"].items()}, dict(d["counters"]),
+                   {int(s): dict(v) for s, v in d["series"].items()}, *d["window_ns"])
+
+    def merge(self, other: Snapshot) -> Snapshot:
+        """Exact merge: histograms add, counters add, the window spans both."""
+        hists = {k: merged([h for h in (self.hists.get(k), other.hists.get(k)) if h is not None])
+                 for k in set(self.hists) | set(other.hists)}
+        counters = defaultdict(int, self.counters)
+        for k, v in other.counters.items():
+            counters[k] += v
+        series: dict[int, dict[str, int]] = {s: dict(v) for s, v in self.series.items()}
+        for s, row in other.series.items():
+            dst = series.setdefault(s, {})
+            for k, v in row.items():
+                dst[k] = dst.get(k, 0) + v
+        starts = [w for w in (self.window_start_ns, other.window_start_ns) if w]
+        return Snapshot(hists, dict(counters), series, min(starts, default=0),
+                        max(self.window_end_ns, other.window_end_ns))
+
+
+class Recorder:
+    """Thread-safe collection of per-block and per-request measurements."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._shards: list[_Shard] = []
+        self._lock = threading.Lock()
+        self.measure_start_ns: int | None = None
+        self.measure_end_ns: int | None = None
+
+    def _shard(self) -> _Shard:
+        try:
+            return self._local.shard
+        except AttributeError:
+            shard = self._local.shard = _Shard()
+            with self._lock:
+                self._shards.append(shard)
+            return shard
+
+    # ------------------------------------------------------------------ window
+
+    def start_measuring(self, now_ns: int | None = None) -> None:
+        self.measure_start_ns = now_ns or time.monotonic_ns()
+
+    def stop_measuring(self, now_ns: int | None = None) -> None:
+        self.measure_end_ns = now_ns or time.monotonic_ns()
+
+    def _second(self, start_ns: int) -> int | None:
+        """Index of the measured second start_ns falls in, or None during warm-up."""
+        m = self.measure_start_ns
+        if m is None or start_ns < m:
+            return None
+        return (start_ns - m) // 1_000_000_000
+
+    # ------------------------------------------------------------------ recording
+
+    def op(self, tier: str, op: str, phase: str, start_ns: int, dur_ns: int, nbytes: int) -> None:
+        """One timed block operation on a tier."""
+        shard = self._shard()
+        sec = self._second(start_ns)
+        if sec is None:
+            shard.counters["warmup.ops"] += 1
+            return
+        record(shard.hist((tier, op, phase)), dur_ns)
+        direction = OP_DIRECTION[op]
+        shard.counters[f"ops.{tier}.{op}"] += 1
+        if direction:
+            shard.counters[f"bytes.{tier}.{direction}"] += nbytes
+            shard.counters[f"blocks.{tier}.{direction}"] += 1
+            shard.series[(sec, f"bytes.{tier}.{direction}")] += nbytes
+        shard.series[(sec, "ops")] += 1
+
+    def add_bytes(self, tier: str, direction: str, start_ns: int, nbytes: int) -> None:
+        """Bytes moved as part of another op (the source side of a demotion)."""
+        sec = self._second(start_ns)
+        if sec is None:
+            return
+        shard = self._shard()
+        shard.counters[f"bytes.{tier}.{direction}"] += nbytes
+        shard.series[(sec, f"bytes.{tier}.{direction}")] += nbytes
+
+    def count(self, name: str, n: int = 1, start_ns: int | None = None) -> None:
+        """A plain counter; with start_ns, only inside the measurement window."""
+        if start_ns is not None and self._second(start_ns) is None:
+            return
+        self._shard().counters[name] += n
+
+    def request(self, intended_ns: int, dequeued_ns: int, done_ns: int, storage_ns: int,
+                counts: dict[str, int]) -> None:
+        """One finished request: its latencies (from the intended start) and token counts.
+
+        A request counts when it completes inside the window, whenever it was issued: under
+        overload the requests finishing in the window were issued long before it, and their
+        queueing is exactly what must be seen.
+        """
+        shard = self._shard()
+        sec = self._second(done_ns)
+        if sec is None:
+            shard.counters["warmup.requests"] += 1
+            return
+        record(shard.hist(("request", "storage", "all")), storage_ns)
+        record(shard.hist(("request", "queue", "all")), dequeued_ns - intended_ns)
+        record(shard.hist(("request", "e2e", "all")), done_ns - intended_ns)
+        shard.counters["requests.completed"] += 1
+        shard.series[(sec, "requests")] += 1
+        for name, n in counts.items():
+            shard.counters[name] += n
+            if name in ("tokens.prompt", "tokens.cached"):
+                shard.series[(sec, name)] += n
+
+    # ------------------------------------------------------------------ reading
+
+    def counters(self) -> dict[str, int]:
+        """Counters summed over shards, without merging histograms (cheap, for progress lines)."""
+        with self._lock:
+            shards = list(self._shards)
+        out: defaultdict[str, int] = defaultdict(int)
+        for shard in shards:
+            for k, v in list(shard.counters.items()):
+                out[k] += v
+        return dict(out)
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            shards = list(self._shards)
+        hists: dict[tuple, list] = defaultdict(list)
+        counters: defaultdict[str, int] = defaultdict(int)
+        series: dict[int, dict[str, int]] = defaultdict(dict)
+        for shard in shards:
+            for k, h in list(shard.hists.items()):
+                hists[k].append(h)
+            for k, v in list(shard.counters.items()):
+                counters[k] += v
+            for (sec, name), v in list(shard.series.items()):
+                series[sec][name] = series[sec].get(name, 0) + v
+        end = self.measure_end_ns or time.monotonic_ns()
+        return Snapshot({k: merged(v) for k, v in hists.items()}, dict(counters), dict(series),
+                        self.measure_start_ns or 0, end)

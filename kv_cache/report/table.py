@@ -1,0 +1,12 @@
+"""Plain-text tables: first columns left-aligned (names), the rest right-aligned (numbers)."""
+
+from __future__ import annotations
+
+
+def format_table(rows: list[list[str]], text_columns: int = 2, indent: str = "") -> list[str]:
+    """Lines of a table whose first row is the header, underlined."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i < text_columns else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return [indent + line.rstrip() for line in lines]

@@ -1,0 +1,173 @@
+"""One benchmark run, as a pipeline: build -> warm-up -> measure -> write results -> report.
+
+This module and build.py are the composition root: they build tiers, cache,
+source, lifecycle, scheduler and recorder from the settings and pass them
+down explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kv_cache import __version__
+from kv_cache.budget import check_fits
+from kv_cache.build import Geometry, StorageSite, build_tiers, geometry, memory_budget, storage_site, workers
+from kv_cache.cache.cache import BlockCache
+from kv_cache.cache.hashing import chain_root
+from kv_cache.config import Settings
+from kv_cache.errors import UserError
+from kv_cache.lifecycle.executor import Lifecycle, WorkerBuffers
+from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.recorder.results import build_results
+from kv_cache.report.console import render
+from kv_cache.scheduler.runner import ClosedLoopRunner, RunOutcome
+from kv_cache.sources.synthetic import make_users
+from kv_cache.tiers.base import FAKE_IO, SIMULATED
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+@dataclass
+class Built:
+    geo: Geometry
+    site: StorageSite | None
+    tiers: list
+    notes: list[str]
+    budget: object
+    workers: int
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
+
+
+def _build(s: Settings, run_id: str) -> Built:
+    geo = geometry(s)
+    n = workers(s)
+    budget = memory_budget(s, geo)
+    check_fits(budget, n, geo.max_object_bytes)
+    site = None if s.tiers.null_io else storage_site(s, run_id)
+    try:
+        tiers, notes = build_tiers(s, geo, site)
+    except BaseException:
+        if site:
+            shutil.rmtree(site.data_dir, ignore_errors=True)
+        raise
+    return Built(geo, site, tiers, notes + (site.warnings if site else []), budget, n)
+
+
+def _close(b: Built, keep_data: bool) -> None:
+    for t in b.tiers:
+        if t.name == "nvme" and hasattr(t, "directory"):
+            t.close(remove=not keep_data)
+        else:
+            t.close()
+    if b.site and not keep_data:
+        shutil.rmtree(b.site.data_dir, ignore_errors=True)
+
+
+def _progress_printer(recorder: Recorder, say, every_s: float = 10.0):
+    state = {"next": time.monotonic() + every_s}
+
+    def tick(runner) -> None:
+        now = time.monotonic()
+        if now < state["next"]:
+            return
+        state["next"] = now + every_s
+        c = recorder.counters()
+        phase = "measuring" if recorder.measure_start_ns else "warm-up"
+        hit = c.get("tokens.cached", 0) / max(c.get("tokens.prompt", 0), 1)
+        nvme = c.get("bytes.nvme.read", 0) / 2**30, c.get("bytes.nvme.write", 0) / 2**30
+        say(f"  [{phase}] {runner.outcome.completed:,} requests done, nvme read {nvme[0]:.1f} GiB / written "
+            f"{nvme[1]:.1f} GiB, token hit rate {hit:.1%}")
+    return tick
+
+
+def _run_info(s: Settings, b: Built, run_id: str, outcome: RunOutcome) -> dict:
+    site = b.site
+    return {
+        "tool_version": __version__, "run_id": run_id, "host": socket.gethostname(),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - (time.monotonic_ns()
+                                     - outcome.start_ns) / 1e9)),
+        "model": b.geo.model.name, "kv_dtype": s.model.kv_dtype, "tp": s.model.tp,
+        "bytes_per_token": b.geo.bytes_per_token, "block_tokens": s.model.block_tokens,
+        "block_bytes": b.geo.block_bytes, "slot_bytes": b.geo.slot_bytes, "users": s.workload.users,
+        "workers": b.workers, "seed": s.run.seed, "warmup_s": s.run.warmup_s,
+        "io_engine": site.engine if site else "null", "io_engine_requested": s.tiers.io_engine,
+        "io_engine_note": site.engine_note if site else "", "nvme_layout": s.tiers.nvme_layout,
+        "cache_dir": site.cache_dir if site else None, "fs_type": site.fs_type if site else None,
+        "tiers": {t.name: {"capacity_bytes": t.capacity_bytes, "description": t.description,
+                           "simulated": SIMULATED in t.flags, "null": FAKE_IO in t.flags} for t in b.tiers},
+        "notes": b.notes, "partial": outcome.partial, "stopped_reason": outcome.stopped_reason,
+        "fault": outcome.fault,
+    }
+
+
+def _warnings(results: dict) -> list[str]:
+    out = []
+    nvme = results["bytes"].get("nvme", {})
+    if results["requests"]["completed"] and not (nvme.get("read") or nvme.get("write")):
+        out.append("the NVMe tier saw no traffic in the window: the numbers describe memory tiers only; "
+                   "raise --users or lower --cpu-mem-gb.")
+    if results["verification"]["failures"]:
+        out.append(f"{results['verification']['failures']} blocks read back wrong (stamp mismatch): the storage "
+                   f"returned torn, stale or foreign data.")
+    if results["run"]["partial"]:
+        out.append(f"partial results: the run stopped early ({results['run']['stopped_reason']}).")
+    return out
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def execute(s: Settings, say=print) -> int:
+    """Run the benchmark with settings s; return the process exit status."""
+    run_id = s.run.run_id or new_run_id()
+    report_dir = Path(s.run.output_dir) / run_id
+    if report_dir.exists():
+        raise UserError(f"report folder {report_dir} already exists; choose another --run-id.")
+    b = _build(s, run_id)
+    try:
+        recorder = Recorder()
+        cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder)
+        fake = all(FAKE_IO in t.flags for t in b.tiers)
+        payloads = None if fake else PayloadPool(s.run.seed)
+        life = Lifecycle(cache, payloads, recorder, s.model.block_tokens, b.geo.bytes_per_token,
+                         chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify, fake,
+                         s.workload.generation_ms_per_token)
+        users = make_users(s.workload.users, s.workload, s.profiles, s.run.seed)
+        runner = ClosedLoopRunner(users, b.workers, life.execute, lambda: WorkerBuffers(b.geo.max_object_bytes, fake),
+                                  recorder, None if s.run.quiet else _progress_printer(recorder, say))
+        for t in b.tiers:
+            say(f"  tier {t.name}: {t.capacity_bytes / 2**30:.2f} GiB, {t.description}")
+        for n in b.notes:
+            say(f"  note: {n}")
+        say(f"  running: {s.run.warmup_s:g} s warm-up + {s.run.duration_s:g} s measured, {len(users)} users, "
+            f"{b.workers} workers (Ctrl-C stops cleanly)")
+        outcome = runner.run(s.run.warmup_s, s.run.duration_s, s.run.max_requests)
+        results = build_results(recorder.snapshot(), _run_info(s, b, run_id, outcome), s.to_dict(), {
+            "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop},
+            "memory": {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                       "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
+            "occupancy": cache.occupancy()})
+        results["warnings"] = _warnings(results)
+        report_dir.mkdir(parents=True)
+        write_json(report_dir / "results.json", results)
+        say(render(results, str(report_dir / "results.json")))
+    finally:
+        _close(b, s.run.keep_data)
+    if outcome.stopped_reason == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if outcome.fault or results["verification"]["failures"] else EXIT_OK

@@ -1,0 +1,116 @@
+"""Synthetic users: chatbot, coding and document profiles in multi-turn conversations.
+
+Vocabulary: a *conversation* starts with one of a few shared *system
+prompts* followed by the user's first context; each later *turn*'s prompt
+is the previous prompt + the previous answer + a new message, so the
+history is a real prefix of the next prompt and its blocks really hit.
+Every user draws from its own generator seeded by (seed, user id), so a
+user's sequence of requests is the same in every run whatever the thread
+timing. Token ids are random in [0, vocab): content has no meaning, only
+identity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kv_cache.config import ProfileSettings, WorkloadSettings
+from kv_cache.errors import UserError
+from kv_cache.types import HISTORY, SYSTEM, USER, Request
+
+
+def parse_mix(text: str, known: tuple[str, ...]) -> dict[str, float]:
+    """'chatbot=1,coding=2' -> normalised weights; names must be known profiles."""
+    weights: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or name.strip() not in known:
+            raise UserError(f"workload.profile_mix: '{part}' is not name=weight with a profile among "
+                            f"{', '.join(known)}.")
+        try:
+            w = float(value)
+        except ValueError:
+            raise UserError(f"workload.profile_mix: weight of {name} must be a number, got {value!r}.") from None
+        if w < 0:
+            raise UserError(f"workload.profile_mix: weight of {name} must be >= 0.")
+        weights[name.strip()] = w
+    total = sum(weights.values())
+    if total <= 0:
+        raise UserError("workload.profile_mix: at least one profile needs a positive weight.")
+    return {k: v / total for k, v in weights.items()}
+
+
+def _uniform_int(rng: np.random.Generator, lo_hi) -> int:
+    return int(rng.integers(lo_hi[0], lo_hi[1], endpoint=True))
+
+
+class SystemPrompts:
+    """The shared system prompts, identical for every user, run and host with the same seed."""
+
+    def __init__(self, count: int, length_range, vocab: int, seed: int):
+        rng = np.random.default_rng([seed, 0x5157])
+        self.prompts = [rng.integers(0, vocab, _uniform_int(rng, length_range), dtype=np.int32)
+                        for _ in range(count)]
+
+
+class SyntheticUser:
+    """One closed-loop user: yields its requests in order."""
+
+    def __init__(self, user_id: int, workload: WorkloadSettings, profiles: ProfileSettings,
+                 mix: dict[str, float], system: SystemPrompts, seed: int):
+        self.user_id = user_id
+        self.rng = np.random.default_rng([seed, 0x05E5, user_id])
+        names = sorted(mix)
+        self.profile_name = names[int(self.rng.choice(len(names), p=[mix[n] for n in names]))]
+        self.profile = getattr(profiles, self.profile_name)
+        self.workload = workload
+        self.system = system
+        self.seq = 0
+        self.turn = 0
+        self.history: np.ndarray | None = None
+        self.system_len = 0
+        self.first_delay_s = float(self.rng.uniform(*self.profile.think_time_s))
+
+    def _tokens(self, n: int) -> np.ndarray:
+        return self.rng.integers(0, self.workload.vocab_size, n, dtype=np.int32)
+
+    def _new_conversation(self) -> tuple[np.ndarray, tuple]:
+        prompts = self.system.prompts
+        sys_tokens = prompts[int(self.rng.integers(len(prompts)))] if prompts else np.empty(0, np.int32)
+        room = max(1, self.profile.max_context_tokens - sys_tokens.size)
+        context = self._tokens(min(_uniform_int(self.rng, self.profile.context_tokens), room))
+        self.turn, self.system_len = 1, sys_tokens.size
+        prompt = np.concatenate([sys_tokens, context])
+        return prompt, ((self.system_len, SYSTEM), (prompt.size, USER))
+
+    def _follow_up(self) -> tuple[np.ndarray, tuple] | None:
+        if self.history is None or self.turn >= self.workload.max_turns:
+            return None
+        if self.rng.random() < self.workload.end_probability:
+            return None
+        message_len = _uniform_int(self.rng, self.profile.message_tokens)
+        if self.history.size + message_len > self.profile.max_context_tokens:
+            return None
+        self.turn += 1
+        prompt = np.concatenate([self.history, self._tokens(message_len)])
+        return prompt, ((self.system_len, SYSTEM), (self.history.size, HISTORY), (prompt.size, USER))
+
+    def next_request(self) -> Request:
+        """The user's next request (deterministic for a given seed and user id)."""
+        turn = self._follow_up() or self._new_conversation()
+        prompt, spans = turn
+        output = self._tokens(_uniform_int(self.rng, self.profile.output_tokens))
+        think = float(self.rng.uniform(*self.profile.think_time_s))
+        self.history = np.concatenate([prompt, output])
+        self.seq += 1
+        return Request(self.user_id, self.seq, self.turn, prompt, output, spans, think_s=think,
+                       profile=self.profile_name)
+
+
+def make_users(num_users: int, workload: WorkloadSettings, profiles: ProfileSettings, seed: int,
+               first_user: int = 0) -> list[SyntheticUser]:
+    """Users first_user .. first_user + num_users - 1, sharing one set of system prompts."""
+    known = tuple(f for f in ProfileSettings.__dataclass_fields__)
+    mix = parse_mix(workload.profile_mix, known)
+    system = SystemPrompts(workload.num_system_prompts, workload.system_prompt_tokens, workload.vocab_size, seed)
+    return [SyntheticUser(u, workload, profiles, mix, system, seed) for u in range(first_user, first_user + num_users)]

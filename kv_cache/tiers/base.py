@@ -1,0 +1,75 @@
+"""The tier protocol: one medium per module, behind one small interface.
+
+Vocabulary: a *tier* stores blocks by key in fixed-size slots; it knows
+nothing of users, requests or eviction. The cache asks a tier to ``put`` a
+block (after making room), ``get`` it into a caller's buffer, or ``delete``
+it. Capability flags tell the core what a tier is without testing its name
+(fio's ioengine flags).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+# Capability flags.
+DEVICE_MEMORY = "device_memory"    # bytes live in GPU HBM
+DIRECT_IO = "direct_io"            # bypasses the page cache
+NEEDS_ALIGNMENT = "needs_alignment"  # buffers must be page-aligned
+FAKE_IO = "fake_io"                # moves no bytes (null tier): payloads need not be built
+SIMULATED = "simulated"            # timing comes from a model, not a device
+
+
+@runtime_checkable
+class Tier(Protocol):
+    """What every tier implements."""
+
+    name: str           # gpu | cpu | nvme
+    flags: frozenset    # capability flags above
+    slot_bytes: int
+    num_slots: int
+    description: str    # one line for the output: engine, layout, why
+
+    def slots_for(self, nbytes: int) -> int: ...
+    def put(self, key: int, buf: np.ndarray) -> None: ...
+    def get(self, key: int, out: np.ndarray) -> None: ...
+    def delete(self, key: int) -> None: ...
+    def contains(self, key: int) -> bool: ...
+    @property
+    def used_bytes(self) -> int: ...
+    @property
+    def capacity_bytes(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class SlottedTier:
+    """Shared bookkeeping of tiers that keep a SlotMap; subclasses move the bytes."""
+
+    name = "?"
+    flags: frozenset = frozenset()
+    description = ""
+
+    def __init__(self, num_slots: int, slot_bytes: int):
+        from kv_cache.tiers.slots import SlotMap
+
+        self.slot_bytes = slot_bytes
+        self.num_slots = num_slots
+        self.slots = SlotMap(num_slots, slot_bytes)
+
+    def slots_for(self, nbytes: int) -> int:
+        return self.slots.slots_for(nbytes)
+
+    def contains(self, key: int) -> bool:
+        return key in self.slots
+
+    @property
+    def used_bytes(self) -> int:
+        return self.slots.used_slots * self.slot_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.num_slots * self.slot_bytes
+
+    def close(self) -> None:
+        """Nothing to release by default."""

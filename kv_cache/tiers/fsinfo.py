@@ -1,0 +1,69 @@
+"""What filesystem a directory is on, and whether it accepts O_DIRECT.
+
+NOTE: tmpfs accepts O_DIRECT since Linux 6.6, so EINVAL cannot be used to
+detect RAM-backed directories: we read the filesystem type from mountinfo.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+
+from kv_cache.tiers.aligned import aligned_buffer
+
+RAM_FILESYSTEMS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"}
+
+
+@dataclass(frozen=True)
+class MountInfo:
+    mount_point: str
+    fs_type: str
+    source: str
+    options: str
+
+
+def _unescape(s: str) -> str:
+    return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def mount_of(path: str) -> MountInfo:
+    """The mount holding path (longest mount point that prefixes its real path)."""
+    real = os.path.realpath(path)
+    best = MountInfo("/", "unknown", "", "")
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.readlines()
+    except OSError:
+        return best
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 6 or len(tail) < 2:
+            continue
+        point = _unescape(fields[4])
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best.mount_point):
+            best = MountInfo(point, tail[0], tail[1], fields[5] + ("," + tail[2] if len(tail) > 2 else ""))
+    return best
+
+
+def probe_direct(directory: str) -> str | None:
+    """Try one aligned O_DIRECT write and read; return None if it works, else why not."""
+    if not hasattr(os, "O_DIRECT"):
+        return "this platform has no O_DIRECT"
+    path = os.path.join(directory, ".odirect-probe")
+    buf = aligned_buffer(4096)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError as e:
+        return f"open with O_DIRECT failed ({e.strerror})"
+    try:
+        os.pwritev(fd, [memoryview(buf)], 0)
+        os.preadv(fd, [memoryview(buf)], 0)
+        return None
+    except OSError as e:
+        return f"O_DIRECT I/O failed ({errno.errorcode.get(e.errno, e.errno)}: {e.strerror})"
+    finally:
+        os.close(fd)
+        os.unlink(path)

@@ -1,0 +1,175 @@
+"""NVMe tier: blocks in files of a cache directory, moved by one of three engines.
+
+Vocabulary: *layout* is where bytes go (``slab``: preallocated files cut
+into fixed slots, no file created or removed per block; ``file-per-block``:
+one file per block); *engine* is how bytes move:
+
+- ``direct``: O_DIRECT pread/pwrite from page-aligned buffers; the page cache
+  is never involved.
+- ``buffered``: pwrite + fdatasync, then the range is dropped from the page
+  cache; before a read the range is dropped again, so reads come from the device.
+- ``mmap``: copy into a shared mapping + msync (flush) on write; before a read
+  the range is unmapped (MADV_DONTNEED) and dropped from the page cache, so
+  the copy out faults pages in from the device. Slab layout only.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+
+import numpy as np
+
+from kv_cache.errors import RunFault, UserError
+from kv_cache.tiers.base import DIRECT_IO, NEEDS_ALIGNMENT, SlottedTier
+from kv_cache.tiers.posix_io import drop_cached, pread_all, pwrite_all
+from kv_cache.tiers.slots import runs
+
+
+class _Slab:
+    """One preallocated slab file and, for the mmap engine, its mapping."""
+
+    def __init__(self, path: str, size: int, engine: str):
+        self.path = path
+        flags = os.O_RDWR | os.O_CREAT | (os.O_DIRECT if engine == "direct" else 0)
+        self.fd = os.open(path, flags, 0o600)
+        try:
+            os.posix_fallocate(self.fd, 0, size)
+        except OSError as e:
+            # NOTE: ext4 may allocate all the free space before it answers ENOSPC: remove the file.
+            os.close(self.fd)
+            os.unlink(path)
+            raise UserError(f"cannot preallocate {size / 2**30:.2f} GiB for {path} ({e.strerror}); "
+                            f"free space there or lower --nvme-gb.") from None
+        self.mm = mmap.mmap(self.fd, size) if engine == "mmap" else None
+        self.view = np.frombuffer(self.mm, dtype=np.uint8) if self.mm is not None else None
+
+    def close(self) -> None:
+        if self.mm is not None:
+            self.view = None
+            self.mm.close()
+        os.close(self.fd)
+
+
+class NvmeTier(SlottedTier):
+    """Storage tier in a directory; see the module docstring for layouts and engines."""
+
+    name = "nvme"
+
+    def __init__(self, directory: str, capacity_bytes: int, slot_bytes: int, engine: str,
+                 layout: str = "slab", slab_file_bytes: int = 4 << 30, engine_note: str = ""):
+        super().__init__(capacity_bytes // slot_bytes, slot_bytes)
+        if layout == "file-per-block" and engine == "mmap":
+            raise UserError("--io-engine mmap needs --nvme-layout slab (one mapping per slab file).")
+        self.directory, self.engine, self.layout = directory, engine, layout
+        self.flags = frozenset({NEEDS_ALIGNMENT} | ({DIRECT_IO} if engine == "direct" else set()))
+        self.per_file = max(1, slab_file_bytes // slot_bytes)
+        self.slabs: list[_Slab] = []
+        if layout == "slab":
+            self._make_slabs()
+        note = f" ({engine_note})" if engine_note else ""
+        self.description = (f"{engine}{note}, {layout} in {directory}, {self.num_slots} slots of "
+                            f"{slot_bytes / 2**20:.2f} MiB")
+
+    def _make_slabs(self) -> None:
+        left = self.num_slots
+        while left > 0:
+            n = min(left, self.per_file)
+            path = os.path.join(self.directory, f"slab-{len(self.slabs):04d}.kv")
+            self.slabs.append(_Slab(path, n * self.slot_bytes, self.engine))
+            left -= n
+
+    # ---------------------------------------------------------------- slab layout
+
+    def _slab_at(self, slot: int) -> tuple[_Slab, int]:
+        return self.slabs[slot // self.per_file], (slot % self.per_file) * self.slot_bytes
+
+    def _slab_write(self, slab: _Slab, off: int, data: np.ndarray) -> None:
+        if self.engine == "mmap":
+            np.copyto(slab.view[off:off + data.size], data)
+            slab.mm.flush(off, data.size)  # msync: the write is on the device when put returns
+            return
+        pwrite_all(slab.fd, data, off, slab.path)
+        if self.engine == "buffered":
+            os.fdatasync(slab.fd)
+            drop_cached(slab.fd, off, data.size)
+
+    def _slab_read(self, slab: _Slab, off: int, out: np.ndarray) -> None:
+        if self.engine == "mmap":
+            slab.mm.madvise(mmap.MADV_DONTNEED, off, out.size)
+            drop_cached(slab.fd, off, out.size)
+            np.copyto(out, slab.view[off:off + out.size])
+            return
+        if self.engine == "buffered":
+            drop_cached(slab.fd, off, out.size)
+        pread_all(slab.fd, out, off, slab.path)
+
+    # ---------------------------------------------------------------- file-per-block layout
+
+    def _file(self, key: int) -> str:
+        return os.path.join(self.directory, f"{key:016x}.kv")
+
+    def _file_write(self, key: int, data: np.ndarray) -> None:
+        path = self._file(key)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.engine == "direct" else 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as e:
+            raise RunFault(f"cannot create {path}: {e.strerror}.") from None
+        try:
+            pwrite_all(fd, data, 0, path)
+            if self.engine == "buffered":
+                os.fdatasync(fd)
+                drop_cached(fd, 0, data.size)
+        finally:
+            os.close(fd)
+
+    def _file_read(self, key: int, out: np.ndarray) -> None:
+        path = self._file(key)
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if self.engine == "direct" else 0))
+        try:
+            if self.engine == "buffered":
+                drop_cached(fd, 0, out.size)
+            pread_all(fd, out, 0, path)
+        finally:
+            os.close(fd)
+
+    # ---------------------------------------------------------------- tier protocol
+
+    def put(self, key: int, buf: np.ndarray) -> None:
+        slots = self.slots.alloc(key, buf.size)
+        try:
+            if self.layout == "file-per-block":
+                self._file_write(key, buf)
+                return
+            for first, pos, length in runs(slots, buf.size, self.slot_bytes, self.per_file):
+                slab, off = self._slab_at(first)
+                self._slab_write(slab, off, buf[pos:pos + length])
+        except BaseException:
+            self.slots.release(key)
+            raise
+
+    def get(self, key: int, out: np.ndarray) -> None:
+        slots, nbytes = self.slots.lookup(key)
+        if self.layout == "file-per-block":
+            self._file_read(key, out[:nbytes])
+            return
+        for first, pos, length in runs(slots, nbytes, self.slot_bytes, self.per_file):
+            slab, off = self._slab_at(first)
+            self._slab_read(slab, off, out[pos:pos + length])
+
+    def delete(self, key: int) -> None:
+        self.slots.release(key)
+        if self.layout == "file-per-block":
+            try:
+                os.unlink(self._file(key))
+            except FileNotFoundError:
+                pass
+
+    def close(self, remove: bool = True) -> None:
+        for slab in self.slabs:
+            slab.close()
+        self.slabs = []
+        if remove:
+            shutil.rmtree(self.directory, ignore_errors=True)

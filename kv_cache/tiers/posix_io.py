@@ -1,0 +1,54 @@
+"""Whole-buffer positional I/O: loop on short reads and writes.
+
+NOTE: one write() moves at most 2,147,479,552 bytes on Linux (MAX_RW_COUNT),
+so GB-sized blocks come back short; we also cut every call at 1 GiB.
+``os.pwritev``/``os.preadv`` release the GIL during the system call.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+
+from kv_cache.errors import RunFault
+
+CHUNK = 1 << 30
+
+
+def _fault(what: str, path: str, e: OSError) -> RunFault:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return RunFault(f"disk full while writing {path}: {e.strerror}; free space or lower --nvme-gb.")
+    return RunFault(f"{what} of {path} failed: {e.strerror} (errno {e.errno}).")
+
+
+def pwrite_all(fd: int, buf: np.ndarray, offset: int, path: str = "") -> None:
+    view = memoryview(buf).cast("B")
+    done, total = 0, len(view)
+    try:
+        while done < total:
+            n = os.pwritev(fd, [view[done:done + min(CHUNK, total - done)]], offset + done)
+            if n <= 0:
+                raise OSError(errno.EIO, "write returned 0")
+            done += n
+    except OSError as e:
+        raise _fault("write", path, e) from None
+
+
+def pread_all(fd: int, out: np.ndarray, offset: int, path: str = "") -> None:
+    view = memoryview(out).cast("B")
+    done, total = 0, len(view)
+    try:
+        while done < total:
+            n = os.preadv(fd, [view[done:done + min(CHUNK, total - done)]], offset + done)
+            if n <= 0:
+                raise OSError(errno.EIO, f"unexpected end of file at byte {offset + done}")
+            done += n
+    except OSError as e:
+        raise _fault("read", path, e) from None
+
+
+def drop_cached(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to drop the page cache of a (clean) range, so the next read hits the device."""
+    os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)

@@ -1,0 +1,80 @@
+"""Small records shared by every stage: block keys, requests, I/O events.
+
+Vocabulary: a *block* is ``block_tokens`` consecutive tokens of a sequence;
+its *key* is a chained hash of its tokens and its parent block's key, so two
+sequences with the same prefix share the keys of that prefix's blocks. A
+*span* labels a token range of a prompt with where it came from (system
+prompt, conversation history, new user message), so hits can be credited to
+their source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class BlockKey(int):
+    """A block's 64-bit chained hash; a distinct type so keys are never confused with counts."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"BlockKey({int(self):016x})"
+
+
+# Span labels: where the tokens of a prompt come from.
+SYSTEM, HISTORY, USER = "system", "history", "user"
+
+
+@dataclass(slots=True)
+class Request:
+    """One user request: the prompt the server would see and the answer it will generate.
+
+    ``spans`` is a tuple of (end_token, label) in increasing order covering the prompt.
+    ``intended_ns`` is when the request was meant to start (monotonic ns), set by the
+    scheduler; every latency of the request is measured from it.
+    """
+
+    user_id: int
+    seq: int
+    turn: int
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    spans: tuple[tuple[int, str], ...]
+    think_s: float = 0.0
+    qos: str = "batch"
+    profile: str = ""
+    intended_ns: int = 0
+    dequeued_ns: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return int(self.prompt_tokens.size)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return int(self.output_tokens.size)
+
+    def label_at(self, token_index: int) -> str:
+        """Source label of the token at token_index (the span it falls in)."""
+        for end, label in self.spans:
+            if token_index < end:
+                return label
+        return self.spans[-1][1] if self.spans else USER
+
+
+@dataclass(slots=True)
+class RequestOutcome:
+    """What one request did, as the lifecycle reports it to the recorder."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    cached_tokens_by_source: dict[str, int] = field(default_factory=dict)
+    prompt_tokens_by_source: dict[str, int] = field(default_factory=dict)
+    blocks_read: int = 0
+    blocks_written: int = 0
+    blocks_skipped: int = 0
+    storage_ns: int = 0

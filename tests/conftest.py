@@ -1,0 +1,61 @@
+"""Shared test helpers: the real CLI in a subprocess, small settings, tiny tiers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = REPO / "tests" / "fixtures" / "small.yaml"
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+
+
+def run_cli(args: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """Run kv_cache_benchmark.py with args; capture text output."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, str(REPO / "kv_cache_benchmark.py"), *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, **kw)
+
+
+@pytest.fixture
+def small_run(tmp_path):
+    """Arguments for a short real run writing into tmp_path; returns (args, results path factory)."""
+    out, cache = tmp_path / "reports", tmp_path / "cache"
+    cache.mkdir()
+
+    def make(run_id: str = "t", *extra: str) -> list[str]:
+        return ["--config", str(SMALL), "--output-dir", str(out), "--cache-dir", str(cache), "--run-id", run_id,
+                "--quiet", *extra]
+
+    def results(run_id: str = "t") -> dict:
+        return json.loads((out / run_id / "results.json").read_text())
+
+    make.results = results
+    make.cache = cache
+    make.out = out
+    return make
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """Mount small tmpfs filesystems (root only) to run out of space safely; skip where impossible."""
+    mounted = []
+
+    def mount(size_mib: int) -> Path:
+        point = tmp_path / f"fs{len(mounted)}"
+        point.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(point)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip() or 'not root'})")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)

@@ -1,0 +1,123 @@
+"""One contract, every tier: put/get/delete round-trip, accounting, missing keys, multi-slot objects."""
+
+import os
+
+import numpy as np
+import pytest
+
+from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.tiers.aligned import aligned_buffer
+from kv_cache.tiers.base import FAKE_IO, Tier
+from kv_cache.tiers.cpu import CpuTier
+from kv_cache.tiers.null import NullTier
+from kv_cache.tiers.nvme import NvmeTier
+from kv_cache.tiers.simulated import SimulatedTier
+from kv_cache.tiers.slots import TierFull
+
+SLOT = 64 * 1024
+SLOTS = 8
+
+
+def make(kind, tmp_path):
+    if kind == "cpu":
+        return CpuTier(SLOTS * SLOT, SLOT)
+    if kind == "null":
+        return NullTier("nvme", SLOTS * SLOT, SLOT)
+    if kind == "simulated":
+        return SimulatedTier("gpu", SLOTS * SLOT, SLOT, gbps=100.0)
+    engine, layout = kind.split("/")[1:]
+    d = tmp_path / "data"
+    d.mkdir()
+    # Two slots per slab file, so multi-slot objects cross file boundaries.
+    return NvmeTier(str(d), SLOTS * SLOT, SLOT, engine, layout, slab_file_bytes=2 * SLOT)
+
+
+KINDS = ["cpu", "null", "simulated"] + [f"nvme/{e}/{lay}" for e in ("direct", "buffered", "mmap")
+                                         for lay in ("slab", "file-per-block") if not (e == "mmap" and lay != "slab")]
+
+
+@pytest.fixture(params=KINDS)
+def tier(request, tmp_path):
+    t = make(request.param, tmp_path)
+    yield t
+    t.close()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return PayloadPool(seed=1, span_bytes=1 << 20)
+
+
+def payload(pool, key, nbytes):
+    buf = aligned_buffer(nbytes)
+    pool.fill(key, buf)
+    return buf[:nbytes]
+
+
+def test_is_a_tier(tier):
+    assert isinstance(tier, Tier)
+    assert tier.capacity_bytes == SLOTS * SLOT
+    assert tier.description
+
+
+@pytest.mark.parametrize("nbytes", [4096, SLOT, 3 * SLOT + 8192])
+def test_round_trip_and_accounting(tier, pool, nbytes):
+    data = payload(pool, 77, nbytes)
+    tier.put(77, data)
+    assert tier.contains(77)
+    assert tier.used_bytes == tier.slots_for(nbytes) * SLOT
+    out = aligned_buffer(nbytes)[:nbytes]
+    tier.get(77, out)
+    if FAKE_IO not in tier.flags and "simulated" not in tier.flags:
+        assert pool.check(77, out, "full")
+    tier.delete(77)
+    assert not tier.contains(77)
+    assert tier.used_bytes == 0
+
+
+def test_many_blocks_do_not_overlap(tier, pool):
+    keys = list(range(100, 100 + SLOTS))
+    for k in keys:
+        tier.put(k, payload(pool, k, SLOT))
+    assert tier.used_bytes == tier.capacity_bytes
+    if FAKE_IO in tier.flags or "simulated" in tier.flags:
+        return
+    out = aligned_buffer(SLOT)
+    for k in keys:
+        tier.get(k, out)
+        assert pool.check(k, out, "full"), f"block {k} came back wrong"
+
+
+def test_full_tier_refuses(tier, pool):
+    for k in range(SLOTS):
+        tier.put(k, payload(pool, k, SLOT))
+    with pytest.raises(TierFull):
+        tier.put(999, payload(pool, 999, SLOT))
+
+
+def test_missing_key(tier):
+    out = aligned_buffer(SLOT)
+    with pytest.raises(KeyError):
+        tier.get(12345, out)
+    with pytest.raises(KeyError):
+        tier.delete(12345)
+
+
+def test_duplicate_put_is_refused(tier, pool):
+    tier.put(5, payload(pool, 5, SLOT))
+    with pytest.raises(KeyError):
+        tier.put(5, payload(pool, 5, SLOT))
+
+
+def test_nvme_close_removes_its_files(tmp_path, pool):
+    t = make("nvme/direct/slab", tmp_path)
+    t.put(1, payload(pool, 1, SLOT))
+    assert os.listdir(t.directory)
+    t.close()
+    assert not (tmp_path / "data").exists()
+
+
+def test_cpu_arena_is_aligned_and_pretouched():
+    t = CpuTier(4 * SLOT, SLOT)
+    assert t.arena.ctypes.data % 4096 == 0
+    assert np.all(t.arena[::4096] == 0)

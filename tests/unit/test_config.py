@@ -1,0 +1,68 @@
+"""Settings: config.yaml equals the schema; unknown keys and wrong types are refused by name."""
+
+import pytest
+import yaml
+
+from kv_cache.config import REPO_CONFIG, Settings, default_dict, iter_keys, resolve
+from kv_cache.errors import UserError
+
+
+def test_config_yaml_holds_every_default_of_the_schema():
+    assert yaml.safe_load(REPO_CONFIG.read_text()) == default_dict()
+
+
+def test_every_key_is_documented_in_config_yaml():
+    text = REPO_CONFIG.read_text()
+    for dotted, f, _ in iter_keys(Settings):
+        assert f.metadata.get("help"), dotted
+        assert f"{dotted.split('.')[-1]}:" in text, dotted
+
+
+def test_every_key_is_used_by_the_code():
+    import pathlib
+
+    code = "\n".join(p.read_text() for p in pathlib.Path(REPO_CONFIG.parent, "kv_cache").rglob("*.py")
+                     if p.name != "config.py")
+    for dotted, _, _ in iter_keys(Settings):
+        leaf = dotted.split(".")[-1]
+        if dotted.startswith("profiles."):
+            continue  # read through getattr(profile, ...) in the synthetic source
+        assert f".{leaf}" in code, f"{dotted} is never read"
+
+
+def test_precedence_defaults_file_set_flags(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("workload: {users: 3}\nrun: {seed: 5}\n")
+    s = resolve(str(f), ["run.seed=6", "tiers.cpu_mem_gb=1.5"], {"workload.users": "9"})
+    assert (s.workload.users, s.run.seed, s.tiers.cpu_mem_gb) == (9, 6, 1.5)
+    assert s.model.block_tokens == 256
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("tiers: {cpu_memgb: 1}", "unknown key 'tiers.cpu_memgb'"),
+    ("bogus: {a: 1}", "unknown key 'bogus'"),
+    ("workload: {users: many}", "workload.users must be an integer"),
+    ("workload: {users: 0}", "workload.users must be >= 1"),
+    ("tiers: {io_engine: aio}", "tiers.io_engine must be one of direct, mmap, buffered"),
+    ("run: {keep_data: maybe}", "run.keep_data must be true or false"),
+    ("profiles: {chatbot: {think_time_s: [2, 1]}}", "profiles.chatbot.think_time_s must have low <= high"),
+    ("tiers: 5", "section tiers must be a mapping"),
+    ("- a\n- b", "must hold a mapping"),
+    ("run: {seed: [1", "is not valid YAML"),
+])
+def test_bad_files_are_refused_with_the_key(tmp_path, text, msg):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(UserError, match=msg):
+        resolve(str(f), [], {})
+
+
+def test_missing_config_file():
+    with pytest.raises(UserError, match="does not exist"):
+        resolve("/nonexistent/c.yaml", [], {})
+
+
+def test_ranges_from_the_command_line():
+    s = resolve(None, ["profiles.coding.context_tokens=100,200"], {"workload.system_prompt_tokens": "10,20"})
+    assert s.profiles.coding.context_tokens == (100, 200)
+    assert s.workload.system_prompt_tokens == (10, 20)

@@ -1,0 +1,123 @@
+"""Honest NVMe I/O: O_DIRECT alignment, short-write loops, and reads that skip the page cache."""
+
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from kv_cache.errors import RunFault
+from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.tiers import posix_io
+from kv_cache.tiers.aligned import aligned_buffer, is_aligned
+from kv_cache.tiers.fsinfo import mount_of, probe_direct
+from kv_cache.tiers.nvme import NvmeTier
+
+SLOT = 1 << 20
+
+
+def resident_bytes(path) -> int:
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+needs_fincore = pytest.mark.skipif(shutil.which("fincore") is None, reason="fincore (util-linux) not installed")
+
+
+@pytest.fixture
+def direct_ok(tmp_path):
+    why = probe_direct(str(tmp_path))
+    if why:
+        pytest.skip(f"O_DIRECT unavailable here: {why}")
+
+
+def test_aligned_buffers_are_page_aligned():
+    for n in (1, 4096, 5000, 3 << 20):
+        b = aligned_buffer(n)
+        assert is_aligned(b) and b.size >= n
+
+
+def test_misaligned_buffer_fails_clearly_under_o_direct(tmp_path, direct_ok):
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT | os.O_DIRECT)
+    try:
+        buf = aligned_buffer(2 * 4096)[16:16 + 4096]  # 16 bytes off a page, as numpy gives
+        with pytest.raises(RunFault, match="write of .* failed: Invalid argument"):
+            posix_io.pwrite_all(fd, buf, 0, str(tmp_path / "f"))
+    finally:
+        os.close(fd)
+
+
+def test_writes_and_reads_loop_over_short_transfers(tmp_path, monkeypatch, direct_ok):
+    monkeypatch.setattr(posix_io, "CHUNK", 4096)  # every call moves one page: many iterations
+    data = aligned_buffer(64 * 4096)
+    data[:] = np.random.default_rng(1).integers(0, 256, data.size, dtype=np.uint8)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT | os.O_DIRECT)
+    try:
+        posix_io.pwrite_all(fd, data, 4096)
+        out = aligned_buffer(data.size)
+        posix_io.pread_all(fd, out, 4096)
+    finally:
+        os.close(fd)
+    assert np.array_equal(out, data)
+
+
+def test_reading_past_the_end_is_a_fault(tmp_path):
+    (tmp_path / "f").write_bytes(b"x" * 4096)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        with pytest.raises(RunFault, match="unexpected end of file"):
+            posix_io.pread_all(fd, aligned_buffer(8192), 0)
+    finally:
+        os.close(fd)
+
+
+@needs_fincore
+@pytest.mark.parametrize("engine", ["direct", "buffered"])
+def test_blocks_do_not_stay_in_the_page_cache(tmp_path, engine):
+    if engine == "direct" and probe_direct(str(tmp_path)):
+        pytest.skip("O_DIRECT unavailable")
+    pool = PayloadPool(seed=2, span_bytes=1 << 20)
+    t = NvmeTier(str(tmp_path / "d"), 8 * SLOT, SLOT, engine) if os.makedirs(tmp_path / "d") is None else None
+    buf = aligned_buffer(SLOT)
+    for k in range(4):
+        pool.fill(k, buf)
+        t.put(k, buf)
+    slab = t.slabs[0].path
+    assert resident_bytes(slab) == 0, "written blocks were left in the page cache"
+    if engine == "direct":
+        for k in range(4):
+            t.get(k, buf)
+            assert pool.check(k, buf, "full")
+        assert resident_bytes(slab) == 0, "direct reads went through the page cache"
+    t.close()
+
+
+@needs_fincore
+def test_drop_cached_empties_a_cached_range(tmp_path):
+    p = tmp_path / "f"
+    p.write_bytes(os.urandom(1 << 20))
+    os.sync()
+    with open(p, "rb") as f:
+        f.read()
+    assert resident_bytes(p) > 0
+    fd = os.open(p, os.O_RDONLY)
+    posix_io.drop_cached(fd, 0, 1 << 20)
+    os.close(fd)
+    assert resident_bytes(p) == 0
+
+
+def test_mount_of_knows_tmpfs_and_the_root_filesystem():
+    assert mount_of("/").mount_point == "/"
+    if os.path.isdir("/dev/shm"):
+        assert mount_of("/dev/shm").fs_type == "tmpfs"
+
+
+def test_preallocation_failure_is_a_clear_error_and_leaves_no_file(small_tmpfs):
+    from kv_cache.errors import UserError
+
+    d = small_tmpfs(8)  # an 8 MiB filesystem: asking for 32 MiB must fail
+    with pytest.raises(UserError, match="cannot preallocate"):
+        NvmeTier(str(d), 32 * SLOT, SLOT, "buffered", slab_file_bytes=32 * SLOT)
+    assert os.listdir(d) == [], "a failed preallocation left its file behind"

@@ -1,0 +1,79 @@
+"""Payloads: unique per 4 KiB page, incompressible, and checked on read."""
+
+import lzma
+import zlib
+
+import numpy as np
+import pytest
+
+from kv_cache.lifecycle.payload import PAGE, SEGMENT_BYTES, PayloadPool
+from kv_cache.tiers.aligned import aligned_buffer
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return PayloadPool(seed=3, span_bytes=8 << 20)
+
+
+def block(pool, key, nbytes=256 * 1024):
+    buf = aligned_buffer(nbytes)
+    pool.fill(key, buf)
+    return buf
+
+
+def test_every_page_of_every_block_is_unique(pool):
+    pages = set()
+    for key in (1, 2, 3, 0xFFFF_FFFF_FFFF_FFFF):
+        b = block(pool, key)
+        for i in range(b.size // PAGE):
+            pages.add(bytes(b[i * PAGE:(i + 1) * PAGE]))
+    assert len(pages) == 4 * (256 * 1024 // PAGE)
+
+
+def test_payload_does_not_compress(pool):
+    data = bytes(block(pool, 42, 1 << 20))
+    assert len(zlib.compress(data, 9)) / len(data) > 0.99
+    assert len(lzma.compress(data[: 256 * 1024])) / (256 * 1024) > 0.99
+
+
+def test_same_key_gives_same_bytes(pool):
+    assert np.array_equal(block(pool, 7), block(pool, 7))
+
+
+@pytest.mark.parametrize("mode", ["stamps", "full"])
+def test_intact_block_passes(pool, mode):
+    assert pool.check(11, block(pool, 11), mode)
+
+
+def test_flipped_stamp_byte_is_caught_by_stamps(pool):
+    b = block(pool, 11)
+    b[5 * PAGE + 3] ^= 0x01  # inside page 5's key stamp
+    assert not pool.check(11, b, "stamps")
+
+
+def test_flipped_data_byte_is_caught_by_full_only(pool):
+    b = block(pool, 11)
+    b[5 * PAGE + 100] ^= 0x80
+    assert pool.check(11, b, "stamps")  # stamps cover 16 bytes of each page
+    assert not pool.check(11, b, "full")
+
+
+def test_foreign_torn_and_stale_blocks_are_caught(pool):
+    assert not pool.check(12, block(pool, 11), "stamps")  # another block's bytes
+    torn = block(pool, 11)
+    torn[torn.size // 2:] = block(pool, 99)[torn.size // 2:]
+    assert not pool.check(11, torn, "stamps")
+    zeroed = block(pool, 11)
+    zeroed[PAGE:2 * PAGE] = 0  # a page never written (stale / hole)
+    assert not pool.check(11, zeroed, "stamps")
+
+
+def test_blocks_larger_than_a_segment(pool):
+    b = block(pool, 5, SEGMENT_BYTES + 8 * PAGE)
+    assert pool.check(5, b, "full")
+    b[SEGMENT_BYTES + PAGE + 64] ^= 1
+    assert not pool.check(5, b, "full")
+
+
+def test_off_checks_nothing(pool):
+    assert pool.check(1, np.zeros(PAGE, np.uint8), "off")
