@@ -137,15 +137,18 @@ def nvme_capacity(s: Settings, site: StorageSite, geo: Geometry) -> int:
 
 # ---------------------------------------------------------------------------- tiers
 
-def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None) -> tuple[list, list[str]]:
-    """The ordered tier list (fastest first) and lines saying what is off and why."""
+def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None) -> tuple[list, list[str]]:
+    """The ordered tier list (fastest first) and lines saying what is off and why.
+
+    fill(key, out) rebuilds a block's payload; a simulated tier uses it to hand back real bytes.
+    """
     notes: list[str] = []
     tiers: list = []
     slot = geo.slot_bytes
     gpu_bytes = int(s.tiers.gpu_mem_gb * GiB)
     if s.tiers.gpu == "simulated" and gpu_bytes >= slot:
         tiers.append(NullTier("gpu", gpu_bytes, slot) if s.tiers.null_io
-                     else SimulatedTier("gpu", gpu_bytes, slot, s.tiers.gpu_sim_gbps))
+                     else SimulatedTier("gpu", gpu_bytes, slot, s.tiers.gpu_sim_gbps, fill))
     elif s.tiers.gpu == "auto":
         notes.append("GPU tier off: the real CuPy HBM tier is not built yet (see issue 5); "
                      "--gpu simulated models one.")

@@ -49,14 +49,14 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
 
 
-def _build(s: Settings, run_id: str) -> Built:
+def _build(s: Settings, run_id: str, payloads: PayloadPool | None) -> Built:
     geo = geometry(s)
     n = workers(s)
     budget = memory_budget(s, geo)
     check_fits(budget, n, geo.max_object_bytes)
     site = None if s.tiers.null_io else storage_site(s, run_id)
     try:
-        tiers, notes = build_tiers(s, geo, site)
+        tiers, notes = build_tiers(s, geo, site, payloads.fill if payloads else None)
     except BaseException:
         if site:
             shutil.rmtree(site.data_dir, ignore_errors=True)
@@ -138,12 +138,12 @@ def execute(s: Settings, say=print) -> int:
     report_dir = Path(s.run.output_dir) / run_id
     if report_dir.exists():
         raise UserError(f"report folder {report_dir} already exists; choose another --run-id.")
-    b = _build(s, run_id)
+    payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
+    b = _build(s, run_id, payloads)
     try:
         recorder = Recorder()
         cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder)
         fake = all(FAKE_IO in t.flags for t in b.tiers)
-        payloads = None if fake else PayloadPool(s.run.seed)
         life = Lifecycle(cache, payloads, recorder, s.model.block_tokens, b.geo.bytes_per_token,
                          chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify, fake,
                          s.workload.generation_ms_per_token)

@@ -28,9 +28,9 @@ def small_run(tmp_path):
     out, cache = tmp_path / "reports", tmp_path / "cache"
     cache.mkdir()
 
-    def make(run_id: str = "t", *extra: str) -> list[str]:
+    def make(run_id: str = "t", *extra: str, quiet: bool = True) -> list[str]:
         return ["--config", str(SMALL), "--output-dir", str(out), "--cache-dir", str(cache), "--run-id", run_id,
-                "--quiet", *extra]
+                *(["--quiet"] if quiet else []), *extra]
 
     def results(run_id: str = "t") -> dict:
         return json.loads((out / run_id / "results.json").read_text())

@@ -41,11 +41,16 @@ class Entry:
 
 @dataclass(frozen=True)
 class Move:
-    """One planned waterfall step: demote entry from src to dst, or evict it (dst None)."""
+    """One planned waterfall step: demote entry from src to dst, or evict it (dst None).
+
+    ``leaving_slots`` is the part of the entry's slots held in ``BlockCache.leaving`` until
+    the move has physically freed them (the rest is owed to the reservation that chose it).
+    """
 
     entry: Entry
     src: int
     dst: int | None
+    leaving_slots: int = 0
 
 
 @dataclass
@@ -66,7 +71,8 @@ class BlockCache:
         self.promote_enabled = promote
         self.recorder = recorder
         self.index: dict[int, Entry] = {}
-        self.used = [0] * len(tiers)  # slots of blocks in, or reserved for, each tier
+        self.used = [0] * len(tiers)     # slots of blocks in, or reserved for, each tier
+        self.leaving = [0] * len(tiers)  # slots of chosen victims still physically there, owed to nobody
         self._cond = threading.Condition(threading.Lock())
 
     # ------------------------------------------------------------------ placement (lock held)
@@ -74,41 +80,48 @@ class BlockCache:
     def _slots(self, t: int, nbytes: int) -> int:
         return self.tiers[t].slots_for(nbytes)
 
-    def _make_room(self, t: int, need: int) -> list[Move] | None:
-        """Choose victims so that need slots of tier t are free; None (and no change) if impossible."""
-        free = self.tiers[t].num_slots - self.used[t]
-        if free >= need:
-            return []
-        victims, got = [], free
+    def _free(self, t: int) -> int:
+        return self.tiers[t].num_slots - self.used[t] - self.leaving[t]
+
+    def _victims(self, t: int, deficit: int) -> list[Entry] | None:
+        """Unpinned ready blocks of tier t in policy order covering deficit slots, or None."""
+        victims, got = [], 0
         for key in self.policies[t].candidates():
             e = self.index[key]
             if e.state == READY and e.pins == 0:
                 victims.append(e)
                 got += self._slots(t, e.nbytes)
-                if got >= need:
-                    break
-        if got < need:
+                if got >= deficit:
+                    return victims
+        return None
+
+    def _reserve(self, t: int, nbytes: int) -> list[Move] | None:
+        """Reserve room for nbytes in tier t; return the moves that must run first, or None.
+
+        NOTE: a victim is still physically in the tier until its move runs. The slots that cover
+        this reservation's deficit are owed to it (its thread runs the moves before writing);
+        any excess stays in ``leaving`` so that no other thread counts it as free too early.
+        The victims' own destinations are reserved the same way, one tier down (waterfall).
+        """
+        need = self._slots(t, nbytes)
+        deficit = need - self._free(t)
+        victims = self._victims(t, deficit) if deficit > 0 else []
+        if victims is None:
             return None
         moves: list[Move] = []
         for e in victims:
+            size = self._slots(t, e.nbytes)
+            owed = min(size, deficit)
+            deficit -= owed
             e.state = MOVING
-            self.used[t] -= self._slots(t, e.nbytes)
+            self.used[t] -= size
+            self.leaving[t] += size - owed
             self.policies[t].on_remove(e.key)
-            deeper = None
-            if t + 1 < len(self.tiers):
-                deeper = self._make_room(t + 1, self._slots(t + 1, e.nbytes))
-            if deeper is None:
-                moves.append(Move(e, t, None))
-            else:
-                self.used[t + 1] += self._slots(t + 1, e.nbytes)
+            deeper = self._reserve(t + 1, e.nbytes) if t + 1 < len(self.tiers) else None
+            if deeper is not None:
                 moves.extend(deeper)
-                moves.append(Move(e, t, t + 1))
-        return moves
-
-    def _reserve(self, t: int, nbytes: int) -> list[Move] | None:
-        moves = self._make_room(t, self._slots(t, nbytes))
-        if moves is not None:
-            self.used[t] += self._slots(t, nbytes)
+            moves.append(Move(e, t, None if deeper is None else t + 1, size - owed))
+        self.used[t] += need
         return moves
 
     # ------------------------------------------------------------------ moves (no lock)
@@ -137,6 +150,7 @@ class BlockCache:
                 self.recorder.op(self.names[mv.dst], "demote", "evict", start, dur, e.nbytes)
                 self.recorder.add_bytes(src.name, "read", start, e.nbytes)
             with self._cond:
+                self.leaving[mv.src] -= mv.leaving_slots  # its slots are physically free now
                 if mv.dst is None:
                     del self.index[e.key]
                 else:
@@ -148,6 +162,7 @@ class BlockCache:
         """A move failed mid-way: drop the block from the index, both tiers and their accounting."""
         with self._cond:
             self.index.pop(e.key, None)
+            self.leaving[mv.src] -= mv.leaving_slots
             if not src_accounted:
                 self.used[mv.src] -= self._slots(mv.src, e.nbytes)
             if mv.dst is not None:

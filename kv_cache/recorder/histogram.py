@@ -33,9 +33,12 @@ def record(hist: HdrHistogram, value_ns: int) -> None:
 
 
 def merged(hists) -> HdrHistogram:
+    """The exact sum of hists (a new histogram)."""
     out = new_histogram()
     for h in hists:
-        out.add(h)
+        # NOTE: hdrh's add() of an empty histogram sets the target's minimum to 0: skip empties.
+        if h.get_total_count():
+            out.add(h)
     return out
 
 

@@ -1,13 +1,17 @@
 """Simulated tier: capacity accounting and a bandwidth model, for a GPU that is not there.
 
-Every transfer waits nbytes / bandwidth (plus a fixed launch latency) so that
-concurrency and capacity behave as with a device; no byte moves. The output
-labels this tier's numbers "simulated" wherever they appear.
+Every transfer takes nbytes / bandwidth (plus a fixed launch latency) so that
+concurrency and capacity behave as with a device; no byte is stored. A get
+hands back the block's deterministic payload (rebuilt by ``fill``), so a
+block demoted to a real tier below carries its real bytes; the rebuild is
+counted inside the modelled time. The output labels this tier's numbers
+"simulated" wherever they appear, and its reads are not counted as verified.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -21,23 +25,31 @@ class SimulatedTier(SlottedTier):
 
     flags = frozenset({SIMULATED, DEVICE_MEMORY})
 
-    def __init__(self, name: str, capacity_bytes: int, slot_bytes: int, gbps: float):
+    def __init__(self, name: str, capacity_bytes: int, slot_bytes: int, gbps: float,
+                 fill: Callable[[int, np.ndarray], None] | None = None):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
         self.name = name
         self.bytes_per_s = gbps * 1e9
+        self.fill = fill
         self.description = (f"SIMULATED: capacity accounting + {gbps:g} GB/s bandwidth model, "
                             f"{self.num_slots} slots (no device)")
 
-    def _transfer(self, nbytes: int) -> None:
-        time.sleep(LAUNCH_S + nbytes / self.bytes_per_s)
+    def _transfer(self, nbytes: int, started: float) -> None:
+        left = LAUNCH_S + nbytes / self.bytes_per_s - (time.perf_counter() - started)
+        if left > 0:
+            time.sleep(left)
 
     def put(self, key: int, buf: np.ndarray) -> None:
+        started = time.perf_counter()
         self.slots.alloc(key, buf.size)
-        self._transfer(buf.size)
+        self._transfer(buf.size, started)
 
     def get(self, key: int, out: np.ndarray) -> None:
+        started = time.perf_counter()
         _, nbytes = self.slots.lookup(key)
-        self._transfer(nbytes)
+        if self.fill is not None:
+            self.fill(key, out[:nbytes])
+        self._transfer(nbytes, started)
 
     def delete(self, key: int) -> None:
         self.slots.release(key)

@@ -1,0 +1,122 @@
+"""Bad input: one clear sentence, a non-zero exit, no traceback, nothing left behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, run_cli
+
+
+def assert_clean_error(r, *fragments):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = [x for x in r.stderr.strip().splitlines() if x]
+    assert len(lines) == 1 or lines[0].startswith("usage:"), r.stderr
+    for f in fragments:
+        assert f in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("extra,fragments", [
+    (["--model", "llama-9000"], ["unknown model 'llama-9000'", "llama3.1-70b"]),
+    (["--users", "0"], ["workload.users must be >= 1"]),
+    (["--users", "lots"], ["workload.users must be an integer"]),
+    (["--duration", "-1"], ["run.duration_s must be >= 0.1"]),
+    (["--tp", "3"], ["--tp 3 does not divide"]),
+    (["--profile-mix", "robots=1"], ["not name=weight"]),
+    (["--nvme-gb", "100000"], ["--nvme-gb 100000 asks for"]),
+    (["--io-engine", "mmap", "--nvme-layout", "file-per-block"], ["mmap needs --nvme-layout slab"]),
+    (["--set", "tiers.cpu_memgb=1"], ["unknown key 'tiers.cpu_memgb'"]),
+    (["--cpu-mem-gb", "100000"], ["memory budget", "lower --cpu-mem-gb"]),
+])
+def test_bad_settings(small_run, extra, fragments):
+    r = run_cli(small_run("x", *extra))
+    assert_clean_error(r, *fragments)
+    assert not (small_run.out / "x").exists()
+    assert os.listdir(small_run.cache) == []
+
+
+def test_missing_cache_dir(small_run, tmp_path):
+    r = run_cli(small_run("x") + ["--cache-dir", str(tmp_path / "nope")])
+    assert_clean_error(r, "does not exist")
+
+
+def test_unwritable_cache_dir(small_run, tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o500)
+    if os.access(d, os.W_OK):
+        pytest.skip("running as root: permissions do not stop writes")
+    assert_clean_error(run_cli(small_run("x") + ["--cache-dir", str(d)]), "is not writable")
+
+
+def test_tmpfs_cache_dir_is_refused_unless_allowed(small_run):
+    if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm")
+    assert_clean_error(run_cli(small_run("x") + ["--cache-dir", "/dev/shm"]), "is on tmpfs", "--allow-tmpfs")
+    r = run_cli(small_run("y", "--duration", "0.5") + ["--cache-dir", "/dev/shm", "--allow-tmpfs"])
+    assert r.returncode == 0, r.stderr
+    assert any("RAM, not a storage device" in n for n in small_run.results("y")["run"]["notes"])
+
+
+def test_missing_config_file(small_run):
+    assert_clean_error(run_cli(["--config", "/nonexistent.yaml"]), "does not exist")
+
+
+def test_report_of_nothing(tmp_path):
+    assert_clean_error(run_cli(["report", str(tmp_path)]), "does not exist")
+
+
+def _start(args):
+    return subprocess.Popen([sys.executable, str(REPO / "kv_cache_benchmark.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(proc, text, timeout=30):
+    deadline = time.time() + timeout
+    seen = ""
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        seen += line
+        if text in line:
+            return seen
+    raise AssertionError(f"never printed {text!r}: {seen}")
+
+
+def test_ctrl_c_drains_writes_partial_results_and_cleans_up(small_run):
+    args = small_run("i", "--duration", "60", quiet=False)
+    proc = _start(args)
+    _wait_for(proc, "running:")
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    res = small_run.results("i")
+    assert res["run"]["partial"] is True and res["run"]["stopped_reason"] == "interrupted"
+    assert res["run"]["duration_s"] < 30
+    assert os.listdir(small_run.cache) == []
+
+
+def test_disk_full_stops_cleanly(small_run, small_tmpfs):
+    fs = small_tmpfs(48)
+    args = small_run("f", "--duration", "60", "--nvme-layout", "file-per-block", "--nvme-gb", "0.04",
+                     "--allow-tmpfs", quiet=False)
+    args[args.index("--cache-dir") + 1] = str(fs)
+    proc = _start(args)
+    _wait_for(proc, "running:")
+    with open(fs / "filler", "wb", buffering=0) as f:  # another tenant takes all the space
+        try:
+            while True:
+                f.write(b"\0" * (256 << 10))
+        except OSError:
+            pass
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, (out[-2000:], err)
+    assert "Traceback" not in err
+    res = small_run.results("f")
+    assert res["run"]["stopped_reason"] == "fault" and "disk full" in res["run"]["fault"]
+    assert "FAULT: disk full" in out
+    assert sorted(os.listdir(fs)) == ["filler"], "the run left data behind"

@@ -1,0 +1,94 @@
+"""The real CLI for a few seconds: results.json, console summary, engines, modes."""
+
+import os
+
+import pytest
+from conftest import run_cli
+
+REQUIRED = {
+    "run": ["model", "users", "duration_s", "seed", "block_tokens", "block_bytes", "io_engine", "tiers"],
+    "requests": ["completed", "per_s"], "tokens": ["prompt", "cached", "generated", "per_s"],
+    "hit_rate": ["tokens"], "verification": ["blocks_checked", "failures"],
+    "memory": ["peak_rss_bytes", "budget_bytes"],
+}
+STATS = ["count", "p50", "p90", "p95", "p99", "p999", "max"]
+
+
+def test_small_run_writes_complete_results(small_run):
+    r = run_cli(small_run("a"))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("a")
+    assert res["schema_version"] == 1
+    for section, keys in REQUIRED.items():
+        for k in keys:
+            assert k in res[section], f"{section}.{k}"
+    for tier in ("cpu", "nvme"):
+        assert set(res["bandwidth_gbps"][tier]) == {"read", "write"}
+        assert set(res["bytes"][tier]) == {"read", "write"}
+    assert res["bytes"]["cpu"]["write"] > 0 and res["bytes"]["nvme"]["write"] > 0
+    assert res["bytes"]["nvme"]["read"] > 0, "the tiny CPU tier should push hits down to NVMe"
+    for tier, ops in res["latency_ms"].items():
+        for op, s in ops.items():
+            assert [k in s for k in STATS] and s["count"] > 0 and s["p50"] <= s["p99"] <= s["max"], (tier, op)
+    assert res["run"]["tiers"]["nvme"]["capacity_bytes"] > 0
+    assert res["verification"]["failures"] == 0 and res["verification"]["blocks_checked"] > 0
+    assert res["requests"]["completed"] > 0 and res["tokens"]["cached"] > 0
+    assert 0 < res["hit_rate"]["tokens"] < 1
+    assert res["memory"]["peak_rss_bytes"] <= res["memory"]["budget_bytes"] * 1.5
+    assert os.listdir(small_run.cache) == [], "the run's data directory was left behind"
+
+
+def test_console_summary_and_report_rerender(small_run):
+    r = run_cli(small_run("b", quiet=False))
+    assert r.returncode == 0, r.stderr
+    for text in ("Per-block latency", "p99.9", "nvme", "Bandwidth", "Hit rate", "Verify", "peak RSS"):
+        assert text in r.stdout
+    again = run_cli(["report", str(small_run.out / "b")])
+    assert again.returncode == 0 and "Per-block latency" in again.stdout
+
+
+def test_max_requests_issues_exactly_that_many(small_run):
+    r = run_cli(small_run("c", "--max-requests", "25", "--warmup", "0", "--duration", "60"))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("c")
+    assert res["requests"]["issued"] == 25 and res["requests"]["completed"] == 25
+    assert res["run"]["stopped_reason"] == "max_requests"
+
+
+@pytest.mark.parametrize("engine,layout", [("buffered", "slab"), ("mmap", "slab"), ("direct", "file-per-block")])
+def test_every_engine_and_layout_runs_clean(small_run, engine, layout):
+    r = run_cli(small_run("e", "--io-engine", engine, "--nvme-layout", layout, "--duration", "1",
+                          "--verify", "full"))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("e")
+    assert res["run"]["io_engine"] == engine and res["run"]["nvme_layout"] == layout
+    assert res["verification"]["failures"] == 0 and res["bytes"]["nvme"]["write"] > 0
+
+
+def test_whole_request_mode(small_run):
+    r = run_cli(small_run("w", "--block-tokens", "0", "--duration", "1.5"))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("w")
+    assert res["run"]["block_tokens"] == 0 and res["requests"]["completed"] > 0
+
+
+def test_simulated_gpu_is_labelled(small_run):
+    r = run_cli(small_run("g", "--gpu", "simulated", "--gpu-mem-gb", "0.02", "--duration", "1", quiet=False))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("g")
+    assert res["run"]["tiers"]["gpu"]["simulated"] is True
+    assert "gpu (SIMULATED)" in r.stdout
+    assert res["bytes"]["gpu"]["write"] > 0
+
+
+def test_null_io_measures_the_orchestrator(small_run):
+    r = run_cli(small_run("n", "--null-io", "--duration", "1"))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("n")
+    assert all(t["null"] for t in res["run"]["tiers"].values())
+    assert res["requests"]["completed"] > 0
+
+
+def test_list_models():
+    r = run_cli(["--list-models"])
+    assert r.returncode == 0 and "llama3.1-70b" in r.stdout and "80.00 MiB" in r.stdout

@@ -1,0 +1,14 @@
+"""Checks shared by scenario and property tests."""
+
+from __future__ import annotations
+
+
+def assert_cache_consistent(cache) -> None:
+    """Accounting never drifts: index, per-tier counters, tier slot maps and policies agree."""
+    for i, t in enumerate(cache.tiers):
+        in_tier = [e for e in cache.index.values() if e.tier == i]
+        slots = sum(t.slots_for(e.nbytes) for e in in_tier)
+        assert cache.used[i] == slots == t.slots.used_slots <= t.num_slots, cache.names[i]
+        assert cache.leaving[i] == 0, cache.names[i]
+        assert set(cache.policies[i].candidates()) == {e.key for e in in_tier}, cache.names[i]
+        assert all(e.pins >= 0 for e in in_tier)

@@ -1,0 +1,45 @@
+"""Histograms merge exactly: associative, count-preserving, equal to recording everything in one."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kv_cache.recorder.histogram import decode, encode, merged, new_histogram, record, summary_ms
+
+values = st.lists(st.integers(1, 10**12), max_size=200)
+
+
+def hist(vals):
+    h = new_histogram()
+    for v in vals:
+        record(h, v)
+    return h
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=values, b=values, c=values)
+def test_merge_is_associative_and_preserves_counts(a, b, c):
+    left = merged([merged([hist(a), hist(b)]), hist(c)])
+    right = merged([hist(a), merged([hist(b), hist(c)])])
+    assert left.get_total_count() == right.get_total_count() == len(a) + len(b) + len(c)
+    assert left.equals(right) and left.equals(hist(a + b + c))
+
+
+@settings(max_examples=30, deadline=None)
+@given(a=values)
+def test_encoding_round_trips(a):
+    assert decode(encode(hist(a))).equals(hist(a))
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=st.lists(st.integers(1_000, 10**10), min_size=1, max_size=300))
+def test_percentiles_are_within_a_tenth_of_a_percent(a):
+    s = summary_ms(hist(a))
+    exact = sorted(a)
+    rank = max(1, int(0.99 * len(a) + 0.5))  # HdrHistogram's rank rule
+    assert abs(s["p99"] * 1e6 - exact[rank - 1]) <= exact[rank - 1] * 0.001 + 1
+    assert s["count"] == len(a)
+    assert abs(s["max"] * 1e6 - max(a)) <= max(a) * 0.001 + 1
+
+
+def test_empty_summary_is_null_not_zero():
+    assert summary_ms(new_histogram())["p50"] is None

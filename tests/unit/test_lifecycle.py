@@ -1,0 +1,85 @@
+"""The request lifecycle on real tiers: history hits, decode appends, verification, whole-request mode."""
+
+import numpy as np
+import pytest
+
+from kv_cache.cache.cache import BlockCache
+from kv_cache.cache.hashing import chain_root
+from kv_cache.lifecycle.executor import Lifecycle, WorkerBuffers
+from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.tiers.cpu import CpuTier
+from kv_cache.tiers.nvme import NvmeTier
+from kv_cache.types import HISTORY, SYSTEM, USER, Request
+
+BT, BPT = 16, 4096  # 16-token blocks of 64 KiB
+BLOCK = BT * BPT
+
+
+@pytest.fixture
+def rig(tmp_path):
+    rec = Recorder()
+    rec.start_measuring(1)
+    (tmp_path / "d").mkdir()
+    tiers = [CpuTier(4 * BLOCK, BLOCK), NvmeTier(str(tmp_path / "d"), 64 * BLOCK, BLOCK, "buffered")]
+    cache = BlockCache(tiers, "lru", True, rec)
+    pool = PayloadPool(seed=1, span_bytes=1 << 20)
+
+    def life(block_tokens=BT):
+        return Lifecycle(cache, pool, rec, block_tokens, BPT, chain_root("test"), "full", False, 0.0)
+
+    yield life, cache, rec, WorkerBuffers(64 * BLOCK, False)
+    for t in tiers:
+        t.close()
+
+
+def tokens(n, seed):
+    return np.random.default_rng(seed).integers(0, 1000, n, dtype=np.int32)
+
+
+def request(prompt, output, spans, seq=1):
+    return Request(0, seq, 1, prompt, output, spans)
+
+
+def test_second_turn_reads_the_first_turns_blocks(rig):
+    life, cache, rec, bufs = rig
+    lc = life()
+    p1, o1 = tokens(40, 1), tokens(30, 2)  # 70 tokens -> blocks 0,1 prefill (32 tok), 2,3 decode (64)
+    lc.execute(request(p1, o1, ((40, USER),)), bufs)
+    c = rec.counters()
+    assert c["blocks.lookup"] == 2 and c.get("blocks.hit", 0) == 0
+    assert c["ops.cpu.write"] + c.get("ops.nvme.write", 0) == 4
+    p2 = np.concatenate([p1, o1, tokens(20, 3)])  # 90 tokens: 5 full prompt blocks, 4 already cached
+    lc.execute(request(p2, tokens(10, 4), ((70, HISTORY), (90, USER)), seq=2), bufs)
+    c = rec.counters()
+    assert c["blocks.hit"] == 4
+    assert c["tokens.cached"] == 64
+    assert c["tokens.cached_by_source.history"] == 64
+    assert c["verification.blocks_checked"] == 4 and "verification.failures" not in c
+
+
+def test_a_corrupted_block_is_counted_as_a_failure(rig):
+    life, cache, rec, bufs = rig
+    lc = life()
+    p = tokens(32, 5)
+    lc.execute(request(p, tokens(1, 6), ((32, SYSTEM),)), bufs)
+    e = next(iter(cache.index.values()))
+    slot = cache.tiers[0].slots.lookup(e.key)[0][0]
+    cache.tiers[0].arena[slot * BLOCK + 777] ^= 0xFF  # a flipped byte in RAM
+    lc.execute(request(p, tokens(1, 7), ((32, SYSTEM),), seq=2), bufs)
+    assert rec.counters()["verification.failures"] == 1
+
+
+def test_whole_request_mode_stores_one_object_and_reloads_history(rig):
+    life, cache, rec, bufs = rig
+    lc = life(block_tokens=0)
+    p1, o1 = tokens(40, 1), tokens(30, 2)
+    lc.execute(request(p1, o1, ((40, USER),)), bufs)
+    assert len(cache.index) == 1
+    (e,) = cache.index.values()
+    assert e.nbytes == 70 * BPT
+    p2 = np.concatenate([p1, o1, tokens(20, 3)])
+    lc.execute(request(p2, tokens(10, 4), ((70, HISTORY), (90, USER)), seq=2), bufs)
+    c = rec.counters()
+    assert c["blocks.hit"] == 1 and c["tokens.cached"] == 70
+    assert len(cache.index) == 2

@@ -1,0 +1,69 @@
+"""Synthetic users: deterministic per seed, history as a real prefix, shared system prompts."""
+
+import numpy as np
+import pytest
+
+from kv_cache.config import resolve
+from kv_cache.errors import UserError
+from kv_cache.sources.synthetic import make_users, parse_mix
+
+S = resolve(None, [], {})
+
+
+def schedule(seed, users=5, turns=8):
+    out = []
+    for u in make_users(users, S.workload, S.profiles, seed):
+        for _ in range(turns):
+            r = u.next_request()
+            out.append((r.user_id, r.seq, r.turn, r.prompt_tokens.tobytes(), r.output_tokens.tobytes(), r.think_s))
+    return out
+
+
+def test_same_seed_same_schedule_other_seed_other():
+    assert schedule(1) == schedule(1)
+    assert schedule(1) != schedule(2)
+
+
+def test_a_user_does_not_depend_on_how_many_users_exist():
+    few = make_users(3, S.workload, S.profiles, 9)[2]
+    many = make_users(50, S.workload, S.profiles, 9)[2]
+    for _ in range(5):
+        a, b = few.next_request(), many.next_request()
+        assert np.array_equal(a.prompt_tokens, b.prompt_tokens)
+
+
+def test_each_turn_extends_the_previous_prompt_and_answer():
+    user = make_users(1, S.workload, S.profiles, 3)[0]
+    prev = user.next_request()
+    follow_ups = 0
+    for _ in range(40):
+        r = user.next_request()
+        if r.turn > 1:
+            history = np.concatenate([prev.prompt_tokens, prev.output_tokens])
+            assert np.array_equal(r.prompt_tokens[: history.size], history)
+            assert ("history" in dict((lab, end) for end, lab in r.spans))
+            follow_ups += 1
+        prev = r
+    assert follow_ups > 5
+
+
+def test_conversations_start_with_a_shared_system_prompt():
+    users = make_users(20, S.workload, S.profiles, 4)
+    starts = {u.next_request().prompt_tokens[:256].tobytes() for u in users}
+    assert len(starts) <= S.workload.num_system_prompts
+
+
+def test_profiles_bound_the_lengths():
+    for u in make_users(30, S.workload, S.profiles, 5):
+        p = getattr(S.profiles, u.profile_name)
+        for _ in range(5):
+            r = u.next_request()
+            assert r.num_prompt_tokens <= p.max_context_tokens
+            assert p.output_tokens[0] <= r.num_output_tokens <= p.output_tokens[1]
+
+
+@pytest.mark.parametrize("text,msg", [("chatbot=x", "must be a number"), ("robot=1", "not name=weight"),
+                                      ("chatbot=0", "positive weight"), ("chatbot", "not name=weight")])
+def test_bad_profile_mix(text, msg):
+    with pytest.raises(UserError, match=msg):
+        parse_mix(text, ("chatbot", "coding", "document"))
