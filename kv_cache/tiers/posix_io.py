@@ -23,30 +23,28 @@ def _fault(what: str, path: str, e: OSError) -> RunFault:
     return RunFault(f"{what} of {path} failed: {e.strerror} (errno {e.errno}).")
 
 
-def pwrite_all(fd: int, buf: np.ndarray, offset: int, path: str = "") -> None:
+def _transfer_all(syscall, what: str, fd: int, buf: np.ndarray, offset: int, path: str) -> None:
     view = memoryview(buf).cast("B")
     done, total = 0, len(view)
     try:
         while done < total:
-            n = os.pwritev(fd, [view[done:done + min(CHUNK, total - done)]], offset + done)
+            n = syscall(fd, [view[done:done + min(CHUNK, total - done)]], offset + done)
             if n <= 0:
-                raise OSError(errno.EIO, "write returned 0")
+                raise OSError(errno.EIO, f"unexpected end of file at byte {offset + done}" if what == "read"
+                              else "write moved no byte")
             done += n
     except OSError as e:
-        raise _fault("write", path, e) from None
+        raise _fault(what, path, e) from None
+
+
+def pwrite_all(fd: int, buf: np.ndarray, offset: int, path: str = "") -> None:
+    """Write all of buf at offset, however many calls it takes."""
+    _transfer_all(os.pwritev, "write", fd, buf, offset, path)
 
 
 def pread_all(fd: int, out: np.ndarray, offset: int, path: str = "") -> None:
-    view = memoryview(out).cast("B")
-    done, total = 0, len(view)
-    try:
-        while done < total:
-            n = os.preadv(fd, [view[done:done + min(CHUNK, total - done)]], offset + done)
-            if n <= 0:
-                raise OSError(errno.EIO, f"unexpected end of file at byte {offset + done}")
-            done += n
-    except OSError as e:
-        raise _fault("read", path, e) from None
+    """Fill all of out from offset, however many calls it takes."""
+    _transfer_all(os.preadv, "read", fd, out, offset, path)
 
 
 def drop_cached(fd: int, offset: int, nbytes: int) -> None:
