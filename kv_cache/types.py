@@ -26,6 +26,7 @@ class BlockKey(int):
 
 # Span labels: where the tokens of a prompt come from.
 SYSTEM, HISTORY, USER = "system", "history", "user"
+TRACE_HASH, RAG = "trace_hash", "rag"
 
 
 @dataclass(slots=True)
@@ -46,6 +47,8 @@ class Request:
     think_s: float = 0.0
     qos: str = "batch"
     profile: str = ""
+    arrival_s: float | None = None  # offset in a timestamped trace (before --trace-speedup)
+    session: int = -1               # requests of one session (conversation) run in order
     intended_ns: int = 0
     dequeued_ns: int = 0
 

@@ -1,0 +1,152 @@
+"""ShareGPT conversations, replayed turn by turn with their whole history as the prompt.
+
+Vocabulary: a conversation's *turn* is one user message and the answer that
+follows it. Turn k's prompt is the system prompt (the conversation's own, or
+one of the shared system prompts) + every earlier message and answer + the
+new message, so history blocks are real prefix hits; the answer's length
+comes from the real gpt turn. Accepts vLLM's JSON array of
+``{id, conversations: [{from, value}]}`` and the same objects as JSON Lines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from kv_cache.sources.content import OUTPUT, stream
+from kv_cache.sources.trace_io import TraceLog, jsonl_records
+from kv_cache.types import HISTORY, SYSTEM, USER, Request
+
+USER_ROLES = {"human", "user"}
+ASSISTANT_ROLES = {"gpt", "chatgpt", "assistant", "bing", "bard", "model"}
+
+
+@dataclass(frozen=True)
+class ShareGPTOptions:
+    first_turn_only: bool = False
+    min_prompt_tokens: int = 1
+    max_prompt_tokens: int = 0    # 0: no limit; a longer turn ends its conversation (later turns only grow)
+    max_output_tokens: int = 0    # 0: no limit; longer answers are cut to it
+    max_conversations: int = 0    # 0: all
+    shuffle: bool = True
+    missing_answer_tokens: int = 128  # a message with no answer gets one this long (0: drop it)
+
+
+@dataclass(slots=True)
+class ShareGPTTurn:
+    """One turn of a conversation: its prompt is parts[0] + ... + parts[-1]."""
+
+    index: int
+    session: int
+    turn: int
+    parts: tuple[np.ndarray, ...]   # system, earlier messages and answers..., the new message
+    system_len: int
+    answer: np.ndarray
+    arrival_s: float | None = None
+
+    def build(self, vocab: int) -> Request:
+        prompt = np.concatenate(self.parts)
+        history = prompt.size - self.parts[-1].size
+        spans = ((self.system_len, SYSTEM), (history, HISTORY), (prompt.size, USER))
+        return Request(0, self.index + 1, self.turn, prompt, self.answer, spans, session=self.session,
+                       profile="sharegpt", arrival_s=self.arrival_s)
+
+
+def _conversations(path: str, log: TraceLog):
+    """(file:line, conversation object) from a JSON array or a JSONL file."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        head = f.read(1 << 12).lstrip()
+    if head.startswith("["):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as e:
+            log.bad(f"{path}:{e.lineno}", f"not valid JSON ({e.msg}); nothing of this file was used")
+            return
+        for i, conv in enumerate(data):
+            yield f"{path}[{i}]", conv
+    else:
+        yield from jsonl_records(path, log)
+
+
+def _messages(where: str, conv, log: TraceLog) -> list[tuple[str, str]] | None:
+    turns = conv.get("conversations") if isinstance(conv, dict) else None
+    if not isinstance(turns, list):
+        log.bad(where, "a conversation needs a 'conversations' list")
+        return None
+    out: list[tuple[str, str]] = []
+    for t in turns:
+        if not isinstance(t, dict) or not isinstance(t.get("value"), str):
+            log.bad(where, "every turn needs 'from' and a string 'value'")
+            return None
+        who = str(t.get("from", "")).lower()
+        role = "user" if who in USER_ROLES else "assistant" if who in ASSISTANT_ROLES else \
+            "system" if who == "system" else None
+        if role is None:
+            log.bad(where, f"unknown speaker {t.get('from')!r}")
+            return None
+        if out and out[-1][0] == role:  # merge consecutive messages of one speaker
+            out[-1] = (role, out[-1][1] + "\n" + t["value"])
+        else:
+            out.append((role, t["value"]))
+    return out
+
+
+def load(files: list[str], tokenizer, system_prompts: list[np.ndarray], opts: ShareGPTOptions, seed: int,
+         log: TraceLog) -> list[ShareGPTTurn]:
+    """Every usable turn of every conversation, conversations in (seeded, shuffled) order."""
+    convs = [(w, c) for path in files for w, c in _conversations(path, log)]
+    order = np.random.default_rng([seed, 0x5A6]).permutation(len(convs)) if opts.shuffle else range(len(convs))
+    turns: list[ShareGPTTurn] = []
+    used = 0
+    for ci in order:
+        if opts.max_conversations and used >= opts.max_conversations:
+            break
+        where, conv = convs[ci]
+        msgs = _messages(where, conv, log)
+        if not msgs:
+            continue
+        before = len(turns)
+        _add_turns(turns, msgs, tokenizer, system_prompts, opts, session=int(ci), log=log, where=where)
+        used += len(turns) > before
+    return turns
+
+
+def _add_turns(turns, msgs, tokenizer, system_prompts, opts, session, log, where) -> None:
+    if msgs[0][0] == "system":
+        system = tokenizer.encode(msgs[0][1])
+        msgs = msgs[1:]
+    else:
+        system = system_prompts[session % len(system_prompts)] if system_prompts else np.empty(0, np.int32)
+    parts: list[np.ndarray] = [system]
+    k = 0
+    for i, (role, text) in enumerate(msgs):
+        if role != "user":
+            continue
+        message = tokenizer.encode(text)
+        if i + 1 < len(msgs) and msgs[i + 1][0] == "assistant":
+            answer = tokenizer.encode(msgs[i + 1][1])
+        elif opts.missing_answer_tokens:
+            # NOTE: vLLM's --sharegpt-output-len: a prompt without an answer gets a fixed-length one.
+            answer = stream(OUTPUT, (session << 20) + k, opts.missing_answer_tokens, 100_000)
+            log.skipped["answers_missing_fixed_length"] += 1
+        else:
+            log.skipped["answers_missing"] += 1
+            continue
+        if opts.max_output_tokens and answer.size > opts.max_output_tokens:
+            answer = answer[: opts.max_output_tokens]
+            log.skipped["answers_cut"] += 1
+        prompt_len = sum(p.size for p in parts) + message.size
+        if opts.max_prompt_tokens and prompt_len > opts.max_prompt_tokens:
+            log.skipped["turns_over_max_prompt"] += 1
+            return
+        k += 1
+        if prompt_len >= opts.min_prompt_tokens and answer.size:
+            turns.append(ShareGPTTurn(len(turns), session, k, tuple(parts) + (message,), system.size, answer))
+        else:
+            log.skipped["turns_filtered"] += 1
+        if opts.first_turn_only:
+            return
+        parts += [message, answer]

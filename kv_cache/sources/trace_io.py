@@ -1,0 +1,158 @@
+"""Reading trace files: paths, format detection, and records that are malformed.
+
+Vocabulary: a *trace* is one file, a directory of files or a glob; its
+*records* are lines (JSONL), rows (CSV) or array elements (JSON). A record
+that cannot be used is reported with file:line and what was wrong, then
+skipped and counted — or, with ``--strict``, it stops the run.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from kv_cache.errors import UserError
+
+FORMATS = ("sharegpt", "burstgpt", "azure", "mooncake", "bailian")
+SUFFIXES = (".json", ".jsonl", ".csv")
+
+
+@dataclass
+class TraceLog:
+    """What loading a trace skipped, and why (shown before the run, kept in the results)."""
+
+    strict: bool = False
+    skipped: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+    detected: str = ""
+
+    def bad(self, where: str, why: str, kind: str = "malformed") -> None:
+        if self.strict:
+            raise UserError(f"{where}: {why} (--strict stops at the first bad record; drop it to skip and count).")
+        self.skipped[kind] += 1
+        if len(self.examples) < 5:
+            self.examples.append(f"{where}: {why}")
+
+    def to_dict(self) -> dict:
+        return {"format": self.detected, "skipped": dict(self.skipped), "examples": self.examples}
+
+
+def trace_files(path: str) -> list[str]:
+    """The files a --trace argument names: a file, a directory (its trace files) or a glob."""
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(SUFFIXES))
+        if not files:
+            raise UserError(f"trace directory {path} holds no .json, .jsonl or .csv file.")
+        return files
+    if os.path.isfile(path):
+        return [path]
+    matches = sorted(glob.glob(path))
+    files = [m for m in matches if os.path.isfile(m)]
+    if not files:
+        raise UserError(f"trace {path} matches no file; pass a file, a directory or a glob.")
+    return files
+
+
+def _first_line(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                return line.strip()
+    raise UserError(f"trace file {path} is empty.")
+
+
+def detect_format(path: str) -> str:
+    """Guess a file's format from its first record; a clear error when nothing fits."""
+    first = _first_line(path)
+    if first.startswith("["):
+        return "sharegpt"
+    if first.startswith("{"):
+        try:
+            rec = json.loads(first)
+        except json.JSONDecodeError:
+            rec = {}
+        if "conversations" in rec:
+            return "sharegpt"
+        if "chat_id" in rec or "parent_chat_id" in rec:
+            return "bailian"
+        if "hash_ids" in rec or "input_length" in rec:
+            return "mooncake"
+    header = {h.strip().lower() for h in first.split(",")}
+    if {"request tokens", "response tokens"} <= header:
+        return "burstgpt"
+    if {"contexttokens", "generatedtokens"} <= header:
+        return "azure"
+    raise UserError(f"cannot tell the format of {path} from its first record ({first[:80]!r}); "
+                    f"pass --trace-format {'|'.join(FORMATS)}.")
+
+
+def jsonl_records(path: str, log: TraceLog) -> Iterator[tuple[str, dict]]:
+    """(file:line, object) for each JSON line; malformed lines go to the log."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                log.bad(where, f"not valid JSON ({e.msg})")
+                continue
+            if not isinstance(rec, dict):
+                log.bad(where, "a record must be a JSON object")
+                continue
+            yield where, rec
+
+
+def csv_rows(path: str, required: tuple[str, ...], log: TraceLog) -> Iterator[tuple[str, dict]]:
+    """(file:line, row) for each CSV row, after checking the header has the required columns."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.DictReader(f)
+        header = [h.strip() for h in reader.fieldnames or []]
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise UserError(f"{path}: missing column {missing[0]!r} (header: {', '.join(header) or 'none'}).")
+        reader.fieldnames = header
+        for row in reader:
+            yield f"{path}:{reader.line_num}", row
+
+
+def need_int(rec: dict, name: str, where: str, log: TraceLog, minimum: int = 0) -> int | None:
+    """rec[name] as an int >= minimum, or None (logged) when absent or wrong."""
+    value = rec.get(name)
+    try:
+        out = int(value)
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+    except (TypeError, ValueError):
+        log.bad(where, f"field {name!r} must be an integer, got {value!r}")
+        return None
+    if out < minimum:
+        log.bad(where, f"field {name!r} must be >= {minimum}, got {out}")
+        return None
+    return out
+
+
+class ArrivalClock:
+    """Checks that a file's timestamps never go backwards and plays several files one after another."""
+
+    def __init__(self) -> None:
+        self.offset_s = 0.0
+        self.last_s: float | None = None
+        self.path = ""
+
+    def arrival(self, path: str, where: str, t_s: float) -> float:
+        if path != self.path:  # a new file starts where the previous one ended
+            self.offset_s = self.last_s if self.last_s is not None else 0.0
+            self.path, self._file_last = path, None
+        if self._file_last is not None and t_s < self._file_last:
+            raise UserError(f"{where}: timestamp goes backwards ({t_s:g} s after {self._file_last:g} s); "
+                            f"a trace must be sorted by time.")
+        self._file_last = t_s
+        self.last_s = self.offset_s + t_s
+        return self.last_s
