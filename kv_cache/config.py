@@ -107,6 +107,40 @@ class WorkloadSettings:
 class ScheduleSettings:
     workers: int = key(0, "Worker threads issuing block I/O (0: 2 per CPU core, at least 4, at most 16).",
                        lo=0, hi=4096)
+    arrival: str = key("auto", "When requests arrive: closed (users wait for answers and think), poisson (open "
+                               "loop at --request-rate), trace (trace timestamps / --trace-speedup); auto: trace "
+                               "for timestamped traces, closed otherwise.",
+                       choices=("auto", "closed", "poisson", "trace"))
+    request_rate: float = key(0.0, "Requests per second of the poisson arrival process.", lo=0.0)
+    think_time_s: tuple[float, float] = key((0.1, 0.5), "Think-time range of closed-loop users replaying a trace "
+                                                        "(synthetic users take theirs from their profile).", lo=0.0)
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    path: str = key("", "Trace file, directory or glob (empty: synthetic users).", "--trace")
+    format: str = key("auto", "Trace format (auto: detected from the first record, and said).", "--trace-format",
+                      choices=("auto", "sharegpt", "burstgpt", "azure", "mooncake", "bailian"))
+    replay_cycles: int = key(1, "Times the trace is replayed (0: until the duration ends).", lo=0)
+    speedup: float = key(1.0, "Trace time runs this many times faster (timestamps / speedup).", "--trace-speedup",
+                         lo=1e-6)
+    strict: bool = key(False, "Stop at the first malformed record instead of skipping and counting it.")
+    tokenizer: str = key("auto", "Text to tokens: tiktoken (cl100k, offline; the tokenize extra), fallback "
+                                 "(deterministic estimate), auto (tiktoken when installed).",
+                         choices=("auto", "tiktoken", "fallback"))
+    first_turn_only: bool = key(False, "ShareGPT: only each conversation's first turn (vLLM's benchmark mode).")
+    min_prompt_tokens: int = key(1, "ShareGPT: drop turns whose prompt is shorter.", lo=1)
+    max_prompt_tokens: int = key(0, "ShareGPT: end a conversation at a turn whose prompt is longer (0: no limit).",
+                                 lo=0)
+    max_output_tokens: int = key(0, "ShareGPT: cut longer answers to this many tokens (0: no limit).", lo=0)
+    max_conversations: int = key(0, "ShareGPT: use at most this many conversations (0: all).", lo=0)
+    shuffle: bool = key(True, "ShareGPT: shuffle conversations with the seed (--no-shuffle: file order).")
+    missing_answer_tokens: int = key(128, "ShareGPT: answer length for a message with no answer in the file "
+                                          "(0: drop such messages).", lo=0)
+    model_filter: str = key("", "BurstGPT: keep only rows of this Model (e.g. GPT-4).", "--trace-model")
+    log_type: str = key("", "BurstGPT: keep only rows of this Log Type (Conversation log, API log).",
+                        "--trace-log-type")
+    include_failed: bool = key(False, "BurstGPT: keep failed rows (0 response tokens), skipped by default.")
 
 
 @dataclass(frozen=True)
@@ -142,6 +176,7 @@ class Settings:
     cache: CacheSettings = field(default_factory=CacheSettings)
     workload: WorkloadSettings = field(default_factory=WorkloadSettings)
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+    trace: TraceSettings = field(default_factory=TraceSettings)
     profiles: ProfileSettings = field(default_factory=ProfileSettings)
     models: dict = key({}, "Extra models: name -> {layers, kv_heads, head_dim} or "
                            "{layers, attention: mla, kv_lora_rank, rope_dim}.")

@@ -23,16 +23,18 @@ from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
+from kv_cache.lifecycle.analysis import analyse
 from kv_cache.lifecycle.executor import Lifecycle, WorkerBuffers
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import build_results
 from kv_cache.report.console import render
-from kv_cache.scheduler.runner import ClosedLoopRunner, RunOutcome
-from kv_cache.sources.synthetic import make_users
+from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner, RunOutcome
 from kv_cache.tiers.base import FAKE_IO, SIMULATED
+from kv_cache.traffic import Traffic, build_traffic
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+ANALYSIS_LIMIT = 100_000  # requests analysed before the run at most
 
 
 @dataclass
@@ -91,6 +93,24 @@ def _progress_printer(recorder: Recorder, say, every_s: float = 10.0):
     return tick
 
 
+def _describe(traffic: Traffic, analysis: dict) -> list[str]:
+    p, o, th = analysis["prompt_tokens"], analysis["output_tokens"], analysis["theoretical_hit_rate"]
+    src = traffic.source if traffic.trace is None else f"{traffic.source} trace ({traffic.trace.log.detected})"
+    lines = [f"  traffic: {src}, arrival {traffic.arrival}, {analysis['requests_total'] or 'unbounded'} requests"]
+    if traffic.trace is not None:
+        skipped = traffic.trace.log.skipped
+        if skipped:
+            lines.append("  trace records skipped: " + ", ".join(f"{k} {v}" for k, v in skipped.items()))
+        lines += [f"    {e}" for e in traffic.trace.log.examples[:3]]
+        if traffic.trace.tokenizer:
+            lines.append(f"  tokenizer: {traffic.trace.tokenizer}")
+    if p["count"]:
+        lines.append(f"  prompt tokens p50 {p['p50']:,.0f} / p90 {p['p90']:,.0f} / max {p['max']:,}; output tokens "
+                     f"p50 {o['p50']:,.0f} / max {o['max']:,}; theoretical hit rate (infinite cache) "
+                     f"{th['tokens']:.1%}" if th["tokens"] is not None else "")
+    return lines + [f"  note: {n}" for n in traffic.notes]
+
+
 def _run_info(s: Settings, b: Built, run_id: str, outcome: RunOutcome) -> dict:
     site = b.site
     return {
@@ -138,6 +158,7 @@ def execute(s: Settings, say=print) -> int:
     report_dir = Path(s.run.output_dir) / run_id
     if report_dir.exists():
         raise UserError(f"report folder {report_dir} already exists; choose another --run-id.")
+    traffic = build_traffic(s)  # bad traces and contradictions are refused before any data is written
     payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
     b = _build(s, run_id, payloads)
     try:
@@ -147,21 +168,32 @@ def execute(s: Settings, say=print) -> int:
         life = Lifecycle(cache, payloads, recorder, s.model.block_tokens, b.geo.bytes_per_token,
                          chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify, fake,
                          s.workload.generation_ms_per_token)
-        users = make_users(s.workload.users, s.workload, s.profiles, s.run.seed)
-        runner = ClosedLoopRunner(users, b.workers, life.execute, lambda: WorkerBuffers(b.geo.max_object_bytes, fake),
-                                  recorder, None if s.run.quiet else _progress_printer(recorder, say))
+        limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
+        total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
+                                                                            traffic.analysis_total or limit)
+        analysis = analyse(traffic.analysis_items, life, limit, total)
+        args = (b.workers, life.execute, lambda: WorkerBuffers(b.geo.max_object_bytes, fake), recorder,
+                None if s.run.quiet else _progress_printer(recorder, say))
+        runner = ClosedLoopRunner(traffic.users, *args) if traffic.users is not None \
+            else OpenLoopRunner(traffic.arrivals, *args)
         for t in b.tiers:
             say(f"  tier {t.name}: {t.capacity_bytes / 2**30:.2f} GiB, {t.description}")
         for n in b.notes:
             say(f"  note: {n}")
-        say(f"  running: {s.run.warmup_s:g} s warm-up + {s.run.duration_s:g} s measured, {len(users)} users, "
+        for line in _describe(traffic, analysis):
+            say(line)
+        who = f"{len(traffic.users)} users" if traffic.users is not None else f"open loop ({traffic.arrival})"
+        say(f"  running: {s.run.warmup_s:g} s warm-up + {s.run.duration_s:g} s measured, {who}, "
             f"{b.workers} workers (Ctrl-C stops cleanly)")
         outcome = runner.run(s.run.warmup_s, s.run.duration_s, s.run.max_requests)
         results = build_results(recorder.snapshot(), _run_info(s, b, run_id, outcome), s.to_dict(), {
             "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop},
             "memory": {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                        "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
-            "occupancy": cache.occupancy()})
+            "occupancy": cache.occupancy(),
+            "workload": {"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
+                         "trace": traffic.trace.log.to_dict() if traffic.trace else None,
+                         "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **analysis}})
         results["warnings"] = _warnings(results)
         report_dir.mkdir(parents=True)
         write_json(report_dir / "results.json", results)

@@ -67,6 +67,9 @@ def bandwidth_section(results: dict) -> list[str]:
     rows = [["tier", "", "read GB/s", "write GB/s", "read GiB", "written GiB"]]
     for tier, bw in results["bandwidth_gbps"].items():
         b = results["bytes"][tier]
+        if results["run"]["tiers"].get(tier, {}).get("null"):
+            rows.append([tier_label(results, tier), "", "-", "-", "no bytes move", ""])
+            continue
         rows.append([tier_label(results, tier), "", f"{bw['read']:.3f}", f"{bw['write']:.3f}",
                      f"{b['read'] / GiB:.2f}", f"{b['write'] / GiB:.2f}"])
     return ["", f"Bandwidth over the {window:.1f} s window (demotions included)"] + _table(rows)
@@ -95,6 +98,7 @@ def traffic_section(results: dict) -> list[str]:
              f"{tok['generated']:,}",
              f"Hit rate   {_pct(hit['tokens'])} of prompt tokens, {_pct(hit['blocks'])} of prompt blocks"
              + (f"; by source: {sources}" if sources else ""),
+             f"           theoretical with an infinite cache: {_theoretical(results)}",
              f"Verify     {ver['mode']}: {ver['blocks_checked']:,} blocks checked, {ver['failures']:,} failures"
              + ("  <-- DATA ERRORS" if ver["failures"] else ""),
              f"Memory     peak RSS {mem['peak_rss_bytes'] / GiB:.2f} GiB, budget {mem['budget_bytes'] / GiB:.2f} GiB"]
@@ -103,6 +107,14 @@ def traffic_section(results: dict) -> list[str]:
                  f"{m['storage_read_gbps']:.3f} GB/s, write {m['storage_write_gbps']:.3f} GB/s; storage read p95 "
                  f"{_ms(m['storage_read_p95_ms'])} ms")
     return lines
+
+
+def _theoretical(results: dict) -> str:
+    th = results.get("workload", {}).get("theoretical_hit_rate")
+    if not th:
+        return "n/a"
+    sources = ", ".join(f"{k} {_pct(v)}" for k, v in sorted(th["by_source"].items()))
+    return f"{_pct(th['tokens'])}" + (f" (by source: {sources})" if sources else "")
 
 
 def render(results: dict, results_path: str | None = None) -> str:

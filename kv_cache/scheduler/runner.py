@@ -1,15 +1,19 @@
-"""Closed-loop scheduling: users ask, wait for the answer, think, ask again.
+"""Scheduling: closed-loop users or open-loop arrivals, over one pool of workers.
 
-Vocabulary: the *dispatcher* (the main thread) keeps a heap of (time the
-user is ready, user); when a user is due it takes the user's next request,
-stamps its *intended start* (the due time, so a late dispatcher or a full
-queue never hides latency) and queues it. A pool of *workers* (sized for
-storage concurrency, not one per user) executes requests; a finished
-request puts its user back on the heap after its think time.
+Vocabulary: the *dispatcher* (the main thread) decides when each request is
+due and stamps its *intended start*: every latency runs from there, so a
+late dispatcher or a full queue never hides queueing (no coordinated
+omission). A pool of *workers* (sized for storage concurrency, not one per
+user) executes requests.
 
-Stopping: at the deadline, after max_requests, on a run fault or on Ctrl-C
-the dispatcher stops issuing, queued requests that have not started are
-dropped (and counted), and in-flight requests drain.
+- closed loop: a heap of (time the user is ready, user); a finished request
+  puts its user back after its think time; a user with nothing left leaves.
+- open loop: arrivals (offset, build) from a pacer (trace timestamps or a
+  Poisson process); nothing waits for answers.
+
+Stopping: at the deadline, after max_requests, when the traffic runs out, on
+a run fault or on Ctrl-C the dispatcher stops issuing, queued requests that
+have not started are dropped (and counted), and in-flight requests drain.
 """
 
 from __future__ import annotations
@@ -40,24 +44,17 @@ class RunOutcome:
         return self.stopped_reason in ("interrupted", "fault")
 
 
-class ClosedLoopRunner:
-    """Drives users against an execute(request, worker_state) callable."""
+class _Runner:
+    """The worker pool, the measurement window and the drain; subclasses dispatch."""
 
-    def __init__(self, users, num_workers: int, execute, make_worker_state, recorder, progress=None):
-        self.users = users
-        self.execute = execute
-        self.make_worker_state = make_worker_state
-        self.recorder = recorder
-        self.progress = progress
-        self.num_workers = num_workers
+    def __init__(self, num_workers: int, execute, make_worker_state, recorder, progress=None):
+        self.execute, self.make_worker_state = execute, make_worker_state
+        self.recorder, self.progress, self.num_workers = recorder, progress, num_workers
         self._queue: queue.Queue = queue.Queue()
         self._cond = threading.Condition()
-        self._heap: list[tuple[int, int]] = []
         self._in_flight = 0
         self._stop = threading.Event()
         self.outcome = RunOutcome()
-
-    # ------------------------------------------------------------------ workers
 
     def _worker(self, state) -> None:
         while True:
@@ -76,18 +73,46 @@ class ClosedLoopRunner:
                 self._in_flight -= 1
                 self.outcome.completed += 1
                 if not self._stop.is_set():
-                    heapq.heappush(self._heap, (done + int(req.think_s * 1e9), req.user_id))
+                    self._after(req, done)
                 self._cond.notify_all()
+
+    def _after(self, req, done_ns: int) -> None:
+        """Called under the lock when a request is done (closed loop: the user thinks)."""
 
     def _fail(self, message: str) -> None:
         with self._cond:
             if not self.outcome.fault:
-                self.outcome.fault = message
-                self.outcome.stopped_reason = "fault"
+                self.outcome.fault, self.outcome.stopped_reason = message, "fault"
             self._stop.set()
             self._cond.notify_all()
 
-    # ------------------------------------------------------------------ dispatcher
+    def _issue(self, req, due_ns: int) -> None:
+        req.intended_ns = due_ns
+        with self._cond:
+            self._in_flight += 1
+            self.outcome.issued += 1
+        self._queue.put(req)
+
+    def _stop_check(self, now: int, measure_at: int, deadline: int, max_requests: int, exhausted: bool) -> bool:
+        """Under the lock: open the window when due; True (reason set) when issuing must stop."""
+        if self.recorder.measure_start_ns is None and now >= measure_at:
+            self.recorder.start_measuring(measure_at)
+        if now >= deadline:
+            self.outcome.stopped_reason = "duration"
+            return True
+        done_issuing = (max_requests and self.outcome.issued >= max_requests) or exhausted
+        if done_issuing and self._in_flight == 0:
+            self.outcome.stopped_reason = "max_requests" if not exhausted else "trace_end"
+            return True
+        return False
+
+    def _wait(self, now: int, wake_ns: int, measure_at: int, deadline: int) -> None:
+        """Under the lock: sleep until wake_ns, the window opening, the deadline or a completion."""
+        if self.recorder.measure_start_ns is None:
+            wake_ns = min(wake_ns, measure_at)
+        self._cond.wait(timeout=max(0.0, (min(wake_ns, deadline) - now) / 1e9) + 1e-4)
+        if self.progress:
+            self.progress(self)
 
     def run(self, warmup_s: float, duration_s: float, max_requests: int = 0) -> RunOutcome:
         """Run warm-up then measurement; return how it ended (results are in the recorder)."""
@@ -95,10 +120,6 @@ class ClosedLoopRunner:
         self.outcome.start_ns = start
         measure_at = start + int(warmup_s * 1e9)
         deadline = measure_at + int(duration_s * 1e9)
-        first = self.users[0].user_id
-        for u in self.users:
-            self._heap.append((start + int(u.first_delay_s * 1e9), u.user_id))
-        heapq.heapify(self._heap)
         threads = [threading.Thread(target=self._worker, args=(self.make_worker_state(),), daemon=True,
                                     name=f"worker-{i}") for i in range(self.num_workers)]
         for t in threads:
@@ -106,7 +127,7 @@ class ClosedLoopRunner:
         if warmup_s == 0:
             self.recorder.start_measuring(start)
         try:
-            self._dispatch(first, measure_at, deadline, max_requests)
+            self._dispatch(start, measure_at, deadline, max_requests)
         except KeyboardInterrupt:
             self.outcome.stopped_reason = "interrupted"
         self._drain(threads)
@@ -116,35 +137,8 @@ class ClosedLoopRunner:
         self.recorder.stop_measuring(self.outcome.end_ns)
         return self.outcome
 
-    def _dispatch(self, first: int, measure_at: int, deadline: int, max_requests: int) -> None:
-        with self._cond:
-            while not self._stop.is_set():
-                now = now_ns()
-                if self.recorder.measure_start_ns is None and now >= measure_at:
-                    self.recorder.start_measuring(measure_at)
-                if now >= deadline:
-                    self.outcome.stopped_reason = "duration"
-                    return
-                if max_requests and self.outcome.issued >= max_requests:
-                    if self._in_flight == 0:
-                        self.outcome.stopped_reason = "max_requests"
-                        return
-                    self._cond.wait(timeout=min(0.5, (deadline - now) / 1e9))
-                    continue
-                wake = min(deadline, measure_at if self.recorder.measure_start_ns is None else deadline)
-                if self._heap and self._heap[0][0] <= now:
-                    due, uid = heapq.heappop(self._heap)
-                    req = self.users[uid - first].next_request()
-                    req.intended_ns = due
-                    self._in_flight += 1
-                    self.outcome.issued += 1
-                    self._queue.put(req)
-                    continue
-                if self._heap:
-                    wake = min(wake, self._heap[0][0])
-                self._cond.wait(timeout=max(0.0, (wake - now) / 1e9) + 1e-4)
-                if self.progress:
-                    self.progress(self)
+    def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:
+        raise NotImplementedError
 
     def _drain(self, threads) -> None:
         self._stop.set()
@@ -167,3 +161,61 @@ class ClosedLoopRunner:
                     t.join(timeout=0.5)
                 except KeyboardInterrupt:
                     self.outcome.stopped_reason = "interrupted"
+
+
+class ClosedLoopRunner(_Runner):
+    """Users that ask, wait for the answer, think and ask again."""
+
+    def __init__(self, users, num_workers: int, execute, make_worker_state, recorder, progress=None):
+        super().__init__(num_workers, execute, make_worker_state, recorder, progress)
+        self.users = {u.user_id: u for u in users}
+        self._heap: list[tuple[int, int]] = []
+        self._left = len(self.users)
+
+    def _after(self, req, done_ns: int) -> None:
+        heapq.heappush(self._heap, (done_ns + int(req.think_s * 1e9), req.user_id))
+
+    def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:
+        self._heap = [(start + int(u.first_delay_s * 1e9), uid) for uid, u in self.users.items()]
+        heapq.heapify(self._heap)
+        while not self._stop.is_set():
+            with self._cond:
+                now = now_ns()
+                if self._stop_check(now, measure_at, deadline, max_requests, self._left == 0):
+                    return
+                capped = max_requests and self.outcome.issued >= max_requests
+                if capped or not self._heap or self._heap[0][0] > now:
+                    self._wait(now, self._heap[0][0] if self._heap and not capped else deadline, measure_at,
+                               deadline)
+                    continue
+                due, uid = heapq.heappop(self._heap)
+            req = self.users[uid].next_request()  # built outside the lock: workers keep finishing
+            if req is None:
+                with self._cond:
+                    self._left -= 1
+                continue
+            self._issue(req, due)
+
+
+class OpenLoopRunner(_Runner):
+    """Requests at the times a pacer gives, whatever the service does."""
+
+    def __init__(self, arrivals, num_workers: int, execute, make_worker_state, recorder, progress=None):
+        super().__init__(num_workers, execute, make_worker_state, recorder, progress)
+        self.arrivals = arrivals
+
+    def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:
+        nxt = next(self.arrivals, None)
+        while not self._stop.is_set():
+            with self._cond:
+                now = now_ns()
+                if self._stop_check(now, measure_at, deadline, max_requests, nxt is None):
+                    return
+                capped = max_requests and self.outcome.issued >= max_requests
+                due = start + int(nxt[0] * 1e9) if nxt is not None else deadline
+                if capped or nxt is None or due > now:
+                    self._wait(now, deadline if capped or nxt is None else due, measure_at, deadline)
+                    continue
+            req = nxt[1]()
+            self._issue(req, due)
+            nxt = next(self.arrivals, None)

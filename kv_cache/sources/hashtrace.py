@@ -40,7 +40,7 @@ class HashRecord:
                        ((self.input_length, TRACE_HASH),), arrival_s=self.arrival_s, session=self.session,
                        profile=self.fmt)
 
-    def prefix_ids(self, block_tokens: int) -> list[tuple]:
+    def prefix_ids(self, block_tokens: int) -> list[tuple]:  # noqa: D401
         """Identities of the prompt's full blocks at block_tokens, without building tokens.
 
         Block j holds tokens up to n = (j+1) * block_tokens: equal for two records exactly when
@@ -48,12 +48,15 @@ class HashRecord:
         make partial trace blocks agree on their common start). A tail without an id of its own
         is unique to its record.
         """
+        chain, prefix = [], 0  # chain[m-1] names ids[:m] (hash() is consistent within one process)
+        for h in self.hash_ids:
+            prefix = hash((prefix, h))
+            chain.append(prefix)
         out, tb = [], self.trace_block
         covered = len(self.hash_ids) * tb
         for j in range(self.input_length // block_tokens):
             n = (j + 1) * block_tokens
-            m = -(-n // tb)
-            out.append((tuple(self.hash_ids[:m]), n) if n <= covered else ("tail", self.index, n))
+            out.append((chain[-(-n // tb) - 1], n) if n <= covered else ("tail", self.index, n))
         return out
 
 

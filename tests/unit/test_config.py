@@ -66,3 +66,9 @@ def test_ranges_from_the_command_line():
     s = resolve(None, ["profiles.coding.context_tokens=100,200"], {"workload.system_prompt_tokens": "10,20"})
     assert s.profiles.coding.context_tokens == (100, 200)
     assert s.workload.system_prompt_tokens == (10, 20)
+
+
+def test_config_yaml_is_what_the_generator_writes():
+    from kv_cache.config_doc import render
+
+    assert REPO_CONFIG.read_text() == render(), "run: python -m kv_cache.config_doc > config.yaml"

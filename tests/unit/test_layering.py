@@ -9,7 +9,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[2] / "kv_cache"
 FLOW = ["sources", "scheduler", "lifecycle", "cache", "tiers"]
 SHARED = {"types", "config", "errors", "model", "__init__"}
-ROOT = {"cli", "run", "build", "budget", "__main__"}  # composition root: may import anything
+ROOT = {"cli", "run", "build", "budget", "traffic", "config_doc", "__main__"}  # composition root: may import anything
 
 
 def allowed(stage: str) -> set[str]:

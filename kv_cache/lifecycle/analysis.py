@@ -1,0 +1,76 @@
+"""Numbers that explain the traffic, before the run: lengths and the infinite-cache hit rate.
+
+The *theoretical hit rate* replays the lifecycle's own plan of each request
+against a cache that never evicts and where every write has finished: the
+tokens of the longest prefix of prompt blocks seen before, over all prompt
+tokens (token-weighted), overall and by source. The run's achieved hit rate
+sits beside it, so capacity and concurrency effects are visible.
+Hash-id trace records are analysed from their ids without building tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from kv_cache.types import TRACE_HASH
+
+
+def _stats(values: list[int]) -> dict:
+    if not values:
+        return {"count": 0}
+    a = np.asarray(values)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"count": int(a.size), "mean": float(a.mean()), "p50": float(p50), "p90": float(p90),
+            "p99": float(p99), "max": int(a.max())}
+
+
+def _rate(num, den):
+    return num / den if den else None
+
+
+def analyse(items, lifecycle, limit: int = 100_000, total: int | None = None) -> dict:
+    """Analyse up to `limit` items (built Requests, or hash records with prefix_ids) in dispatch order."""
+    seen: set = set()
+    prompts, outputs = [], []
+    cached = prompt_total = 0
+    by_source_prompt: dict[str, int] = {}
+    by_source_cached: dict[str, int] = {}
+    bt = lifecycle.block_tokens
+    for item in itertools.islice(items, limit):
+        if bt and hasattr(item, "prefix_ids"):
+            ids, plen, olen = item.prefix_ids(bt), item.input_length, item.output_length
+            tokens, labels, n_prompt, all_ids = [bt] * len(ids), [TRACE_HASH] * len(ids), len(ids), ids
+            spans = {TRACE_HASH: plen}
+        else:
+            req = item
+            plan = lifecycle.plan(req)
+            plen, olen = req.num_prompt_tokens, req.num_output_tokens
+            tokens, labels, n_prompt, all_ids = plan.tokens_per_key, plan.labels, plan.num_prompt_blocks, plan.keys
+            spans, start = {}, 0
+            for end, label in req.spans:
+                spans[label] = spans.get(label, 0) + max(0, end - start)
+                start = max(start, end)
+        hits = 0
+        while hits < n_prompt and all_ids[hits] in seen:
+            hits += 1
+        seen.update(all_ids)
+        prompts.append(plen)
+        outputs.append(olen)
+        prompt_total += plen
+        for label, n in spans.items():
+            by_source_prompt[label] = by_source_prompt.get(label, 0) + n
+        for i in range(hits):
+            t = min(tokens[i], plen)
+            cached += t
+            by_source_cached[labels[i]] = by_source_cached.get(labels[i], 0) + t
+    n = len(prompts)
+    return {
+        "requests_analysed": n, "requests_total": total if total is not None else n,
+        "prompt_tokens": _stats(prompts), "output_tokens": _stats(outputs),
+        "theoretical_hit_rate": {
+            "tokens": _rate(cached, prompt_total),
+            "by_source": {k: _rate(by_source_cached.get(k, 0), v) for k, v in by_source_prompt.items()},
+        },
+    }

@@ -1,0 +1,117 @@
+"""Building the traffic from settings: which source, which arrival process, what to analyse.
+
+Part of the composition root (with run.py and build.py): it knows the
+concrete sources and hands the scheduler either closed-loop users or an
+open-loop arrival stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from kv_cache.config import Settings
+from kv_cache.errors import UserError
+from kv_cache.sources import csvtrace, hashtrace, sharegpt
+from kv_cache.sources.replay import (
+    TraceSet,
+    closed_users,
+    poisson_arrivals,
+    synthetic_builds,
+    trace_arrivals,
+    trace_builds,
+)
+from kv_cache.sources.synthetic import SystemPrompts, make_users
+from kv_cache.sources.tokenizer import make_tokenizer
+from kv_cache.sources.trace_io import TraceLog, detect_format, trace_files
+
+SYNTHETIC_SAMPLE_TURNS = 20  # requests per user in the pre-run analysis of synthetic traffic
+
+
+@dataclass
+class Traffic:
+    """What the scheduler runs, and what the pre-run analysis reads."""
+
+    source: str                 # synthetic, or the trace format
+    arrival: str                # closed, poisson, trace
+    users: list | None = None
+    arrivals: object = None
+    analysis_items: object = None
+    analysis_total: int | None = None
+    trace: TraceSet | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def load_trace(s: Settings) -> TraceSet:
+    t = s.trace
+    files = trace_files(t.path)
+    fmt = t.format if t.format != "auto" else detect_format(files[0])
+    log = TraceLog(strict=t.strict, detected=fmt)
+    vocab = s.workload.vocab_size
+    tokenizer = ""
+    if fmt in ("mooncake", "bailian"):
+        records = hashtrace.load(files, fmt, log)
+    elif fmt == "burstgpt":
+        records = csvtrace.load_burstgpt(files, log, t.model_filter, t.log_type, t.include_failed)
+    elif fmt == "azure":
+        records = csvtrace.load_azure(files, log)
+    else:
+        tok = make_tokenizer(t.tokenizer, vocab)
+        tokenizer = tok.name
+        system = SystemPrompts(s.workload.num_system_prompts, s.workload.system_prompt_tokens, vocab, s.run.seed)
+        opts = sharegpt.ShareGPTOptions(t.first_turn_only, t.min_prompt_tokens, t.max_prompt_tokens,
+                                        t.max_output_tokens, t.max_conversations, t.shuffle, t.missing_answer_tokens)
+        records = sharegpt.load(files, tok, system.prompts, opts, s.run.seed, log)
+    if not records:
+        skipped = ", ".join(f"{k} {v}" for k, v in log.skipped.items()) or "none"
+        raise UserError(f"trace {t.path} ({fmt}) has no usable record (skipped: {skipped}); "
+                        f"check the file and the trace filters.")
+    return TraceSet(fmt, records, log, tokenizer)
+
+
+def _arrival(s: Settings, trace: TraceSet | None) -> str:
+    arrival = s.schedule.arrival
+    if arrival == "auto":
+        arrival = "trace" if trace is not None and trace.timestamped else "closed"
+    if arrival == "poisson" and s.schedule.request_rate <= 0:
+        raise UserError("--arrival poisson needs --request-rate R (requests per second, > 0).")
+    if arrival == "trace" and trace is None:
+        raise UserError("--arrival trace needs --trace with timestamps (BurstGPT, Azure, Mooncake, Bailian).")
+    return arrival
+
+
+def build_traffic(s: Settings) -> Traffic:
+    vocab, seed = s.workload.vocab_size, s.run.seed
+    trace = load_trace(s) if s.trace.path else None
+    arrival = _arrival(s, trace)
+    if trace is None:
+        t = Traffic("synthetic", arrival)
+        users = make_users(s.workload.users, s.workload, s.profiles, seed)
+        if arrival == "closed":
+            t.users = users
+        else:
+            t.arrivals = poisson_arrivals(synthetic_builds(users), s.schedule.request_rate, seed)
+        fresh = make_users(s.workload.users, s.workload, s.profiles, seed)
+        sample = (u.next_request() for _ in range(SYNTHETIC_SAMPLE_TURNS) for u in fresh)
+        t.analysis_items, t.analysis_total = sample, None
+        t.notes.append(f"analysis: a sample of the first {SYNTHETIC_SAMPLE_TURNS} requests of every user, "
+                       f"round-robin")
+        return t
+    cycles = s.trace.replay_cycles
+    t = Traffic(trace.fmt, arrival, trace=trace)
+    if arrival == "closed":
+        t.users = closed_users(trace, s.workload.users, vocab, s.schedule.think_time_s, cycles, seed)
+    elif arrival == "trace":
+        t.arrivals = trace_arrivals(trace, vocab, s.trace.speedup, cycles)
+    else:
+        t.arrivals = poisson_arrivals(trace_builds(trace, vocab, cycles), s.schedule.request_rate, seed)
+    passes = cycles or 1
+    hashed = trace.fmt in ("mooncake", "bailian") and s.model.block_tokens > 0
+    one_pass = trace.records if hashed else (r.build(vocab) for r in trace.records)
+    t.analysis_items = itertools.chain.from_iterable(
+        trace.records if hashed else (r.build(vocab) for r in trace.records) for _ in range(passes)) \
+        if passes > 1 else one_pass
+    t.analysis_total = len(trace.records) * passes
+    if cycles == 0:
+        t.notes.append("analysis: one pass of the trace (--replay-cycles 0 repeats it until the duration ends)")
+    return t
