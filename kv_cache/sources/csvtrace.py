@@ -70,12 +70,12 @@ def load_burstgpt(files: list[str], log: TraceLog, model: str = "", log_type: st
             except (TypeError, ValueError):
                 log.bad(where, f"Timestamp must be a number, got {row['Timestamp']!r}")
                 continue
-            req = need_int(row, "Request tokens", where, log, 1)
             resp = need_int(row, "Response tokens", where, log, 0)
-            if req is None or resp is None:
-                continue
-            if resp == 0 and not include_failed:
+            if resp == 0 and not include_failed:  # a failed request (BurstGPT keeps them in its files)
                 log.skipped["failed_rows"] += 1
+                continue
+            req = need_int(row, "Request tokens", where, log, 1)
+            if req is None or resp is None:
                 continue
             sid = (row.get("Session ID") or "").strip()
             prev = last_of.get(sid) if sid else None

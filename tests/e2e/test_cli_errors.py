@@ -8,15 +8,7 @@ import time
 
 import pytest
 from conftest import REPO, run_cli
-
-
-def assert_clean_error(r, *fragments):
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    assert "Traceback" not in r.stderr
-    lines = [x for x in r.stderr.strip().splitlines() if x]
-    assert len(lines) == 1 or lines[0].startswith("usage:"), r.stderr
-    for f in fragments:
-        assert f in r.stderr, r.stderr
+from helpers import assert_clean_error
 
 
 @pytest.mark.parametrize("extra,fragments", [

@@ -1,0 +1,75 @@
+"""Traces through the real CLI: exact theoretical hit rate, history hits, open loop, bad input."""
+
+import pytest
+from conftest import REPO, SHARED_TRACES, run_cli
+from helpers import assert_clean_error
+
+MOON = str(REPO / "traces" / "mooncake_conversation_sample.jsonl")
+TINY = ["--set", "models.tiny={layers: 1, kv_heads: 1, head_dim: 8}", "--model", "tiny"]
+
+
+@pytest.mark.parametrize("bt", ["16", "100", "512"])
+def test_mooncake_achieved_hit_rate_equals_theoretical_with_room_for_everything(small_run, bt):
+    r = run_cli(small_run("m", "--trace", MOON, *TINY, "--block-tokens", bt, "--arrival", "closed", "--users", "1",
+                          "--think-time-s", "0,0", "--workers", "1", "--warmup", "0", "--duration", "120",
+                          "--cpu-mem-gb", "1", "--nvme-gb", "0.2"))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("m")
+    assert res["run"]["stopped_reason"] == "trace_end" and res["requests"]["completed"] == 200
+    assert res["workload"]["source"] == "mooncake"
+    assert res["hit_rate"]["tokens"] == res["workload"]["theoretical_hit_rate"]["tokens"] > 0.03
+    assert res["verification"]["failures"] == 0 and res["verification"]["blocks_checked"] > 0
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is absent")
+def test_sharegpt_multi_turn_history_gives_prefix_hits(small_run):
+    trace = str(SHARED_TRACES / "sharegpt" / "sharegpt_zh_1K.first600.jsonl")
+    r = run_cli(small_run("s", "--trace", trace, *TINY, "--block-tokens", "16", "--max-conversations", "40",
+                          "--users", "4", "--think-time-s", "0,0", "--warmup", "0", "--duration", "60",
+                          "--cpu-mem-gb", "0.5", quiet=False))
+    assert r.returncode == 0, r.stderr
+    assert "traffic: sharegpt trace (sharegpt)" in r.stdout and "tokenizer:" in r.stdout
+    res = small_run.results("s")
+    assert res["run"]["stopped_reason"] == "trace_end"
+    assert res["hit_rate"]["by_source"]["history"] > 0.5
+    assert res["workload"]["theoretical_hit_rate"]["by_source"]["history"] > 0.5
+
+
+def test_burstgpt_sample_open_loop_at_trace_time(small_run):
+    r = run_cli(small_run("b", "--trace", str(REPO / "traces" / "burstgpt_sample.csv"), *TINY,
+                          "--trace-speedup", "2000", "--warmup", "0", "--duration", "30"))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("b")
+    assert res["workload"]["arrival"] == "trace" and res["workload"]["trace"]["skipped"] == {"failed_rows": 5}
+    assert res["requests"]["completed"] == 95 and res["run"]["stopped_reason"] == "trace_end"
+    assert res["request_latency_ms"]["queue"]["count"] == 95
+
+
+def test_poisson_arrivals_with_synthetic_users(small_run):
+    r = run_cli(small_run("p", "--arrival", "poisson", "--request-rate", "40", "--warmup", "0", "--duration", "2",
+                          "--null-io"))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("p")
+    assert res["workload"]["arrival"] == "poisson"
+    assert 40 <= res["requests"]["issued"] <= 130
+
+
+@pytest.mark.parametrize("extra,fragments", [
+    (["--arrival", "poisson"], ["needs --request-rate"]),
+    (["--arrival", "trace"], ["needs --trace with timestamps"]),
+    (["--trace", "/nonexistent/x.jsonl"], ["matches no file"]),
+    (["--trace", str(REPO / "README.md")], ["cannot tell the format"]),
+])
+def test_bad_traffic_settings(small_run, extra, fragments):
+    assert_clean_error(run_cli(small_run("x", *extra)), *fragments)
+
+
+def test_strict_and_undetectable_traces(small_run, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{oops\n')
+    assert_clean_error(run_cli(small_run("x", "--trace", str(bad), "--strict")), f"{bad}:2: not valid JSON")
+    odd = tmp_path / "odd.csv"
+    odd.write_text("a,b\n1,2\n")
+    assert_clean_error(run_cli(small_run("x", "--trace", str(odd))), "cannot tell the format")
+    assert_clean_error(run_cli(small_run("x", "--trace", str(SHARED_TRACES / "sharegpt"), "--arrival", "trace")),
+                       "needs timestamps")
