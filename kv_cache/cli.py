@@ -23,7 +23,7 @@ SUBCOMMANDS = ("run", "report")
 
 
 def _add_setting_flags(p: argparse.ArgumentParser) -> None:
-    for section in ("run", "model", "tiers", "cache", "workload", "schedule", "trace"):
+    for section in ("run", "model", "tiers", "cache", "workload", "schedule", "trace", "rag"):
         group = p.add_argument_group(f"{section} settings (config.yaml section '{section}')")
         for dotted, f, typ in iter_keys(Settings):
             if not dotted.startswith(section + ".") or not is_flag_key(dotted, typ):

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from kv_cache.config_check import coerce
 from kv_cache.errors import UserError
 
 REPO_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
@@ -96,6 +97,8 @@ class WorkloadSettings:
     num_system_prompts: int = key(4, "Shared system prompts; every conversation starts with one of them.",
                                   lo=0, hi=100_000)
     system_prompt_tokens: tuple[int, int] = key((512, 2048), "Range of system prompt lengths in tokens.", lo=0)
+    system_prompt_zipf: float = key(0.0, "Zipf exponent of system-prompt popularity: prompt i is chosen with weight "
+                                         "1/(i+1)^s (0: uniform).", lo=0.0, hi=10.0)
     end_probability: float = key(0.2, "Chance that a conversation ends after a turn.", lo=0.0, hi=1.0)
     max_turns: int = key(50, "A conversation ends after this many turns.", lo=1)
     generation_ms_per_token: float = key(0.0, "Simulated generation time per output token (0: storage stress).",
@@ -144,6 +147,24 @@ class TraceSettings:
 
 
 @dataclass(frozen=True)
+class RagSettings:
+    enabled: bool = key(False, "RAG traffic: a share of synthetic conversations open with retrieved documents.",
+                        "--rag")
+    request_probability: float = key(0.5, "Share of new synthetic conversations that retrieve documents.",
+                                     lo=0.0, hi=1.0)
+    num_documents: int = key(1000, "Documents in the corpus.", lo=1, hi=10_000_000)
+    document_tokens: tuple[int, int] = key((512, 4096), "Document length range in tokens (each is then cut at "
+                                                        "block boundaries: padded to whole blocks).", lo=1)
+    top_k: int = key(4, "Documents retrieved per request.", "--rag-top-k", lo=1, hi=1000)
+    zipf: float = key(1.0, "Zipf exponent of document popularity (document i has weight 1/(i+1)^s).", "--rag-zipf",
+                      lo=0.0, hi=10.0)
+    reuse: str = key("prefix", "prefix: documents are part of the prompt's prefix chain; chunk: each document's "
+                               "blocks are keyed by their own content and hit wherever the document sits "
+                               "(position-independent, as CacheBlend), counted apart as rag_chunk.",
+                     "--rag-reuse", choices=("prefix", "chunk"))
+
+
+@dataclass(frozen=True)
 class Profile:
     context_tokens: tuple[int, int] = key((512, 4096), "First-turn context length range (tokens).", lo=1)
     message_tokens: tuple[int, int] = key((32, 256), "Length range of each later user message.", lo=1)
@@ -177,6 +198,7 @@ class Settings:
     workload: WorkloadSettings = field(default_factory=WorkloadSettings)
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
     trace: TraceSettings = field(default_factory=TraceSettings)
+    rag: RagSettings = field(default_factory=RagSettings)
     profiles: ProfileSettings = field(default_factory=ProfileSettings)
     models: dict = key({}, "Extra models: name -> {layers, kv_heads, head_dim} or "
                            "{layers, attention: mla, kv_lora_rank, rope_dim}.")
@@ -215,79 +237,6 @@ def _to_plain(obj):
     return obj
 
 
-# --------------------------------------------------------------------------- coercion and checks
-
-def _coerce(name: str, typ, value, meta: dict, where: str):
-    """Return value converted to typ, or raise UserError naming the key."""
-    def bad(what: str):
-        return UserError(f"{where}: {name} {what}; got {value!r}. "
-                         f"See config.yaml for what it means ({meta.get('help', '')})")
-
-    origin = typing.get_origin(typ)
-    if typ is bool:
-        if isinstance(value, bool):
-            out = value
-        elif isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
-            out = value.lower() in ("true", "yes", "1", "on")
-        else:
-            raise bad("must be true or false")
-    elif typ is int:
-        if isinstance(value, bool):
-            raise bad("must be an integer")
-        try:
-            out = int(value) if isinstance(value, (int, str)) else _int_from_float(value)
-        except (TypeError, ValueError):
-            raise bad("must be an integer") from None
-    elif typ is float:
-        if isinstance(value, bool):
-            raise bad("must be a number")
-        try:
-            out = float(value)
-        except (TypeError, ValueError):
-            raise bad("must be a number") from None
-    elif typ is str:
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise bad("must be a string")
-        out = str(value)
-    elif origin is tuple:
-        item_t = typing.get_args(typ)[0]
-        items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)) or len(items) != 2:
-            raise bad("must be a range of two values [low, high]")
-        out = tuple(_coerce(name, item_t, v, meta, where) for v in items)
-        if out[0] > out[1]:
-            raise bad("must have low <= high")
-    elif typ is dict or origin is dict:
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            raise bad("must be a mapping")
-        out = dict(value)
-    else:  # pragma: no cover - schema error, not user error
-        raise TypeError(f"unsupported schema type {typ} for {name}")
-    _check_bounds(name, out, meta, bad)
-    return out
-
-
-def _int_from_float(value):
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    raise ValueError
-
-
-def _check_bounds(name, out, meta, bad):
-    choices, lo, hi = meta.get("choices"), meta.get("lo"), meta.get("hi")
-    if choices and out not in choices:
-        raise bad(f"must be one of {', '.join(choices)}")
-    values = out if isinstance(out, tuple) else (out,)
-    for v in values:
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            if lo is not None and v < lo:
-                raise bad(f"must be >= {lo}")
-            if hi is not None and v > hi:
-                raise bad(f"must be <= {hi}")
-
-
 def _build(cls, data: dict, where: str, prefix: str = ""):
     """Build dataclass cls from a plain mapping, refusing unknown keys."""
     if not isinstance(data, dict):
@@ -304,7 +253,7 @@ def _build(cls, data: dict, where: str, prefix: str = ""):
         if dataclasses.is_dataclass(typ):
             kwargs[fname] = _build(typ, value, where, f"{prefix}{fname}.")
         else:
-            kwargs[fname] = _coerce(prefix + fname, typ, value, dict(names[fname].metadata), where)
+            kwargs[fname] = coerce(prefix + fname, typ, value, dict(names[fname].metadata), where)
     return cls(**kwargs)
 
 

@@ -20,6 +20,7 @@ SECTION_DOC = {
     "workload": "Synthetic users and conversations.",
     "schedule": "Workers and arrival process.",
     "trace": "Replaying a trace instead of synthetic users.",
+    "rag": "Retrieval-augmented traffic (synthetic users).",
     "profiles": "User profiles (ranges are [low, high], drawn uniformly).",
 }
 

@@ -167,7 +167,7 @@ def execute(s: Settings, say=print) -> int:
         fake = all(FAKE_IO in t.flags for t in b.tiers)
         life = Lifecycle(cache, payloads, recorder, s.model.block_tokens, b.geo.bytes_per_token,
                          chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify, fake,
-                         s.workload.generation_ms_per_token)
+                         s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk")
         limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
         total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
                                                                             traffic.analysis_total or limit)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
 from kv_cache.sources import csvtrace, hashtrace, sharegpt
@@ -58,10 +60,12 @@ def load_trace(s: Settings) -> TraceSet:
     else:
         tok = make_tokenizer(t.tokenizer, vocab)
         tokenizer = tok.name
-        system = SystemPrompts(s.workload.num_system_prompts, s.workload.system_prompt_tokens, vocab, s.run.seed)
+        system = SystemPrompts(s.workload.num_system_prompts, s.workload.system_prompt_tokens, vocab, s.run.seed,
+                               s.workload.system_prompt_zipf)
         opts = sharegpt.ShareGPTOptions(t.first_turn_only, t.min_prompt_tokens, t.max_prompt_tokens,
                                         t.max_output_tokens, t.max_conversations, t.shuffle, t.missing_answer_tokens)
-        records = sharegpt.load(files, tok, system.prompts, opts, s.run.seed, log)
+        records = sharegpt.load(files, tok, lambda sid: system.pick(np.random.default_rng([s.run.seed, 0x5A7, sid])),
+                                opts, s.run.seed, log)
     if not records:
         skipped = ", ".join(f"{k} {v}" for k, v in log.skipped.items()) or "none"
         raise UserError(f"trace {t.path} ({fmt}) has no usable record (skipped: {skipped}); "
@@ -83,15 +87,19 @@ def _arrival(s: Settings, trace: TraceSet | None) -> str:
 def build_traffic(s: Settings) -> Traffic:
     vocab, seed = s.workload.vocab_size, s.run.seed
     trace = load_trace(s) if s.trace.path else None
+    if trace is not None and s.rag.enabled:
+        raise UserError("--rag shapes synthetic traffic; drop it when replaying a --trace.")
     arrival = _arrival(s, trace)
     if trace is None:
         t = Traffic("synthetic", arrival)
-        users = make_users(s.workload.users, s.workload, s.profiles, seed)
+        users = make_users(s.workload.users, s.workload, s.profiles, seed, rag=s.rag,
+                           block_tokens=s.model.block_tokens)
         if arrival == "closed":
             t.users = users
         else:
             t.arrivals = poisson_arrivals(synthetic_builds(users), s.schedule.request_rate, seed)
-        fresh = make_users(s.workload.users, s.workload, s.profiles, seed)
+        fresh = make_users(s.workload.users, s.workload, s.profiles, seed, rag=s.rag,
+                           block_tokens=s.model.block_tokens)
         sample = (u.next_request() for _ in range(SYNTHETIC_SAMPLE_TURNS) for u in fresh)
         t.analysis_items, t.analysis_total = sample, None
         t.notes.append(f"analysis: a sample of the first {SYNTHETIC_SAMPLE_TURNS} requests of every user, "

@@ -49,6 +49,7 @@ class Request:
     profile: str = ""
     arrival_s: float | None = None  # offset in a timestamped trace (before --trace-speedup)
     session: int = -1               # requests of one session (conversation) run in order
+    docs: tuple[tuple[int, int, int], ...] = ()  # (start, end, document id) of retrieved documents
     intended_ns: int = 0
     dequeued_ns: int = 0
 

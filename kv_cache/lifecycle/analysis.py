@@ -14,6 +14,7 @@ import itertools
 
 import numpy as np
 
+from kv_cache.lifecycle.plan import KVPlan
 from kv_cache.types import TRACE_HASH
 
 
@@ -41,27 +42,25 @@ def analyse(items, lifecycle, limit: int = 100_000, total: int | None = None) ->
     for item in itertools.islice(items, limit):
         if bt and hasattr(item, "prefix_ids"):
             ids, plen, olen = item.prefix_ids(bt), item.input_length, item.output_length
-            tokens, labels, n_prompt, all_ids = [bt] * len(ids), [TRACE_HASH] * len(ids), len(ids), ids
+            plan = KVPlan(tuple(ids), (bt,) * len(ids), len(ids), (TRACE_HASH,) * len(ids), ((0, len(ids), False),))
             spans = {TRACE_HASH: plen}
         else:
             req = item
             plan = lifecycle.plan(req)
             plen, olen = req.num_prompt_tokens, req.num_output_tokens
-            tokens, labels, n_prompt, all_ids = plan.tokens_per_key, plan.labels, plan.num_prompt_blocks, plan.keys
             spans, start = {}, 0
             for end, label in req.spans:
                 spans[label] = spans.get(label, 0) + max(0, end - start)
                 start = max(start, end)
-        hits = 0
-        while hits < n_prompt and all_ids[hits] in seen:
-            hits += 1
-        seen.update(all_ids)
+        hits = plan.lookup(seen.__contains__)
+        seen.update(plan.keys)
+        tokens, labels = plan.tokens_per_key, plan.labels
         prompts.append(plen)
         outputs.append(olen)
         prompt_total += plen
         for label, n in spans.items():
             by_source_prompt[label] = by_source_prompt.get(label, 0) + n
-        for i in range(hits):
+        for i in hits:
             t = min(tokens[i], plen)
             cached += t
             by_source_cached[labels[i]] = by_source_cached.get(labels[i], 0) + t

@@ -1,48 +1,27 @@
-"""Request lifecycle: Request -> KVPlan -> timed block I/O through the cache.
+"""Request lifecycle: execute a KVPlan (see plan.py) as timed block I/O through the cache.
 
-A plan names every full block of prompt + answer and says what happens to it::
-
-    prompt tokens  |=========== prompt ===========|~~|
-    answer tokens                                  |------- answer -------|~~|
-    blocks         [ hit ][ hit ][miss ][miss ]  [ decode ][ decode ]
-                   |-- load --|--- prefill ---|  |--- decode append ---|
-
-- load: the longest cached prefix, read block by block (each read timed,
-  its stamps verified, then promoted to the top tier if due);
-- prefill: the prompt's remaining full blocks, written;
+- load: the plan's cached prompt blocks (the longest prefix, plus independent
+  RAG chunks), read block by block: each read timed, its stamps verified,
+  then promoted to the top tier if due;
+- prefill: the prompt's other full blocks, written;
 - decode: the blocks that generated tokens fill, written as they fill;
-- a trailing partial block (~~) is never stored, as in vLLM.
-
-With ``block_tokens == 0`` (whole-request mode, as the MLPerf reference) a
-request is one object: it loads the object of its history (previous prompt
-+ answer) if cached, then writes one object of prompt + answer.
+- then optional simulated generation time.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from time import monotonic_ns as now_ns
 
 import numpy as np
 
-from kv_cache.cache.hashing import block_keys, prefix_key
+from kv_cache.lifecycle.plan import KVPlan, Planner
 from kv_cache.model import slot_bytes
 from kv_cache.tiers.aligned import aligned_buffer
 from kv_cache.tiers.base import FAKE_IO, SIMULATED
-from kv_cache.types import HISTORY, BlockKey, Request
+from kv_cache.types import Request
 
 NO_BYTES = frozenset({FAKE_IO, SIMULATED})  # tiers whose reads cannot be verified
-
-
-@dataclass(frozen=True)
-class KVPlan:
-    """Keys of a request's blocks and where the prompt ends; see the module diagram."""
-
-    keys: tuple[BlockKey, ...]
-    tokens_per_key: tuple[int, ...]
-    num_prompt_blocks: int
-    labels: tuple[str, ...]
 
 
 class WorkerBuffers:
@@ -63,9 +42,10 @@ class Lifecycle:
     """Turns requests into plans and executes them."""
 
     def __init__(self, cache, payloads, recorder, block_tokens: int, bytes_per_token: int, root: bytes,
-                 verify: str, fake_io: bool, generation_ms_per_token: float):
+                 verify: str, fake_io: bool, generation_ms_per_token: float, rag_chunk: bool = False):
         self.cache, self.payloads, self.recorder = cache, payloads, recorder
-        self.block_tokens, self.bytes_per_token, self.root = block_tokens, bytes_per_token, root
+        self.block_tokens, self.bytes_per_token = block_tokens, bytes_per_token
+        self.planner = Planner(block_tokens, root, rag_chunk)
         self.verify = "off" if fake_io else verify
         self.fake_io = fake_io
         self.gen_s_per_token = generation_ms_per_token / 1000.0
@@ -73,29 +53,8 @@ class Lifecycle:
     def object_bytes(self, tokens: int) -> int:
         return slot_bytes(tokens * self.bytes_per_token)
 
-    # ------------------------------------------------------------------ planning
-
     def plan(self, req: Request) -> KVPlan:
-        seq = np.concatenate([req.prompt_tokens, req.output_tokens])
-        if self.block_tokens == 0:
-            return self._plan_whole(req, seq)
-        bt = self.block_tokens
-        keys = block_keys(seq, bt, self.root)
-        n_prompt = req.num_prompt_tokens // bt
-        labels = tuple(req.label_at((i + 1) * bt - 1) if i < n_prompt else "generated" for i in range(len(keys)))
-        return KVPlan(tuple(keys), (bt,) * len(keys), n_prompt, labels)
-
-    def _plan_whole(self, req: Request, seq: np.ndarray) -> KVPlan:
-        history_end = next((end for end, label in req.spans if label == HISTORY), 0)
-        keys, tokens, labels = [], [], []
-        if history_end:
-            keys.append(prefix_key(req.prompt_tokens[:history_end], self.root))
-            tokens.append(history_end)
-            labels.append(HISTORY)
-        keys.append(prefix_key(seq, self.root))
-        tokens.append(seq.size)
-        labels.append("request")
-        return KVPlan(tuple(keys), tuple(tokens), len(keys) - 1, tuple(labels))
+        return self.planner.plan(req)
 
     # ------------------------------------------------------------------ execution
 
@@ -106,25 +65,36 @@ class Lifecycle:
                                   "tokens.generated": req.num_output_tokens}
         for end, start, label in _span_ranges(req.spans):
             counts[f"tokens.prompt_by_source.{label}"] = counts.get(f"tokens.prompt_by_source.{label}", 0) + end - start
-        storage_ns, first_miss = self._load(req, plan, bufs, counts)
+        storage_ns, hit = self._load(req, plan, bufs, counts)
         # Whole-request mode never rewrites a missed history object; it writes its one
         # object (prompt + answer) in the prefill phase.
         whole = self.block_tokens == 0
         decode_phase = "prefill" if whole else "decode"
-        prefill = range(0) if whole else range(first_miss, plan.num_prompt_blocks)
+        prefill = [] if whole else [i for i in range(plan.num_prompt_blocks) if i not in hit]
         storage_ns += self._write(plan, prefill, bufs, "prefill", counts)
         storage_ns += self._write(plan, range(plan.num_prompt_blocks, len(plan.keys)), bufs, decode_phase, counts)
         if self.gen_s_per_token:
             time.sleep(req.num_output_tokens * self.gen_s_per_token)
         self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, counts)
 
-    def _load(self, req: Request, plan: KVPlan, bufs: WorkerBuffers, counts: dict) -> tuple[int, int]:
-        """Read the cached prefix; return (storage ns, number of prompt blocks it covered)."""
-        hits = self.cache.pin_prefix(plan.keys[: plan.num_prompt_blocks])
+    def _pin(self, plan: KVPlan) -> list[tuple[int, object]]:
+        """Pin the plan's cached prompt blocks group by group (see KVPlan.lookup); (index, entry) pairs."""
+        pinned: list[tuple[int, object]] = []
+        for first, end, independent in plan.groups:
+            if independent:
+                for i in range(first, end):
+                    pinned += [(i, e) for e in self.cache.pin_prefix(plan.keys[i:i + 1])]
+            else:
+                pinned += list(enumerate(self.cache.pin_prefix(plan.keys[first:end]), first))
+        return pinned
+
+    def _load(self, req: Request, plan: KVPlan, bufs: WorkerBuffers, counts: dict) -> tuple[int, set[int]]:
+        """Read the cached prompt blocks; return (storage ns, indices of the blocks that hit)."""
+        hits = self._pin(plan)
         counts["blocks.lookup"] = plan.num_prompt_blocks
         counts["blocks.hit"] = len(hits)
         storage_ns = 0
-        for i, e in enumerate(hits):
+        for n, (i, e) in enumerate(hits):
             try:
                 data = bufs.view(e.nbytes)
                 start = now_ns()
@@ -136,7 +106,7 @@ class Lifecycle:
                 self.cache.release(e, data, bufs.scratch)
                 storage_ns += now_ns() - start
             except BaseException:
-                self.cache.unpin(hits[i + 1:])
+                self.cache.unpin([e for _, e in hits[n + 1:]])
                 raise
             tokens = min(plan.tokens_per_key[i], req.num_prompt_tokens)
             name = self.cache.names[tier]
@@ -144,7 +114,7 @@ class Lifecycle:
             counts[f"tokens.cached_by_tier.{name}"] = counts.get(f"tokens.cached_by_tier.{name}", 0) + tokens
             key = f"tokens.cached_by_source.{plan.labels[i]}"
             counts[key] = counts.get(key, 0) + tokens
-        return storage_ns, len(hits)
+        return storage_ns, {i for i, _ in hits}
 
     def _check(self, key: int, data: np.ndarray, start_ns: int) -> None:
         if self.verify == "off":
@@ -153,7 +123,7 @@ class Lifecycle:
         if not self.payloads.check(key, data, self.verify):
             self.recorder.count("verification.failures", start_ns=start_ns)
 
-    def _write(self, plan: KVPlan, indices: range, bufs: WorkerBuffers, phase: str, counts: dict) -> int:
+    def _write(self, plan: KVPlan, indices, bufs: WorkerBuffers, phase: str, counts: dict) -> int:
         storage_ns = 0
         for i in indices:
             key = plan.keys[i]

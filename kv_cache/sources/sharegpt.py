@@ -94,8 +94,9 @@ def _messages(where: str, conv, log: TraceLog) -> list[tuple[str, str]] | None:
     return out
 
 
-def load(files: list[str], tokenizer, system_prompts: list[np.ndarray], opts: ShareGPTOptions, seed: int,
+def load(files: list[str], tokenizer, system_for, opts: ShareGPTOptions, seed: int,
          log: TraceLog) -> list[ShareGPTTurn]:
+    """system_for(session) gives the shared system prompt of a conversation that has none."""
     """Every usable turn of every conversation, conversations in (seeded, shuffled) order."""
     convs = [(w, c) for path in files for w, c in _conversations(path, log)]
     order = np.random.default_rng([seed, 0x5A6]).permutation(len(convs)) if opts.shuffle else range(len(convs))
@@ -109,17 +110,17 @@ def load(files: list[str], tokenizer, system_prompts: list[np.ndarray], opts: Sh
         if not msgs:
             continue
         before = len(turns)
-        _add_turns(turns, msgs, tokenizer, system_prompts, opts, session=int(ci), log=log, where=where)
+        _add_turns(turns, msgs, tokenizer, system_for, opts, session=int(ci), log=log)
         used += len(turns) > before
     return turns
 
 
-def _add_turns(turns, msgs, tokenizer, system_prompts, opts, session, log, where) -> None:
+def _add_turns(turns, msgs, tokenizer, system_for, opts, session, log) -> None:
     if msgs[0][0] == "system":
         system = tokenizer.encode(msgs[0][1])
         msgs = msgs[1:]
     else:
-        system = system_prompts[session % len(system_prompts)] if system_prompts else np.empty(0, np.int32)
+        system = system_for(session)
     parts: list[np.ndarray] = [system]
     k = 0
     for i, (role, text) in enumerate(msgs):

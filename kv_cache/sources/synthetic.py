@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kv_cache.config import ProfileSettings, WorkloadSettings
+from kv_cache.config import ProfileSettings, RagSettings, WorkloadSettings
 from kv_cache.errors import UserError
-from kv_cache.types import HISTORY, SYSTEM, USER, Request
+from kv_cache.sources.content import DOCUMENT, stream
+from kv_cache.types import HISTORY, RAG, SYSTEM, USER, Request
 
 
 def parse_mix(text: str, known: tuple[str, ...]) -> dict[str, float]:
@@ -44,20 +45,55 @@ def _uniform_int(rng: np.random.Generator, lo_hi) -> int:
     return int(rng.integers(lo_hi[0], lo_hi[1], endpoint=True))
 
 
+def zipf_weights(n: int, s: float) -> np.ndarray:
+    """Popularity of ranks 0..n-1: weight 1/(rank+1)^s, normalised."""
+    w = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** s
+    return w / w.sum()
+
+
 class SystemPrompts:
     """The shared system prompts, identical for every user, run and host with the same seed."""
 
-    def __init__(self, count: int, length_range, vocab: int, seed: int):
+    def __init__(self, count: int, length_range, vocab: int, seed: int, zipf: float = 0.0):
         rng = np.random.default_rng([seed, 0x5157])
         self.prompts = [rng.integers(0, vocab, _uniform_int(rng, length_range), dtype=np.int32)
                         for _ in range(count)]
+        self.weights = zipf_weights(count, zipf) if count and zipf else None
+
+    def pick(self, rng: np.random.Generator) -> np.ndarray:
+        if not self.prompts:
+            return np.empty(0, np.int32)
+        if self.weights is None:
+            return self.prompts[int(rng.integers(len(self.prompts)))]
+        return self.prompts[int(rng.choice(len(self.prompts), p=self.weights))]
+
+
+class Corpus:
+    """RAG documents: lengths cut at block boundaries (padded to whole blocks), Zipf popularity."""
+
+    def __init__(self, rag: RagSettings, block_tokens: int, vocab: int, seed: int):
+        rng = np.random.default_rng([seed, 0xD0C5])
+        unit = max(block_tokens, 1)
+        raw = rng.integers(rag.document_tokens[0], rag.document_tokens[1], rag.num_documents, endpoint=True)
+        self.lengths = (-(-raw // unit) * unit).astype(np.int64)
+        self.weights = zipf_weights(rag.num_documents, rag.zipf)
+        self.top_k = min(rag.top_k, rag.num_documents)
+        self.probability = rag.request_probability
+        self.vocab = vocab
+
+    def retrieve(self, rng: np.random.Generator) -> list[int]:
+        """top_k distinct documents, drawn by popularity, in retrieval order."""
+        return [int(d) for d in rng.choice(self.lengths.size, self.top_k, replace=False, p=self.weights)]
+
+    def tokens(self, doc: int) -> np.ndarray:
+        return stream(DOCUMENT, doc, int(self.lengths[doc]), self.vocab)
 
 
 class SyntheticUser:
     """One closed-loop user: yields its requests in order."""
 
     def __init__(self, user_id: int, workload: WorkloadSettings, profiles: ProfileSettings,
-                 mix: dict[str, float], system: SystemPrompts, seed: int):
+                 mix: dict[str, float], system: SystemPrompts, seed: int, corpus: Corpus | None = None):
         self.user_id = user_id
         self.rng = np.random.default_rng([seed, 0x05E5, user_id])
         names = sorted(mix)
@@ -65,6 +101,8 @@ class SyntheticUser:
         self.profile = getattr(profiles, self.profile_name)
         self.workload = workload
         self.system = system
+        self.corpus = corpus
+        self.docs: tuple[tuple[int, int, int], ...] = ()
         self.seq = 0
         self.turn = 0
         self.history: np.ndarray | None = None
@@ -75,13 +113,26 @@ class SyntheticUser:
         return self.rng.integers(0, self.workload.vocab_size, n, dtype=np.int32)
 
     def _new_conversation(self) -> tuple[np.ndarray, tuple]:
-        prompts = self.system.prompts
-        sys_tokens = prompts[int(self.rng.integers(len(prompts)))] if prompts else np.empty(0, np.int32)
-        room = max(1, self.profile.max_context_tokens - sys_tokens.size)
-        context = self._tokens(min(_uniform_int(self.rng, self.profile.context_tokens), room))
-        self.turn, self.system_len = 1, sys_tokens.size
-        prompt = np.concatenate([sys_tokens, context])
-        return prompt, ((self.system_len, SYSTEM), (prompt.size, USER))
+        sys_tokens = self.system.pick(self.rng)
+        self.turn, self.system_len, self.docs = 1, sys_tokens.size, ()
+        parts = [sys_tokens]
+        if self.corpus is not None and self.rng.random() < self.corpus.probability:
+            # A RAG conversation: retrieved documents, then the question (a user message).
+            at, docs = sys_tokens.size, []
+            for d in self.corpus.retrieve(self.rng):
+                parts.append(self.corpus.tokens(d))
+                docs.append((at, at + parts[-1].size, d))
+                at += parts[-1].size
+            self.docs = tuple(docs)
+            context = self._tokens(_uniform_int(self.rng, self.profile.message_tokens))
+        else:
+            room = max(1, self.profile.max_context_tokens - sys_tokens.size)
+            context = self._tokens(min(_uniform_int(self.rng, self.profile.context_tokens), room))
+        prompt = np.concatenate(parts + [context])
+        return prompt, ((self.system_len, SYSTEM), *self._rag_span(), (prompt.size, USER))
+
+    def _rag_span(self) -> tuple:
+        return ((self.docs[-1][1], RAG),) if self.docs else ()
 
     def _follow_up(self) -> tuple[np.ndarray, tuple] | None:
         if self.history is None or self.turn >= self.workload.max_turns:
@@ -93,7 +144,8 @@ class SyntheticUser:
             return None
         self.turn += 1
         prompt = np.concatenate([self.history, self._tokens(message_len)])
-        return prompt, ((self.system_len, SYSTEM), (self.history.size, HISTORY), (prompt.size, USER))
+        return prompt, ((self.system_len, SYSTEM), *self._rag_span(), (self.history.size, HISTORY),
+                        (prompt.size, USER))
 
     def next_request(self) -> Request:
         """The user's next request (deterministic for a given seed and user id)."""
@@ -104,13 +156,16 @@ class SyntheticUser:
         self.history = np.concatenate([prompt, output])
         self.seq += 1
         return Request(self.user_id, self.seq, self.turn, prompt, output, spans, think_s=think,
-                       profile=self.profile_name)
+                       profile=self.profile_name, docs=self.docs)
 
 
 def make_users(num_users: int, workload: WorkloadSettings, profiles: ProfileSettings, seed: int,
-               first_user: int = 0) -> list[SyntheticUser]:
-    """Users first_user .. first_user + num_users - 1, sharing one set of system prompts."""
+               first_user: int = 0, rag: RagSettings | None = None, block_tokens: int = 0) -> list[SyntheticUser]:
+    """Users first_user .. first_user + num_users - 1, sharing the system prompts (and RAG corpus)."""
     known = tuple(f for f in ProfileSettings.__dataclass_fields__)
     mix = parse_mix(workload.profile_mix, known)
-    system = SystemPrompts(workload.num_system_prompts, workload.system_prompt_tokens, workload.vocab_size, seed)
-    return [SyntheticUser(u, workload, profiles, mix, system, seed) for u in range(first_user, first_user + num_users)]
+    system = SystemPrompts(workload.num_system_prompts, workload.system_prompt_tokens, workload.vocab_size, seed,
+                           workload.system_prompt_zipf)
+    corpus = Corpus(rag, block_tokens, workload.vocab_size, seed) if rag is not None and rag.enabled else None
+    return [SyntheticUser(u, workload, profiles, mix, system, seed, corpus)
+            for u in range(first_user, first_user + num_users)]

@@ -8,8 +8,9 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "kv_cache"
 FLOW = ["sources", "scheduler", "lifecycle", "cache", "tiers"]
-SHARED = {"types", "config", "errors", "model", "__init__"}
-ROOT = {"cli", "run", "build", "budget", "traffic", "config_doc", "__main__"}  # composition root: may import anything
+SHARED = {"types", "config", "config_check", "errors", "model", "__init__"}
+ROOT = {"cli", "run", "build", "budget", "traffic", "config_doc", "__main__"}
+SHARED_EXTRA = {"config_check"}  # composition root: may import anything
 
 
 def allowed(stage: str) -> set[str]:

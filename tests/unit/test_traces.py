@@ -17,6 +17,10 @@ needs_shared = pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/
 ROOT = chain_root("t")
 
 
+def NO_SYSTEM(session):  # noqa: N802 - a constant-like callable
+    return np.empty(0, np.int32)
+
+
 @needs_shared
 @pytest.mark.parametrize("rel,fmt", [("mooncake/conversation_trace.jsonl", "mooncake"),
                                      ("burstgpt/BurstGPT_1.first400.csv", "burstgpt"),
@@ -47,7 +51,7 @@ def test_real_slices_load_completely():
 @needs_shared
 def test_sharegpt_turns_carry_their_whole_history():
     tok = FallbackTokenizer(128_256)
-    turns = sharegpt.load([str(SHARED_TRACES / "sharegpt/sharegpt_zh_1K.first600.jsonl")], tok, [],
+    turns = sharegpt.load([str(SHARED_TRACES / "sharegpt/sharegpt_zh_1K.first600.jsonl")], tok, NO_SYSTEM,
                           sharegpt.ShareGPTOptions(shuffle=False), 1, TraceLog())
     by_session = {}
     for t in turns:
@@ -58,7 +62,7 @@ def test_sharegpt_turns_carry_their_whole_history():
         for a, b in zip(reqs, reqs[1:]):
             history = np.concatenate([a.prompt_tokens, a.output_tokens])
             assert np.array_equal(b.prompt_tokens[: history.size], history)
-    first_only = sharegpt.load([str(SHARED_TRACES / "sharegpt/sharegpt_zh_1K.first600.jsonl")], tok, [],
+    first_only = sharegpt.load([str(SHARED_TRACES / "sharegpt/sharegpt_zh_1K.first600.jsonl")], tok, NO_SYSTEM,
                                sharegpt.ShareGPTOptions(first_turn_only=True), 1, TraceLog())
     assert len({t.session for t in first_only}) == len(first_only) == 600
 

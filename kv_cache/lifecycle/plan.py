@@ -1,0 +1,115 @@
+"""KVPlan: which blocks a request touches, and how its cached blocks are looked up.
+
+A plan names every full block of prompt + answer::
+
+    prompt tokens  |=========== prompt ===========|~~|
+    answer tokens                                  |------- answer -------|~~|
+    blocks         [ hit ][ hit ][miss ][miss ]  [ decode ][ decode ]
+                   |-- load --|--- prefill ---|  |--- decode append ---|
+
+A trailing partial block (~~) is never stored, as in vLLM. The prompt's
+blocks fall into lookup *groups*: a prefix group hits up to its first miss
+(chained keys: a block is reusable only after the same prefix); an
+independent group (RAG documents with ``--rag-reuse chunk``) looks each block
+up on its own, since its keys hash the document's content alone::
+
+    [system prefix][doc A chunks][doc B chunks][question + history ...]
+     prefix group   independent   independent   prefix group, chained after
+                                                 everything before it
+
+With ``block_tokens == 0`` (whole-request mode) a request is one object: it
+loads the object of its history (previous prompt + answer) if cached, then
+writes one object of prompt + answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from kv_cache.cache.hashing import DIGEST_BYTES, block_digests, block_keys, prefix_key, to_key
+from kv_cache.types import HISTORY, BlockKey, Request
+
+RAG_CHUNK = "rag_chunk"
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """Keys of a request's blocks, where the prompt ends, and the lookup groups of its prompt."""
+
+    keys: tuple[BlockKey, ...]
+    tokens_per_key: tuple[int, ...]
+    num_prompt_blocks: int
+    labels: tuple[str, ...]
+    groups: tuple[tuple[int, int, bool], ...]  # (first, end, independent) over prompt blocks
+
+    def lookup(self, present) -> list[int]:
+        """Indices of the prompt blocks that hit, given present(key) -> bool."""
+        hits: list[int] = []
+        for first, end, independent in self.groups:
+            for i in range(first, end):
+                if present(self.keys[i]):
+                    hits.append(i)
+                elif not independent:
+                    break
+        return hits
+
+
+class Planner:
+    """Request -> KVPlan for one model identity (root) and block size."""
+
+    def __init__(self, block_tokens: int, root: bytes, rag_chunk: bool = False):
+        self.block_tokens, self.root, self.rag_chunk = block_tokens, root, rag_chunk
+
+    def plan(self, req: Request) -> KVPlan:
+        seq = np.concatenate([req.prompt_tokens, req.output_tokens])
+        if self.block_tokens == 0:
+            return self._whole(req, seq)
+        if self.rag_chunk and req.docs:
+            return self._chunked(req, seq)
+        bt = self.block_tokens
+        keys = block_keys(seq, bt, self.root)
+        n_prompt = req.num_prompt_tokens // bt
+        labels = tuple(req.label_at((i + 1) * bt - 1) if i < n_prompt else "generated" for i in range(len(keys)))
+        return KVPlan(tuple(keys), (bt,) * len(keys), n_prompt, labels, ((0, n_prompt, False),))
+
+    def _whole(self, req: Request, seq: np.ndarray) -> KVPlan:
+        history_end = next((end for end, label in req.spans if label == HISTORY), 0)
+        keys, tokens, labels = [], [], []
+        if history_end:
+            keys.append(prefix_key(req.prompt_tokens[:history_end], self.root))
+            tokens.append(history_end)
+            labels.append(HISTORY)
+        keys.append(prefix_key(seq, self.root))
+        tokens.append(seq.size)
+        labels.append("request")
+        n = len(keys) - 1
+        return KVPlan(tuple(keys), tuple(tokens), n, tuple(labels), ((0, n, False),))
+
+    def _chunked(self, req: Request, seq: np.ndarray) -> KVPlan:
+        """Prefix before the documents, position-independent document chunks, chained suffix."""
+        bt, plen = self.block_tokens, req.num_prompt_tokens
+        digests = block_digests(seq[: req.docs[0][0]], bt, self.root)
+        keys = [to_key(d) for d in digests]
+        labels = [req.label_at((i + 1) * bt - 1) for i in range(len(keys))]
+        groups = [(0, len(keys), False)]
+        chained = digests[-1] if digests else self.root
+        for start, end, _doc in req.docs:
+            first = len(keys)
+            for at in range(start, end - bt + 1, bt):
+                d = hashlib.blake2b(b"chunk" + self.root + seq[at:at + bt].tobytes(), digest_size=DIGEST_BYTES)
+                chained = hashlib.blake2b(chained + d.digest(), digest_size=DIGEST_BYTES).digest()
+                keys.append(to_key(d.digest()))
+                labels.append(RAG_CHUNK)
+            groups.append((first, len(keys), True))
+        tail_at = req.docs[-1][1]
+        first = len(keys)
+        for i, d in enumerate(block_digests(seq[tail_at:], bt, chained)):
+            end = tail_at + (i + 1) * bt
+            keys.append(to_key(d))
+            labels.append(req.label_at(end - 1) if end <= plen else "generated")
+        n_prompt = first + max(0, (plen - tail_at) // bt)
+        groups.append((first, n_prompt, False))
+        return KVPlan(tuple(keys), (bt,) * len(keys), n_prompt, tuple(labels), tuple(groups))
