@@ -15,6 +15,7 @@ import itertools
 import numpy as np
 
 from kv_cache.lifecycle.plan import KVPlan
+from kv_cache.recorder.results import rates_by_source
 from kv_cache.types import TRACE_HASH
 
 
@@ -70,6 +71,6 @@ def analyse(items, lifecycle, limit: int = 100_000, total: int | None = None) ->
         "prompt_tokens": _stats(prompts), "output_tokens": _stats(outputs),
         "theoretical_hit_rate": {
             "tokens": _rate(cached, prompt_total),
-            "by_source": {k: _rate(by_source_cached.get(k, 0), v) for k, v in by_source_prompt.items()},
+            "by_source": rates_by_source(by_source_cached, by_source_prompt),
         },
     }

@@ -22,6 +22,15 @@ def _rate(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
+def rates_by_source(cached: dict, prompt: dict) -> dict:
+    """Cached over prompt tokens per source; a chunk-reuse source (rag_chunk) is over its base (rag)."""
+    out = {k: _rate(cached.get(k, 0), v) for k, v in prompt.items()}
+    for k, v in cached.items():
+        if k.endswith("_chunk"):
+            out[k] = _rate(v, prompt.get(k[: -len("_chunk")], 0))
+    return out
+
+
 def _prefixed(counters: dict, prefix: str) -> dict:
     return {k[len(prefix):]: v for k, v in counters.items() if k.startswith(prefix)}
 
@@ -86,7 +95,7 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
                    "cached_by_source": by_source_cached, "prompt_by_source": by_source_prompt},
         "hit_rate": {"tokens": _rate(cached, prompt),
                      "blocks": _rate(c.get("blocks.hit", 0), c.get("blocks.lookup", 0)),
-                     "by_source": {k: _rate(by_source_cached.get(k, 0), v) for k, v in by_source_prompt.items()}},
+                     "by_source": rates_by_source(by_source_cached, by_source_prompt)},
         "blocks_write_skipped": c.get("blocks.write_skipped", 0),
         "verification": {"mode": settings["run"]["verify"],
                          "blocks_checked": c.get("verification.blocks_checked", 0),

@@ -73,3 +73,19 @@ def test_strict_and_undetectable_traces(small_run, tmp_path):
     assert_clean_error(run_cli(small_run("x", "--trace", str(odd))), "cannot tell the format")
     assert_clean_error(run_cli(small_run("x", "--trace", str(SHARED_TRACES / "sharegpt"), "--arrival", "trace")),
                        "needs timestamps")
+
+
+@pytest.mark.parametrize("mode,label", [("prefix", "rag"), ("chunk", "rag_chunk")])
+def test_rag_reuse_modes_and_exact_theoretical_hit_rate(small_run, mode, label):
+    no_think = [x for p in ("chatbot", "coding", "document") for x in ("--set", f"profiles.{p}.think_time_s=0,0")]
+    r = run_cli(small_run("r", "--rag", "--rag-reuse", mode, "--request-probability", "1", "--num-documents", "20",
+                          "--document-tokens", "16,64", "--rag-top-k", "3", "--users", "1", "--workers", "1",
+                          "--warmup", "0", "--duration", "60", "--max-requests", "20", "--cpu-mem-gb", "1",
+                          *no_think))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("r")
+    assert res["hit_rate"]["tokens"] == res["workload"]["theoretical_hit_rate"]["tokens"]
+    assert res["tokens"]["cached_by_source"].get(label, 0) > 0
+    assert res["hit_rate"]["by_source"][label] > 0
+    other = {"rag": "rag_chunk", "rag_chunk": "rag"}[label]
+    assert res["tokens"]["cached_by_source"].get(other, 0) == 0

@@ -67,3 +67,29 @@ def test_profiles_bound_the_lengths():
 def test_bad_profile_mix(text, msg):
     with pytest.raises(UserError, match=msg):
         parse_mix(text, ("chatbot", "coding", "document"))
+
+
+def test_rag_documents_are_cut_at_block_boundaries_and_recorded():
+    from kv_cache.config import resolve as res
+
+    s = res(None, ["rag.request_probability=1", "rag.num_documents=50"], {"rag.enabled": True})
+    users = make_users(5, s.workload, s.profiles, 2, rag=s.rag, block_tokens=16)
+    for u in users:
+        r = u.next_request()
+        assert len(r.docs) == s.rag.top_k
+        for start, end, doc in r.docs:
+            assert (end - start) % 16 == 0 and 0 <= doc < 50
+        assert ("rag" in {label for _, label in r.spans})
+
+
+def test_zipf_makes_the_first_system_prompt_the_most_popular():
+    import numpy as np
+
+    from kv_cache.sources.synthetic import SystemPrompts
+
+    sp = SystemPrompts(8, (16, 32), 1000, 1, zipf=1.5)
+    rng = np.random.default_rng(0)
+    ids = {id(p): i for i, p in enumerate(sp.prompts)}
+    picks = [ids[id(sp.pick(rng))] for _ in range(2000)]
+    counts = np.bincount(picks, minlength=8)
+    assert counts[0] > counts[1] > counts[7]

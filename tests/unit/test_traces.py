@@ -204,3 +204,21 @@ def test_poisson_and_trace_arrivals():
     t = [a for a, _ in trace_arrivals(_moon(200), 1000, 2.0, 2)]
     assert t == sorted(t) and len(t) == 400
     assert t[199] == pytest.approx(_moon(200).records[-1].arrival_s / 2)
+
+
+def test_burstgpt_v3_sessions_share_their_history(tmp_path):
+    f = tmp_path / "v3.csv"
+    f.write_text("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                 "1,s1,0.5,GPT-4,100,20,120,Conversation log\n"
+                 "2,s2,0.5,GPT-4,50,10,60,Conversation log\n"
+                 "3,s1,0.7,GPT-4,150,30,180,Conversation log\n"
+                 "4,s1,0.9,GPT-4,0,0,0,Conversation log\n")
+    log = TraceLog()
+    recs = csvtrace.load_burstgpt([str(f)], log)
+    assert len(recs) == 3 and log.skipped == {"failed_rows": 1}
+    first, other, second = (r.build(5000) for r in recs)
+    assert recs[2].session == recs[0].session != recs[1].session
+    history = np.concatenate([first.prompt_tokens, first.output_tokens])
+    assert np.array_equal(second.prompt_tokens[:120], history) and second.num_prompt_tokens == 150
+    assert second.spans[0] == (120, "history")
+    assert not np.array_equal(other.prompt_tokens[:50], first.prompt_tokens[:50])
