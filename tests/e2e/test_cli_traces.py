@@ -71,8 +71,10 @@ def test_strict_and_undetectable_traces(small_run, tmp_path):
     odd = tmp_path / "odd.csv"
     odd.write_text("a,b\n1,2\n")
     assert_clean_error(run_cli(small_run("x", "--trace", str(odd))), "cannot tell the format")
-    assert_clean_error(run_cli(small_run("x", "--trace", str(SHARED_TRACES / "sharegpt"), "--arrival", "trace")),
-                       "needs timestamps")
+    chat = tmp_path / "chat.json"
+    chat.write_text('[{"id": "a", "conversations": [{"from": "human", "value": "hello there"}, '
+                    '{"from": "gpt", "value": "hi"}]}]')
+    assert_clean_error(run_cli(small_run("x", "--trace", str(chat), "--arrival", "trace")), "needs timestamps")
 
 
 @pytest.mark.parametrize("mode,label", [("prefix", "rag"), ("chunk", "rag_chunk")])
