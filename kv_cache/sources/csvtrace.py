@@ -15,7 +15,7 @@ from datetime import datetime
 import numpy as np
 
 from kv_cache.sources.content import OUTPUT, UNIQUE, stream
-from kv_cache.sources.trace_io import ArrivalClock, TraceLog, csv_rows, need_int
+from kv_cache.sources.trace_io import ArrivalClock, TraceLog, csv_rows, need_int, need_time
 from kv_cache.types import HISTORY, USER, Request
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
@@ -65,10 +65,8 @@ def load_burstgpt(files: list[str], log: TraceLog, model: str = "", log_type: st
             if log_type and row.get("Log Type", "") != log_type:
                 log.bad(where, "other log type", "filtered_log_type")
                 continue
-            try:
-                ts = float(row["Timestamp"])
-            except (TypeError, ValueError):
-                log.bad(where, f"Timestamp must be a number, got {row['Timestamp']!r}")
+            ts = need_time(row, "Timestamp", float, "a number of seconds", where, log)
+            if ts is None:
                 continue
             resp = need_int(row, "Response tokens", where, log, 0)
             if resp == 0 and not include_failed:  # a failed request (BurstGPT keeps them in its files)
@@ -99,10 +97,8 @@ def load_azure(files: list[str], log: TraceLog) -> list[LengthRecord]:
     first: float | None = None
     for path in files:
         for where, row in csv_rows(path, AZURE_COLUMNS, log):
-            try:
-                t = _azure_time(row["TIMESTAMP"])
-            except (ValueError, AttributeError):
-                log.bad(where, f"TIMESTAMP must look like 2023-11-16 18:15:46.68, got {row['TIMESTAMP']!r}")
+            t = need_time(row, "TIMESTAMP", _azure_time, "like 2023-11-16 18:15:46.68", where, log)
+            if t is None:
                 continue
             ctx = need_int(row, "ContextTokens", where, log, 1)
             gen = need_int(row, "GeneratedTokens", where, log, 0)

@@ -122,6 +122,15 @@ def csv_rows(path: str, required: tuple[str, ...], log: TraceLog) -> Iterator[tu
             yield f"{path}:{reader.line_num}", row
 
 
+def need_time(rec: dict, name: str, parse, hint: str, where: str, log: TraceLog) -> float | None:
+    """parse(rec[name]) as seconds, or None (logged with hint) when it does not parse."""
+    try:
+        return float(parse(rec[name]))
+    except (TypeError, ValueError, AttributeError):
+        log.bad(where, f"{name} must be {hint}, got {rec.get(name)!r}")
+        return None
+
+
 def need_int(rec: dict, name: str, where: str, log: TraceLog, minimum: int = 0) -> int | None:
     """rec[name] as an int >= minimum, or None (logged) when absent or wrong."""
     value = rec.get(name)
