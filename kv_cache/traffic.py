@@ -18,6 +18,8 @@ from kv_cache.sources import csvtrace, hashtrace, sharegpt
 from kv_cache.sources.replay import (
     TraceSet,
     closed_users,
+    every_nth,
+    partition,
     poisson_arrivals,
     synthetic_builds,
     trace_arrivals,
@@ -84,22 +86,26 @@ def _arrival(s: Settings, trace: TraceSet | None) -> str:
     return arrival
 
 
-def build_traffic(s: Settings) -> Traffic:
+def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
+    """This rank's share of the traffic: users / sessions u with u mod size == rank."""
     vocab, seed = s.workload.vocab_size, s.run.seed
+
+    def owns(u: int) -> bool:
+        return u % size == rank
+
+    rate = s.schedule.request_rate / size
     trace = load_trace(s) if s.trace.path else None
     if trace is not None and s.rag.enabled:
         raise UserError("--rag shapes synthetic traffic; drop it when replaying a --trace.")
     arrival = _arrival(s, trace)
     if trace is None:
         t = Traffic("synthetic", arrival)
-        users = make_users(s.workload.users, s.workload, s.profiles, seed, rag=s.rag,
-                           block_tokens=s.model.block_tokens)
         if arrival == "closed":
-            t.users = users
-        else:
-            t.arrivals = poisson_arrivals(synthetic_builds(users), s.schedule.request_rate, seed)
-        fresh = make_users(s.workload.users, s.workload, s.profiles, seed, rag=s.rag,
-                           block_tokens=s.model.block_tokens)
+            t.users = make_users(s.workload.users, s.workload, s.profiles, seed, owns, s.rag, s.model.block_tokens)
+        else:  # one shared request stream, dealt to the ranks in turn
+            users = make_users(s.workload.users, s.workload, s.profiles, seed, None, s.rag, s.model.block_tokens)
+            t.arrivals = poisson_arrivals(every_nth(synthetic_builds(users), size, rank), rate, seed + rank)
+        fresh = make_users(s.workload.users, s.workload, s.profiles, seed, owns, s.rag, s.model.block_tokens)
         sample = (u.next_request() for _ in range(SYNTHETIC_SAMPLE_TURNS) for u in fresh)
         t.analysis_items, t.analysis_total = sample, None
         t.notes.append(f"analysis: a sample of the first {SYNTHETIC_SAMPLE_TURNS} requests of every user, "
@@ -108,11 +114,15 @@ def build_traffic(s: Settings) -> Traffic:
     cycles = s.trace.replay_cycles
     t = Traffic(trace.fmt, arrival, trace=trace)
     if arrival == "closed":
-        t.users = closed_users(trace, s.workload.users, vocab, s.schedule.think_time_s, cycles, seed)
+        t.users = closed_users(trace, s.workload.users, vocab, s.schedule.think_time_s, cycles, seed, owns)
+        mine = {id(r) for u in t.users for r in u.records}  # this rank's records, in trace order
+        trace = TraceSet(trace.fmt, [r for r in trace.records if id(r) in mine], trace.log, trace.tokenizer)
     elif arrival == "trace":
+        trace = partition(trace, owns)
         t.arrivals = trace_arrivals(trace, vocab, s.trace.speedup, cycles)
     else:
-        t.arrivals = poisson_arrivals(trace_builds(trace, vocab, cycles), s.schedule.request_rate, seed)
+        trace = partition(trace, owns)
+        t.arrivals = poisson_arrivals(trace_builds(trace, vocab, cycles), rate, seed + rank)
     passes = cycles or 1
     hashed = trace.fmt in ("mooncake", "bailian") and s.model.block_tokens > 0
     one_pass = trace.records if hashed else (r.build(vocab) for r in trace.records)

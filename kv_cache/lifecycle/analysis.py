@@ -69,6 +69,8 @@ def analyse(items, lifecycle, limit: int = 100_000, total: int | None = None) ->
     return {
         "requests_analysed": n, "requests_total": total if total is not None else n,
         "prompt_tokens": _stats(prompts), "output_tokens": _stats(outputs),
+        "counts": {"cached": cached, "prompt": prompt_total, "cached_by_source": by_source_cached,
+                   "prompt_by_source": by_source_prompt},
         "theoretical_hit_rate": {
             "tokens": _rate(cached, prompt_total),
             "by_source": rates_by_source(by_source_cached, by_source_prompt),

@@ -76,10 +76,17 @@ class TraceUser:
 
 
 def closed_users(trace: TraceSet, num_users: int, vocab: int, think_s, replay_cycles: int,
-                 seed: int) -> list[TraceUser]:
+                 seed: int, owns=None) -> list[TraceUser]:
+    """Session s goes to user s mod users; only the users owns(u) accepts are built (MPI ranks)."""
     sessions = trace.sessions()
     users = min(num_users, len(sessions))
-    return [TraceUser(u, sessions[u::users], vocab, think_s, replay_cycles, seed) for u in range(users)]
+    return [TraceUser(u, sessions[u::users], vocab, think_s, replay_cycles, seed) for u in range(users)
+            if owns is None or owns(u)]
+
+
+def partition(trace: TraceSet, owns) -> TraceSet:
+    """The records of the sessions this rank owns (sessions stay whole)."""
+    return TraceSet(trace.fmt, [r for r in trace.records if owns(r.session)], trace.log, trace.tokenizer)
 
 
 Arrival = tuple[float, Callable[[], Request]]
@@ -112,6 +119,11 @@ def trace_builds(trace: TraceSet, vocab: int, replay_cycles: int) -> Iterator[Ca
     for c in cycles(replay_cycles):
         for r in trace.records:
             yield _builder(r, vocab, c)
+
+
+def every_nth(builds: Iterator, n: int, first: int) -> Iterator:
+    """builds first, first + n, first + 2n, ... (one rank's share of an open-loop stream)."""
+    return itertools.islice(builds, first, None, n)
 
 
 def synthetic_builds(users) -> Iterator[Callable[[], Request]]:

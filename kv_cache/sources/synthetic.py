@@ -160,12 +160,12 @@ class SyntheticUser:
 
 
 def make_users(num_users: int, workload: WorkloadSettings, profiles: ProfileSettings, seed: int,
-               first_user: int = 0, rag: RagSettings | None = None, block_tokens: int = 0) -> list[SyntheticUser]:
-    """Users first_user .. first_user + num_users - 1, sharing the system prompts (and RAG corpus)."""
+               owns=None, rag: RagSettings | None = None, block_tokens: int = 0) -> list[SyntheticUser]:
+    """Users 0 .. num_users - 1 (those owns(u) accepts, under MPI), sharing the system prompts and corpus."""
     known = tuple(f for f in ProfileSettings.__dataclass_fields__)
     mix = parse_mix(workload.profile_mix, known)
     system = SystemPrompts(workload.num_system_prompts, workload.system_prompt_tokens, workload.vocab_size, seed,
                            workload.system_prompt_zipf)
     corpus = Corpus(rag, block_tokens, workload.vocab_size, seed) if rag is not None and rag.enabled else None
     return [SyntheticUser(u, workload, profiles, mix, system, seed, corpus)
-            for u in range(first_user, first_user + num_users)]
+            for u in range(num_users) if owns is None or owns(u)]

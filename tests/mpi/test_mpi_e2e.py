@@ -1,0 +1,68 @@
+"""Two MPI ranks on localhost: partitioned users, one merged result, exact sums, clean failure."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, SMALL
+
+MPIRUN = shutil.which("mpirun")
+
+
+def _mpi_ready() -> str | None:
+    if MPIRUN is None:
+        return "mpirun not found (pip install -e '.[mpi]')"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py not installed (pip install -e '.[mpi]')"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_mpi_ready() is not None, reason=_mpi_ready() or "")
+
+
+def mpirun(args, n=2, timeout=120):
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [MPIRUN, *root, "--oversubscribe", "-np", str(n), sys.executable, str(REPO / "kv_cache_benchmark.py"),
+           *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_two_ranks_merge_exactly(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    r = mpirun(["--config", str(SMALL), "--output-dir", str(tmp_path), "--cache-dir", str(cache), "--run-id", "m",
+                "--duration", "1.5", "--quiet"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    merged = json.loads((tmp_path / "m" / "results.json").read_text())
+    ranks = [json.loads((tmp_path / "m" / f"rank-{i}.json").read_text()) for i in (0, 1)]
+    assert merged["run"]["ranks"] == 2 and [x["run"]["rank"] for x in ranks] == [0, 1]
+    for tier, ops in merged["ops"].items():
+        for op, n in ops.items():
+            assert n == sum(x["ops"][tier].get(op, 0) for x in ranks), (tier, op)
+            assert merged["latency_ms"][tier][op]["count"] == n
+    for key in ("completed",):
+        assert merged["requests"][key] == sum(x["requests"][key] for x in ranks) > 0
+    for tier in merged["bytes"]:
+        for d in ("read", "write"):
+            assert merged["bytes"][tier][d] == sum(x["bytes"][tier][d] for x in ranks)
+    assert merged["tokens"]["prompt"] == sum(x["tokens"]["prompt"] for x in ranks)
+    starts = [x["snapshot"]["window_ns"][0] + x["run"]["wall_offset_ns"] for x in ranks]
+    assert abs(starts[0] - starts[1]) < 1e9, "ranks did not start together"
+    assert set(merged["rank_spread"]["nvme"]["write"]) == {"min", "max", "spread"}
+    assert os.listdir(cache) == []
+
+
+def test_a_failing_rank_stops_every_rank_with_its_name(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "kvbench-f-r1").mkdir(parents=True)  # rank 1 cannot make its data directory
+    r = mpirun(["--config", str(SMALL), "--output-dir", str(tmp_path), "--cache-dir", str(cache), "--run-id", "f",
+                "--duration", "1", "--quiet"], timeout=60)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "rank 1 on" in r.stderr and "already exists" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(os.listdir(cache)) == ["kvbench-f-r1"], "rank 0 left its data behind"
+    assert not (tmp_path / "f").exists()
