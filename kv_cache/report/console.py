@@ -42,7 +42,8 @@ def header(results: dict) -> list[str]:
              f"window {run['duration_s']:.1f} s after {run['warmup_s']:g} s warm-up"]
     if run.get("ranks", 1) > 1:
         spread = results.get("rank_spread", {}).get("nvme", {})
-        detail = ", ".join(f"{d} {v['min']:.3f}-{v['max']:.3f} GB/s" for d, v in spread.items() if v["spread"] is not None)
+        detail = ", ".join(f"{d} {v['min']:.3f}-{v['max']:.3f} GB/s" for d, v in spread.items()
+                           if v["spread"] is not None)
         lines.append(f"  {run['ranks']} MPI ranks on {', '.join(run['hosts'])}; histograms merged exactly; tier "
                      f"capacities summed over ranks" + (f"; nvme per rank: {detail}" if detail else ""))
     for name, t in run["tiers"].items():
