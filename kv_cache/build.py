@@ -85,8 +85,11 @@ def _check_dir(path: str) -> None:
         raise UserError(f"cache directory {path} is not writable; fix its permissions or pass another --cache-dir.")
 
 
-def storage_site(s: Settings, run_id: str) -> StorageSite:
-    """Check the cache directory, make the run's data directory and choose the engine."""
+def storage_site(s: Settings, run_id: str, join: bool = False) -> StorageSite:
+    """Check the cache directory, make the run's data directory and choose the engine.
+
+    join: the directory is a shared namespace another rank already made (--shared-storage).
+    """
     cache_dir = s.tiers.cache_dir
     if not cache_dir:
         cache_dir = os.path.join(s.run.output_dir, "cache")
@@ -102,7 +105,7 @@ def storage_site(s: Settings, run_id: str) -> StorageSite:
         warnings.append(f"the NVMe tier is on {mount.fs_type}: its numbers are RAM, not a storage device.")
     data_dir = os.path.join(cache_dir, f"kvbench-{run_id}")
     try:
-        os.makedirs(data_dir)
+        os.makedirs(data_dir, exist_ok=join)
     except FileExistsError:
         raise UserError(f"{data_dir} already exists (a run with the same --run-id kept its data); "
                         f"remove it or choose another --run-id.") from None
@@ -137,7 +140,8 @@ def nvme_capacity(s: Settings, site: StorageSite, geo: Geometry) -> int:
 
 # ---------------------------------------------------------------------------- tiers
 
-def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None) -> tuple[list, list[str]]:
+def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None,
+                writer: str = "r0") -> tuple[list, list[str]]:
     """The ordered tier list (fastest first) and lines saying what is off and why.
 
     fill(key, out) rebuilds a block's payload; a simulated tier uses it to hand back real bytes.
@@ -162,5 +166,5 @@ def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None)
     else:
         cap = nvme_capacity(s, site, geo)
         tiers.append(NvmeTier(site.data_dir, cap, slot, site.engine, s.tiers.nvme_layout,
-                              int(s.tiers.slab_file_gb * GiB), site.engine_note))
+                              int(s.tiers.slab_file_gb * GiB), site.engine_note, s.tiers.shared_storage, writer))
     return tiers, notes

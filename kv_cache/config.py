@@ -78,6 +78,8 @@ class TierSettings:
                                    "block, created and unlinked.", choices=("slab", "file-per-block"))
     slab_file_gb: float = key(4.0, "Size of one slab file in GiB (slab layout).", lo=0.001)
     allow_tmpfs: bool = key(False, "Accept a cache directory on tmpfs/ramfs (then the NVMe tier measures RAM).")
+    shared_storage: bool = key(False, "One namespace for every MPI rank in --cache-dir: blocks one rank writes, "
+                                      "the others can read (one file per block, published atomically).")
     null_io: bool = key(False, "Replace every tier by the null tier: no byte moves, the numbers are the "
                                "load generator's own overhead (as fio's null engine).")
 

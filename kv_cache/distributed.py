@@ -8,6 +8,9 @@ an MPI launcher, so a plain run never pays for MPI and never needs it.
 - Build errors are agreed on before anything runs: if one rank cannot start
   (cache directory not writable, out of space), every rank stops with the
   message naming that rank and its host, and none waits forever.
+- A fault during the run (disk full on one host) makes that rank tell the
+  others point to point; every dispatcher polls for such messages without
+  blocking, so all ranks stop and drain, and none waits for another forever.
 - All ranks start after a barrier and run the same duration; windows are
   compared in wall-clock time (each rank's monotonic clock mapped through its
   own offset), and the aggregate window is earliest start to latest end.
@@ -21,6 +24,7 @@ import time
 
 from kv_cache.errors import UserError
 
+FAULT_TAG = 0x4B56  # point-to-point messages that say a rank stopped on a fault
 LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "SLURM_PROCID")
 
 
@@ -80,3 +84,20 @@ class Dist:
         for rank, host, err in errors:
             if err:
                 raise UserError(f"rank {rank} on {host}: {err}")
+
+    # -------------------------------------------------------------- faults during the run (main thread only)
+
+    def notify_fault(self, message: str) -> None:
+        """Tell every other rank that this one stopped on a fault (non-blocking, point to point)."""
+        if self.comm is None:
+            return
+        text = f"rank {self.rank} on {self.host}: {message}"
+        reqs = [self.comm.isend(text, dest=r, tag=FAULT_TAG) for r in range(self.size) if r != self.rank]
+        for req in reqs:  # small messages complete eagerly; nobody has to receive them for this to return
+            req.Test()
+
+    def poll_fault(self) -> str | None:
+        """A peer's fault message, if one has arrived (never blocks)."""
+        if self.comm is None or not self.comm.Iprobe(tag=FAULT_TAG):
+            return None
+        return self.comm.recv(tag=FAULT_TAG)

@@ -53,14 +53,14 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
 
 
-def _build(s: Settings, run_id: str, payloads: PayloadPool | None) -> Built:
+def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0, join: bool = False) -> Built:
     geo = geometry(s)
     n = workers(s)
     budget = memory_budget(s, geo)
     check_fits(budget, n, geo.max_object_bytes)
-    site = None if s.tiers.null_io else storage_site(s, run_id)
+    site = None if s.tiers.null_io else storage_site(s, run_id, join)
     try:
-        tiers, notes = build_tiers(s, geo, site, payloads.fill if payloads else None)
+        tiers, notes = build_tiers(s, geo, site, payloads.fill if payloads else None, f"r{rank}")
     except BaseException:
         if site:
             shutil.rmtree(site.data_dir, ignore_errors=True)
@@ -68,13 +68,13 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None) -> Built:
     return Built(geo, site, tiers, notes + (site.warnings if site else []), budget, n)
 
 
-def _close(b: Built, keep_data: bool) -> None:
+def _close(b: Built, remove: bool) -> None:
     for t in b.tiers:
         if t.name == "nvme" and hasattr(t, "directory"):
-            t.close(remove=not keep_data)
+            t.close(remove=remove)
         else:
             t.close()
-    if b.site and not keep_data:
+    if b.site and remove:
         shutil.rmtree(b.site.data_dir, ignore_errors=True)
 
 
@@ -158,19 +158,28 @@ def write_json(path: Path, data: dict) -> None:
 def _prepare(s: Settings, run_id: str, dist: Dist) -> tuple[Traffic, PayloadPool | None, Built]:
     """Everything that can refuse the run, agreed on by all ranks before any of them measures."""
     error, b = None, None
+    shared = s.tiers.shared_storage and dist.active
     try:
         if dist.rank == 0 and (Path(s.run.output_dir) / run_id).exists():
             raise UserError(f"report folder {Path(s.run.output_dir) / run_id} already exists; choose another --run-id.")
         traffic = build_traffic(s, dist.rank, dist.size)  # bad traces are refused before any data is written
         payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
-        b = _build(s, f"{run_id}-r{dist.rank}" if dist.active else run_id, payloads)
+        if not shared:
+            b = _build(s, f"{run_id}-r{dist.rank}" if dist.active else run_id, payloads, dist.rank)
+        elif dist.rank == 0:  # rank 0 makes the shared namespace; the others join it
+            b = _build(s, run_id, payloads, 0)
     except UserError as e:
         error = str(e)
+    if shared and dist.bcast(error is None and b is not None) and dist.rank and error is None:
+        try:
+            b = _build(s, run_id, payloads, dist.rank, join=True)
+        except UserError as e:
+            error = str(e)
     try:
         dist.agree(error)
     except BaseException:
         if b is not None:
-            _close(b, s.run.keep_data)
+            _close(b, remove=not s.run.keep_data and not (shared and dist.rank))
         raise
     return traffic, payloads, b
 
@@ -194,7 +203,7 @@ def execute(s: Settings, say=print) -> int:
                                                                             traffic.analysis_total or limit)
         analysis = analyse(traffic.analysis_items, life, limit, total)
         args = (b.workers, life.execute, lambda: WorkerBuffers(b.geo.max_object_bytes, fake), recorder,
-                None if s.run.quiet else _progress_printer(recorder, say))
+                None if s.run.quiet else _progress_printer(recorder, say), dist if dist.active else None)
         runner = ClosedLoopRunner(traffic.users, *args) if traffic.users is not None \
             else OpenLoopRunner(traffic.arrivals, *args)
         for line in _banner(s, b, traffic, analysis, dist):
@@ -206,13 +215,17 @@ def execute(s: Settings, say=print) -> int:
             "memory": {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                        "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
             "occupancy": cache.occupancy(),
+            "shared_storage": {"enabled": s.tiers.shared_storage, "adopted_blocks": cache.adopted},
             "workload": {"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
                          "trace": traffic.trace.log.to_dict() if traffic.trace else None,
                          "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **analysis}})
-    finally:
-        _close(b, s.run.keep_data)
+    finally:  # a shared namespace is removed by rank 0 alone, once every rank is done with it
+        shared = s.tiers.shared_storage and dist.active
+        _close(b, remove=not s.run.keep_data and not shared)
     status = _status(outcome, results)
     gathered = dist.gather(results)
+    if shared and dist.rank == 0 and b.site and not s.run.keep_data:
+        shutil.rmtree(b.site.data_dir, ignore_errors=True)
     if dist.rank == 0:
         merged = results if not dist.active else merge_ranks(gathered)
         merged["warnings"] = _warnings(merged)

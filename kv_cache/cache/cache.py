@@ -24,19 +24,20 @@ from time import monotonic_ns as now_ns
 import numpy as np
 
 from kv_cache.cache.policies import make_policy
+from kv_cache.tiers.base import SHARED
 
 READY, WRITING, MOVING = "ready", "writing", "moving"
 
 
 class Entry:
-    """Index record of one block."""
+    """Index record of one block; a remote block lives in a shared tier and belongs to another process."""
 
-    __slots__ = ("key", "tier", "nbytes", "pins", "state", "label")
+    __slots__ = ("key", "tier", "nbytes", "pins", "state", "label", "remote")
 
-    def __init__(self, key: int, tier: int, nbytes: int, label: str):
-        self.key, self.tier, self.nbytes, self.label = key, tier, nbytes, label
+    def __init__(self, key: int, tier: int, nbytes: int, label: str, remote: bool = False):
+        self.key, self.tier, self.nbytes, self.label, self.remote = key, tier, nbytes, label, remote
         self.pins = 0
-        self.state = WRITING
+        self.state = READY if remote else WRITING
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,11 @@ class BlockCache:
         self.promote_enabled = promote
         self.recorder = recorder
         self.index: dict[int, Entry] = {}
+        # NOTE: with --shared-storage the bottom tier is written by other ranks too. A lookup that
+        # misses here adopts a block published there; such remote blocks count against no local
+        # capacity, are never local victims, and are copied (not moved) when promoted.
+        self.shared = len(tiers) - 1 if SHARED in tiers[-1].flags else None
+        self.adopted = 0
         self.used = [0] * len(tiers)     # slots of blocks in, or reserved for, each tier
         self.leaving = [0] * len(tiers)  # slots of chosen victims still physically there, owed to nobody
         self._cond = threading.Condition(threading.Lock())
@@ -184,12 +190,40 @@ class BlockCache:
                 while e is not None and e.state == MOVING:
                     self._cond.wait()
                     e = self.index.get(k)
+                if e is None and self.shared is not None:
+                    e = self._adopt(k)
                 if e is None or e.state != READY:
                     break
                 e.pins += 1
                 self.policies[e.tier].on_hit(k)
                 hits.append(e)
         return hits
+
+    def _adopt(self, key: int) -> Entry | None:
+        nbytes = self.tiers[self.shared].adopt(key)
+        if nbytes is None:
+            return None
+        self.adopted += 1
+        e = self.index[key] = Entry(key, self.shared, nbytes, "remote", remote=True)
+        return e
+
+    def forget_vanished(self, e: Entry) -> None:
+        """A pinned block's file was removed by another rank before we read it: it is a miss now.
+
+        NOTE: two ranks that write the same block before either sees the other's both hold it as
+        their own; when one evicts it, the other's copy vanishes too, and its accounting goes with it.
+        """
+        with self._cond:
+            e.pins -= 1
+            if self.index.get(e.key) is not e:
+                return
+            if e.pins == 0:
+                del self.index[e.key]
+                if not e.remote:
+                    self.used[e.tier] -= self._slots(e.tier, e.nbytes)
+                    self.policies[e.tier].on_remove(e.key)
+                    self.tiers[e.tier].slots.release(e.key)
+            self._cond.notify_all()
 
     def unpin(self, entries) -> None:
         with self._cond:
@@ -221,14 +255,16 @@ class BlockCache:
             self.run_moves(moves, scratch)
             start = now_ns()
             self.tiers[0].put(e.key, data[: e.nbytes])
-            self.tiers[src].delete(e.key)
+            if not e.remote:  # another rank's block stays where it is: we take a copy
+                self.tiers[src].delete(e.key)
             self.recorder.op(self.names[0], "promote", "load", start, now_ns() - start, e.nbytes)
         except BaseException:
-            self._forget(e, move, src_accounted=False)
+            self._forget(e, move, src_accounted=e.remote)
             raise
         with self._cond:
-            self.used[src] -= self._slots(src, e.nbytes)
-            e.tier, e.state = 0, READY
+            if not e.remote:
+                self.used[src] -= self._slots(src, e.nbytes)
+            e.tier, e.state, e.remote = 0, READY, False
             self.policies[0].on_insert(e.key)
             self._cond.notify_all()
 

@@ -18,7 +18,7 @@ import numpy as np
 from kv_cache.lifecycle.plan import KVPlan, Planner
 from kv_cache.model import slot_bytes
 from kv_cache.tiers.aligned import aligned_buffer
-from kv_cache.tiers.base import FAKE_IO, SIMULATED
+from kv_cache.tiers.base import FAKE_IO, SIMULATED, BlockVanished
 from kv_cache.types import Request
 
 NO_BYTES = frozenset({FAKE_IO, SIMULATED})  # tiers whose reads cannot be verified
@@ -92,13 +92,19 @@ class Lifecycle:
         """Read the cached prompt blocks; return (storage ns, indices of the blocks that hit)."""
         hits = self._pin(plan)
         counts["blocks.lookup"] = plan.num_prompt_blocks
-        counts["blocks.hit"] = len(hits)
         storage_ns = 0
         for n, (i, e) in enumerate(hits):
             try:
                 data = bufs.view(e.nbytes)
                 start = now_ns()
-                tier = self.cache.read(e, data, "load")
+                try:
+                    tier = self.cache.read(e, data, "load")
+                except BlockVanished:  # another rank evicted it from shared storage: the rest is a miss
+                    self.cache.forget_vanished(e)
+                    self.cache.unpin([x for _, x in hits[n + 1:]])
+                    self.recorder.count("shared.vanished", start_ns=start)
+                    hits = hits[:n]
+                    break
                 storage_ns += now_ns() - start
                 if self.cache.tiers[tier].flags.isdisjoint(NO_BYTES):
                     self._check(e.key, data, start)
@@ -114,6 +120,7 @@ class Lifecycle:
             counts[f"tokens.cached_by_tier.{name}"] = counts.get(f"tokens.cached_by_tier.{name}", 0) + tokens
             key = f"tokens.cached_by_source.{plan.labels[i]}"
             counts[key] = counts.get(key, 0) + tokens
+        counts["blocks.hit"] = len(hits)
         return storage_ns, {i for i, _ in hits}
 
     def _check(self, key: int, data: np.ndarray, start_ns: int) -> None:

@@ -64,6 +64,8 @@ def merge_ranks(results: list[dict]) -> dict:
         "memory": {"peak_rss_bytes": max(r["memory"]["peak_rss_bytes"] for r in results),
                    "budget_bytes": max(r["memory"]["budget_bytes"] for r in results), "per_rank": True},
         "occupancy": _sum_dicts([r["occupancy"] for r in results]),
+        "shared_storage": {"enabled": results[0]["shared_storage"]["enabled"],
+                           "adopted_blocks": sum(r["shared_storage"]["adopted_blocks"] for r in results)},
         "workload": _workload(results),
     }
     out = build_results(merged, run, results[0]["settings"], extra)

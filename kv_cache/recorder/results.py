@@ -97,6 +97,8 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
                      "blocks": _rate(c.get("blocks.hit", 0), c.get("blocks.lookup", 0)),
                      "by_source": rates_by_source(by_source_cached, by_source_prompt)},
         "blocks_write_skipped": c.get("blocks.write_skipped", 0),
+        "shared_storage": {**extra.get("shared_storage", {"enabled": False, "adopted_blocks": 0}),
+                           "vanished_blocks": c.get("shared.vanished", 0)},
         "verification": {"mode": settings["run"]["verify"],
                          "blocks_checked": c.get("verification.blocks_checked", 0),
                          "failures": c.get("verification.failures", 0)},
@@ -108,7 +110,7 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
             "storage_write_gbps": c.get("bytes.nvme.write", 0) / window / 1e9,
             "storage_read_p95_ms": latency.get("nvme", {}).get("read", {}).get("p95"),
         },
-        **{k: v for k, v in extra.items() if k != "requests"},
+        **{k: v for k, v in extra.items() if k not in ("requests", "shared_storage")},
         "settings": settings,
         "snapshot": snap.to_dict(),
     }

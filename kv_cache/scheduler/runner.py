@@ -41,15 +41,16 @@ class RunOutcome:
 
     @property
     def partial(self) -> bool:
-        return self.stopped_reason in ("interrupted", "fault")
+        return self.stopped_reason in ("interrupted", "fault", "peer_fault")
 
 
 class _Runner:
     """The worker pool, the measurement window and the drain; subclasses dispatch."""
 
-    def __init__(self, num_workers: int, execute, make_worker_state, recorder, progress=None):
+    def __init__(self, num_workers: int, execute, make_worker_state, recorder, progress=None, peers=None):
         self.execute, self.make_worker_state = execute, make_worker_state
         self.recorder, self.progress, self.num_workers = recorder, progress, num_workers
+        self.peers = peers  # other MPI ranks: poll_fault() / notify_fault(message), main thread only
         self._queue: queue.Queue = queue.Queue()
         self._cond = threading.Condition()
         self._in_flight = 0
@@ -110,9 +111,15 @@ class _Runner:
         """Under the lock: sleep until wake_ns, the window opening, the deadline or a completion."""
         if self.recorder.measure_start_ns is None:
             wake_ns = min(wake_ns, measure_at)
+        if self.peers is not None:  # wake at least every 0.2 s to hear from the other ranks
+            wake_ns = min(wake_ns, now + 200_000_000)
         self._cond.wait(timeout=max(0.0, (min(wake_ns, deadline) - now) / 1e9) + 1e-4)
         if self.progress:
             self.progress(self)
+        message = self.peers.poll_fault() if self.peers is not None else None
+        if message:
+            self.outcome.fault, self.outcome.stopped_reason = f"stopped by a peer: {message}", "peer_fault"
+            self._stop.set()
 
     def run(self, warmup_s: float, duration_s: float, max_requests: int = 0) -> RunOutcome:
         """Run warm-up then measurement; return how it ended (results are in the recorder)."""
@@ -130,6 +137,8 @@ class _Runner:
             self._dispatch(start, measure_at, deadline, max_requests)
         except KeyboardInterrupt:
             self.outcome.stopped_reason = "interrupted"
+        if self.peers is not None and self.outcome.stopped_reason == "fault":
+            self.peers.notify_fault(self.outcome.fault)
         self._drain(threads)
         self.outcome.end_ns = now_ns()
         if self.recorder.measure_start_ns is None:
@@ -166,8 +175,8 @@ class _Runner:
 class ClosedLoopRunner(_Runner):
     """Users that ask, wait for the answer, think and ask again."""
 
-    def __init__(self, users, num_workers: int, execute, make_worker_state, recorder, progress=None):
-        super().__init__(num_workers, execute, make_worker_state, recorder, progress)
+    def __init__(self, users, num_workers: int, execute, make_worker_state, recorder, progress=None, peers=None):
+        super().__init__(num_workers, execute, make_worker_state, recorder, progress, peers)
         self.users = {u.user_id: u for u in users}
         self._heap: list[tuple[int, int]] = []
         self._left = len(self.users)
@@ -200,8 +209,9 @@ class ClosedLoopRunner(_Runner):
 class OpenLoopRunner(_Runner):
     """Requests at the times a pacer gives, whatever the service does."""
 
-    def __init__(self, arrivals, num_workers: int, execute, make_worker_state, recorder, progress=None):
-        super().__init__(num_workers, execute, make_worker_state, recorder, progress)
+    def __init__(self, arrivals, num_workers: int, execute, make_worker_state, recorder, progress=None,
+                 peers=None):
+        super().__init__(num_workers, execute, make_worker_state, recorder, progress, peers)
         self.arrivals = arrivals
 
     def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:

@@ -19,6 +19,11 @@ DIRECT_IO = "direct_io"            # bypasses the page cache
 NEEDS_ALIGNMENT = "needs_alignment"  # buffers must be page-aligned
 FAKE_IO = "fake_io"                # moves no bytes (null tier): payloads need not be built
 SIMULATED = "simulated"            # timing comes from a model, not a device
+SHARED = "shared"                  # other processes write and evict blocks here too
+
+
+class BlockVanished(KeyError):
+    """A block another process held in a shared tier was evicted before it could be read."""
 
 
 @runtime_checkable

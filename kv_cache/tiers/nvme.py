@@ -18,11 +18,12 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
+import threading
 
 import numpy as np
 
 from kv_cache.errors import RunFault, UserError
-from kv_cache.tiers.base import DIRECT_IO, NEEDS_ALIGNMENT, SlottedTier
+from kv_cache.tiers.base import DIRECT_IO, NEEDS_ALIGNMENT, SHARED, BlockVanished, SlottedTier
 from kv_cache.tiers.posix_io import drop_cached, pread_all, pwrite_all
 from kv_cache.tiers.slots import runs
 
@@ -58,19 +59,24 @@ class NvmeTier(SlottedTier):
     name = "nvme"
 
     def __init__(self, directory: str, capacity_bytes: int, slot_bytes: int, engine: str,
-                 layout: str = "slab", slab_file_bytes: int = 4 << 30, engine_note: str = ""):
+                 layout: str = "slab", slab_file_bytes: int = 4 << 30, engine_note: str = "", shared: bool = False,
+                 writer: str = "0"):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
+        if shared:
+            layout = "file-per-block"  # other processes must find blocks by name
         if layout == "file-per-block" and engine == "mmap":
-            raise UserError("--io-engine mmap needs --nvme-layout slab (one mapping per slab file).")
-        self.directory, self.engine, self.layout = directory, engine, layout
-        self.flags = frozenset({NEEDS_ALIGNMENT} | ({DIRECT_IO} if engine == "direct" else set()))
+            raise UserError("--io-engine mmap needs --nvme-layout slab (one mapping per slab file)"
+                            + (" and --shared-storage needs one file per block." if shared else "."))
+        self.directory, self.engine, self.layout, self.writer = directory, engine, layout, writer
+        self.flags = frozenset({NEEDS_ALIGNMENT} | ({DIRECT_IO} if engine == "direct" else set())
+                               | ({SHARED} if shared else set()))
         self.per_file = max(1, slab_file_bytes // slot_bytes)
         self.slabs: list[_Slab] = []
         if layout == "slab":
             self._make_slabs()
         note = f" ({engine_note})" if engine_note else ""
-        self.description = (f"{engine}{note}, {layout} in {directory}, {self.num_slots} slots of "
-                            f"{slot_bytes / 2**20:.2f} MiB")
+        self.description = (f"{engine}{note}, {layout} in {directory}{' (shared by every rank)' if shared else ''}, "
+                            f"{self.num_slots} slots of {slot_bytes / 2**20:.2f} MiB")
 
     def _make_slabs(self) -> None:
         left = self.num_slots
@@ -111,7 +117,9 @@ class NvmeTier(SlottedTier):
         return os.path.join(self.directory, f"{key:016x}.kv")
 
     def _file_write(self, key: int, data: np.ndarray) -> None:
-        path = self._file(key)
+        final = self._file(key)
+        # Written under a private name and renamed: a reader in another process never sees half a block.
+        path = f"{final}.{self.writer}-{threading.get_ident()}.tmp" if SHARED in self.flags else final
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.engine == "direct" else 0)
         try:
             fd = os.open(path, flags, 0o600)
@@ -124,10 +132,15 @@ class NvmeTier(SlottedTier):
                 drop_cached(fd, 0, data.size)
         finally:
             os.close(fd)
+        if path != final:
+            os.rename(path, final)
 
     def _file_read(self, key: int, out: np.ndarray) -> None:
         path = self._file(key)
-        fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if self.engine == "direct" else 0))
+        try:
+            fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if self.engine == "direct" else 0))
+        except FileNotFoundError:
+            raise BlockVanished(key) from None
         try:
             if self.engine == "buffered":
                 drop_cached(fd, 0, out.size)
@@ -150,7 +163,17 @@ class NvmeTier(SlottedTier):
             self.slots.release(key)
             raise
 
+    def adopt(self, key: int) -> int | None:
+        """Size of a block another process published in this shared tier, or None."""
+        try:
+            return os.stat(self._file(key)).st_size
+        except FileNotFoundError:
+            return None
+
     def get(self, key: int, out: np.ndarray) -> None:
+        if SHARED in self.flags and key not in self.slots:  # another rank's block: its size is out's
+            self._file_read(key, out)
+            return
         slots, nbytes = self.slots.lookup(key)
         if self.layout == "file-per-block":
             self._file_read(key, out[:nbytes])

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import REPO, SMALL
@@ -66,3 +67,42 @@ def test_a_failing_rank_stops_every_rank_with_its_name(tmp_path):
     assert "rank 1 on" in r.stderr and "already exists" in r.stderr and "Traceback" not in r.stderr
     assert sorted(os.listdir(cache)) == ["kvbench-f-r1"], "rank 0 left its data behind"
     assert not (tmp_path / "f").exists()
+
+
+def test_shared_storage_lets_a_rank_read_blocks_another_wrote(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    r = mpirun(["--config", str(SMALL), "--output-dir", str(tmp_path), "--cache-dir", str(cache), "--run-id", "s",
+                "--duration", "3", "--shared-storage", "--cpu-mem-gb", "0", "--verify", "full", "--quiet"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    merged = json.loads((tmp_path / "s" / "results.json").read_text())
+    ranks = [json.loads((tmp_path / "s" / f"rank-{i}.json").read_text()) for i in (0, 1)]
+    assert merged["shared_storage"]["enabled"] is True
+    assert merged["shared_storage"]["adopted_blocks"] == sum(x["shared_storage"]["adopted_blocks"] for x in ranks) > 0
+    assert merged["verification"]["failures"] == 0 and merged["verification"]["blocks_checked"] > 0
+    assert "file-per-block" in merged["run"]["tiers"]["nvme"]["description"]
+    assert os.listdir(cache) == [], "the shared namespace was left behind"
+
+
+def test_a_fault_during_the_run_stops_every_rank(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [MPIRUN, *root, "--oversubscribe", "-np", "2", sys.executable, str(REPO / "kv_cache_benchmark.py"),
+           "--config", str(SMALL), "--output-dir", str(tmp_path), "--cache-dir", str(cache), "--run-id", "f",
+           "--duration", "60", "--warmup", "0", "--nvme-layout", "file-per-block", "--cpu-mem-gb", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = cache / "kvbench-f-r1"
+    for _ in range(300):  # wait until rank 1 is writing blocks
+        if victim.is_dir() and len(os.listdir(victim)) > 3:
+            break
+        time.sleep(0.1)
+    victim.rename(tmp_path / "gone")  # its storage disappears under it (atomically): the next write fails
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out[-2000:] + err[-2000:]
+    merged = json.loads((tmp_path / "f" / "results.json").read_text())
+    assert merged["run"]["partial"] is True and merged["run"]["duration_s"] < 30
+    assert "rank 1 on" in merged["run"]["fault"]
+    ranks = [json.loads((tmp_path / "f" / f"rank-{i}.json").read_text()) for i in (0, 1)]
+    assert ranks[1]["run"]["stopped_reason"] == "fault"
+    assert ranks[0]["run"]["stopped_reason"] == "peer_fault" and "rank 1 on" in ranks[0]["run"]["fault"]
