@@ -2,6 +2,7 @@
 
     kv_cache_benchmark.py [run] [--flags]     run the benchmark (the default)
     kv_cache_benchmark.py report RESULTS      re-render a results.json (or its folder)
+    kv_cache_benchmark.py compare RUN RUN ... headline numbers side by side, ratios to the first
     kv_cache_benchmark.py --list-models       the model table
 
 A user error prints one sentence and exits 2; Ctrl-C exits 130.
@@ -19,7 +20,7 @@ from kv_cache import __version__
 from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, resolve
 from kv_cache.errors import UserError
 
-SUBCOMMANDS = ("run", "report")
+SUBCOMMANDS = ("run", "report", "compare")
 
 
 def _add_setting_flags(p: argparse.ArgumentParser) -> None:
@@ -69,10 +70,9 @@ def _cmd_run(argv: list[str]) -> int:
     return execute(settings, say)
 
 
-def _cmd_report(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py report", description="Re-render a results.json.")
-    p.add_argument("results", help="A results.json file or the run folder holding it.")
-    path = Path(p.parse_args(argv).results)
+def load_results(arg: str) -> tuple[Path, dict]:
+    """A results.json (or the run folder holding it), read and checked."""
+    path = Path(arg)
     if path.is_dir():
         path = path / "results.json"
     try:
@@ -83,9 +83,45 @@ def _cmd_report(argv: list[str]) -> int:
         raise UserError(f"{path} is not a readable results file ({e}).") from None
     if not isinstance(data, dict) or "schema_version" not in data:
         raise UserError(f"{path} is not a kv-cache-bench results file (no schema_version).")
+    return path, data
+
+
+def _cmd_report(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py report", description="Re-render a results.json.")
+    p.add_argument("results", help="A results.json file or the run folder holding it.")
+    p.add_argument("--plots", action="store_true", help="Also rewrite the report folder's files and plots.")
+    args = p.parse_args(argv)
+    path, data = load_results(args.results)
     from kv_cache.report.console import render
 
+    if args.plots:
+        from kv_cache.report.files import write_report
+
+        write_report(data, path.parent)
     print(render(data, str(path)))
+    return 0
+
+
+def _cmd_compare(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py compare",
+                                description="Headline numbers of several runs side by side, ratios to the first.")
+    p.add_argument("runs", nargs="+", help="Run folders (or results.json files); the first is the baseline.")
+    p.add_argument("--output", help="Folder for the comparison plots (default reports/compare-<time>).")
+    args = p.parse_args(argv)
+    if len(args.runs) < 2:
+        raise UserError("compare needs at least two runs (run folders or results.json files).")
+    runs = []
+    for arg in args.runs:
+        path, data = load_results(arg)
+        runs.append((data["run"].get("run_id") or path.parent.name, data))
+    from kv_cache.report.compare import comparison_plots, comparison_table
+
+    print(comparison_table(runs))
+    import time
+
+    out = Path(args.output or Path("reports") / time.strftime("compare-%Y%m%dT%H%M%SZ", time.gmtime()))
+    for plot in comparison_plots(runs, out):
+        print(f"plot: {plot}")
     return 0
 
 
@@ -94,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     try:
-        return _cmd_report(rest) if command == "report" else _cmd_run(rest)
+        commands = {"report": _cmd_report, "compare": _cmd_compare, "run": _cmd_run}
+        return commands[command](rest)
     except UserError as e:
         print(f"kv_cache_benchmark.py: error: {e}", file=sys.stderr)
         return 2

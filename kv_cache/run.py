@@ -31,6 +31,8 @@ from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import build_results
 from kv_cache.report.console import render
+from kv_cache.report.files import write_report
+from kv_cache.report.live import LiveLine
 from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner, RunOutcome
 from kv_cache.tiers.base import FAKE_IO, SIMULATED
 from kv_cache.traffic import Traffic, build_traffic
@@ -78,20 +80,19 @@ def _close(b: Built, remove: bool) -> None:
         shutil.rmtree(b.site.data_dir, ignore_errors=True)
 
 
-def _progress_printer(recorder: Recorder, say, every_s: float = 10.0):
-    state = {"next": time.monotonic() + every_s}
+def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: Built, quiet: bool):
+    """The dispatcher's tick: sample the gauges of the time series, and draw the live line."""
+    live = None if quiet else LiveLine(recorder, s.run.warmup_s + s.run.duration_s, b.tiers[-1].name)
+    slots = [(t.name, t.slot_bytes) for t in b.tiers]
 
     def tick(runner) -> None:
-        now = time.monotonic()
-        if now < state["next"]:
-            return
-        state["next"] = now + every_s
-        c = recorder.counters()
-        phase = "measuring" if recorder.measure_start_ns else "warm-up"
-        hit = c.get("tokens.cached", 0) / max(c.get("tokens.prompt", 0), 1)
-        nvme = c.get("bytes.nvme.read", 0) / 2**30, c.get("bytes.nvme.write", 0) / 2**30
-        say(f"  [{phase}] {runner.outcome.completed:,} requests done, nvme read {nvme[0]:.1f} GiB / written "
-            f"{nvme[1]:.1f} GiB, token hit rate {hit:.1%}")
+        levels = {"queue_depth": runner._queue.qsize(), "in_flight": runner._in_flight,
+                  "users_active": getattr(runner, "_left", 0)}
+        levels.update({f"{name}_used_bytes": used * size for (name, size), used in zip(slots, cache.used)})
+        recorder.gauge(levels, time.monotonic_ns())
+        if live is not None:
+            live(runner.outcome.completed)
+    tick.close = live.close if live is not None else (lambda: None)
     return tick
 
 
@@ -202,14 +203,16 @@ def execute(s: Settings, say=print) -> int:
         total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
                                                                             traffic.analysis_total or limit)
         analysis = analyse(traffic.analysis_items, life, limit, total)
-        args = (b.workers, life.execute, lambda: WorkerBuffers(b.geo.max_object_bytes, fake), recorder,
-                None if s.run.quiet else _progress_printer(recorder, say), dist if dist.active else None)
+        progress = _progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0)
+        args = (b.workers, life.execute, lambda: WorkerBuffers(b.geo.max_object_bytes, fake), recorder, progress,
+                dist if dist.active else None)
         runner = ClosedLoopRunner(traffic.users, *args) if traffic.users is not None \
             else OpenLoopRunner(traffic.arrivals, *args)
         for line in _banner(s, b, traffic, analysis, dist):
             say(line)
         dist.barrier()  # every rank starts its clock together
         outcome = runner.run(s.run.warmup_s, s.run.duration_s, s.run.max_requests)
+        progress.close()
         results = build_results(recorder.snapshot(), _run_info(s, b, run_id, outcome, dist), s.to_dict(), {
             "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop},
             "memory": {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -232,6 +235,7 @@ def execute(s: Settings, say=print) -> int:
         report_dir = Path(s.run.output_dir) / run_id
         report_dir.mkdir(parents=True)
         write_json(report_dir / "results.json", merged)
+        write_report(merged, report_dir)
         if dist.active:
             for r in gathered:
                 write_json(report_dir / f"rank-{r['run']['rank']}.json", r)

@@ -151,9 +151,9 @@ class BlockCache:
                 raise
             dur = now_ns() - start
             if mv.dst is None:
-                self.recorder.op(src.name, "evict", "evict", start, dur, e.nbytes)
+                self.recorder.op(src.name, "evict", "evict", start, dur, e.nbytes, e.key)
             else:
-                self.recorder.op(self.names[mv.dst], "demote", "evict", start, dur, e.nbytes)
+                self.recorder.op(self.names[mv.dst], "demote", "evict", start, dur, e.nbytes, e.key)
                 self.recorder.add_bytes(src.name, "read", start, e.nbytes)
             with self._cond:
                 self.leaving[mv.src] -= mv.leaving_slots  # its slots are physically free now
@@ -235,7 +235,7 @@ class BlockCache:
         t = e.tier
         start = now_ns()
         self.tiers[t].get(e.key, out[: e.nbytes])
-        self.recorder.op(self.names[t], "read", phase, start, now_ns() - start, e.nbytes)
+        self.recorder.op(self.names[t], "read", phase, start, now_ns() - start, e.nbytes, e.key)
         return t
 
     def release(self, e: Entry, data: np.ndarray, scratch: np.ndarray) -> None:
@@ -257,7 +257,7 @@ class BlockCache:
             self.tiers[0].put(e.key, data[: e.nbytes])
             if not e.remote:  # another rank's block stays where it is: we take a copy
                 self.tiers[src].delete(e.key)
-            self.recorder.op(self.names[0], "promote", "load", start, now_ns() - start, e.nbytes)
+            self.recorder.op(self.names[0], "promote", "load", start, now_ns() - start, e.nbytes, e.key)
         except BaseException:
             self._forget(e, move, src_accounted=e.remote)
             raise
@@ -290,7 +290,7 @@ class BlockCache:
             self.run_moves(res.moves, scratch)
             start = now_ns()
             self.tiers[e.tier].put(e.key, buf[: e.nbytes])
-            self.recorder.op(self.names[e.tier], "write", phase, start, now_ns() - start, e.nbytes)
+            self.recorder.op(self.names[e.tier], "write", phase, start, now_ns() - start, e.nbytes, e.key)
         except BaseException:
             self.abort(res)
             raise

@@ -61,6 +61,7 @@ class Lifecycle:
     def execute(self, req: Request, bufs: WorkerBuffers) -> None:
         """Load the cached prefix, write prefill and decode blocks, then simulate generation."""
         plan = self.plan(req)
+        self.recorder.begin_request(req.intended_ns)
         counts: dict[str, int] = {"tokens.prompt": req.num_prompt_tokens,
                                   "tokens.generated": req.num_output_tokens}
         for end, start, label in _span_ranges(req.spans):

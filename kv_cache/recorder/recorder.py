@@ -17,7 +17,16 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from kv_cache.recorder.histogram import decode, encode, merged, new_histogram, record
+from kv_cache.recorder.histogram import (
+    SECOND_HIGHEST_US,
+    decode,
+    decode_second,
+    encode,
+    merged,
+    new_histogram,
+    new_second_histogram,
+    record,
+)
 
 # Which byte direction an op moves into the tier it is recorded under.
 OP_DIRECTION = {"read": "read", "write": "write", "demote": "write", "promote": "write", "evict": None}
@@ -40,13 +49,19 @@ class _Shard:
 
 @dataclass
 class Snapshot:
-    """Merged statistics: histograms, counters, one-second series and the window."""
+    """Merged statistics: histograms, counters, one-second series and the window.
+
+    second_hists: (second, tier, op) -> coarse histogram of that second (µs), for time-series
+    percentiles; gauges: second -> sampled levels (queue depth, occupancy, ...), summed on merge.
+    """
 
     hists: dict[tuple, object] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
     series: dict[int, dict[str, int]] = field(default_factory=dict)
     window_start_ns: int = 0
     window_end_ns: int = 0
+    second_hists: dict[tuple, object] = field(default_factory=dict)
+    gauges: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @property
     def window_s(self) -> float:
@@ -58,12 +73,19 @@ class Snapshot:
             "counters": dict(self.counters),
             "series": {str(s): v for s, v in self.series.items()},
             "window_ns": [self.window_start_ns, self.window_end_ns],
+            "second_histograms": {f"{s}/{t}/{o}": encode(h) for (s, t, o), h in self.second_hists.items()},
+            "gauges": {str(s): v for s, v in self.gauges.items()},
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> Snapshot:
+        seconds = {}
+        for k, v in d.get("second_histograms", {}).items():
+            sec, tier, op = k.split("/")
+            seconds[(int(sec), tier, op)] = decode_second(v)
         return cls({tuple(k.split("/")): decode(v) for k, v in d["histograms"].items()}, dict(d["counters"]),
-                   {int(s): dict(v) for s, v in d["series"].items()}, *d["window_ns"])
+                   {int(s): dict(v) for s, v in d["series"].items()}, *d["window_ns"], seconds,
+                   {int(s): dict(v) for s, v in d.get("gauges", {}).items()})
 
     def merge(self, other: Snapshot) -> Snapshot:
         """Exact merge: histograms add, counters add, the window spans both."""
@@ -78,8 +100,20 @@ class Snapshot:
             for k, v in row.items():
                 dst[k] = dst.get(k, 0) + v
         starts = [w for w in (self.window_start_ns, other.window_start_ns) if w]
+        seconds = {}
+        for k in set(self.second_hists) | set(other.second_hists):
+            h = new_second_histogram()
+            for part in (self.second_hists.get(k), other.second_hists.get(k)):
+                if part is not None and part.get_total_count():
+                    h.add(part)
+            seconds[k] = h
+        gauges = {s: dict(v) for s, v in self.gauges.items()}
+        for s, row in other.gauges.items():
+            dst = gauges.setdefault(s, {})
+            for k, v in row.items():
+                dst[k] = dst.get(k, 0) + v
         return Snapshot(hists, dict(counters), series, min(starts, default=0),
-                        max(self.window_end_ns, other.window_end_ns))
+                        max(self.window_end_ns, other.window_end_ns), seconds, gauges)
 
 
 class Recorder:
@@ -91,6 +125,13 @@ class Recorder:
         self._lock = threading.Lock()
         self.measure_start_ns: int | None = None
         self.measure_end_ns: int | None = None
+        # Time-series percentiles: one coarse histogram per (second, tier, op), shared under one lock
+        # (not per thread: memory stays ~2 KB per second and tier, whatever the number of workers).
+        self._second_hists: dict[tuple, object] = {}
+        self._gauges: dict[int, dict[str, float]] = {}
+        self._second_lock = threading.Lock()
+        self.io_trace = None  # an IOTraceWriter, when --io-trace is set
+        self._request = threading.local()
 
     def _shard(self) -> _Shard:
         try:
@@ -118,7 +159,7 @@ class Recorder:
 
     # ------------------------------------------------------------------ recording
 
-    def op(self, tier: str, op: str, phase: str, start_ns: int, dur_ns: int, nbytes: int) -> None:
+    def op(self, tier: str, op: str, phase: str, start_ns: int, dur_ns: int, nbytes: int, key: int = 0) -> None:
         """One timed block operation on a tier."""
         shard = self._shard()
         sec = self._second(start_ns)
@@ -126,6 +167,16 @@ class Recorder:
             shard.counters["warmup.ops"] += 1
             return
         record(shard.hist((tier, op, phase)), dur_ns)
+        if op != "evict":  # per-second read / write latency; demotions and promotions write into the tier
+            kind = "read" if op == "read" else "write"
+            with self._second_lock:
+                h = self._second_hists.get((sec, tier, kind))
+                if h is None:
+                    h = self._second_hists[(sec, tier, kind)] = new_second_histogram()
+                h.record_value(min(max(dur_ns // 1000, 1), SECOND_HIGHEST_US))
+        if self.io_trace is not None:
+            self.io_trace.op(getattr(self._request, "intended_ns", start_ns), start_ns, op, tier, nbytes, key,
+                             dur_ns, phase)
         direction = OP_DIRECTION[op]
         shard.counters[f"ops.{tier}.{op}"] += 1
         if direction:
@@ -142,6 +193,24 @@ class Recorder:
         shard = self._shard()
         shard.counters[f"bytes.{tier}.{direction}"] += nbytes
         shard.series[(sec, f"bytes.{tier}.{direction}")] += nbytes
+
+    def begin_request(self, intended_ns: int) -> None:
+        """The calling thread now works for a request meant to start at intended_ns (for the I/O trace)."""
+        self._request.intended_ns = intended_ns
+
+    def recent_percentile(self, tier: str, op: str, pct: float) -> float | None:
+        """pct of the last complete second's (tier, op) latencies in ms, or None (live progress)."""
+        sec = self._second(time.monotonic_ns())
+        with self._second_lock:
+            h = self._second_hists.get((sec - 1, tier, op)) if sec else None
+            return h.get_value_at_percentile(pct) / 1e3 if h is not None and h.get_total_count() else None
+
+    def gauge(self, values: dict[str, float], now_ns: int) -> None:
+        """Levels sampled at now_ns (queue depth, occupancy, ...): the last sample of a second wins."""
+        sec = self._second(now_ns)
+        if sec is not None:
+            with self._second_lock:
+                self._gauges.setdefault(sec, {}).update(values)
 
     def count(self, name: str, n: int = 1, start_ns: int | None = None) -> None:
         """A plain counter; with start_ns, only inside the measurement window."""
@@ -198,5 +267,15 @@ class Recorder:
             for (sec, name), v in list(shard.series.items()):
                 series[sec][name] = series[sec].get(name, 0) + v
         end = self.measure_end_ns or time.monotonic_ns()
+        with self._second_lock:
+            seconds = {k: _copy_second(h) for k, h in self._second_hists.items()}
+            gauges = {s: dict(v) for s, v in self._gauges.items()}
         return Snapshot({k: merged(v) for k, v in hists.items()}, dict(counters), dict(series),
-                        self.measure_start_ns or 0, end)
+                        self.measure_start_ns or 0, end, seconds, gauges)
+
+
+def _copy_second(h):
+    out = new_second_histogram()
+    if h.get_total_count():
+        out.add(h)
+    return out

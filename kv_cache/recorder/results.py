@@ -49,18 +49,26 @@ def latency_tables(snap: Snapshot, tiers: list[str]) -> tuple[dict, dict]:
     return {t: dict(v) for t, v in flat.items()}, {t: {o: dict(p) for o, p in v.items()} for t, v in by_phase.items()}
 
 
+def _pct_ms(hist, pct: float) -> float | None:
+    return hist.get_value_at_percentile(pct) / 1e3 if hist is not None and hist.get_total_count() else None
+
+
 def timeseries(snap: Snapshot, tiers: list[str]) -> list[dict]:
-    """One row per measured second: bytes and GB/s per tier and direction, ops, requests, tokens."""
-    if not snap.series:
-        return []
+    """One row per measured second: GB/s per tier and direction, p50/p99 per tier and op (coarse
+    per-second histograms), ops, requests, tokens, hit rate, and the sampled gauges."""
+    last = max([*snap.series, *snap.gauges, *(k[0] for k in snap.second_hists)], default=-1)
     rows = []
-    for sec in range(0, max(snap.series) + 1):
+    for sec in range(0, last + 1):
         src = snap.series.get(sec, {})
+        prompt, cached = src.get("tokens.prompt", 0), src.get("tokens.cached", 0)
         row = {"t_s": sec, "ops": src.get("ops", 0), "requests": src.get("requests", 0),
-               "tokens_prompt": src.get("tokens.prompt", 0), "tokens_cached": src.get("tokens.cached", 0)}
+               "tokens_prompt": prompt, "tokens_cached": cached, "hit_rate": _rate(cached, prompt)}
         for t in tiers:
             for d in ("read", "write"):
                 row[f"{t}_{d}_gbps"] = src.get(f"bytes.{t}.{d}", 0) / 1e9
+                h = snap.second_hists.get((sec, t, d))
+                row[f"{t}_{d}_p50_ms"], row[f"{t}_{d}_p99_ms"] = _pct_ms(h, 50.0), _pct_ms(h, 99.0)
+        row.update(snap.gauges.get(sec, {}))
         rows.append(row)
     return rows
 

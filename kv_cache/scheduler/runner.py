@@ -113,6 +113,8 @@ class _Runner:
             wake_ns = min(wake_ns, measure_at)
         if self.peers is not None:  # wake at least every 0.2 s to hear from the other ranks
             wake_ns = min(wake_ns, now + 200_000_000)
+        if self.progress:  # and every 0.5 s to sample the time series' gauges
+            wake_ns = min(wake_ns, now + 500_000_000)
         self._cond.wait(timeout=max(0.0, (min(wake_ns, deadline) - now) / 1e9) + 1e-4)
         if self.progress:
             self.progress(self)

@@ -1,0 +1,85 @@
+"""kv_cache_benchmark.py compare RUN RUN ...: headline numbers side by side, ratios to the first run.
+
+Pure functions of the results files; plots go to --output (default reports/compare-<time>/).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kv_cache.report.table import format_table
+
+
+def _lat(tier: str, op: str, pct: str):
+    return lambda r: r["latency_ms"].get(tier, {}).get(op, {}).get(pct)
+
+
+def _req(kind: str, pct: str):
+    return lambda r: r.get("request_latency_ms", {}).get(kind, {}).get(pct)
+
+
+HEADLINES = (  # (name, getter, higher is better)
+    ("requests / s", lambda r: r["requests"]["per_s"], True),
+    ("cached tokens / s", lambda r: r["tokens"]["cached_per_s"], True),
+    ("token hit rate", lambda r: r["hit_rate"]["tokens"], True),
+    ("nvme read GB/s", lambda r: r["bandwidth_gbps"].get("nvme", {}).get("read"), True),
+    ("nvme write GB/s", lambda r: r["bandwidth_gbps"].get("nvme", {}).get("write"), True),
+    ("nvme read p50 ms", _lat("nvme", "read", "p50"), False),
+    ("nvme read p99 ms", _lat("nvme", "read", "p99"), False),
+    ("nvme demote p99 ms", _lat("nvme", "demote", "p99"), False),
+    ("cpu write p99 ms", _lat("cpu", "write", "p99"), False),
+    ("request storage p95 ms", _req("storage", "p95"), False),
+    ("request e2e p99 ms", _req("e2e", "p99"), False),
+    ("queue wait p95 ms", _req("queue", "p95"), False),
+)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
+
+
+def comparison_table(runs: list[tuple[str, dict]]) -> str:
+    header = ["measure", ""] + [name for name, _ in runs] + [f"{name} / {runs[0][0]}" for name, _ in runs[1:]]
+    rows = [header]
+    for title, get, _better in HEADLINES:
+        values = [get(r) for _, r in runs]
+        if all(v is None for v in values):
+            continue
+        base = values[0]
+        ratios = [f"{v / base:.2f}x" if v is not None and base else "-" for v in values[1:]]
+        rows.append([title, ""] + [_fmt(v) for v in values] + ratios)
+    engine = ["io engine", ""] + [r["run"].get("io_engine", "?") for _, r in runs] + [""] * (len(runs) - 1)
+    model = ["model", ""] + [r["run"]["model"] for _, r in runs] + [""] * (len(runs) - 1)
+    return "\n".join(format_table(rows + [model, engine]))
+
+
+def comparison_plots(runs: list[tuple[str, dict]], folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [n for n, _ in runs]
+    measures = [(t, g, b) for t, g, b in HEADLINES if all(g(r) is not None for _, r in runs) and g(runs[0][1])]
+    fig, ax = plt.subplots(figsize=(11, 6))
+    x = np.arange(len(measures))
+    width = 0.8 / len(runs)
+    for i, (name, r) in enumerate(runs):
+        ratios = [g(r) / g(runs[0][1]) for _, g, _ in measures]
+        ax.bar(x + i * width - 0.4 + width / 2, ratios, width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(x, [f"{t}\n({'higher' if b else 'lower'} is better)" for t, _, b in measures], rotation=30,
+                  ha="right", fontsize=8)
+    ax.set_ylabel(f"ratio to {names[0]}")
+    ax.set_title("Headline numbers relative to the first run")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = folder / "compare_headlines.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]

@@ -1,0 +1,62 @@
+"""The report folder reports/<run-id>/: pure functions of the results dict.
+
+    results.json    everything (written by the run)
+    settings.yaml   the exact resolved settings, loadable with --config
+    timeseries.csv  one row per measured second
+    summary.md      the console summary as Markdown, with the plots
+    *.png           plots (report/plots.py)
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import yaml
+
+from kv_cache.report.console import render
+
+
+def _plain(obj):
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def write_settings(results: dict, folder: Path) -> Path:
+    path = folder / "settings.yaml"
+    path.write_text("# The resolved settings of this run: python kv_cache_benchmark.py --config settings.yaml\n"
+                    + yaml.safe_dump(_plain(results["settings"]), sort_keys=False))
+    return path
+
+
+def write_timeseries(results: dict, folder: Path) -> Path:
+    path = folder / "timeseries.csv"
+    rows = results.get("timeseries", [])
+    columns = list(dict.fromkeys(k for row in rows for k in row)) or ["t_s"]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
+    return path
+
+
+def write_summary(results: dict, folder: Path, plots: list[Path]) -> Path:
+    path = folder / "summary.md"
+    run = results["run"]
+    lines = [f"# kv-cache-bench run {run['run_id']}", "", "```", render(results), "```", ""]
+    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_report(results: dict, folder: Path) -> list[Path]:
+    """Every file of the report folder but results.json; returns their paths."""
+    from kv_cache.report.plots import make_plots
+
+    plots = make_plots(results, folder)
+    return [write_settings(results, folder), write_timeseries(results, folder),
+            write_summary(results, folder, plots), *plots]

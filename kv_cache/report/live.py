@@ -1,0 +1,51 @@
+"""Live progress: one refreshed line on a terminal, a plain line every 10 s otherwise.
+
+Shows elapsed / total, requests done, GB/s read and written in the last interval (all tiers of
+the device under test: the bottom tier), the last second's p95 of that tier's reads, and the
+token hit rate so far. Reads counters only (never merges histograms), so it costs nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class LiveLine:
+    """Called by the scheduler's dispatcher whenever it wakes; prints at most once a second."""
+
+    def __init__(self, recorder, total_s: float, tier: str, stream=None):
+        self.recorder, self.total_s, self.tier = recorder, total_s, tier
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.every_s = 1.0 if self.tty else 10.0
+        self.t0 = time.monotonic()
+        self.next = self.t0 + self.every_s
+        self.last = (self.t0, 0, 0)
+
+    def __call__(self, completed: int) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + self.every_s
+        c = self.recorder.counters()
+        read, written = c.get(f"bytes.{self.tier}.read", 0), c.get(f"bytes.{self.tier}.write", 0)
+        t_prev, r_prev, w_prev = self.last
+        dt = max(now - t_prev, 1e-9)
+        self.last = (now, read, written)
+        hit = c.get("tokens.cached", 0) / c["tokens.prompt"] if c.get("tokens.prompt") else 0.0
+        p95 = self.recorder.recent_percentile(self.tier, "read", 95.0)
+        phase = "measuring" if self.recorder.measure_start_ns else "warm-up"
+        text = (f"[{phase} {now - self.t0:5.0f}/{self.total_s:.0f} s] {completed:,} requests, {self.tier} read "
+                f"{(read - r_prev) / dt / 1e9:.2f} GB/s, write {(written - w_prev) / dt / 1e9:.2f} GB/s, read p95 "
+                f"{'-' if p95 is None else f'{p95:.1f} ms'}, hit rate {hit:.1%}")
+        if self.tty:
+            self.stream.write("\r" + text.ljust(110)[:150])
+        else:
+            self.stream.write("  " + text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
