@@ -43,6 +43,8 @@ class RunSettings:
     run_id: str = key("", "Name of the run folder (empty: a UTC timestamp).")
     keep_data: bool = key(False, "Keep the NVMe tier's data files after the run (default: removed).")
     quiet: bool = key(False, "Print nothing but errors.")
+    io_trace: str = key("", "Write every block operation to this CSV file (zstd-compressed if it ends in .zst), "
+                            "and a fio job file approximating the measured NVMe mix beside it.", "--io-trace")
     verify: str = key("stamps", "Check read blocks: stamps (every 4 KiB page's stamp), full (every byte), off.",
                       choices=("stamps", "full", "off"))
 

@@ -27,6 +27,7 @@ from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import analyse
 from kv_cache.lifecycle.executor import Lifecycle, WorkerBuffers
 from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.recorder.iotrace import IOTraceWriter
 from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import build_results
@@ -194,6 +195,11 @@ def execute(s: Settings, say=print) -> int:
     traffic, payloads, b = _prepare(s, run_id, dist)
     try:
         recorder = Recorder()
+        if s.run.io_trace:
+            recorder.io_trace = IOTraceWriter(s.run.io_trace if not dist.active else
+                                              f"{s.run.io_trace.removesuffix('.zst')}.rank{dist.rank}"
+                                              + (".zst" if s.run.io_trace.endswith(".zst") else ""),
+                                              time.monotonic_ns())
         cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder)
         fake = all(FAKE_IO in t.flags for t in b.tiers)
         life = Lifecycle(cache, payloads, recorder, s.model.block_tokens, b.geo.bytes_per_token,
@@ -213,6 +219,11 @@ def execute(s: Settings, say=print) -> int:
         dist.barrier()  # every rank starts its clock together
         outcome = runner.run(s.run.warmup_s, s.run.duration_s, s.run.max_requests)
         progress.close()
+        if recorder.io_trace is not None:
+            recorder.io_trace.close()
+            job = recorder.io_trace.fio_job(b.site.cache_dir if b.site else ".", b.site.engine if b.site else "null",
+                                            b.workers, s.run.duration_s, b.tiers[-1].capacity_bytes)
+            say(f"  I/O trace: {recorder.io_trace.rows:,} operations in {recorder.io_trace.path}; fio job: {job}")
         results = build_results(recorder.snapshot(), _run_info(s, b, run_id, outcome, dist), s.to_dict(), {
             "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop},
             "memory": {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

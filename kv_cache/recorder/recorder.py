@@ -146,6 +146,8 @@ class Recorder:
 
     def start_measuring(self, now_ns: int | None = None) -> None:
         self.measure_start_ns = now_ns or time.monotonic_ns()
+        if self.io_trace is not None:
+            self.io_trace.measure_start_ns = self.measure_start_ns
 
     def stop_measuring(self, now_ns: int | None = None) -> None:
         self.measure_end_ns = now_ns or time.monotonic_ns()
@@ -161,6 +163,9 @@ class Recorder:
 
     def op(self, tier: str, op: str, phase: str, start_ns: int, dur_ns: int, nbytes: int, key: int = 0) -> None:
         """One timed block operation on a tier."""
+        if self.io_trace is not None:
+            self.io_trace.op(getattr(self._request, "intended_ns", start_ns), start_ns, op, tier, nbytes, key,
+                             dur_ns, phase)
         shard = self._shard()
         sec = self._second(start_ns)
         if sec is None:
@@ -174,9 +179,6 @@ class Recorder:
                 if h is None:
                     h = self._second_hists[(sec, tier, kind)] = new_second_histogram()
                 h.record_value(min(max(dur_ns // 1000, 1), SECOND_HIGHEST_US))
-        if self.io_trace is not None:
-            self.io_trace.op(getattr(self._request, "intended_ns", start_ns), start_ns, op, tier, nbytes, key,
-                             dur_ns, phase)
         direction = OP_DIRECTION[op]
         shard.counters[f"ops.{tier}.{op}"] += 1
         if direction:

@@ -1,0 +1,88 @@
+"""--io-trace: every block operation as one CSV row, and a fio job file approximating the mix.
+
+Columns: intended_start_s (the request's intended start), start_s, latency_ms, op, tier, bytes,
+key (hex), phase, measured (0 during warm-up). Times are seconds since the run started. Workers
+only enqueue a tuple; one background thread formats and writes (zstd-compressed when the file
+name ends in .zst), so tracing adds no I/O to a timed operation.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import queue
+import threading
+from collections import Counter
+from pathlib import Path
+
+from kv_cache.errors import UserError
+
+COLUMNS = ("intended_start_s", "start_s", "latency_ms", "op", "tier", "bytes", "key", "phase", "measured")
+
+
+class IOTraceWriter:
+    """Background CSV writer of block operations; also tallies the NVMe mix for the fio job."""
+
+    def __init__(self, path: str, t0_ns: int):
+        self.path, self.t0_ns = Path(path), t0_ns
+        try:
+            if self.path.suffix == ".zst":
+                import zstandard
+
+                self._raw = open(self.path, "wb")
+                self._zst = zstandard.ZstdCompressor(level=3).stream_writer(self._raw)
+                self._file = io.TextIOWrapper(self._zst, encoding="utf-8", newline="")
+            else:
+                self._file = open(self.path, "w", newline="", encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"--io-trace {path}: cannot write there ({e.strerror}).") from None
+        self._csv = csv.writer(self._file)
+        self._csv.writerow(COLUMNS)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.sizes: Counter = Counter()   # nvme (op kind, bytes) -> count
+        self.rows = 0
+        self.measure_start_ns: int | None = None
+        self._thread = threading.Thread(target=self._drain, name="io-trace", daemon=True)
+        self._thread.start()
+
+    def op(self, intended_ns, start_ns, op, tier, nbytes, key, dur_ns, phase) -> None:
+        self._queue.put((intended_ns, start_ns, op, tier, nbytes, key, dur_ns, phase))
+
+    def _drain(self) -> None:
+        t0 = self.t0_ns
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            intended, start, op, tier, nbytes, key, dur, phase = item
+            measured = int(self.measure_start_ns is not None and start >= self.measure_start_ns)
+            self._csv.writerow((f"{(intended - t0) / 1e9:.6f}", f"{(start - t0) / 1e9:.6f}", f"{dur / 1e6:.4f}", op,
+                                tier, nbytes, f"{key:016x}", phase, measured))
+            self.rows += 1
+            if tier == "nvme" and op != "evict":
+                self.sizes[("read" if op == "read" else "write", nbytes)] += 1
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._file.close()
+
+    def fio_job(self, directory: str, engine: str, workers: int, runtime_s: float, capacity_bytes: int) -> Path:
+        """A fio job file beside the trace that approximates the NVMe tier's measured mix."""
+        reads = sum(n * b for (kind, b), n in self.sizes.items() if kind == "read")
+        writes = sum(n * b for (kind, b), n in self.sizes.items() if kind == "write")
+        bs = max(self.sizes, key=self.sizes.get)[1] if self.sizes else 4096
+        mix = round(100 * reads / (reads + writes)) if reads + writes else 0
+        name = self.path.name.removesuffix(".zst").removesuffix(".csv")
+        path = self.path.with_name(name + ".fio")
+        path.write_text(
+            f"; fio job approximating the NVMe I/O mix kv-cache-bench measured ({self.rows:,} operations traced)\n"
+            f"; read {reads:,} B, written {writes:,} B (demotions included); most common block size {bs:,} B\n"
+            f"; run: fio {path.name}\n"
+            "[global]\n"
+            f"directory={directory}\nioengine=psync\ndirect={1 if engine == 'direct' else 0}\n"
+            f"rw=randrw\nrwmixread={mix}\nbs={bs}\nsize={max(capacity_bytes // max(workers, 1), bs)}\n"
+            f"numjobs={workers}\niodepth=1\ntime_based\nruntime={max(int(runtime_s), 1)}\ngroup_reporting\n"
+            + ("fsync=1\n" if engine == "buffered" else "")
+            + "\n[kv-cache-mix]\n")
+        return path

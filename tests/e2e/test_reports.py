@@ -1,0 +1,101 @@
+"""The report folder, plots, compare, the I/O trace and the live line."""
+
+import csv
+import io
+import json
+import struct
+
+import yaml
+import zstandard
+from conftest import run_cli
+
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.report.live import LiveLine
+
+PLOTS = ("latency_percentiles.png", "throughput.png", "occupancy.png", "hit_rate.png")
+
+
+def png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path.name} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_folder_files_exist_and_parse(small_run):
+    r = run_cli(small_run("a", "--duration", "3"))
+    assert r.returncode == 0, r.stderr
+    folder = small_run.out / "a"
+    settings = yaml.safe_load((folder / "settings.yaml").read_text())
+    assert settings["model"]["name"] == "llama8b" and settings["run"]["duration_s"] == 3.0
+    rows = list(csv.DictReader((folder / "timeseries.csv").open()))
+    assert len(rows) >= 3
+    for col in ("t_s", "nvme_read_gbps", "cpu_write_p99_ms", "queue_depth", "nvme_used_bytes", "hit_rate"):
+        assert col in rows[0], col
+    assert float(rows[1]["nvme_write_gbps"]) > 0
+    summary = (folder / "summary.md").read_text()
+    assert "Per-block latency" in summary and "![latency_percentiles](latency_percentiles.png)" in summary
+    for name in PLOTS:
+        w, h = png_size(folder / name)
+        assert 600 <= w <= 2000 and 300 <= h <= 1500 and (folder / name).stat().st_size > 10_000, name
+    again = run_cli(["--config", str(folder / "settings.yaml"), "--run-id", "b", "--quiet",
+                     "--output-dir", str(small_run.out), "--duration", "0.5"])
+    assert again.returncode == 0, again.stderr
+
+
+def test_compare_two_real_runs(small_run, tmp_path):
+    for run_id, engine in (("d", "direct"), ("m", "mmap")):
+        r = run_cli(small_run(run_id, "--duration", "1", "--io-engine", engine))
+        assert r.returncode == 0, r.stderr
+    out = tmp_path / "cmp"
+    r = run_cli(["compare", str(small_run.out / "d"), str(small_run.out / "m"), "--output", str(out)])
+    assert r.returncode == 0, r.stderr
+    assert "m / d" in r.stdout and "requests / s" in r.stdout and "mmap" in r.stdout
+    lines = [line for line in r.stdout.splitlines() if line.startswith("nvme write GB/s")]
+    assert lines and lines[0].rstrip().endswith("x")
+    assert png_size(out / "compare_headlines.png")[0] >= 600
+    bad = run_cli(["compare", str(small_run.out / "d")])
+    assert bad.returncode == 2 and "at least two runs" in bad.stderr
+
+
+def test_io_trace_rows_and_fio_job(small_run, tmp_path):
+    trace = tmp_path / "ops.csv.zst"
+    r = run_cli(small_run("t", "--duration", "1", "--io-trace", str(trace)))
+    assert r.returncode == 0, r.stderr
+    with open(trace, "rb") as f:
+        rows = list(csv.DictReader(io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f))))
+    res = small_run.results("t")
+    measured = [row for row in rows if row["measured"] == "1"]
+    ops = sum(sum(v.values()) for v in res["ops"].values())
+    assert len(measured) == ops > 0
+    assert {row["op"] for row in rows} >= {"write", "demote"} and all(len(row["key"]) == 16 for row in rows)
+    assert all(float(row["intended_start_s"]) <= float(row["start_s"]) + 1e-6 for row in rows)
+    job = (tmp_path / "ops.fio").read_text()
+    assert "rw=randrw" in job and "bs=2097152" in job and "numjobs=2" in job and f"directory={small_run.cache}" in job
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+
+def test_live_line_refreshes_on_a_terminal_and_logs_otherwise():
+    rec = Recorder()
+    rec.start_measuring(1)
+    for tty, marker in ((True, "\r"), (False, "\n")):
+        out = _Stream(tty)
+        live = LiveLine(rec, 60, "nvme", out)
+        live.next = 0  # due now
+        live(5)
+        text = out.getvalue()
+        assert marker in text and "5 requests" in text and "nvme read" in text and "hit rate" in text
+        assert live.every_s == (1.0 if tty else 10.0)
+
+
+def test_quiet_prints_nothing(small_run):
+    r = run_cli(small_run("q", "--duration", "0.5"))
+    assert r.returncode == 0 and r.stdout == ""
+    assert json.loads((small_run.out / "q" / "results.json").read_text())["schema_version"] == 1
