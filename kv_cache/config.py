@@ -43,6 +43,8 @@ class RunSettings:
     run_id: str = key("", "Name of the run folder (empty: a UTC timestamp).")
     keep_data: bool = key(False, "Keep the NVMe tier's data files after the run (default: removed).")
     quiet: bool = key(False, "Print nothing but errors.")
+    trials: int = key(1, "Repeat the run this many times with the same schedule; report the median and spread "
+                         "(min, max, coefficient of variation) of the headline numbers.", lo=1, hi=1000)
     io_trace: str = key("", "Write every block operation to this CSV file (zstd-compressed if it ends in .zst), "
                             "and a fio job file approximating the measured NVMe mix beside it.", "--io-trace")
     verify: str = key("stamps", "Check read blocks: stamps (every 4 KiB page's stamp), full (every byte), off.",
@@ -80,6 +82,11 @@ class TierSettings:
                                    "block, created and unlinked.", choices=("slab", "file-per-block"))
     slab_file_gb: float = key(4.0, "Size of one slab file in GiB (slab layout).", lo=0.001)
     allow_tmpfs: bool = key(False, "Accept a cache directory on tmpfs/ramfs (then the NVMe tier measures RAM).")
+    precondition: bool = key(False, "Before measuring, write the NVMe tier's space sequentially (SNIA habit), "
+                                    "showing each pass's bandwidth; not part of any statistic.")
+    precondition_passes: int = key(2, "Passes over the NVMe tier's capacity when preconditioning.", lo=1, hi=100)
+    precondition_steady: float = key(0.0, "Steady-state check: keep writing (up to 10 passes) until the last 3 "
+                                          "passes are within this fraction of their mean (0: off).", lo=0.0, hi=1.0)
     shared_storage: bool = key(False, "One namespace for every MPI rank in --cache-dir: blocks one rank writes, "
                                       "the others can read (one file per block, published atomically).")
     null_io: bool = key(False, "Replace every tier by the null tier: no byte moves, the numbers are the "

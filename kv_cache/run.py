@@ -37,6 +37,8 @@ from kv_cache.report.live import LiveLine
 from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner, RunOutcome
 from kv_cache.tiers.base import FAKE_IO, SIMULATED
 from kv_cache.traffic import Traffic, build_traffic
+from kv_cache.trials import median_trial, summarize
+from kv_cache.trials import table as trial_table
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 ANALYSIS_LIMIT = 100_000  # requests analysed before the run at most
@@ -157,13 +159,13 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _prepare(s: Settings, run_id: str, dist: Dist) -> tuple[Traffic, PayloadPool | None, Built]:
+def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Traffic, PayloadPool | None, Built]:
     """Everything that can refuse the run, agreed on by all ranks before any of them measures."""
     error, b = None, None
     shared = s.tiers.shared_storage and dist.active
     try:
-        if dist.rank == 0 and (Path(s.run.output_dir) / run_id).exists():
-            raise UserError(f"report folder {Path(s.run.output_dir) / run_id} already exists; choose another --run-id.")
+        if dist.rank == 0 and report_dir.exists():
+            raise UserError(f"report folder {report_dir} already exists; choose another --run-id.")
         traffic = build_traffic(s, dist.rank, dist.size)  # bad traces are refused before any data is written
         payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
         if not shared:
@@ -187,12 +189,36 @@ def _prepare(s: Settings, run_id: str, dist: Dist) -> tuple[Traffic, PayloadPool
 
 
 def execute(s: Settings, say=print) -> int:
-    """Run the benchmark with settings s; return the process exit status (the same on every rank)."""
+    """Run the benchmark with settings s (N trials); return the exit status (the same on every rank)."""
     dist = Dist.detect()
     if dist.rank:
         say = _silent
     run_id = dist.bcast(s.run.run_id or new_run_id())
-    traffic, payloads, b = _prepare(s, run_id, dist)
+    folder = Path(s.run.output_dir) / run_id
+    if s.run.trials == 1:
+        return _one_run(s, say, dist, run_id, folder)[0]
+    statuses, trials = [], []
+    for k in range(1, s.run.trials + 1):
+        say(f"== trial {k} of {s.run.trials} (same seed, same schedule)")
+        status, merged = _one_run(s, say, dist, f"{run_id}-t{k}", folder / f"trial-{k}")
+        statuses.append(status)
+        trials.append(merged)
+        if status == EXIT_INTERRUPTED:
+            break
+    if dist.rank == 0:
+        summary = summarize(trials)
+        best = trials[median_trial(trials)]
+        write_json(folder / "trials.json", {"trials": len(trials), "summary": summary})
+        write_json(folder / "results.json", {**best, "trials": {"count": len(trials), "median_trial":
+                                                                 median_trial(trials) + 1, "summary": summary}})
+        say(f"Trials: {len(trials)} (results.json = the median trial by cached tokens/s, trial "
+            f"{median_trial(trials) + 1}; each trial in trial-<k>/)\n{trial_table(summary)}")
+    return dist.bcast(max(statuses))
+
+
+def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tuple[int, dict | None]:
+    """One measured run into report_dir; (exit status, merged results on rank 0)."""
+    traffic, payloads, b = _prepare(s, run_id, dist, report_dir)
     try:
         recorder = Recorder()
         if s.run.io_trace:
@@ -216,6 +242,7 @@ def execute(s: Settings, say=print) -> int:
             else OpenLoopRunner(traffic.arrivals, *args)
         for line in _banner(s, b, traffic, analysis, dist):
             say(line)
+        precondition = _precondition(s, b, say) if s.tiers.precondition else None
         dist.barrier()  # every rank starts its clock together
         outcome = runner.run(s.run.warmup_s, s.run.duration_s, s.run.max_requests)
         progress.close()
@@ -230,6 +257,7 @@ def execute(s: Settings, say=print) -> int:
                        "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
             "occupancy": cache.occupancy(),
             "shared_storage": {"enabled": s.tiers.shared_storage, "adopted_blocks": cache.adopted},
+            "precondition": precondition,
             "workload": {"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
                          "trace": traffic.trace.log.to_dict() if traffic.trace else None,
                          "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **analysis}})
@@ -240,10 +268,10 @@ def execute(s: Settings, say=print) -> int:
     gathered = dist.gather(results)
     if shared and dist.rank == 0 and b.site and not s.run.keep_data:
         shutil.rmtree(b.site.data_dir, ignore_errors=True)
+    merged = None
     if dist.rank == 0:
         merged = results if not dist.active else merge_ranks(gathered)
         merged["warnings"] = _warnings(merged)
-        report_dir = Path(s.run.output_dir) / run_id
         report_dir.mkdir(parents=True)
         write_json(report_dir / "results.json", merged)
         write_report(merged, report_dir)
@@ -252,7 +280,24 @@ def execute(s: Settings, say=print) -> int:
                 write_json(report_dir / f"rank-{r['run']['rank']}.json", r)
         say(render(merged, str(report_dir / "results.json")))
         status = max(status, *(_status_of(r) for r in gathered))
-    return dist.bcast(status)
+    return dist.bcast(status), merged
+
+
+def _precondition(s: Settings, b: Built, say) -> dict | None:
+    """Write the NVMe tier's space before the clock starts; nothing here enters a statistic."""
+    nvme = b.tiers[-1]
+    if not hasattr(nvme, "precondition"):
+        say("  precondition: skipped (the NVMe tier is the null tier)")
+        return None
+    say(f"  precondition: writing {nvme.capacity_bytes / 2**30:.2f} GiB x {s.tiers.precondition_passes} passes"
+        + (f", until 3 passes agree within {s.tiers.precondition_steady:.0%}" if s.tiers.precondition_steady else ""))
+
+    def on_pass(k: int, gbps: float, nbytes: int) -> None:
+        say(f"    pass {k}: {nbytes / 2**30:.2f} GiB at {gbps:.2f} GB/s")
+    out = nvme.precondition(s.tiers.precondition_passes, s.tiers.precondition_steady, on_pass)
+    if out["steady"] is False:
+        say("    no steady state within 10 passes (reported in results.json under precondition)")
+    return out
 
 
 def _silent(*_args, **_kw) -> None:

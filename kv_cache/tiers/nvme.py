@@ -19,10 +19,12 @@ import mmap
 import os
 import shutil
 import threading
+import time
 
 import numpy as np
 
 from kv_cache.errors import RunFault, UserError
+from kv_cache.tiers.aligned import aligned_buffer
 from kv_cache.tiers.base import DIRECT_IO, NEEDS_ALIGNMENT, SHARED, BlockVanished, SlottedTier
 from kv_cache.tiers.posix_io import drop_cached, pread_all, pwrite_all
 from kv_cache.tiers.slots import runs
@@ -32,7 +34,7 @@ class _Slab:
     """One preallocated slab file and, for the mmap engine, its mapping."""
 
     def __init__(self, path: str, size: int, engine: str):
-        self.path = path
+        self.path, self.size = path, size
         flags = os.O_RDWR | os.O_CREAT | (os.O_DIRECT if engine == "direct" else 0)
         self.fd = os.open(path, flags, 0o600)
         try:
@@ -189,6 +191,52 @@ class NvmeTier(SlottedTier):
                 os.unlink(self._file(key))
             except FileNotFoundError:
                 pass
+
+    def precondition(self, passes: int, steady: float = 0.0, on_pass=None, chunk_bytes: int = 16 << 20) -> dict:
+        """Write the tier's whole space sequentially, pass after pass (SNIA's workload-independent
+        preconditioning); with steady > 0, go on (at most 10 passes) until the last 3 passes' bandwidth
+        is within steady x their mean. Returns the passes' GB/s and whether a steady state was reached.
+        """
+        buf = aligned_buffer(chunk_bytes)
+        buf.view(np.uint64)[:] = np.random.default_rng(0x5EED).integers(0, 2**63, buf.size // 8, dtype=np.uint64)
+        rounds: list[float] = []
+        limit = max(passes, 10) if steady else passes
+        while len(rounds) < limit:
+            start = time.perf_counter()
+            written = self._fill_once(buf)
+            rounds.append(written / (time.perf_counter() - start) / 1e9)
+            if on_pass:
+                on_pass(len(rounds), rounds[-1], written)
+            window = rounds[-3:]
+            if len(rounds) >= passes and (not steady or (len(window) == 3 and
+                                                         max(window) - min(window) <= steady * sum(window) / 3)):
+                break
+        window = rounds[-3:]
+        is_steady = len(window) == 3 and max(window) - min(window) <= steady * sum(window) / 3 if steady else None
+        return {"passes": len(rounds), "gbps": rounds, "bytes_per_pass": self.capacity_bytes, "steady": is_steady,
+                "steady_tolerance": steady or None}
+
+    def _fill_once(self, buf: np.ndarray) -> int:
+        """One sequential pass over the tier's space; in file-per-block layout a scratch file as large."""
+        written = 0
+        targets = [(slab.fd, slab.path, slab.size) for slab in self.slabs]
+        scratch = None
+        if not targets:
+            scratch = os.path.join(self.directory, "precondition.tmp")
+            fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if self.engine == "direct" else 0), 0o600)
+            targets = [(fd, scratch, self.capacity_bytes)]
+        try:
+            for fd, path, size in targets:
+                for off in range(0, size, buf.size):
+                    n = min(buf.size, size - off)
+                    pwrite_all(fd, buf[:n], off, path)
+                    written += n
+                os.fsync(fd)
+        finally:
+            if scratch is not None:
+                os.close(targets[0][0])
+                os.unlink(scratch)
+        return written
 
     def close(self, remove: bool = True) -> None:
         for slab in self.slabs:

@@ -1,0 +1,57 @@
+"""--trials N: the same run N times (same seed, same schedule), then the median and spread.
+
+Part of the composition root: each trial is a whole run in its own folder
+reports/<run-id>/trial-<k>/; the run folder itself gets trials.json and a
+results.json that is the median trial's (by cached tokens/s) plus a ``trials``
+key with, for each headline number, its values, median, min, max and
+coefficient of variation.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from kv_cache.report.table import format_table
+
+HEADLINES = {
+    "requests_per_s": lambda r: r["requests"]["per_s"],
+    "cached_tokens_per_s": lambda r: r["tokens"]["cached_per_s"],
+    "token_hit_rate": lambda r: r["hit_rate"]["tokens"],
+    "nvme_read_gbps": lambda r: r["bandwidth_gbps"].get("nvme", {}).get("read"),
+    "nvme_write_gbps": lambda r: r["bandwidth_gbps"].get("nvme", {}).get("write"),
+    "nvme_read_p95_ms": lambda r: r["latency_ms"].get("nvme", {}).get("read", {}).get("p95"),
+    "nvme_read_p99_ms": lambda r: r["latency_ms"].get("nvme", {}).get("read", {}).get("p99"),
+    "request_e2e_p99_ms": lambda r: r.get("request_latency_ms", {}).get("e2e", {}).get("p99"),
+}
+
+
+def summarize(trials: list[dict]) -> dict:
+    """Median and spread of every headline number over the trials (None values left out)."""
+    out = {}
+    for name, get in HEADLINES.items():
+        values = [get(r) for r in trials]
+        present = [v for v in values if v is not None]
+        if not present:
+            out[name] = {"values": values, "median": None, "min": None, "max": None, "cv": None}
+            continue
+        mean = statistics.fmean(present)
+        cv = statistics.pstdev(present) / mean if mean and len(present) > 1 else None
+        out[name] = {"values": values, "median": statistics.median(present), "min": min(present),
+                     "max": max(present), "cv": cv}
+    return out
+
+
+def median_trial(trials: list[dict]) -> int:
+    """Index of the trial whose cached tokens/s is the median (lower middle for an even count)."""
+    order = sorted(range(len(trials)), key=lambda i: HEADLINES["cached_tokens_per_s"](trials[i]) or 0)
+    return order[(len(order) - 1) // 2]
+
+
+def table(summary: dict) -> str:
+    rows = [["headline", "", "median", "min", "max", "CV"]]
+    for name, s in summary.items():
+        if s["median"] is None:
+            continue
+        cv = "-" if s["cv"] is None else f"{s['cv']:.1%}"
+        rows.append([name, "", f"{s['median']:,.4g}", f"{s['min']:,.4g}", f"{s['max']:,.4g}", cv])
+    return "\n".join(format_table(rows, 2, "  "))
