@@ -3,6 +3,7 @@
     kv_cache_benchmark.py [run] [--flags]     run the benchmark (the default)
     kv_cache_benchmark.py report RESULTS      re-render a results.json (or its folder)
     kv_cache_benchmark.py compare RUN RUN ... headline numbers side by side, ratios to the first
+    kv_cache_benchmark.py validate DIR        check a submission package: rules and checksums
     kv_cache_benchmark.py --list-models       the model table
 
 A user error prints one sentence and exits 2; Ctrl-C exits 130.
@@ -20,7 +21,7 @@ from kv_cache import __version__
 from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, resolve
 from kv_cache.errors import UserError
 
-SUBCOMMANDS = ("run", "report", "compare")
+SUBCOMMANDS = ("run", "report", "compare", "validate")
 
 
 def _add_setting_flags(p: argparse.ArgumentParser) -> None:
@@ -125,12 +126,31 @@ def _cmd_compare(argv: list[str]) -> int:
     return 0
 
 
+def _cmd_validate(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py validate",
+                                description="Check a submission package against its rules and checksums.")
+    p.add_argument("package", help="The run folder written by --submission.")
+    folder = Path(p.parse_args(argv).package)
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a folder; pass the run folder a --submission run wrote.")
+    from kv_cache.submission import validate
+
+    failures, rules = validate(folder)
+    if failures:
+        print(f"{folder}: does NOT conform ({rules} rules), {len(failures)} problem(s):")
+        for f in failures:
+            print(f"  - {f}")
+        return 1
+    print(f"{folder}: conforms to the {rules} rules; every checksum matches.")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     try:
-        commands = {"report": _cmd_report, "compare": _cmd_compare, "run": _cmd_run}
+        commands = {"report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate, "run": _cmd_run}
         return commands[command](rest)
     except UserError as e:
         print(f"kv_cache_benchmark.py: error: {e}", file=sys.stderr)

@@ -45,6 +45,9 @@ class RunSettings:
     quiet: bool = key(False, "Print nothing but errors.")
     trials: int = key(1, "Repeat the run this many times with the same schedule; report the median and spread "
                          "(min, max, coefficient of variation) of the headline numbers.", lo=1, hi=1000)
+    submission: str = key("", "Run under the fixed rules of a submission and write a package (v1; smoke only "
+                              "tries the machinery): settings that break the rules are refused first.",
+                          choices=("", "v1", "smoke"))
     io_trace: str = key("", "Write every block operation to this CSV file (zstd-compressed if it ends in .zst), "
                             "and a fio job file approximating the measured NVMe mix beside it.", "--io-trace")
     verify: str = key("stamps", "Check read blocks: stamps (every 4 KiB page's stamp), full (every byte), off.",

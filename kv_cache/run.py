@@ -35,6 +35,7 @@ from kv_cache.report.console import render
 from kv_cache.report.files import write_report
 from kv_cache.report.live import LiveLine
 from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner, RunOutcome
+from kv_cache.submission import RULES, rule_violations, validate, write_package
 from kv_cache.tiers.base import FAKE_IO, SIMULATED
 from kv_cache.traffic import Traffic, build_traffic
 from kv_cache.trials import median_trial, summarize
@@ -195,6 +196,11 @@ def execute(s: Settings, say=print) -> int:
         say = _silent
     run_id = dist.bcast(s.run.run_id or new_run_id())
     folder = Path(s.run.output_dir) / run_id
+    rules = RULES.get(s.run.submission)
+    if rules is not None:
+        broken = rule_violations(s.to_dict(), rules)
+        if broken:
+            raise UserError(f"--submission {rules.name} refuses these settings: " + "; ".join(broken) + ".")
     if s.run.trials == 1:
         return _one_run(s, say, dist, run_id, folder)[0]
     statuses, trials = [], []
@@ -213,6 +219,12 @@ def execute(s: Settings, say=print) -> int:
                                                                  median_trial(trials) + 1, "summary": summary}})
         say(f"Trials: {len(trials)} (results.json = the median trial by cached tokens/s, trial "
             f"{median_trial(trials) + 1}; each trial in trial-<k>/)\n{trial_table(summary)}")
+        if rules is not None:
+            cache_dir = best["run"]["cache_dir"] or s.run.output_dir
+            manifest = write_package(folder, s.to_dict(), rules, cache_dir)
+            failures, _ = validate(folder)
+            say(f"Submission package ({rules.name} rules): {manifest}; validate: "
+                + ("conforms" if not failures else "; ".join(failures)))
     return dist.bcast(max(statuses))
 
 

@@ -1,0 +1,213 @@
+"""Submission packages: runs under fixed rules, a system description, checksums, and `validate`.
+
+``--submission v1`` refuses settings that break the rules before anything runs, then runs the trials
+and writes, into reports/<run-id>/, the results of every trial and their median (trial-<k>/,
+results.json, trials.json), the settings (settings.yaml), ``system.json`` (CPU, memory, kernel,
+filesystem type and mount options of the cache directory, block device, GPUs, package versions)
+and ``manifest.json`` (rules, and a sha256 of every file). ``validate DIR`` checks a package
+against its rules and its checksums and lists exactly what fails.
+
+``smoke`` rules exist to exercise the machinery in seconds; a smoke package is never valid for
+submission, and validate says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import psutil
+import yaml
+
+from kv_cache import __version__
+from kv_cache.tiers.fsinfo import mount_of
+
+
+@dataclass(frozen=True)
+class Rules:
+    name: str
+    min_duration_s: float
+    min_warmup_s: float
+    min_trials: int
+    min_precondition_passes: int
+    for_submission: bool
+    seed: int = 42
+    io_engine: str = "direct"
+
+
+RULES = {
+    "v1": Rules("v1", min_duration_s=300, min_warmup_s=30, min_trials=3, min_precondition_passes=2,
+                for_submission=True),
+    "smoke": Rules("smoke", min_duration_s=1, min_warmup_s=0, min_trials=2, min_precondition_passes=1,
+                   for_submission=False),
+}
+PACKAGE_FILES_SKIPPED = {"manifest.json"}
+
+
+def rule_violations(settings: dict, rules: Rules) -> list[str]:
+    """What in these settings breaks the rules (empty: nothing)."""
+    run, tiers = settings["run"], settings["tiers"]
+    checks = [
+        (run["duration_s"] >= rules.min_duration_s, f"run.duration_s must be >= {rules.min_duration_s:g} "
+                                                    f"(is {run['duration_s']:g})"),
+        (run["warmup_s"] >= rules.min_warmup_s, f"run.warmup_s must be >= {rules.min_warmup_s:g} "
+                                                f"(is {run['warmup_s']:g})"),
+        (run["trials"] >= rules.min_trials, f"run.trials must be >= {rules.min_trials} (is {run['trials']})"),
+        (run["seed"] == rules.seed, f"run.seed must be {rules.seed} (is {run['seed']})"),
+        (run["max_requests"] == 0, "run.max_requests must be 0 (runs are time-based)"),
+        (run["verify"] in ("stamps", "full"), f"run.verify must be stamps or full (is {run['verify']})"),
+        (tiers["precondition"], "tiers.precondition must be true"),
+        (tiers["precondition_passes"] >= rules.min_precondition_passes,
+         f"tiers.precondition_passes must be >= {rules.min_precondition_passes} (is {tiers['precondition_passes']})"),
+        (tiers["io_engine"] == rules.io_engine, f"tiers.io_engine must be {rules.io_engine} "
+                                                f"(is {tiers['io_engine']})"),
+        (not tiers["null_io"], "tiers.null_io must be false (a submission moves real bytes)"),
+        (tiers["gpu"] != "simulated", "tiers.gpu must not be simulated (modelled numbers are not measurements)"),
+        (not tiers["allow_tmpfs"], "tiers.allow_tmpfs must be false (the NVMe tier must be a device)"),
+    ]
+    return [message for ok, message in checks if not ok]
+
+
+def result_violations(folder: Path, rules: Rules) -> list[str]:
+    """What in the measured trials breaks the rules."""
+    out = []
+    trials = sorted(folder.glob("trial-*/results.json"))
+    if len(trials) < rules.min_trials:
+        out.append(f"{len(trials)} trial results found, {rules.min_trials} required")
+    for path in trials:
+        r = json.loads(path.read_text())
+        name = path.parent.name
+        if r["run"]["partial"]:
+            out.append(f"{name} is partial ({r['run']['stopped_reason']})")
+        if r["verification"]["failures"]:
+            out.append(f"{name} read {r['verification']['failures']} blocks back wrong")
+        if r["run"]["io_engine"] != rules.io_engine:
+            out.append(f"{name} ran the {r['run']['io_engine']} engine ({r['run']['io_engine_note']}), "
+                       f"{rules.io_engine} required")
+        if r["run"]["duration_s"] < rules.min_duration_s:
+            out.append(f"{name} measured {r['run']['duration_s']:.1f} s, {rules.min_duration_s:g} s required")
+        pre = r.get("precondition") or {}
+        if pre.get("passes", 0) < rules.min_precondition_passes:
+            out.append(f"{name} was preconditioned {pre.get('passes', 0)} passes, "
+                       f"{rules.min_precondition_passes} required")
+    return out
+
+
+# ------------------------------------------------------------------------------ system description
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def _block_device(source: str) -> dict:
+    name = os.path.basename(os.path.realpath(source)) if source.startswith("/dev/") else ""
+    if not name:
+        return {"source": source}
+    base = name
+    if not os.path.isdir(f"/sys/block/{name}"):  # a partition: find its disk
+        base = next((d for d in os.listdir("/sys/block") if os.path.isdir(f"/sys/block/{d}/{name}")), name)
+    q = f"/sys/block/{base}/queue"
+    return {"source": source, "disk": base, "model": _read(f"/sys/block/{base}/device/model"),
+            "vendor": _read(f"/sys/block/{base}/device/vendor"), "rotational": _read(f"{q}/rotational"),
+            "logical_block_size": _read(f"{q}/logical_block_size"), "scheduler": _read(f"{q}/scheduler"),
+            "size_sectors": _read(f"/sys/block/{base}/size")}
+
+
+def _gpus() -> list | str:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        out = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+               for i in range(pynvml.nvmlDeviceGetCount())]
+        pynvml.nvmlShutdown()
+        return [g.decode() if isinstance(g, bytes) else g for g in out]
+    except Exception as e:  # noqa: BLE001 - any NVML failure means: no GPU described
+        return f"none found ({type(e).__name__})"
+
+
+def _versions() -> dict:
+    names = ("kv-cache-bench", "numpy", "hdrhistogram", "psutil", "pyyaml", "matplotlib", "zstandard", "mpi4py",
+             "tiktoken", "cupy-cuda12x", "nvidia-ml-py")
+    out = {"python": platform.python_version()}
+    for n in names:
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            out[n] = None
+    return out
+
+
+def system_description(cache_dir: str) -> dict:
+    cpu_model = next((line.split(":", 1)[1].strip() for line in (_read("/proc/cpuinfo") or "").splitlines()
+                      if line.startswith("model name")), platform.processor())
+    mount = mount_of(cache_dir)
+    return {"tool_version": __version__, "hostname": platform.node(),
+            "cpu": {"model": cpu_model, "logical_cores": os.cpu_count(),
+                    "physical_cores": psutil.cpu_count(logical=False)},
+            "memory_bytes": psutil.virtual_memory().total,
+            "kernel": {"release": platform.release(), "version": platform.version(), "machine": platform.machine()},
+            "cache_dir": {"path": cache_dir, "mount_point": mount.mount_point, "fs_type": mount.fs_type,
+                          "mount_options": mount.options, "device": _block_device(mount.source)},
+            "gpus": _gpus(), "packages": _versions()}
+
+
+# ------------------------------------------------------------------------------ package and validation
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in PACKAGE_FILES_SKIPPED)
+
+
+def write_package(folder: Path, settings: dict, rules: Rules, cache_dir: str) -> Path:
+    (folder / "system.json").write_text(json.dumps(system_description(cache_dir), indent=1))
+    (folder / "settings.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    manifest = {"rules": rules.name, "for_submission": rules.for_submission, "tool_version": __version__,
+                "files": {str(p.relative_to(folder)): _sha256(p) for p in _files(folder)}}
+    path = folder / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=1))
+    return path
+
+
+def validate(folder: Path) -> tuple[list[str], str]:
+    """(failures, rules name) of a package; no failure means it conforms to its rules."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return [f"manifest.json is missing or unreadable ({e})"], "?"
+    rules = RULES.get(manifest.get("rules"))
+    if rules is None:
+        return [f"unknown rules {manifest.get('rules')!r}"], str(manifest.get("rules"))
+    failures = []
+    listed = manifest.get("files", {})
+    present = {str(p.relative_to(folder)) for p in _files(folder)}
+    for name, digest in sorted(listed.items()):
+        if name not in present:
+            failures.append(f"{name}: listed in the manifest but missing")
+        elif _sha256(folder / name) != digest:
+            failures.append(f"{name}: checksum differs from the manifest (modified after packaging)")
+    failures += [f"{name}: not in the manifest (added after packaging)" for name in sorted(present - set(listed))]
+    try:
+        settings = yaml.safe_load((folder / "settings.yaml").read_text())
+        failures += [f"rule: {v}" for v in rule_violations(settings, rules)]
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        failures.append(f"settings.yaml is missing or unreadable ({e})")
+    failures += [f"rule: {v}" for v in result_violations(folder, rules)]
+    if not rules.for_submission:
+        failures.append(f"rules {rules.name!r} are for trying the machinery: this package is not a valid submission")
+    return failures, rules.name

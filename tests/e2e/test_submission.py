@@ -1,0 +1,82 @@
+"""Trials, preconditioning, submission packages and validate."""
+
+import json
+
+import pytest
+from conftest import run_cli
+from helpers import assert_clean_error
+
+SMOKE = ("--submission", "smoke", "--trials", "2", "--precondition", "--seed", "42", "--duration", "1",
+         "--warmup", "0.2")
+
+
+def test_trials_report_median_and_spread(small_run):
+    r = run_cli(small_run("t", "--trials", "3", "--duration", "1", "--warmup", "0.2", quiet=False))
+    assert r.returncode == 0, r.stderr
+    assert "Trials: 3" in r.stdout and "CV" in r.stdout
+    res = small_run.results("t")
+    s = res["trials"]["summary"]["requests_per_s"]
+    assert len(s["values"]) == 3 and s["min"] <= s["median"] <= s["max"] and s["cv"] is not None
+    for k in (1, 2, 3):
+        trial = json.loads((small_run.out / "t" / f"trial-{k}" / "results.json").read_text())
+        assert trial["workload"]["theoretical_hit_rate"] == res["workload"]["theoretical_hit_rate"]  # one schedule
+
+
+def test_precondition_writes_the_tier_and_reports_passes(small_run):
+    r = run_cli(small_run("p", "--precondition", "--precondition-passes", "2", "--duration", "0.5", quiet=False))
+    assert r.returncode == 0, r.stderr
+    assert "pass 1:" in r.stdout and "pass 2:" in r.stdout
+    pre = small_run.results("p")["precondition"]
+    assert pre["passes"] == 2 and len(pre["gbps"]) == 2 and all(g > 0 for g in pre["gbps"])
+    assert pre["bytes_per_pass"] == small_run.results("p")["run"]["tiers"]["nvme"]["capacity_bytes"]
+
+
+def test_submission_package_is_complete_and_validates(small_run):
+    r = run_cli(small_run("s", *SMOKE))
+    assert r.returncode == 0, r.stderr
+    folder = small_run.out / "s"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["rules"] == "smoke" and manifest["for_submission"] is False
+    for name in ("results.json", "trials.json", "settings.yaml", "system.json", "trial-1/results.json",
+                 "trial-2/results.json", "trial-2/latency_percentiles.png"):
+        assert name in manifest["files"], name
+    system = json.loads((folder / "system.json").read_text())
+    assert system["cache_dir"]["fs_type"] and system["kernel"]["release"] and system["memory_bytes"] > 0
+    assert system["packages"]["numpy"]
+    v = run_cli(["validate", str(folder)])
+    assert v.returncode == 1
+    assert v.stdout.count("\n  - ") == 1 and "not a valid submission" in v.stdout  # the only objection
+
+
+def test_validate_catches_a_modified_file_and_a_rule_violation(small_run):
+    assert run_cli(small_run("m", *SMOKE)).returncode == 0
+    folder = small_run.out / "m"
+    trial = folder / "trial-1" / "results.json"
+    data = json.loads(trial.read_text())
+    data["requests"]["per_s"] *= 2  # a flattering edit
+    trial.write_text(json.dumps(data))
+    (folder / "extra.txt").write_text("hello")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["rules"] = "v1"  # claim the real rules
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    v = run_cli(["validate", str(folder)])
+    assert v.returncode == 1
+    assert "trial-1/results.json: checksum differs" in v.stdout
+    assert "extra.txt: not in the manifest" in v.stdout
+    assert "rule: run.duration_s must be >= 300" in v.stdout and "rule: run.trials must be >= 3" in v.stdout
+    assert "measured" in v.stdout and "300 s required" in v.stdout
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    (("--submission", "v1"), "run.duration_s must be >= 300"),
+    (("--submission", "smoke", "--trials", "2", "--seed", "42", "--duration", "1"), "tiers.precondition must be true"),
+    (("--submission", "smoke", "--trials", "2", "--seed", "42", "--precondition", "--null-io"),
+     "tiers.null_io must be false"),
+])
+def test_submission_refuses_settings_that_break_the_rules(small_run, extra, fragment):
+    assert_clean_error(run_cli(small_run("x", *extra)), fragment)
+
+
+def test_validate_of_a_folder_without_package(tmp_path):
+    v = run_cli(["validate", str(tmp_path)])
+    assert v.returncode == 1 and "manifest.json is missing" in v.stdout
