@@ -276,7 +276,7 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
     finally:  # a shared namespace is removed by rank 0 alone, once every rank is done with it
         shared = s.tiers.shared_storage and dist.active
         _close(b, remove=not s.run.keep_data and not shared)
-    status = _status(outcome, results)
+    status = _status_of(results)
     gathered = dist.gather(results)
     if shared and dist.rank == 0 and b.site and not s.run.keep_data:
         shutil.rmtree(b.site.data_dir, ignore_errors=True)
@@ -314,12 +314,6 @@ def _precondition(s: Settings, b: Built, say) -> dict | None:
 
 def _silent(*_args, **_kw) -> None:
     """Ranks other than 0 print nothing; rank 0 speaks for the run."""
-
-
-def _status(outcome: RunOutcome, results: dict) -> int:
-    if outcome.stopped_reason == "interrupted":
-        return EXIT_INTERRUPTED
-    return EXIT_FAILED if outcome.fault or results["verification"]["failures"] else EXIT_OK
 
 
 def _status_of(results: dict) -> int:

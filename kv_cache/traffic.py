@@ -125,10 +125,8 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
         t.arrivals = poisson_arrivals(trace_builds(trace, vocab, cycles), rate, seed + rank)
     passes = cycles or 1
     hashed = trace.fmt in ("mooncake", "bailian") and s.model.block_tokens > 0
-    one_pass = trace.records if hashed else (r.build(vocab) for r in trace.records)
     t.analysis_items = itertools.chain.from_iterable(
-        trace.records if hashed else (r.build(vocab) for r in trace.records) for _ in range(passes)) \
-        if passes > 1 else one_pass
+        trace.records if hashed else (r.build(vocab) for r in trace.records) for _ in range(passes))
     t.analysis_total = len(trace.records) * passes
     if cycles == 0:
         t.notes.append("analysis: one pass of the trace (--replay-cycles 0 repeats it until the duration ends)")

@@ -32,7 +32,6 @@ class WorkerBuffers:
         self.block = aligned_buffer(size)
         self.scratch = aligned_buffer(size)
         self.fake_io = fake_io
-        self.max_object_bytes = max_object_bytes
 
     def view(self, nbytes: int) -> np.ndarray:
         return self.block[:nbytes] if not self.fake_io else np.empty(nbytes, dtype=np.uint8)

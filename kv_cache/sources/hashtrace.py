@@ -40,7 +40,7 @@ class HashRecord:
                        ((self.input_length, TRACE_HASH),), arrival_s=self.arrival_s, session=self.session,
                        profile=self.fmt)
 
-    def prefix_ids(self, block_tokens: int) -> list[tuple]:  # noqa: D401
+    def prefix_ids(self, block_tokens: int) -> list[tuple]:
         """Identities of the prompt's full blocks at block_tokens, without building tokens.
 
         Block j holds tokens up to n = (j+1) * block_tokens: equal for two records exactly when

@@ -103,7 +103,7 @@ def trace_arrivals(trace: TraceSet, vocab: int, speedup: float, replay_cycles: i
     for c in cycles(replay_cycles):
         shift = c * (span + gap)
         for r in trace.records:
-            yield (r.arrival_s - first + shift) / speedup, _builder(r, vocab, c)
+            yield (r.arrival_s - first + shift) / speedup, _builder(r, vocab)
 
 
 def poisson_arrivals(builds: Iterator[Callable[[], Request]], rate: float, seed: int) -> Iterator[Arrival]:
@@ -116,9 +116,9 @@ def poisson_arrivals(builds: Iterator[Callable[[], Request]], rate: float, seed:
 
 
 def trace_builds(trace: TraceSet, vocab: int, replay_cycles: int) -> Iterator[Callable[[], Request]]:
-    for c in cycles(replay_cycles):
+    for _ in cycles(replay_cycles):
         for r in trace.records:
-            yield _builder(r, vocab, c)
+            yield _builder(r, vocab)
 
 
 def every_nth(builds: Iterator, n: int, first: int) -> Iterator:
@@ -133,7 +133,7 @@ def synthetic_builds(users) -> Iterator[Callable[[], Request]]:
             yield u.next_request
 
 
-def _builder(rec, vocab: int, cycle: int) -> Callable[[], Request]:
+def _builder(rec, vocab: int) -> Callable[[], Request]:
     def build() -> Request:
         req = rec.build(vocab)
         req.user_id = rec.session
