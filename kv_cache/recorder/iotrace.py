@@ -41,12 +41,11 @@ class IOTraceWriter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.sizes: Counter = Counter()   # nvme (op kind, bytes) -> count
         self.rows = 0
-        self.measure_start_ns: int | None = None
         self._thread = threading.Thread(target=self._drain, name="io-trace", daemon=True)
         self._thread.start()
 
-    def op(self, intended_ns, start_ns, op, tier, nbytes, key, dur_ns, phase) -> None:
-        self._queue.put((intended_ns, start_ns, op, tier, nbytes, key, dur_ns, phase))
+    def op(self, intended_ns, start_ns, op, tier, nbytes, key, dur_ns, phase, measured: bool) -> None:
+        self._queue.put((intended_ns, start_ns, op, tier, nbytes, key, dur_ns, phase, measured))
 
     def _drain(self) -> None:
         t0 = self.t0_ns
@@ -54,10 +53,9 @@ class IOTraceWriter:
             item = self._queue.get()
             if item is None:
                 return
-            intended, start, op, tier, nbytes, key, dur, phase = item
-            measured = int(self.measure_start_ns is not None and start >= self.measure_start_ns)
+            intended, start, op, tier, nbytes, key, dur, phase, measured = item
             self._csv.writerow((f"{(intended - t0) / 1e9:.6f}", f"{(start - t0) / 1e9:.6f}", f"{dur / 1e6:.4f}", op,
-                                tier, nbytes, f"{key:016x}", phase, measured))
+                                tier, nbytes, f"{key:016x}", phase, int(measured)))
             self.rows += 1
             if tier == "nvme" and op != "evict":
                 self.sizes[("read" if op == "read" else "write", nbytes)] += 1

@@ -146,8 +146,6 @@ class Recorder:
 
     def start_measuring(self, now_ns: int | None = None) -> None:
         self.measure_start_ns = now_ns or time.monotonic_ns()
-        if self.io_trace is not None:
-            self.io_trace.measure_start_ns = self.measure_start_ns
 
     def stop_measuring(self, now_ns: int | None = None) -> None:
         self.measure_end_ns = now_ns or time.monotonic_ns()
@@ -163,11 +161,11 @@ class Recorder:
 
     def op(self, tier: str, op: str, phase: str, start_ns: int, dur_ns: int, nbytes: int, key: int = 0) -> None:
         """One timed block operation on a tier."""
-        if self.io_trace is not None:
-            self.io_trace.op(getattr(self._request, "intended_ns", start_ns), start_ns, op, tier, nbytes, key,
-                             dur_ns, phase)
         shard = self._shard()
         sec = self._second(start_ns)
+        if self.io_trace is not None:  # the trace's "measured" is this very decision, not a later one
+            self.io_trace.op(getattr(self._request, "intended_ns", start_ns), start_ns, op, tier, nbytes, key,
+                             dur_ns, phase, sec is not None)
         if sec is None:
             shard.counters["warmup.ops"] += 1
             return
