@@ -25,7 +25,8 @@ SUBCOMMANDS = ("run", "report", "compare", "validate")
 
 
 def _add_setting_flags(p: argparse.ArgumentParser) -> None:
-    for section in ("run", "model", "tiers", "cache", "workload", "schedule", "trace", "rag"):
+    for section in ("run", "model", "tiers", "cache", "workload", "schedule", "trace", "rag", "qos", "autoscale",
+                    "disagg"):
         group = p.add_argument_group(f"{section} settings (config.yaml section '{section}')")
         for dotted, f, typ in iter_keys(Settings):
             if not dotted.startswith(section + ".") or not is_flag_key(dotted, typ):

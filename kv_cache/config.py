@@ -19,18 +19,11 @@ from typing import Any
 
 import yaml
 
-from kv_cache.config_check import coerce
+from kv_cache.config_check import coerce, key
+from kv_cache.config_load import AutoscaleSettings, QosSettings, RoleSettings
 from kv_cache.errors import UserError
 
 REPO_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
-
-
-def key(default, help: str, flag: str | None = None, choices=None, lo=None, hi=None):
-    """A schema field with its documentation and bounds."""
-    meta = {"help": help, "flag": flag, "choices": choices, "lo": lo, "hi": hi}
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -50,6 +43,10 @@ class RunSettings:
                           choices=("", "v1", "smoke"))
     io_trace: str = key("", "Write every block operation to this CSV file (zstd-compressed if it ends in .zst), "
                             "and a fio job file approximating the measured NVMe mix beside it.", "--io-trace")
+    steady_tolerance: float = key(0.0, "Steady-state detection on the throughput series: the first window of "
+                                       "steady_window_s seconds whose requests/s stay within this fraction of their "
+                                       "mean marks steady state (0: off).", "--steady-state", lo=0.0, hi=1.0)
+    steady_window_s: int = key(10, "Length of the steady-state detection window, seconds.", lo=2, hi=3600)
     verify: str = key("stamps", "Check read blocks: stamps (every 4 KiB page's stamp), full (every byte), off.",
                       choices=("stamps", "full", "off"))
 
@@ -213,6 +210,9 @@ class Settings:
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
     trace: TraceSettings = field(default_factory=TraceSettings)
     rag: RagSettings = field(default_factory=RagSettings)
+    qos: QosSettings = field(default_factory=QosSettings)
+    autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
+    disagg: RoleSettings = field(default_factory=RoleSettings)
     profiles: ProfileSettings = field(default_factory=ProfileSettings)
     models: dict = key({}, "Extra models: name -> {layers, kv_heads, head_dim} or "
                            "{layers, attention: mla, kv_lora_rank, rope_dim}.")
@@ -337,8 +337,13 @@ def replace(settings: Settings, dotted: str, value) -> Settings:
     return dataclasses.replace(settings, **{section: sec})
 
 
+PREFIXED_SECTIONS = ("qos", "autoscale", "disagg")  # their flags carry the section's name: --autoscale-step-s
+
+
 def flag_name(dotted: str, f: dataclasses.Field) -> str:
-    return f.metadata.get("flag") or "--" + dotted.split(".")[-1].replace("_", "-")
+    section, leaf = dotted.split(".")[0], dotted.split(".")[-1]
+    prefix = f"{section}-" if section in PREFIXED_SECTIONS else ""
+    return f.metadata.get("flag") or "--" + (prefix + leaf).replace("_", "-")
 
 
 def is_flag_key(dotted: str, typ) -> bool:

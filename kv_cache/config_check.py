@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typing
+from dataclasses import field
 
 from kv_cache.errors import UserError
 
@@ -36,6 +37,8 @@ def coerce(name: str, typ, value, meta: dict, where: str):
         except (TypeError, ValueError):
             raise bad("must be a number") from None
     elif typ is str:
+        if isinstance(value, bool) and {"off", "on"} & set(meta.get("choices") or ()):
+            value = "on" if value else "off"  # YAML reads a bare off / on as a boolean
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise bad("must be a string")
         out = str(value)
@@ -76,3 +79,31 @@ def _check_bounds(name, out, meta, bad):
                 raise bad(f"must be >= {lo}")
             if hi is not None and v > hi:
                 raise bad(f"must be <= {hi}")
+
+
+def key(default, help: str, flag: str | None = None, choices=None, lo=None, hi=None):
+    """A schema field with its documentation and bounds."""
+    meta = {"help": help, "flag": flag, "choices": choices, "lo": lo, "hi": hi}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def parse_mix(text: str, known: tuple[str, ...], setting: str) -> dict[str, float]:
+    """'chatbot=1,coding=2' -> normalised weights; names must be among known."""
+    weights: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or name.strip() not in known:
+            raise UserError(f"{setting}: '{part}' is not name=weight with a name among {', '.join(known)}.")
+        try:
+            w = float(value)
+        except ValueError:
+            raise UserError(f"{setting}: weight of {name} must be a number, got {value!r}.") from None
+        if w < 0:
+            raise UserError(f"{setting}: weight of {name} must be >= 0.")
+        weights[name.strip()] = w
+    total = sum(weights.values())
+    if total <= 0:
+        raise UserError(f"{setting}: at least one name needs a positive weight.")
+    return {k: v / total for k, v in weights.items()}

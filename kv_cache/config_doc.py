@@ -21,6 +21,9 @@ SECTION_DOC = {
     "schedule": "Workers and arrival process.",
     "trace": "Replaying a trace instead of synthetic users.",
     "rag": "Retrieval-augmented traffic (synthetic users).",
+    "qos": "QoS classes: mix, priority when workers are busy, SLA targets on storage TTFT and end to end.",
+    "autoscale": "The autoscaler: it really adds and removes active users, step by step.",
+    "disagg": "Disaggregated prefill / decode nodes sharing a handoff directory.",
     "profiles": "User profiles (ranges are [low, high], drawn uniformly).",
 }
 
@@ -32,7 +35,7 @@ def _fmt(v) -> str:
         return "[" + ", ".join(_fmt(x) for x in v) + "]"
     if isinstance(v, str):
         plain = v and v.replace("-", "").replace("_", "").replace(".", "").isalnum() and not v[0].isdigit()
-        return v if plain and v not in ("true", "false", "null", "yes", "no") else repr(v) if v else '""'
+        return v if plain and v not in ("true", "false", "null", "yes", "no", "on", "off") else repr(v) if v else '""'
     if isinstance(v, dict):
         return "{}"
     return repr(v)

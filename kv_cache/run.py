@@ -22,6 +22,7 @@ from kv_cache.build import Geometry, StorageSite, build_tiers, geometry, memory_
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
 from kv_cache.config import Settings
+from kv_cache.control import autoscaler, check_options, check_traffic, finish_role, open_handoff, qos_policy
 from kv_cache.distributed import Dist
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import analyse
@@ -53,6 +54,8 @@ class Built:
     notes: list[str]
     budget: object
     workers: int
+    handoff: object = None  # the HandoffStore of a prefill or decode node
+    role_done: bool = False
 
 
 def new_run_id() -> str:
@@ -67,14 +70,18 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
     site = None if s.tiers.null_io else storage_site(s, run_id, join)
     try:
         tiers, notes = build_tiers(s, geo, site, payloads.fill if payloads else None, f"r{rank}")
+        handoff, note = open_handoff(s, geo.model.name, geo.slot_bytes)
     except BaseException:
         if site:
             shutil.rmtree(site.data_dir, ignore_errors=True)
         raise
-    return Built(geo, site, tiers, notes + (site.warnings if site else []), budget, n)
+    return Built(geo, site, tiers, notes + (site.warnings if site else []) + ([note] if note else []), budget, n,
+                 handoff)
 
 
 def _close(b: Built, remove: bool) -> None:
+    if b.handoff is not None and not b.role_done:  # the run failed: end the manifest, leave no folder behind
+        b.handoff.abandon(remove)
     for t in b.tiers:
         if t.name == "nvme" and hasattr(t, "directory"):
             t.close(remove=remove)
@@ -91,7 +98,7 @@ def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: Built, quie
 
     def tick(runner) -> None:
         levels = {"queue_depth": runner._queue.qsize(), "in_flight": runner._in_flight,
-                  "users_active": getattr(runner, "_left", 0)}
+                  "users_active": getattr(runner, "active_users", 0)}
         levels.update({f"{name}_used_bytes": used * size for (name, size), used in zip(slots, cache.used)})
         recorder.gauge(levels, time.monotonic_ns())
         if live is not None:
@@ -133,7 +140,8 @@ def _run_info(s: Settings, b: Built, run_id: str, outcome: RunOutcome, dist: Dis
         "io_engine_note": site.engine_note if site else "", "nvme_layout": s.tiers.nvme_layout,
         "cache_dir": site.cache_dir if site else None, "fs_type": site.fs_type if site else None,
         "tiers": {t.name: {"capacity_bytes": t.capacity_bytes, "description": t.description,
-                           "simulated": SIMULATED in t.flags, "null": FAKE_IO in t.flags} for t in b.tiers},
+                           "simulated": SIMULATED in t.flags, "null": FAKE_IO in t.flags}
+                  for t in b.tiers + ([b.handoff.blocks] if b.handoff is not None else [])},
         "notes": b.notes, "partial": outcome.partial, "stopped_reason": outcome.stopped_reason,
         "fault": outcome.fault,
     }
@@ -167,7 +175,10 @@ def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Tr
     try:
         if dist.rank == 0 and report_dir.exists():
             raise UserError(f"report folder {report_dir} already exists; choose another --run-id.")
+        check_options(s, dist.active)
         traffic = build_traffic(s, dist.rank, dist.size)  # bad traces are refused before any data is written
+        check_traffic(s, traffic.arrival)
+        qos_policy(s)  # a bad --qos-mix is refused here, before any data is written
         payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
         if not shared:
             b = _build(s, f"{run_id}-r{dist.rank}" if dist.active else run_id, payloads, dist.rank)
@@ -242,7 +253,7 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
         fake = all(FAKE_IO in t.flags for t in b.tiers)
         life = Lifecycle(cache, payloads, recorder, s.model.block_tokens, b.geo.bytes_per_token,
                          chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify, fake,
-                         s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk")
+                         s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk", b.handoff)
         limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
         total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
                                                                             traffic.analysis_total or limit)
@@ -250,14 +261,17 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
         progress = _progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0)
         args = (b.workers, life.execute, lambda: WorkerBuffers(b.geo.max_object_bytes, fake), recorder, progress,
                 dist if dist.active else None)
-        runner = ClosedLoopRunner(traffic.users, *args) if traffic.users is not None \
-            else OpenLoopRunner(traffic.arrivals, *args)
+        scaler = autoscaler(s, traffic.users, recorder)
+        runner = ClosedLoopRunner(traffic.users, *args, qos=qos_policy(s), controller=scaler) \
+            if traffic.users is not None else OpenLoopRunner(traffic.arrivals, *args, qos=qos_policy(s))
         for line in _banner(s, b, traffic, analysis, dist):
             say(line)
         precondition = _precondition(s, b, say) if s.tiers.precondition else None
         dist.barrier()  # every rank starts its clock together
         outcome = runner.run(s.run.warmup_s, s.run.duration_s, s.run.max_requests)
         progress.close()
+        role = finish_role(b.handoff, s, say)
+        b.role_done = True
         if recorder.io_trace is not None:
             recorder.io_trace.close()
             job = recorder.io_trace.fio_job(b.site.cache_dir if b.site else ".", b.site.engine if b.site else "null",
@@ -270,6 +284,8 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
             "occupancy": cache.occupancy(),
             "shared_storage": {"enabled": s.tiers.shared_storage, "adopted_blocks": cache.adopted},
             "precondition": precondition,
+            "autoscale": scaler.to_dict() if scaler is not None else None,
+            "role": role,
             "workload": {"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
                          "trace": traffic.trace.log.to_dict() if traffic.trace else None,
                          "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **analysis}})

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kv_cache.build import geometry
 from kv_cache.config import Settings
+from kv_cache.control import decode_traffic
 from kv_cache.errors import UserError
 from kv_cache.sources import csvtrace, hashtrace, sharegpt
 from kv_cache.sources.replay import (
@@ -93,6 +95,10 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
     def owns(u: int) -> bool:
         return u % size == rank
 
+    if s.disagg.role == "decode":  # a decode node serves what a prefill node hands over
+        return Traffic("handoff", "handoff", arrivals=decode_traffic(s, geometry(s).model.name),
+                       analysis_items=iter(()), analysis_total=0,
+                       notes=["requests come from the prefill node's manifest as it publishes them"])
     rate = s.schedule.request_rate / size
     trace = load_trace(s) if s.trace.path else None
     if trace is not None and s.rag.enabled:

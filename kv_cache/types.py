@@ -10,6 +10,7 @@ their source.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +51,7 @@ class Request:
     arrival_s: float | None = None  # offset in a timestamped trace (before --trace-speedup)
     session: int = -1               # requests of one session (conversation) run in order
     docs: tuple[tuple[int, int, int], ...] = ()  # (start, end, document id) of retrieved documents
+    handoff: Handoff | None = None  # decode node: the blocks a prefill node published for this request
     intended_ns: int = 0
     dequeued_ns: int = 0
 
@@ -82,3 +84,36 @@ class RequestOutcome:
     blocks_written: int = 0
     blocks_skipped: int = 0
     storage_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """One request handed from a prefill node to a decode node: a line of the manifest.
+
+    keys / nbytes: the prompt's blocks, published in the handoff directory; decode_keys /
+    decode_nbytes: the blocks the decode node appends; done_wall: when the prefill node finished
+    (time.time(), to measure prefill-complete -> decode-loaded).
+    """
+
+    rid: str
+    keys: tuple[int, ...]
+    nbytes: tuple[int, ...]
+    decode_keys: tuple[int, ...]
+    decode_nbytes: tuple[int, ...]
+    prompt_tokens: int
+    output_tokens: int
+    block_tokens: int
+    done_wall: float
+
+    def to_line(self) -> bytes:
+        d = {"kind": "request", "rid": self.rid, "keys": [f"{k:016x}" for k in self.keys], "nbytes": self.nbytes,
+             "decode_keys": [f"{k:016x}" for k in self.decode_keys], "decode_nbytes": self.decode_nbytes,
+             "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+             "block_tokens": self.block_tokens, "done_wall": self.done_wall}
+        return (json.dumps(d, separators=(",", ":")) + "\n").encode()
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Handoff:
+        return cls(d["rid"], tuple(int(k, 16) for k in d["keys"]), tuple(d["nbytes"]),
+                   tuple(int(k, 16) for k in d["decode_keys"]), tuple(d["decode_nbytes"]), d["prompt_tokens"],
+                   d["output_tokens"], d["block_tokens"], d["done_wall"])

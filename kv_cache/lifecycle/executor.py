@@ -19,7 +19,7 @@ from kv_cache.lifecycle.plan import KVPlan, Planner
 from kv_cache.model import slot_bytes
 from kv_cache.tiers.aligned import aligned_buffer
 from kv_cache.tiers.base import FAKE_IO, SIMULATED, BlockVanished
-from kv_cache.types import Request
+from kv_cache.types import Handoff, Request
 
 NO_BYTES = frozenset({FAKE_IO, SIMULATED})  # tiers whose reads cannot be verified
 
@@ -41,13 +41,15 @@ class Lifecycle:
     """Turns requests into plans and executes them."""
 
     def __init__(self, cache, payloads, recorder, block_tokens: int, bytes_per_token: int, root: bytes,
-                 verify: str, fake_io: bool, generation_ms_per_token: float, rag_chunk: bool = False):
+                 verify: str, fake_io: bool, generation_ms_per_token: float, rag_chunk: bool = False,
+                 handoff=None):
         self.cache, self.payloads, self.recorder = cache, payloads, recorder
         self.block_tokens, self.bytes_per_token = block_tokens, bytes_per_token
         self.planner = Planner(block_tokens, root, rag_chunk)
         self.verify = "off" if fake_io else verify
         self.fake_io = fake_io
         self.gen_s_per_token = generation_ms_per_token / 1000.0
+        self.handoff = handoff  # a HandoffStore: a prefill node publishes into it, a decode node loads from it
 
     def object_bytes(self, tokens: int) -> int:
         return slot_bytes(tokens * self.bytes_per_token)
@@ -59,8 +61,10 @@ class Lifecycle:
 
     def execute(self, req: Request, bufs: WorkerBuffers) -> None:
         """Load the cached prefix, write prefill and decode blocks, then simulate generation."""
-        plan = self.plan(req)
         self.recorder.begin_request(req.intended_ns)
+        if req.handoff is not None:
+            return self._decode_node(req, bufs)
+        plan = self.plan(req)
         counts: dict[str, int] = {"tokens.prompt": req.num_prompt_tokens,
                                   "tokens.generated": req.num_output_tokens}
         for end, start, label in _span_ranges(req.spans):
@@ -72,10 +76,54 @@ class Lifecycle:
         decode_phase = "prefill" if whole else "decode"
         prefill = [] if whole else [i for i in range(plan.num_prompt_blocks) if i not in hit]
         storage_ns += self._write(plan, prefill, bufs, "prefill", counts)
-        storage_ns += self._write(plan, range(plan.num_prompt_blocks, len(plan.keys)), bufs, decode_phase, counts)
+        if self.handoff is not None:  # a prefill node: hand the prompt's KV to the decode nodes
+            storage_ns += self._publish(req, plan, bufs)
+        ttft_ns = now_ns()  # the storage part of time-to-first-token ends here
+        if self.handoff is None:
+            storage_ns += self._write(plan, range(plan.num_prompt_blocks, len(plan.keys)), bufs, decode_phase,
+                                      counts)
         if self.gen_s_per_token:
             time.sleep(req.num_output_tokens * self.gen_s_per_token)
-        self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, counts)
+        self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, counts, ttft_ns, req.qos)
+
+    def _publish(self, req: Request, plan: KVPlan, bufs: WorkerBuffers) -> int:
+        n = plan.num_prompt_blocks
+        sizes = [self.object_bytes(t) for t in plan.tokens_per_key]
+        spent = self.handoff.publish(plan.keys[:n], sizes[:n], self.payloads.fill, bufs.scratch, self.recorder)
+        self.handoff.hand_over(Handoff(f"{req.user_id}.{req.seq}", plan.keys[:n], tuple(sizes[:n]), plan.keys[n:],
+                                       tuple(sizes[n:]), req.num_prompt_tokens, req.num_output_tokens,
+                                       self.block_tokens, time.time()))
+        return spent
+
+    def _decode_node(self, req: Request, bufs: WorkerBuffers) -> None:
+        """Load the blocks a prefill node handed over, then append the decode blocks to our own tiers."""
+        h = req.handoff
+        counts = {"tokens.prompt": h.prompt_tokens, "tokens.generated": h.output_tokens,
+                  "tokens.prompt_by_source.handoff": h.prompt_tokens, "blocks.lookup": len(h.keys)}
+        storage_ns = loaded = 0
+        for key, size in zip(h.keys, h.nbytes):
+            data = bufs.view(size)
+            start = now_ns()
+            if not self.handoff.load(key, data):
+                self.recorder.count("handoff.missing_blocks", start_ns=start)
+                continue
+            spent = now_ns() - start
+            storage_ns += spent
+            self.recorder.op("handoff", "read", "load", start, spent, size, key)
+            self._check(key, data, start)
+            loaded += 1
+        ttft_ns = now_ns()
+        self.recorder.handoff(ttft_ns, int((time.time() - h.done_wall) * 1e9))
+        tokens = min(loaded * h.block_tokens, h.prompt_tokens)
+        counts.update({"blocks.hit": loaded, "tokens.cached": tokens, "tokens.cached_by_tier.handoff": tokens,
+                       "tokens.cached_by_source.handoff": tokens})
+        n = len(h.keys)
+        plan = KVPlan(h.keys + h.decode_keys, (h.block_tokens,) * (n + len(h.decode_keys)), n,
+                      ("handoff",) * n + ("generated",) * len(h.decode_keys), ((0, n, False),))
+        storage_ns += self._write(plan, range(n, len(plan.keys)), bufs, "decode", counts)
+        if self.gen_s_per_token:
+            time.sleep(h.output_tokens * self.gen_s_per_token)
+        self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, counts, ttft_ns, req.qos)
 
     def _pin(self, plan: KVPlan) -> list[tuple[int, object]]:
         """Pin the plan's cached prompt blocks group by group (see KVPlan.lookup); (index, entry) pairs."""

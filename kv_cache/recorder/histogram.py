@@ -81,3 +81,12 @@ def summary_ms(hist: HdrHistogram) -> dict:
     out["max"] = hist.get_max_value() / 1e6
     out["mean"] = hist.get_mean_value() / 1e6
     return out
+
+
+def count_at_or_below(hist: HdrHistogram, value_ns: float) -> int:
+    """Recorded values <= value_ns (to the histogram's precision: values in value_ns's bucket count)."""
+    if not hist.get_total_count():
+        return 0
+    limit = hist.get_highest_equivalent_value(min(max(int(value_ns), LOWEST_NS), HIGHEST_NS))
+    return sum(item.count_at_value_iterated_to for item in hist.get_recorded_iterator()
+               if item.value_iterated_to <= limit)

@@ -131,6 +131,7 @@ class Recorder:
         self._gauges: dict[int, dict[str, float]] = {}
         self._second_lock = threading.Lock()
         self.io_trace = None  # an IOTraceWriter, when --io-trace is set
+        self._step: StepMeter | None = None  # the autoscaler's current step, when one is open
         self._request = threading.local()
 
     def _shard(self) -> _Shard:
@@ -194,6 +195,20 @@ class Recorder:
         shard.counters[f"bytes.{tier}.{direction}"] += nbytes
         shard.series[(sec, f"bytes.{tier}.{direction}")] += nbytes
 
+    def handoff(self, done_ns: int, latency_ns: int) -> None:
+        """Decode node: prefill-complete -> decode-loaded of one request (wall clocks of both nodes)."""
+        if self._second(done_ns) is not None:
+            record(self._shard().hist(("request", "handoff", "all")), max(latency_ns, 1))
+
+    def open_step(self, now_ns: int) -> None:
+        """Start collecting the requests that complete from now on (one autoscaler step)."""
+        self._step = StepMeter(now_ns)
+
+    def close_step(self, now_ns: int) -> StepMeter:
+        step, self._step = self._step, None
+        step.end_ns = now_ns
+        return step
+
     def begin_request(self, intended_ns: int) -> None:
         """The calling thread now works for a request meant to start at intended_ns (for the I/O trace)."""
         self._request.intended_ns = intended_ns
@@ -219,14 +234,18 @@ class Recorder:
         self._shard().counters[name] += n
 
     def request(self, intended_ns: int, dequeued_ns: int, done_ns: int, storage_ns: int,
-                counts: dict[str, int]) -> None:
+                counts: dict[str, int], ttft_ns: int | None = None, qos: str = "") -> None:
         """One finished request: its latencies (from the intended start) and token counts.
 
-        A request counts when it completes inside the window, whenever it was issued: under
-        overload the requests finishing in the window were issued long before it, and their
-        queueing is exactly what must be seen.
+        ttft_ns: when its storage part of time-to-first-token ended (prefix loaded, prefill
+        written); qos: its class. A request counts when it completes inside the window, whenever
+        it was issued: under overload the requests finishing in the window were issued long before
+        it, and their queueing is exactly what must be seen.
         """
         shard = self._shard()
+        step = self._step
+        if step is not None and done_ns >= step.start_ns:
+            step.add(qos, (ttft_ns or done_ns) - intended_ns, done_ns - intended_ns, counts)
         sec = self._second(done_ns)
         if sec is None:
             shard.counters["warmup.requests"] += 1
@@ -234,6 +253,10 @@ class Recorder:
         record(shard.hist(("request", "storage", "all")), storage_ns)
         record(shard.hist(("request", "queue", "all")), dequeued_ns - intended_ns)
         record(shard.hist(("request", "e2e", "all")), done_ns - intended_ns)
+        record(shard.hist(("request", "ttft", "all")), (ttft_ns or done_ns) - intended_ns)
+        if qos:
+            record(shard.hist((f"qos.{qos}", "ttft", "all")), (ttft_ns or done_ns) - intended_ns)
+            record(shard.hist((f"qos.{qos}", "e2e", "all")), done_ns - intended_ns)
         shard.counters["requests.completed"] += 1
         shard.series[(sec, "requests")] += 1
         for name, n in counts.items():
@@ -272,6 +295,28 @@ class Recorder:
             gauges = {s: dict(v) for s, v in self._gauges.items()}
         return Snapshot({k: merged(v) for k, v in hists.items()}, dict(counters), dict(series),
                         self.measure_start_ns or 0, end, seconds, gauges)
+
+
+class StepMeter:
+    """What completed during one autoscaler step: counts and per-class latency histograms."""
+
+    def __init__(self, start_ns: int):
+        self.start_ns, self.end_ns = start_ns, 0
+        self.completed = self.prompt_tokens = 0
+        self.ttft: dict[str, object] = defaultdict(new_histogram)
+        self.e2e: dict[str, object] = defaultdict(new_histogram)
+        self._lock = threading.Lock()
+
+    def add(self, qos: str, ttft_ns: int, e2e_ns: int, counts: dict) -> None:
+        with self._lock:
+            self.completed += 1
+            self.prompt_tokens += counts.get("tokens.prompt", 0)
+            record(self.ttft[qos], ttft_ns)
+            record(self.e2e[qos], e2e_ns)
+
+    @property
+    def seconds(self) -> float:
+        return max(self.end_ns - self.start_ns, 1) / 1e9
 
 
 def _copy_second(h):

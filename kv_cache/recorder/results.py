@@ -13,8 +13,13 @@ from collections import defaultdict
 
 from kv_cache.recorder.histogram import merged, summary_ms
 from kv_cache.recorder.recorder import Snapshot
+from kv_cache.recorder.slas import judge, overall
 
 SCHEMA_VERSION = 1
+# Per-request latencies, ms from the intended start: storage (sum of the request's block operations),
+# queue (waiting for a worker), ttft (storage part of time-to-first-token), e2e, handoff (decode node:
+# prefill complete -> decode loaded).
+REQUEST_LATENCIES = ("storage", "queue", "ttft", "e2e", "handoff")
 
 
 def _rate(num: float, den: float) -> float | None:
@@ -73,6 +78,49 @@ def timeseries(snap: Snapshot, tiers: list[str]) -> list[dict]:
     return rows
 
 
+def qos_section(snap: Snapshot, settings: dict) -> dict:
+    """Per QoS class: storage TTFT and end-to-end latency against the class's SLA targets."""
+    q = settings["qos"]
+    classes = {}
+    for name in ("interactive", "responsive", "batch"):
+        ttft, e2e = snap.hists.get((f"qos.{name}", "ttft", "all")), snap.hists.get((f"qos.{name}", "e2e", "all"))
+        if ttft is None:
+            ttft = e2e = merged([])
+        classes[name] = {"priority": q[name]["priority"], **judge(ttft, e2e, q[name], q["attainment"])}
+    return {"mix": q["mix"], "assign": q["assign"], "attainment_goal": q["attainment"], "classes": classes,
+            "all_met": overall(classes)}
+
+
+def role_section(role: dict | None, c: dict, snap: Snapshot) -> dict | None:
+    """A disaggregated node's own figures (its handoff tier's bandwidth and latency are in the tables)."""
+    if role is None:
+        return None
+    out = dict(role)
+    if role["role"] == "decode":
+        h = snap.hists.get(("request", "handoff", "all"))
+        out.update(missing_blocks=c.get("handoff.missing_blocks", 0),
+                   prefill_done_to_decode_loaded_ms=summary_ms(h if h is not None else merged([])))
+    return out
+
+
+def steady_state(rows: list[dict], tolerance: float, window: int) -> dict | None:
+    """The first window of full seconds whose requests/s all stay within tolerance x their mean."""
+    if not tolerance:
+        return None
+    full = rows[:-1]  # the last second is cut by the window's end
+    out = {"tolerance": tolerance, "window_s": window, "detected": False, "from_s": None,
+           "requests_per_s": None, "tokens_per_s": None}
+    for i in range(0, len(full) - window + 1):
+        part = full[i:i + window]
+        mean = sum(r["requests"] for r in part) / window
+        if mean and all(abs(r["requests"] - mean) <= tolerance * mean for r in part):
+            tokens = sum(r["tokens_prompt"] for r in full[i:]) / len(full[i:])
+            reqs = sum(r["requests"] for r in full[i:]) / len(full[i:])
+            return {**out, "detected": True, "from_s": part[0]["t_s"], "requests_per_s": reqs,
+                    "tokens_per_s": tokens}
+    return out
+
+
 def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -> dict:
     """Assemble the results dict (see the module docstring and the README)."""
     c = snap.counters
@@ -82,13 +130,15 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
     prompt, cached = c.get("tokens.prompt", 0), c.get("tokens.cached", 0)
     by_source_prompt = _prefixed(c, "tokens.prompt_by_source.")
     by_source_cached = _prefixed(c, "tokens.cached_by_source.")
+    series = timeseries(snap, tiers)
     return {
         "schema_version": SCHEMA_VERSION,
         "run": {**run_info, "duration_s": window},
         "latency_ms": latency,
         "latency_ms_by_phase": latency_by_phase,
-        "request_latency_ms": {k: summary_ms(snap.hists[("request", k, "all")])
-                               for k in ("storage", "queue", "e2e") if ("request", k, "all") in snap.hists},
+        "request_latency_ms": {k: summary_ms(snap.hists[("request", k, "all")]) for k in REQUEST_LATENCIES
+                               if ("request", k, "all") in snap.hists},
+        "qos": qos_section(snap, settings),
         "bandwidth_gbps": {t: {d: c.get(f"bytes.{t}.{d}", 0) / window / 1e9 for d in ("read", "write")}
                            for t in tiers},
         "bytes": {t: {d: c.get(f"bytes.{t}.{d}", 0) for d in ("read", "write")} for t in tiers},
@@ -111,14 +161,16 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
                          "blocks_checked": c.get("verification.blocks_checked", 0),
                          "failures": c.get("verification.failures", 0)},
         "warmup": {"ops": c.get("warmup.ops", 0), "requests": c.get("warmup.requests", 0)},
-        "timeseries": timeseries(snap, tiers),
+        "timeseries": series,
+        "steady_state": steady_state(series, settings["run"]["steady_tolerance"], settings["run"]["steady_window_s"]),
         "mlperf_compatible": {
             "cached_tokens_per_s": cached / window,
             "storage_read_gbps": c.get("bytes.nvme.read", 0) / window / 1e9,
             "storage_write_gbps": c.get("bytes.nvme.write", 0) / window / 1e9,
             "storage_read_p95_ms": latency.get("nvme", {}).get("read", {}).get("p95"),
         },
-        **{k: v for k, v in extra.items() if k not in ("requests", "shared_storage")},
+        **{k: v for k, v in extra.items() if k not in ("requests", "shared_storage", "role")},
+        "role": role_section(extra.get("role"), c, snap),
         "settings": settings,
         "snapshot": snap.to_dict(),
     }

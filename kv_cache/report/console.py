@@ -6,6 +6,7 @@ operation; simulated tiers are labelled as such on every line they appear.
 
 from __future__ import annotations
 
+from kv_cache.report.load_control import sections
 from kv_cache.report.table import format_table
 
 OP_ORDER = ("read", "write", "promote", "demote", "evict")
@@ -98,6 +99,7 @@ def traffic_section(results: dict) -> list[str]:
              f"{req.get('dropped_at_stop', 0):,} queued at stop (dropped)",
              f"  storage time per request {pcts('storage')}",
              f"  queue wait               {pcts('queue')}",
+             f"  storage part of TTFT     {pcts('ttft')}",
              f"  end to end               {pcts('e2e')}",
              f"Tokens     prompt {tok['prompt']:,} ({tok['per_s']:,.0f}/s), served from cache {tok['cached']:,} "
              f"({tok['cached_per_s']:,.0f}/s{'; ' + cached_tiers if cached_tiers else ''}), generated "
@@ -124,7 +126,8 @@ def _theoretical(results: dict) -> str:
 
 
 def render(results: dict, results_path: str | None = None) -> str:
-    lines = header(results) + latency_section(results) + bandwidth_section(results) + traffic_section(results)
+    lines = (header(results) + latency_section(results) + bandwidth_section(results) + traffic_section(results)
+             + sections(results))
     for w in results.get("warnings", []):
         lines.append(f"WARNING: {w}")
     if results_path:

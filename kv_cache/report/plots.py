@@ -4,6 +4,7 @@
 - throughput.png: bandwidth per tier and direction, and requests/s, over time
 - occupancy.png: bytes held by each tier, queue depth and requests in flight, over time
 - hit_rate.png: token hit rate by source, achieved beside the infinite-cache (theoretical) rate
+- qos_attainment.png, autoscale_curve.png: see plots_control.py
 Simulated tiers are labelled SIMULATED in every legend they appear in.
 """
 
@@ -18,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kv_cache.recorder.histogram import decode, merged  # noqa: E402
+from kv_cache.report.plots_control import autoscale_curve, qos_attainment  # noqa: E402
 
 PCTS = (50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 99.99, 100.0)
 
@@ -152,5 +154,6 @@ def hit_rate(results: dict, folder: Path) -> Path | None:
 
 
 def make_plots(results: dict, folder: Path) -> list[Path]:
-    made = [f(results, folder) for f in (latency_percentiles, throughput, occupancy, hit_rate)]
+    made = [f(results, folder) for f in (latency_percentiles, throughput, occupancy, hit_rate, qos_attainment,
+                                         autoscale_curve)]
     return [p for p in made if p is not None]

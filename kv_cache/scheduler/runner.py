@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from time import monotonic_ns as now_ns
 
 from kv_cache.errors import RunFault
+from kv_cache.scheduler.qos import PriorityRequests
 
 
 @dataclass
@@ -47,11 +48,14 @@ class RunOutcome:
 class _Runner:
     """The worker pool, the measurement window and the drain; subclasses dispatch."""
 
-    def __init__(self, num_workers: int, execute, make_worker_state, recorder, progress=None, peers=None):
+    def __init__(self, num_workers: int, execute, make_worker_state, recorder, progress=None, peers=None,
+                 qos=None, controller=None):
         self.execute, self.make_worker_state = execute, make_worker_state
         self.recorder, self.progress, self.num_workers = recorder, progress, num_workers
         self.peers = peers  # other MPI ranks: poll_fault() / notify_fault(message), main thread only
-        self._queue: queue.Queue = queue.Queue()
+        self.qos = qos      # a QosPolicy: classes requests and orders the queue by priority
+        self.controller = controller  # called by the dispatcher: controller(runner, now) -> stop reason or None
+        self._queue = PriorityRequests(qos.priority if qos is not None else None)
         self._cond = threading.Condition()
         self._in_flight = 0
         self._stop = threading.Event()
@@ -89,6 +93,8 @@ class _Runner:
 
     def _issue(self, req, due_ns: int) -> None:
         req.intended_ns = due_ns
+        if self.qos is not None:
+            req.qos = self.qos.classify(req.user_id, req.seq)
         with self._cond:
             self._in_flight += 1
             self.outcome.issued += 1
@@ -115,9 +121,16 @@ class _Runner:
             wake_ns = min(wake_ns, now + 200_000_000)
         if self.progress:  # and every 0.5 s to sample the time series' gauges
             wake_ns = min(wake_ns, now + 500_000_000)
+        if self.controller is not None:
+            wake_ns = min(wake_ns, self.controller.next_ns)
         self._cond.wait(timeout=max(0.0, (min(wake_ns, deadline) - now) / 1e9) + 1e-4)
         if self.progress:
             self.progress(self)
+        if self.controller is not None and not self._stop.is_set():
+            reason = self.controller(self, now_ns())
+            if reason:
+                self.outcome.stopped_reason = reason
+                self._stop.set()
         message = self.peers.poll_fault() if self.peers is not None else None
         if message:
             self.outcome.fault, self.outcome.stopped_reason = f"stopped by a peer: {message}", "peer_fault"
@@ -135,6 +148,8 @@ class _Runner:
             t.start()
         if warmup_s == 0:
             self.recorder.start_measuring(start)
+        if self.controller is not None:
+            self.controller.start(self, start, measure_at)
         try:
             self._dispatch(start, measure_at, deadline, max_requests)
         except KeyboardInterrupt:
@@ -175,20 +190,46 @@ class _Runner:
 
 
 class ClosedLoopRunner(_Runner):
-    """Users that ask, wait for the answer, think and ask again."""
+    """Users that ask, wait for the answer, think and ask again.
 
-    def __init__(self, users, num_workers: int, execute, make_worker_state, recorder, progress=None, peers=None):
-        super().__init__(num_workers, execute, make_worker_state, recorder, progress, peers)
+    Only the first ``active`` users (in creation order) take part: a controller (the autoscaler)
+    changes the count during the run. A user beyond it is *parked* when it next comes up (its
+    in-flight request finishes normally) and rejoins at once when the count grows again.
+    """
+
+    def __init__(self, users, *args, **kw):
+        super().__init__(*args, **kw)
         self.users = {u.user_id: u for u in users}
+        self._order = list(self.users)
+        self._active = set(self._order)
+        self._parked: set[int] = set()
         self._heap: list[tuple[int, int]] = []
         self._left = len(self.users)
 
+    @property
+    def active_users(self) -> int:
+        return len(self._active)
+
+    def set_active(self, n: int, now: int) -> None:
+        """Under the lock (or before the run): make the first n users the active ones."""
+        self._active = set(self._order[:n])
+        for uid in self._order[:n]:
+            if uid in self._parked:
+                self._parked.discard(uid)
+                heapq.heappush(self._heap, (now, uid))
+
     def _after(self, req, done_ns: int) -> None:
-        heapq.heappush(self._heap, (done_ns + int(req.think_s * 1e9), req.user_id))
+        if req.user_id in self._active:
+            heapq.heappush(self._heap, (done_ns + int(req.think_s * 1e9), req.user_id))
+        else:
+            self._parked.add(req.user_id)
 
     def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:
-        self._heap = [(start + int(u.first_delay_s * 1e9), uid) for uid, u in self.users.items()]
-        heapq.heapify(self._heap)
+        with self._cond:
+            self._parked = {uid for uid in self._order if uid not in self._active}
+            self._heap = [(start + int(self.users[uid].first_delay_s * 1e9), uid) for uid in self._order
+                          if uid in self._active]
+            heapq.heapify(self._heap)
         while not self._stop.is_set():
             with self._cond:
                 now = now_ns()
@@ -200,6 +241,9 @@ class ClosedLoopRunner(_Runner):
                                deadline)
                     continue
                 due, uid = heapq.heappop(self._heap)
+                if uid not in self._active:
+                    self._parked.add(uid)
+                    continue
             req = self.users[uid].next_request()  # built outside the lock: workers keep finishing
             if req is None:
                 with self._cond:
@@ -211,12 +255,13 @@ class ClosedLoopRunner(_Runner):
 class OpenLoopRunner(_Runner):
     """Requests at the times a pacer gives, whatever the service does."""
 
-    def __init__(self, arrivals, num_workers: int, execute, make_worker_state, recorder, progress=None,
-                 peers=None):
-        super().__init__(num_workers, execute, make_worker_state, recorder, progress, peers)
+    def __init__(self, arrivals, *args, **kw):
+        super().__init__(*args, **kw)
         self.arrivals = arrivals
 
     def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:
+        if hasattr(self.arrivals, "start"):  # a live source stamps its offsets from our start
+            self.arrivals.start(start)
         nxt = next(self.arrivals, None)
         while not self._stop.is_set():
             with self._cond:
@@ -224,10 +269,16 @@ class OpenLoopRunner(_Runner):
                 if self._stop_check(now, measure_at, deadline, max_requests, nxt is None):
                     return
                 capped = max_requests and self.outcome.issued >= max_requests
+                idle = nxt is not None and nxt[1] is None  # a live source with nothing new yet
                 due = start + int(nxt[0] * 1e9) if nxt is not None else deadline
-                if capped or nxt is None or due > now:
-                    self._wait(now, deadline if capped or nxt is None else due, measure_at, deadline)
-                    continue
+                if capped or nxt is None or due > now or idle:
+                    self._wait(now, now if idle else deadline if capped or nxt is None else due, measure_at,
+                               deadline)
+                    if not idle:
+                        continue
+            if idle:
+                nxt = next(self.arrivals, None)
+                continue
             req = nxt[1]()
             self._issue(req, due)
             nxt = next(self.arrivals, None)

@@ -15,30 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from kv_cache.config import ProfileSettings, RagSettings, WorkloadSettings
-from kv_cache.errors import UserError
+from kv_cache.config_check import parse_mix
 from kv_cache.sources.content import DOCUMENT, stream
 from kv_cache.types import HISTORY, RAG, SYSTEM, USER, Request
-
-
-def parse_mix(text: str, known: tuple[str, ...]) -> dict[str, float]:
-    """'chatbot=1,coding=2' -> normalised weights; names must be known profiles."""
-    weights: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition("=")
-        if not sep or name.strip() not in known:
-            raise UserError(f"workload.profile_mix: '{part}' is not name=weight with a profile among "
-                            f"{', '.join(known)}.")
-        try:
-            w = float(value)
-        except ValueError:
-            raise UserError(f"workload.profile_mix: weight of {name} must be a number, got {value!r}.") from None
-        if w < 0:
-            raise UserError(f"workload.profile_mix: weight of {name} must be >= 0.")
-        weights[name.strip()] = w
-    total = sum(weights.values())
-    if total <= 0:
-        raise UserError("workload.profile_mix: at least one profile needs a positive weight.")
-    return {k: v / total for k, v in weights.items()}
 
 
 def _uniform_int(rng: np.random.Generator, lo_hi) -> int:
@@ -163,7 +142,7 @@ def make_users(num_users: int, workload: WorkloadSettings, profiles: ProfileSett
                owns=None, rag: RagSettings | None = None, block_tokens: int = 0) -> list[SyntheticUser]:
     """Users 0 .. num_users - 1 (those owns(u) accepts, under MPI), sharing the system prompts and corpus."""
     known = tuple(f for f in ProfileSettings.__dataclass_fields__)
-    mix = parse_mix(workload.profile_mix, known)
+    mix = parse_mix(workload.profile_mix, known, "workload.profile_mix")
     system = SystemPrompts(workload.num_system_prompts, workload.system_prompt_tokens, workload.vocab_size, seed,
                            workload.system_prompt_zipf)
     corpus = Corpus(rag, block_tokens, workload.vocab_size, seed) if rag is not None and rag.enabled else None

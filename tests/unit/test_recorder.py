@@ -68,6 +68,10 @@ def test_rates_over_empty_denominators_are_null():
     r = Recorder()
     r.start_measuring(1)
     r.stop_measuring(2 * S)
-    res = build_results(r.snapshot(), {"tiers": {"cpu": {}}}, {"run": {"verify": "stamps"}}, {})
+    from kv_cache.config import Settings
+
+    res = build_results(r.snapshot(), {"tiers": {"cpu": {}}}, Settings().to_dict(), {})
     assert res["hit_rate"]["tokens"] is None and res["hit_rate"]["blocks"] is None
+    assert all(c["attainment"] is None and c["met"] is None for c in res["qos"]["classes"].values())
+    assert res["qos"]["all_met"] is None
     assert res["bandwidth_gbps"]["cpu"] == {"read": 0.0, "write": 0.0}

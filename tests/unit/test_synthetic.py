@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from kv_cache.config import resolve
+from kv_cache.config_check import parse_mix
 from kv_cache.errors import UserError
-from kv_cache.sources.synthetic import make_users, parse_mix
+from kv_cache.sources.synthetic import make_users
 
 S = resolve(None, [], {})
 
@@ -66,7 +67,7 @@ def test_profiles_bound_the_lengths():
                                       ("chatbot=0", "positive weight"), ("chatbot", "not name=weight")])
 def test_bad_profile_mix(text, msg):
     with pytest.raises(UserError, match=msg):
-        parse_mix(text, ("chatbot", "coding", "document"))
+        parse_mix(text, ("chatbot", "coding", "document"), "workload.profile_mix")
 
 
 def test_rag_documents_are_cut_at_block_boundaries_and_recorded():

@@ -1,0 +1,79 @@
+"""Settings sections of load control: QoS classes, the autoscaler, disaggregated roles.
+
+Part of the one schema of config.py (which imports these sections); kept
+apart only to keep files small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kv_cache.config_check import key
+
+QOS_CLASSES = ("interactive", "responsive", "batch")
+
+
+@dataclass(frozen=True)
+class QosClass:
+    priority: int = key(1, "Order when every worker is busy: a higher priority is served first.", lo=0, hi=100)
+    ttft_p95_ms: float = key(1000.0, "SLA: p95 of the storage part of time-to-first-token (queue wait + cached "
+                                     "prefix load + prefill write), ms.", lo=0.001)
+    ttft_p99_ms: float = key(5000.0, "SLA: p99 of the storage part of time-to-first-token, ms.", lo=0.001)
+    e2e_p95_ms: float = key(10000.0, "SLA: p95 of end-to-end request time (decode writes and any modelled "
+                                     "generation time included), ms.", lo=0.001)
+    e2e_p99_ms: float = key(20000.0, "SLA: p99 of end-to-end request time, ms.", lo=0.001)
+
+
+def _qos_class(priority, t95, t99, e95, e99):
+    defaults = dict(priority=priority, ttft_p95_ms=t95, ttft_p99_ms=t99, e2e_p95_ms=e95, e2e_p99_ms=e99)
+    return field(default_factory=lambda: QosClass(**defaults),
+                 metadata={"help": "QoS class: priority and SLA targets (MLPerf's p95 / p99 targets on the "
+                                   "storage part of TTFT)."})
+
+
+@dataclass(frozen=True)
+class QosSettings:
+    mix: str = key("interactive=15,responsive=35,batch=50", "Share of each QoS class, name=weight,... "
+                                                            "(MLPerf's 15/35/50 by default).", "--qos-mix")
+    assign: str = key("user", "Draw a class per user (all its requests share it) or per request.",
+                      choices=("user", "request"))
+    attainment: float = key(0.95, "A class is 'met' when its p95 and p99 targets hold; attainment is the share "
+                                  "of its requests within the p95 TTFT target, which must reach this.", lo=0.0,
+                            hi=1.0)
+    interactive: QosClass = _qos_class(3, 50.0, 100.0, 2000.0, 4000.0)
+    responsive: QosClass = _qos_class(2, 100.0, 200.0, 5000.0, 10000.0)
+    batch: QosClass = _qos_class(1, 1000.0, 5000.0, 30000.0, 60000.0)
+
+
+@dataclass(frozen=True)
+class AutoscaleSettings:
+    mode: str = key("off", "Change the number of active users during the run: qos finds the largest count whose "
+                           "SLAs hold, capacity the count of peak throughput (closed loop only).", "--autoscale",
+                    choices=("off", "qos", "capacity"))
+    start_users: int = key(10, "Active users in the first step (at most --users, the pool).", lo=1)
+    step_users: int = key(10, "Users added per step (growth add), or the first step's size (growth double).",
+                          lo=1)
+    growth: str = key("add", "Step schedule: add step_users each step, or double the count.",
+                      choices=("add", "double"))
+    step_s: float = key(10.0, "Measurement window of one step, seconds.", lo=0.1)
+    cooldown_s: float = key(2.0, "Seconds after each change before the step's window opens (not measured).",
+                            lo=0.0)
+    min_gain: float = key(0.05, "capacity: a step must raise throughput (prompt tokens/s) by this fraction to "
+                                "count as a gain.", lo=0.0, hi=10.0)
+    patience: int = key(2, "capacity: stop after this many steps in a row without gain.", lo=1, hi=100)
+    resolution: int = key(2, "qos: after the first failing step, bisect (removing users) until good and bad "
+                             "counts are this close.", lo=1)
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    role: str = key("both", "Disaggregated serving: prefill computes and publishes KV blocks into --handoff-dir; "
+                            "decode loads them (waiting for them to appear) and appends decode blocks; both: one "
+                            "node does everything.", "--role", choices=("both", "prefill", "decode"))
+    handoff_dir: str = key("", "Shared directory between prefill and decode nodes: block files and the manifest "
+                               "(prefill makes kvbench-handoff/ in it and removes it at the end).",
+                           "--handoff-dir")
+    handoff_gb: float = key(8.0, "Space of published blocks in GiB; beyond it the prefill node removes the oldest "
+                                 "(a decode node that comes too late counts them missing).", lo=0.001)
+    wait_s: float = key(60.0, "decode: give up when no prefill node publishes anything for this long; prefill: "
+                              "wait this long at the end for decode nodes to finish reading.", lo=0.0)

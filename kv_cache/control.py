@@ -1,0 +1,116 @@
+"""Load control, composed from settings: QoS classes, the autoscaler, and the checks that refuse
+contradictory options before anything is built (part of the composition root)."""
+
+from __future__ import annotations
+
+import os
+
+from kv_cache.config import Settings
+from kv_cache.errors import UserError
+from kv_cache.lifecycle.handoff import FOLDER, MANIFEST, HandoffStore, check_header
+from kv_cache.scheduler.autoscale import Autoscaler
+from kv_cache.scheduler.qos import QosPolicy
+from kv_cache.sources.handoff import ManifestFollower, wait_for_manifest
+from kv_cache.tiers.fsinfo import probe_direct
+
+
+def check_options(s: Settings, mpi: bool) -> None:
+    """One clear sentence per contradiction between options."""
+    a, d = s.autoscale, s.disagg
+    if a.mode != "off":
+        if s.run.max_requests:
+            raise UserError("--autoscale searches over time, step by step; drop --max-requests (--duration "
+                            "bounds the search).")
+        if a.start_users > s.workload.users:
+            raise UserError(f"--autoscale-start-users {a.start_users} exceeds the pool of --users "
+                            f"{s.workload.users}; the pool is the most users the autoscaler may activate.")
+        if mpi:
+            raise UserError("--autoscale runs in one process: it decides from its own measurements; run it "
+                            "without mpirun.")
+        if d.role == "decode":
+            raise UserError("--autoscale cannot drive --role decode: a decode node serves what prefill nodes "
+                            "publish; autoscale the prefill node instead.")
+    if d.role != "both" and not d.handoff_dir:
+        raise UserError(f"--role {d.role} needs --handoff-dir DIR, the directory prefill and decode nodes share "
+                        f"(blocks and manifest).")
+    if d.role == "both" and d.handoff_dir:
+        raise UserError("--handoff-dir is for disaggregated nodes; add --role prefill or --role decode.")
+    if d.role != "both" and mpi:
+        raise UserError(f"--role {d.role} runs one process per role (start the prefill and the decode node "
+                        f"separately); run it without mpirun.")
+    if d.role == "decode" and (s.trace.path or s.rag.enabled):
+        raise UserError("--role decode replays what the prefill node publishes; give --trace / --rag to the "
+                        "prefill node instead.")
+    if d.role != "both" and s.tiers.null_io:
+        raise UserError(f"--role {d.role} hands real blocks over through --handoff-dir; drop --null-io.")
+    if d.role != "both" and s.model.block_tokens == 0:
+        raise UserError("--role prefill/decode hand over KV blocks; use --block-tokens > 0.")
+    if s.run.steady_tolerance and s.run.steady_window_s > s.run.duration_s:
+        raise UserError(f"--steady-window-s {s.run.steady_window_s} is longer than --duration "
+                        f"{s.run.duration_s:g}; steady state could never be detected.")
+
+
+def qos_policy(s: Settings) -> QosPolicy:
+    return QosPolicy(s.qos, s.run.seed)
+
+
+def check_traffic(s: Settings, arrival: str) -> None:
+    if s.autoscale.mode != "off" and arrival != "closed":
+        raise UserError(f"--autoscale changes the number of closed-loop users; it cannot drive --arrival "
+                        f"{arrival} (requests come at the trace's or the rate's pace). Use --arrival closed.")
+
+
+def autoscaler(s: Settings, users: list | None, recorder) -> Autoscaler | None:
+    return None if s.autoscale.mode == "off" else Autoscaler(s.autoscale, s.qos, len(users), recorder)
+
+
+# ---------------------------------------------------------------------------- disaggregated roles
+
+def handoff_identity(s: Settings, model_name: str) -> dict:
+    return {"model": model_name, "kv_dtype": s.model.kv_dtype, "tp": s.model.tp,
+            "block_tokens": s.model.block_tokens, "seed": s.run.seed}
+
+
+def _handoff_root(s: Settings) -> str:
+    root = os.path.abspath(s.disagg.handoff_dir)
+    if not os.path.isdir(root) or not os.access(root, os.W_OK | os.X_OK):
+        raise UserError(f"--handoff-dir {root} is not a writable directory; create it (on the storage both "
+                        f"nodes share) or pass another.")
+    return root
+
+
+def decode_traffic(s: Settings, model_name: str) -> ManifestFollower:
+    """A decode node's arrivals: wait for a prefill node's manifest, check it matches, follow it."""
+    path = os.path.join(_handoff_root(s), FOLDER, MANIFEST)
+    header = wait_for_manifest(path, s.disagg.wait_s)
+    check_header(header, handoff_identity(s, model_name), path)
+    return ManifestFollower(path, s.disagg.wait_s)
+
+
+def open_handoff(s: Settings, model_name: str, slot_bytes: int) -> tuple[HandoffStore | None, str]:
+    """The prefill node makes the handoff folder, the decode node joins it; (store, engine note)."""
+    if s.disagg.role == "both":
+        return None, ""
+    root = _handoff_root(s)
+    engine, note = s.tiers.io_engine, ""
+    if engine == "mmap":  # blocks are files found by name: no mapping
+        engine, note = "buffered", "the handoff folder uses the buffered engine (mmap needs slabs)"
+    elif engine == "direct" and (why := probe_direct(root)):
+        engine, note = "buffered", f"O_DIRECT refused in {root} ({why}): the handoff folder runs buffered"
+    ident = handoff_identity(s, model_name)
+    if s.disagg.role == "prefill":
+        return HandoffStore.create(root, engine, slot_bytes, int(s.disagg.handoff_gb * 2**30), ident), note
+    return HandoffStore.attach(root, engine, slot_bytes, ident), note
+
+
+def finish_role(store: HandoffStore | None, s: Settings, say) -> dict | None:
+    """After the load phase: the prefill node ends the manifest and waits for decode nodes; the decode
+    node says it is done. Returns what the results' role section needs beyond the recorder's numbers."""
+    if store is None:
+        return None
+    out = {"role": s.disagg.role, "handoff_dir": store.folder, "engine": store.blocks.engine}
+    if store.role == "prefill":
+        say(f"  handoff: end of manifest written; waiting up to {s.disagg.wait_s:g} s for decode nodes")
+        return {**out, **store.finish(s.disagg.wait_s, not s.run.keep_data, say)}
+    store.detach()
+    return out

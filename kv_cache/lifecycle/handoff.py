@@ -1,0 +1,189 @@
+"""Disaggregated prefill / decode nodes: the handoff directory they share.
+
+    <handoff-dir>/kvbench-handoff/
+        manifest.jsonl     header line, then one line per handed-over request, then an end line
+        blocks/<key>.kv    published KV blocks (written under a private name, then renamed)
+        decode-*.reading   a decode node attached; decode-*.done: it finished
+
+The prefill node computes a request's KV (its own tiers serve its prefix
+cache as usual), publishes every prompt block not already published (timed:
+op ``write`` on tier ``handoff``) and then appends the request's manifest
+line with one ``write`` on an O_APPEND descriptor: a reader sees whole lines
+or nothing (it ignores a line without its newline). The decode node follows
+the manifest, reads the listed blocks (timed: op ``read`` on tier
+``handoff``; stamps verified: both nodes build payloads from the same seed),
+records prefill-complete -> decode-loaded, then appends its decode blocks to
+its own tiers. Published blocks beyond the handoff space are removed oldest
+first; a decode node that comes too late counts them missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import OrderedDict
+from time import monotonic_ns as now_ns
+
+from kv_cache.errors import RunFault, UserError
+from kv_cache.tiers.base import BlockVanished
+from kv_cache.tiers.nvme import NvmeTier
+from kv_cache.types import Handoff
+
+FOLDER = "kvbench-handoff"
+MANIFEST = "manifest.jsonl"
+IDENTITY = ("model", "kv_dtype", "tp", "block_tokens", "seed")  # what both nodes must agree on
+
+
+class HandoffStore:
+    """The shared folder as a prefill node writes it or a decode node reads it."""
+
+    def __init__(self, root: str, role: str, engine: str, slot_bytes: int, capacity_bytes: int, identity: dict,
+                 writer: str):
+        self.folder = os.path.join(root, FOLDER)
+        self.role, self.identity = role, identity
+        self.manifest = os.path.join(self.folder, MANIFEST)
+        self.blocks = NvmeTier(os.path.join(self.folder, "blocks"), capacity_bytes, slot_bytes, engine,
+                               shared=True, writer=writer)
+        self.blocks.name = "handoff"
+        self._published: OrderedDict[int, int] = OrderedDict()  # key -> bytes, oldest first
+        self._writing: dict[int, threading.Event] = {}
+        self._used = 0
+        self._lock = threading.Lock()
+        self._fd = -1
+        self.marker = ""
+
+    # ------------------------------------------------------------------ prefill side
+
+    @classmethod
+    def create(cls, root: str, engine: str, slot_bytes: int, capacity_bytes: int, identity: dict):
+        folder = os.path.join(root, FOLDER)
+        try:
+            os.makedirs(os.path.join(folder, "blocks"))
+        except FileExistsError:
+            raise UserError(f"{folder} already exists (an earlier prefill node did not finish, or another is "
+                            f"running); remove it or pass another --handoff-dir.") from None
+        except OSError as e:
+            raise UserError(f"cannot create {folder}: {e.strerror}.") from None
+        store = cls(root, "prefill", engine, slot_bytes, capacity_bytes, identity, f"p{os.getpid()}")
+        store._fd = os.open(store.manifest, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        store._append({"kind": "header", **identity, "engine": engine, "started_wall": time.time()})
+        return store
+
+    def _append(self, record: dict | bytes) -> None:
+        line = record if isinstance(record, bytes) else (json.dumps(record) + "\n").encode()
+        if os.write(self._fd, line) != len(line):  # one write per line: readers see whole lines
+            raise RunFault(f"short write to {self.manifest} (disk full?).")
+
+    def publish(self, keys, nbytes, fill, buf, recorder) -> int:
+        """Publish the blocks of keys not yet published (fill(key, view) makes their bytes); storage ns."""
+        spent = 0
+        for key, size in zip(keys, nbytes):
+            mine, waiting = self._claim(key, size)
+            if waiting is not None:
+                waiting.wait()
+            if not mine:
+                continue
+            data = buf[:size]
+            fill(key, data)
+            start = now_ns()
+            try:
+                self.blocks.put(key, data)
+            finally:
+                with self._lock:
+                    self._writing.pop(key).set()
+            spent += now_ns() - start
+            recorder.op("handoff", "write", "prefill", start, now_ns() - start, size, key)
+        return spent
+
+    def _claim(self, key: int, size: int) -> tuple[bool, threading.Event | None]:
+        """(write it myself, event to wait for when another worker is writing it)."""
+        size = self.blocks.slots_for(size) * self.blocks.slot_bytes  # the space is counted in slots
+        with self._lock:
+            if key in self._writing:
+                return False, self._writing[key]
+            if key in self._published:
+                self._published.move_to_end(key)  # still referenced: not the oldest any more
+                return False, None
+            for old in list(self._published):  # oldest first; never one a worker is writing now
+                if self._used + size <= self.blocks.capacity_bytes:
+                    break
+                if old not in self._writing:
+                    self._used -= self._published.pop(old)
+                    self.blocks.delete(old)
+            self._published[key] = size
+            self._used += size
+            self._writing[key] = threading.Event()
+            return True, None
+
+    def hand_over(self, record: Handoff) -> None:
+        with self._lock:
+            self._append(record.to_line())
+
+    def finish(self, wait_s: float, remove: bool, say) -> dict:
+        """End line, then wait (at most wait_s) for attached decode nodes to finish; remove the folder."""
+        with self._lock:
+            self._append({"kind": "end", "done_wall": time.time()})
+        os.close(self._fd)
+        self._fd = -1
+        deadline = time.monotonic() + wait_s
+        attached = self.attached()
+        while attached - self.finished() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        waiting = sorted(attached - self.finished())
+        if waiting:
+            say(f"  handoff: decode node(s) {', '.join(waiting)} still reading after {wait_s:g} s; removing anyway")
+        if remove:
+            self.blocks.close(remove=True)
+            for name in os.listdir(self.folder):
+                os.unlink(os.path.join(self.folder, name))
+            os.rmdir(self.folder)
+        return {"published_blocks": len(self._published), "decode_nodes": sorted(attached),
+                "decode_nodes_unfinished": waiting}
+
+    def abandon(self, remove: bool) -> None:
+        """The run failed: end the manifest (decode nodes stop) and remove the folder, or detach."""
+        if self.role == "prefill" and self._fd >= 0:
+            self.finish(0.0, remove, lambda *_: None)
+        else:
+            self.detach()
+
+    def attached(self) -> set[str]:
+        return {n.rsplit(".", 1)[0] for n in os.listdir(self.folder) if n.endswith(".reading")}
+
+    def finished(self) -> set[str]:
+        return {n.rsplit(".", 1)[0] for n in os.listdir(self.folder) if n.endswith(".done")}
+
+    # ------------------------------------------------------------------ decode side
+
+    @classmethod
+    def attach(cls, root: str, engine: str, slot_bytes: int, identity: dict):
+        """Join a folder a prefill node made (its header already read and checked)."""
+        store = cls(root, "decode", engine, slot_bytes, slot_bytes, identity, f"d{os.getpid()}")
+        store.marker = f"decode-{os.uname().nodename}-{os.getpid()}"
+        open(os.path.join(store.folder, store.marker + ".reading"), "w").close()
+        return store
+
+    def load(self, key: int, out) -> bool:
+        """Read a published block into out; False when it is gone (removed for space, or the prefill ended)."""
+        try:
+            self.blocks.get(key, out)
+            return True
+        except (BlockVanished, RunFault):
+            return False
+
+    def detach(self) -> None:
+        if self.marker:
+            try:
+                open(os.path.join(self.folder, self.marker + ".done"), "w").close()
+            except OSError:
+                pass  # the prefill node already removed the folder
+
+
+def check_header(header: dict, identity: dict, where: str) -> None:
+    for k in IDENTITY:
+        if header.get(k) != identity[k]:
+            raise UserError(f"{where} was written for {k} {header.get(k)!r} but this decode node runs "
+                            f"{identity[k]!r}; start both nodes with the same --model, --kv-dtype, --tp, "
+                            f"--block-tokens and --seed.")

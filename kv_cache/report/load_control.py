@@ -1,0 +1,80 @@
+"""Console lines of load control: QoS attainment per class, the autoscaler's curve, a disaggregated
+node's own figures and steady-state detection (pure functions of the results dict)."""
+
+from __future__ import annotations
+
+from kv_cache.report.table import format_table
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"
+
+
+def _yes(v) -> str:
+    return "n/a" if v is None else "yes" if v else "NO"
+
+
+def qos_section(results: dict) -> list[str]:
+    q = results.get("qos")
+    if not q or not any(c["requests"] for c in q["classes"].values()):
+        return []
+    rows = [["class", "prio", "requests", "TTFT p95", "target", "TTFT p99", "target", "e2e p95", "target",
+             "attained", "met"]]
+    for name, c in q["classes"].items():
+        t, lat, e2e = c["targets_ms"], c["ttft_ms"], c["e2e_ms"]
+        rows.append([name, str(c["priority"]), f"{c['requests']:,}", _ms(lat["p95"]), _ms(t["ttft_p95"]),
+                     _ms(lat["p99"]), _ms(t["ttft_p99"]), _ms(e2e["p95"]), _ms(t["e2e_p95"]),
+                     "-" if c["attainment"] is None else f"{c['attainment']:.1%}", _yes(c["met"])])
+    return (["", f"QoS (storage part of TTFT = queue wait + prefix load + prefill write, ms; attained = share within "
+                 f"the p95 target, goal {q['attainment_goal']:.0%}; e2e p99 judged too): all met: "
+                 f"{_yes(q['all_met'])}"] + format_table(rows, 2, "  "))
+
+
+def autoscale_section(results: dict) -> list[str]:
+    a = results.get("autoscale")
+    if not a:
+        return []
+    rows = [["step", "users", "offered/s", "done/s", "tokens/s", "TTFT p95", "attained", "SLAs met"]]
+    for i, p in enumerate(a["curve"], 1):
+        rows.append([str(i), str(p["users"]), f"{p['offered_per_s']:.2f}", f"{p['requests_per_s']:.2f}",
+                     f"{p['tokens_per_s']:,.0f}", _ms(p["ttft_p95_ms"]),
+                     "-" if p["attainment"] is None else f"{p['attainment']:.1%}", _yes(p["sla_met"])])
+    best = a["best"]
+    answer = ("none" if best is None else f"{best['users']} users ({best['tokens_per_s']:,.0f} tokens/s, "
+              f"TTFT p95 {_ms(best['ttft_p95_ms'])} ms)")
+    what = "largest user count meeting every SLA" if a["mode"] == "qos" else "peak throughput"
+    return ["", f"Autoscaler ({a['mode']}): {what}: {answer}; {a['verdict']}"] + format_table(rows, 2, "  ")
+
+
+def role_section(results: dict) -> list[str]:
+    r = results.get("role")
+    if not r:
+        return []
+    lat = results["latency_ms"].get("handoff", {})
+    bw = results["bandwidth_gbps"].get("handoff", {})
+    if r["role"] == "prefill":
+        w = lat.get("write", {})
+        return ["", f"Prefill node: published {results['blocks'].get('handoff', {}).get('write', 0):,} blocks into "
+                    f"{r['handoff_dir']} ({r['engine']}): {bw.get('write', 0):.3f} GB/s, write p50 {_ms(w.get('p50'))}"
+                    f" / p99 {_ms(w.get('p99'))} ms; decode nodes attached: {', '.join(r['decode_nodes']) or 'none'}"]
+    h, rd = r["prefill_done_to_decode_loaded_ms"], lat.get("read", {})
+    return ["", f"Decode node: loaded {results['blocks'].get('handoff', {}).get('read', 0):,} blocks from "
+                f"{r['handoff_dir']}: {bw.get('read', 0):.3f} GB/s, read p50 {_ms(rd.get('p50'))} / p99 "
+                f"{_ms(rd.get('p99'))} ms; {r['missing_blocks']:,} missing",
+            f"  prefill complete -> decode loaded: p50 {_ms(h['p50'])} / p95 {_ms(h['p95'])} / p99 {_ms(h['p99'])} ms "
+            f"({h['count']:,} requests; wall clocks of both nodes)"]
+
+
+def steady_section(results: dict) -> list[str]:
+    st = results.get("steady_state")
+    if not st:
+        return []
+    if not st["detected"]:
+        return [f"Steady     not reached: no {st['window_s']} s window of requests/s within {st['tolerance']:.0%} "
+                f"of its mean"]
+    return [f"Steady     from t = {st['from_s']} s ({st['window_s']} s within {st['tolerance']:.0%}): "
+            f"{st['requests_per_s']:.2f} requests/s, {st['tokens_per_s']:,.0f} prompt tokens/s from there on"]
+
+
+def sections(results: dict) -> list[str]:
+    return steady_section(results) + qos_section(results) + autoscale_section(results) + role_section(results)

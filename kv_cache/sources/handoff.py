@@ -1,0 +1,88 @@
+"""Decode-node traffic: the requests a prefill node hands over, read from the handoff manifest.
+
+The manifest (see lifecycle/handoff.py) is followed like ``tail -f``: whole
+lines only, each request line becomes a Request carrying its Handoff record,
+due when the line is seen. While nothing new arrives the follower yields an
+idle tick every 50 ms so the scheduler keeps checking its deadline; it ends
+at the prefill node's end line, or after ``wait_s`` without a new line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from time import monotonic_ns as now_ns
+
+import numpy as np
+
+from kv_cache.errors import UserError
+from kv_cache.types import Handoff, Request
+
+POLL_S = 0.005
+IDLE_TICK_S = 0.05
+EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def wait_for_manifest(path: str, wait_s: float) -> dict:
+    """Block until a prefill node has written the manifest's header; return it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(path, "rb") as f:
+                line = f.readline()
+            if line.endswith(b"\n"):
+                return json.loads(line)
+        except FileNotFoundError:
+            pass
+        if time.monotonic() >= deadline:
+            raise UserError(f"no prefill node published into {os.path.dirname(path)} within {wait_s:g} s; start "
+                            f"a --role prefill run with the same --handoff-dir (or raise --disagg-wait-s).")
+        time.sleep(0.05)
+
+
+class ManifestFollower:
+    """Open-loop arrivals (offset_s, build) from a growing manifest; build None is an idle tick."""
+
+    def __init__(self, path: str, wait_s: float):
+        self.path, self.wait_s = path, wait_s
+        self._f = open(path, "rb")  # noqa: SIM115 - kept open while following
+        self._f.readline()  # the header, checked by the composition root
+        self._partial = b""
+        self._origin = now_ns()
+        self._last_news = time.monotonic()
+        self.records = 0
+        self.ended = False
+
+    def start(self, origin_ns: int) -> None:
+        self._origin = origin_ns
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        give_up = time.monotonic() + IDLE_TICK_S
+        while True:
+            line = self._f.readline()
+            if line.endswith(b"\n"):
+                line, self._partial = self._partial + line, b""
+                rec = json.loads(line)
+                self._last_news = time.monotonic()
+                if rec["kind"] == "end":
+                    self.ended = True
+                    self._f.close()
+                    raise StopIteration
+                self.records += 1
+                h = Handoff.from_dict(rec)
+                return (now_ns() - self._origin) / 1e9, lambda h=h, n=self.records: _request(h, n)
+            self._partial += line  # a line still being written: keep its start, wait for the rest
+            if time.monotonic() - self._last_news > self.wait_s:
+                self._f.close()
+                raise StopIteration
+            if time.monotonic() >= give_up:
+                return (now_ns() - self._origin) / 1e9, None
+            time.sleep(POLL_S)
+
+
+def _request(h: Handoff, n: int) -> Request:
+    return Request(user_id=n, seq=n, turn=0, prompt_tokens=EMPTY, output_tokens=EMPTY, spans=(), handoff=h)
