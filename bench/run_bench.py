@@ -28,6 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpu_bench import gpu_round  # noqa: E402 - beside this file
+from gpu_bench import lines as gpu_lines  # noqa: E402
+
 from kv_cache.lifecycle.payload import PayloadPool  # noqa: E402
 from kv_cache.tiers.aligned import aligned_buffer  # noqa: E402
 from kv_cache.tiers.cpu import CpuTier  # noqa: E402
@@ -235,7 +238,8 @@ def main() -> int:
     result = {"block_bytes": block, "blocks": blocks, "threads": a.threads, "rounds": a.rounds,
               "fs_type": mount.fs_type, "device": mount.source, "nvme_tier": median_of(ours),
               "fio": median_of(fio) if fio else None, "cpu": median_of(cpu),
-              "null": {w: null_rate(w, a.null_seconds) for w in (1, 2, 4)}}
+              "null": {w: null_rate(w, a.null_seconds) for w in (1, 2, 4)},
+              "gpu": gpu_round(block, max(8, min(blocks, int(8 * GiB // block))))}
     n, f, c = result["nvme_tier"], result["fio"], result["cpu"]
     lines = ["| measure | ours | limit | ratio |", "|---|---|---|---|"]
     if f:
@@ -251,6 +255,7 @@ def main() -> int:
         lines.append(f"| null tier, {w} worker(s): block ops/s (all ops; reads+writes only) | "
                      f"{r['block_ops_per_s']:,.0f} ({r['read_write_ops_per_s']:,.0f}) | target 20,000 | "
                      f"{r['block_ops_per_s'] / 20000:.2f} |")
+    lines += gpu_lines(result["gpu"])
     lines.append("\n(median over rounds, min-max in brackets; ratio = ours / limit)")
     print("\n".join(lines))
     out = REPO / "bench" / "out"

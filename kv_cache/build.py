@@ -14,10 +14,14 @@ from dataclasses import dataclass, field
 from kv_cache.budget import MemoryBudget
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
+from kv_cache.lifecycle.executor import WorkerBuffers
 from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
 from kv_cache.model import ModelSpec, find_model, slot_bytes
 from kv_cache.tiers.cpu import CpuTier
+from kv_cache.tiers.devices import check_fits as check_hbm
+from kv_cache.tiers.devices import open_cupy
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct
+from kv_cache.tiers.gpu import GpuTier
 from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.nvme import NvmeTier
 from kv_cache.tiers.simulated import SimulatedTier
@@ -66,10 +70,13 @@ def workers(s: Settings) -> int:
     return s.schedule.workers or max(4, min(16, 2 * (os.cpu_count() or 1)))
 
 
-def memory_budget(s: Settings, geo: Geometry) -> MemoryBudget:
+def memory_budget(s: Settings, geo: Geometry, gpu=None) -> MemoryBudget:
+    """gpu: the GPU backend when a real GPU tier will be built (its lanes' pinned staging is host memory)."""
     fake = s.tiers.null_io
     cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
     staging = 0 if fake else workers(s) * 2 * geo.max_object_bytes
+    if gpu is not None:
+        staging += (workers(s) + 1) * geo.max_object_bytes
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
     return MemoryBudget(cpu, staging, pool)
 
@@ -140,11 +147,45 @@ def nvme_capacity(s: Settings, site: StorageSite, geo: Geometry) -> int:
 
 # ---------------------------------------------------------------------------- tiers
 
+def open_gpu(s: Settings) -> tuple[object | None, str]:
+    """The device backend for a real GPU tier, or None and the one line that says why there is none."""
+    if s.tiers.gpu not in ("auto", "real") or s.tiers.null_io or not s.tiers.gpu_mem_gb:
+        return None, ""
+    backend, why = open_cupy()
+    if backend is None and s.tiers.gpu == "real":
+        raise UserError(f"--gpu real: {why}; use --gpu simulated or --gpu off on a machine without one.")
+    return backend, f"GPU tier off: {why} (--gpu simulated models one)." if backend is None else ""
+
+
+def _gpu_tier(s: Settings, geo: Geometry, backend) -> GpuTier:
+    count = backend.count()
+    n = s.tiers.gpus or count
+    if n > count:
+        raise UserError(f"--gpus {n} asks for more GPUs than the {count} CuPy sees; lower --gpus.")
+    devices = list(range(n))
+    total = int(s.tiers.gpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
+    check_hbm(backend, devices, -(-total // n))
+    return GpuTier(backend, total, geo.slot_bytes, devices, workers(s) + 1, geo.max_object_bytes)
+
+
+def worker_state(tiers: list, max_object_bytes: int, fake_io: bool):
+    """Factory of a worker's buffers, registered as pinned with a GPU tier (direct DMA, no staging copy)."""
+    def make() -> WorkerBuffers:
+        bufs = WorkerBuffers(max_object_bytes, fake_io)
+        for t in tiers:
+            if hasattr(t, "pin_host") and not fake_io:
+                t.pin_host(bufs.block)
+                t.pin_host(bufs.scratch)
+        return bufs
+    return make
+
+
 def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None,
-                writer: str = "r0") -> tuple[list, list[str]]:
+                writer: str = "r0", gpu=None) -> tuple[list, list[str]]:
     """The ordered tier list (fastest first) and lines saying what is off and why.
 
     fill(key, out) rebuilds a block's payload; a simulated tier uses it to hand back real bytes.
+    gpu: the device backend of a real GPU tier (see open_gpu), or None.
     """
     notes: list[str] = []
     tiers: list = []
@@ -153,9 +194,10 @@ def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None,
     if s.tiers.gpu == "simulated" and gpu_bytes >= slot:
         tiers.append(NullTier("gpu", gpu_bytes, slot) if s.tiers.null_io
                      else SimulatedTier("gpu", gpu_bytes, slot, s.tiers.gpu_sim_gbps, fill))
-    elif s.tiers.gpu == "auto":
-        notes.append("GPU tier off: the real CuPy HBM tier is not built yet (see issue 5); "
-                     "--gpu simulated models one.")
+    elif gpu is not None and gpu_bytes >= slot:
+        tiers.append(_gpu_tier(s, geo, gpu))
+    elif gpu is not None:
+        notes.append(f"GPU tier off: {s.tiers.gpu_mem_gb:g} GiB holds no {slot / 2**20:.1f} MiB slot.")
     cpu_bytes = int(s.tiers.cpu_mem_gb * GiB)
     if cpu_bytes >= slot:
         tiers.append(NullTier("cpu", cpu_bytes, slot) if s.tiers.null_io else CpuTier(cpu_bytes, slot))

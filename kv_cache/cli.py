@@ -21,7 +21,7 @@ from kv_cache import __version__
 from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, resolve
 from kv_cache.errors import UserError
 
-SUBCOMMANDS = ("run", "report", "compare", "validate")
+SUBCOMMANDS = ("run", "report", "compare", "validate", "policies")
 
 
 def _add_setting_flags(p: argparse.ArgumentParser) -> None:
@@ -70,6 +70,30 @@ def _cmd_run(argv: list[str]) -> int:
 
     say = (lambda *a, **k: None) if settings.run.quiet else print
     return execute(settings, say)
+
+
+def _cmd_policies(argv: list[str]) -> int:
+    from kv_cache.cache.policies import POLICIES
+
+    p = run_parser()
+    p.prog = "kv_cache_benchmark.py policies"
+    p.description = "Replay one deterministic request sequence through several eviction policies and compare."
+    p.add_argument("--policies", default=",".join(POLICIES), help="Comma-separated policies [default: all].")
+    p.add_argument("--prefill-ms-per-token", type=float, default=0.08,
+                   help="Recompute cost of a missed prompt token in the modelled TTFT [default: 0.08].")
+    args = vars(p.parse_args(argv))
+    names = [n.strip() for n in args.pop("policies").split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise UserError(f"--policies: unknown policy '{(unknown or [''])[0]}'; known: {', '.join(POLICIES)}.")
+    ms = args.pop("prefill_ms_per_token")
+    config, sets, _ = args.pop("config"), args.pop("set"), args.pop("list_models")
+    settings = resolve(config, sets, args)
+    if not settings.run.max_requests:
+        raise UserError("policies replays a fixed sequence: give its length with --max-requests N.")
+    from kv_cache.policy_compare import compare_policies
+
+    return compare_policies(settings, names, ms, print)
 
 
 def load_results(arg: str) -> tuple[Path, dict]:
@@ -151,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     try:
-        commands = {"report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate, "run": _cmd_run}
+        commands = {"report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate, "run": _cmd_run,
+                    "policies": _cmd_policies}
         return commands[command](rest)
     except UserError as e:
         print(f"kv_cache_benchmark.py: error: {e}", file=sys.stderr)

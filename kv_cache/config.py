@@ -36,6 +36,8 @@ class RunSettings:
     run_id: str = key("", "Name of the run folder (empty: a UTC timestamp).")
     keep_data: bool = key(False, "Keep the NVMe tier's data files after the run (default: removed).")
     quiet: bool = key(False, "Print nothing but errors.")
+    telemetry: bool = key(True, "Sample the host (CPU, memory, the cache directory's disk I/O from the block "
+                                "layer, psutil) and each GPU (NVML) every second into the time series.")
     trials: int = key(1, "Repeat the run this many times with the same schedule; report the median and spread "
                          "(min, max, coefficient of variation) of the headline numbers.", lo=1, hi=1000)
     submission: str = key("", "Run under the fixed rules of a submission and write a package (v1; smoke only "
@@ -64,10 +66,12 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class TierSettings:
-    gpu: str = key("auto", "GPU tier: auto (on when CuPy finds a device, else off), simulated "
-                           "(capacity + bandwidth model, labelled simulated), off.",
-                   choices=("auto", "simulated", "off"))
-    gpu_mem_gb: float = key(16.0, "GPU tier capacity in GiB.", lo=0.0)
+    gpu: str = key("auto", "GPU tier: auto (real when CuPy finds a device, else off, said in one line), real "
+                           "(a device is required), simulated (capacity + bandwidth model, labelled simulated), off.",
+                   choices=("auto", "real", "simulated", "off"))
+    gpu_mem_gb: float = key(16.0, "GPU tier capacity in GiB, over all its GPUs (refused if more than their free "
+                                  "HBM).", lo=0.0)
+    gpus: int = key(1, "GPUs the tier spreads its blocks over (0: every device CuPy sees).", lo=0, hi=64)
     gpu_sim_gbps: float = key(25.0, "Bandwidth model of the simulated GPU tier, GB/s per transfer "
                                     "(PCIe 5 x16 host copies reach about 25).", lo=0.001)
     cpu_mem_gb: float = key(4.0, "CPU tier capacity in GiB (0 turns the tier off).", lo=0.0)
@@ -95,7 +99,10 @@ class TierSettings:
 
 @dataclass(frozen=True)
 class CacheSettings:
-    policy: str = key("lru", "Eviction policy of every tier.", choices=("lru",))
+    policy: str = key("lru", "Eviction policy of every tier: lru, lfu, fifo, size-lru, s3fifo (S3-FIFO), "
+                             "semantic-static / semantic-adaptive (SemanticKV's type-weighted scores; adaptive "
+                             "learns from regrets).",
+                      choices=("lru", "lfu", "fifo", "size-lru", "s3fifo", "semantic-static", "semantic-adaptive"))
     promote: bool = key(True, "Promote a block read from a lower tier back to the top tier "
                               "(--no-promote: waterfall only).")
 
@@ -123,8 +130,9 @@ class ScheduleSettings:
                        lo=0, hi=4096)
     arrival: str = key("auto", "When requests arrive: closed (users wait for answers and think), poisson (open "
                                "loop at --request-rate), trace (trace timestamps / --trace-speedup); auto: trace "
-                               "for timestamped traces, closed otherwise.",
-                       choices=("auto", "closed", "poisson", "trace"))
+                               "for timestamped traces, closed otherwise; sequence: the traffic's requests in one "
+                               "fixed order, back to back, one in flight (what the policies sub-command replays).",
+                       choices=("auto", "closed", "poisson", "trace", "sequence"))
     request_rate: float = key(0.0, "Requests per second of the poisson arrival process.", lo=0.0)
     think_time_s: tuple[float, float] = key((0.1, 0.5), "Think-time range of closed-loop users replaying a trace "
                                                         "(synthetic users take theirs from their profile).", lo=0.0)

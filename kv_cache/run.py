@@ -18,7 +18,17 @@ from pathlib import Path
 
 from kv_cache import __version__
 from kv_cache.budget import check_fits
-from kv_cache.build import Geometry, StorageSite, build_tiers, geometry, memory_budget, storage_site, workers
+from kv_cache.build import (
+    Geometry,
+    StorageSite,
+    build_tiers,
+    geometry,
+    memory_budget,
+    open_gpu,
+    storage_site,
+    worker_state,
+    workers,
+)
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
 from kv_cache.config import Settings
@@ -26,12 +36,13 @@ from kv_cache.control import autoscaler, check_options, check_traffic, finish_ro
 from kv_cache.distributed import Dist
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import analyse
-from kv_cache.lifecycle.executor import Lifecycle, WorkerBuffers
+from kv_cache.lifecycle.executor import Lifecycle
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.recorder.iotrace import IOTraceWriter
 from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import build_results
+from kv_cache.recorder.telemetry import Telemetry
 from kv_cache.report.console import render
 from kv_cache.report.files import write_report
 from kv_cache.report.live import LiveLine
@@ -65,11 +76,13 @@ def new_run_id() -> str:
 def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0, join: bool = False) -> Built:
     geo = geometry(s)
     n = workers(s)
-    budget = memory_budget(s, geo)
+    gpu, gpu_note = open_gpu(s)
+    budget = memory_budget(s, geo, gpu)
     check_fits(budget, n, geo.max_object_bytes)
     site = None if s.tiers.null_io else storage_site(s, run_id, join)
     try:
-        tiers, notes = build_tiers(s, geo, site, payloads.fill if payloads else None, f"r{rank}")
+        tiers, notes = build_tiers(s, geo, site, payloads.fill if payloads else None, f"r{rank}", gpu)
+        notes += [gpu_note] if gpu_note else []
         handoff, note = open_handoff(s, geo.model.name, geo.slot_bytes)
     except BaseException:
         if site:
@@ -91,8 +104,8 @@ def _close(b: Built, remove: bool) -> None:
         shutil.rmtree(b.site.data_dir, ignore_errors=True)
 
 
-def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: Built, quiet: bool):
-    """The dispatcher's tick: sample the gauges of the time series, and draw the live line."""
+def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: Built, quiet: bool, tele: Telemetry | None):
+    """The dispatcher's tick: sample the gauges of the time series (and telemetry), and draw the live line."""
     live = None if quiet else LiveLine(recorder, s.run.warmup_s + s.run.duration_s, b.tiers[-1].name)
     slots = [(t.name, t.slot_bytes) for t in b.tiers]
 
@@ -100,7 +113,11 @@ def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: Built, quie
         levels = {"queue_depth": runner._queue.qsize(), "in_flight": runner._in_flight,
                   "users_active": getattr(runner, "active_users", 0)}
         levels.update({f"{name}_used_bytes": used * size for (name, size), used in zip(slots, cache.used)})
-        recorder.gauge(levels, time.monotonic_ns())
+        now = time.monotonic_ns()
+        recorder.gauge(levels, now)
+        row = tele.sample(recorder.measure_start_ns is not None) if tele is not None else None
+        if row:
+            recorder.gauge(row, now)
         if live is not None:
             live(runner.outcome.completed)
     tick.close = live.close if live is not None else (lambda: None)
@@ -258,8 +275,9 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
         total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
                                                                             traffic.analysis_total or limit)
         analysis = analyse(traffic.analysis_items, life, limit, total)
-        progress = _progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0)
-        args = (b.workers, life.execute, lambda: WorkerBuffers(b.geo.max_object_bytes, fake), recorder, progress,
+        tele = Telemetry(b.site.cache_dir if b.site else None) if s.run.telemetry else None
+        progress = _progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0, tele)
+        args = (b.workers, life.execute, worker_state(b.tiers, b.geo.max_object_bytes, fake), recorder, progress,
                 dist if dist.active else None)
         scaler = autoscaler(s, traffic.users, recorder)
         runner = ClosedLoopRunner(traffic.users, *args, qos=qos_policy(s), controller=scaler) \
@@ -289,6 +307,9 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
             "workload": {"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
                          "trace": traffic.trace.log.to_dict() if traffic.trace else None,
                          "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **analysis}})
+        if tele is not None:
+            results["telemetry"] = tele.summary(results["bytes"].get("nvme"))
+            tele.close()
     finally:  # a shared namespace is removed by rank 0 alone, once every rank is done with it
         shared = s.tiers.shared_storage and dist.active
         _close(b, remove=not s.run.keep_data and not shared)

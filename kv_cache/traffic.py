@@ -18,6 +18,7 @@ from kv_cache.control import decode_traffic
 from kv_cache.errors import UserError
 from kv_cache.sources import csvtrace, hashtrace, sharegpt
 from kv_cache.sources.replay import (
+    SequenceUser,
     TraceSet,
     closed_users,
     every_nth,
@@ -106,7 +107,10 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
     arrival = _arrival(s, trace)
     if trace is None:
         t = Traffic("synthetic", arrival)
-        if arrival == "closed":
+        if arrival == "sequence":
+            users = make_users(s.workload.users, s.workload, s.profiles, seed, owns, s.rag, s.model.block_tokens)
+            t.users = [SequenceUser(b() for b in synthetic_builds(users))]
+        elif arrival == "closed":
             t.users = make_users(s.workload.users, s.workload, s.profiles, seed, owns, s.rag, s.model.block_tokens)
         else:  # one shared request stream, dealt to the ranks in turn
             users = make_users(s.workload.users, s.workload, s.profiles, seed, None, s.rag, s.model.block_tokens)
@@ -119,7 +123,10 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
         return t
     cycles = s.trace.replay_cycles
     t = Traffic(trace.fmt, arrival, trace=trace)
-    if arrival == "closed":
+    if arrival == "sequence":
+        trace = partition(trace, owns)
+        t.users = [SequenceUser(b() for b in trace_builds(trace, vocab, cycles))]
+    elif arrival == "closed":
         t.users = closed_users(trace, s.workload.users, vocab, s.schedule.think_time_s, cycles, seed, owns)
         mine = {id(r) for u in t.users for r in u.records}  # this rank's records, in trace order
         trace = TraceSet(trace.fmt, [r for r in trace.records if id(r) in mine], trace.log, trace.tokenizer)

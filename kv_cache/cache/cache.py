@@ -161,7 +161,7 @@ class BlockCache:
                     del self.index[e.key]
                 else:
                     e.tier, e.state = mv.dst, READY
-                    self.policies[mv.dst].on_insert(e.key)
+                    self.policies[mv.dst].on_insert(e.key, e.label, e.nbytes)
                 self._cond.notify_all()
 
     def _forget(self, e: Entry, mv: Move, src_accounted: bool) -> None:
@@ -265,7 +265,7 @@ class BlockCache:
             if not e.remote:
                 self.used[src] -= self._slots(src, e.nbytes)
             e.tier, e.state, e.remote = 0, READY, False
-            self.policies[0].on_insert(e.key)
+            self.policies[0].on_insert(e.key, e.label, e.nbytes)
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ writes
@@ -296,7 +296,7 @@ class BlockCache:
             raise
         with self._cond:
             e.state = READY
-            self.policies[e.tier].on_insert(e.key)
+            self.policies[e.tier].on_insert(e.key, e.label, e.nbytes)
             self._cond.notify_all()
 
     def abort(self, res: Reservation) -> None:

@@ -67,6 +67,7 @@ def merge_ranks(results: list[dict]) -> dict:
         "shared_storage": {"enabled": results[0]["shared_storage"]["enabled"],
                            "adopted_blocks": sum(r["shared_storage"]["adopted_blocks"] for r in results)},
         "workload": _workload(results),
+        "telemetry_per_rank": [r.get("telemetry") for r in results],
     }
     out = build_results(merged, run, results[0]["settings"], extra)
     out["ranks_detail"] = [{"rank": x["run"]["rank"], "host": x["run"]["hosts"][0],

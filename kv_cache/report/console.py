@@ -117,6 +117,27 @@ def traffic_section(results: dict) -> list[str]:
     return lines
 
 
+def telemetry_section(results: dict) -> list[str]:
+    t = results.get("telemetry")
+    if not t:
+        return []
+    parts = []
+    if t["host_cpu_pct_mean"] is not None:
+        parts.append(f"host CPU {t['host_cpu_pct_mean']:.0f}% busy (mean), memory used peak "
+                     f"{(t['host_mem_used_bytes_max'] or 0) / GiB:.2f} GiB")
+    d = t.get("disk")
+    if d and "device_over_benchmark" in d:
+        ratio = d["device_over_benchmark"]
+        parts.append(f"disk {d['device']} (block layer): read {d['read_bytes'] / 1e9:.2f} GB, written "
+                     f"{d['write_bytes'] / 1e9:.2f} GB = " + ", ".join(
+                         f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None) + " the benchmark's")
+    gpus = "; ".join(f"GPU {g['index']} {g['name']}: util {g.get('util_pct_mean', float('nan')):.0f}%, "
+                     f"PCIe rx {g.get('pcie_rx_mbps_mean', float('nan')):.0f} / tx "
+                     f"{g.get('pcie_tx_mbps_mean', float('nan')):.0f} MB/s" for g in t["gpus"])
+    parts.append(gpus or f"GPUs: {t['nvml']}")
+    return [f"Telemetry  {parts[0]}"] + [f"           {p}" for p in parts[1:]]
+
+
 def _theoretical(results: dict) -> str:
     th = results.get("workload", {}).get("theoretical_hit_rate")
     if not th:
@@ -127,7 +148,7 @@ def _theoretical(results: dict) -> str:
 
 def render(results: dict, results_path: str | None = None) -> str:
     lines = (header(results) + latency_section(results) + bandwidth_section(results) + traffic_section(results)
-             + sections(results))
+             + telemetry_section(results) + sections(results))
     for w in results.get("warnings", []):
         lines.append(f"WARNING: {w}")
     if results_path:

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from kv_cache.recorder.histogram import decode, merged  # noqa: E402
-from kv_cache.report.plots_control import autoscale_curve, qos_attainment  # noqa: E402
+from kv_cache.recorder.histogram import decode, merged
+from kv_cache.report.figure import save
+from kv_cache.report.plots_control import autoscale_curve, qos_attainment
 
 PCTS = (50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 99.99, 100.0)
 
@@ -31,14 +29,6 @@ def _label(results: dict, tier: str) -> str:
 
 def _nines(p: float) -> float:
     return -np.log10(max(1.0 - p / 100.0, 1e-5))
-
-
-def _save(fig, folder: Path, name: str) -> Path:
-    path = folder / name
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def latency_percentiles(results: dict, folder: Path) -> Path | None:
@@ -65,7 +55,7 @@ def latency_percentiles(results: dict, folder: Path) -> Path | None:
     ax.set_title(f"Per-block latency percentiles — {run['model']}, {size}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    return _save(fig, folder, "latency_percentiles.png")
+    return save(fig, folder, "latency_percentiles.png")
 
 
 def _full_seconds(results: dict) -> list[dict]:
@@ -105,7 +95,7 @@ def throughput(results: dict, folder: Path) -> Path | None:
     ax2.grid(alpha=0.3)
     lines = ax2.get_legend_handles_labels()[0] + ax2b.get_legend_handles_labels()[0]
     ax2.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="upper left")
-    return _save(fig, folder, "throughput.png")
+    return save(fig, folder, "throughput.png")
 
 
 def occupancy(results: dict, folder: Path) -> Path | None:
@@ -127,7 +117,7 @@ def occupancy(results: dict, folder: Path) -> Path | None:
     ax2.set_ylabel("requests")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
-    return _save(fig, folder, "occupancy.png")
+    return save(fig, folder, "occupancy.png")
 
 
 def hit_rate(results: dict, folder: Path) -> Path | None:
@@ -150,7 +140,7 @@ def hit_rate(results: dict, folder: Path) -> Path | None:
     ax.set_title("Hit rate by source: achieved vs an infinite cache")
     ax.grid(axis="y", alpha=0.3)
     ax.legend()
-    return _save(fig, folder, "hit_rate.png")
+    return save(fig, folder, "hit_rate.png")
 
 
 def make_plots(results: dict, folder: Path) -> list[Path]:

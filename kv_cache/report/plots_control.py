@@ -10,19 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-
-def _save(fig, folder: Path, name: str) -> Path:
-    path = folder / name
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+from kv_cache.report.figure import save
 
 
 def qos_attainment(results: dict, folder: Path) -> Path | None:
@@ -51,7 +42,7 @@ def qos_attainment(results: dict, folder: Path) -> Path | None:
     ax2.set_ylabel("requests within the p95 target (%)")
     ax2.set_title("Attainment (green: every target met)")
     ax2.legend(fontsize=8)
-    return _save(fig, folder, "qos_attainment.png")
+    return save(fig, folder, "qos_attainment.png")
 
 
 def autoscale_curve(results: dict, folder: Path) -> Path | None:
@@ -83,4 +74,4 @@ def autoscale_curve(results: dict, folder: Path) -> Path | None:
     ax2.set_title("Latency per step (green: SLAs met, red: not)")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
-    return _save(fig, folder, "autoscale_curve.png")
+    return save(fig, folder, "autoscale_curve.png")

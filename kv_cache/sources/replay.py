@@ -140,3 +140,27 @@ def _builder(rec, vocab: int) -> Callable[[], Request]:
         req.seq = rec.index + 1
         return req
     return build
+
+
+class SequenceUser:
+    """One user issuing a fixed request sequence back to back (arrival ``sequence``).
+
+    One request is in flight at a time, so the order of requests — and every cache decision — is
+    the same whatever the policy, the tiers' speed or the number of workers: what ``policies``
+    needs to compare eviction policies on one request sequence.
+    """
+
+    user_id = 0
+    first_delay_s = 0.0
+
+    def __init__(self, requests):
+        self._requests = iter(requests)
+        self.seq = 0
+
+    def next_request(self) -> Request | None:
+        req = next(self._requests, None)
+        if req is None:
+            return None
+        self.seq += 1
+        req.user_id, req.seq, req.think_s = 0, self.seq, 0.0
+        return req

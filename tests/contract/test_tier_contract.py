@@ -9,6 +9,8 @@ from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.tiers.aligned import aligned_buffer
 from kv_cache.tiers.base import FAKE_IO, Tier
 from kv_cache.tiers.cpu import CpuTier
+from kv_cache.tiers.devices import FakeDevice, open_cupy
+from kv_cache.tiers.gpu import GpuTier
 from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.nvme import NvmeTier
 from kv_cache.tiers.simulated import SimulatedTier
@@ -19,6 +21,12 @@ SLOTS = 8
 
 
 def make(kind, tmp_path):
+    if kind.startswith("gpu/"):
+        backend, why = open_cupy() if kind == "gpu/cupy" else (FakeDevice(count=int(kind[-1])), "")
+        if backend is None:
+            pytest.skip(why)
+        devices = list(range(backend.count() if kind != "gpu/cupy" else 1))
+        return GpuTier(backend, SLOTS * SLOT, SLOT, devices, lanes=4, staging_bytes=4 * SLOT)
     if kind == "cpu":
         return CpuTier(SLOTS * SLOT, SLOT)
     if kind == "null":
@@ -32,7 +40,8 @@ def make(kind, tmp_path):
     return NvmeTier(str(d), SLOTS * SLOT, SLOT, engine, layout, slab_file_bytes=2 * SLOT)
 
 
-KINDS = ["cpu", "null", "simulated"] + [f"nvme/{e}/{lay}" for e in ("direct", "buffered", "mmap")
+KINDS = ["cpu", "null", "simulated", "gpu/fake1", "gpu/fake2", pytest.param("gpu/cupy", marks=pytest.mark.gpu)]
+KINDS += [f"nvme/{e}/{lay}" for e in ("direct", "buffered", "mmap")
                                          for lay in ("slab", "file-per-block") if not (e == "mmap" and lay != "slab")]
 
 

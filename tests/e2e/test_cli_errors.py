@@ -112,3 +112,20 @@ def test_disk_full_stops_cleanly(small_run, small_tmpfs):
     assert res["run"]["stopped_reason"] == "fault" and "disk full" in res["run"]["fault"]
     assert "FAULT: disk full" in out
     assert sorted(os.listdir(fs)) == ["filler"], "the run left data behind"
+
+
+def test_gpu_real_without_a_device_names_what_is_missing(small_run):
+    r = run_cli(small_run("gpu", "--gpu", "real"))
+    assert_clean_error(r, "--gpu real:")
+    assert "gpu extra" in r.stderr or "no CUDA device" in r.stderr
+
+
+def test_gpu_auto_without_a_device_turns_the_tier_off_and_says_so(small_run):
+    from kv_cache.tiers.devices import open_cupy
+
+    if open_cupy()[0] is not None:
+        pytest.skip("a GPU is present: auto turns the tier on")
+    r = run_cli(small_run("auto", "--duration", "0.5", "--warmup", "0"))
+    assert r.returncode == 0, r.stderr
+    notes = small_run.results("auto")["run"]["notes"]
+    assert any(n.startswith("GPU tier off: ") for n in notes), notes

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kv_cache.cache.cache import BlockCache
+from kv_cache.cache.policies import POLICIES
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.null import NullTier
 
@@ -16,12 +17,12 @@ SLOT = 4096
 BUF = np.zeros(8 * SLOT, np.uint8)
 
 
-def make(cpu, nvme, promote, gpu=0):
+def make(cpu, nvme, promote, gpu=0, policy="lru"):
     tiers = ([NullTier("gpu", gpu * SLOT, SLOT)] if gpu else []) + [NullTier("cpu", cpu * SLOT, SLOT),
                                                                      NullTier("nvme", nvme * SLOT, SLOT)]
     rec = Recorder()
     rec.start_measuring(0)
-    return BlockCache(tiers, "lru", promote, rec)
+    return BlockCache(tiers, policy, promote, rec)
 
 
 op = st.one_of(
@@ -33,13 +34,13 @@ op = st.one_of(
 
 @settings(max_examples=150, deadline=None)
 @given(ops=st.lists(op, max_size=60), cpu=st.integers(1, 6), nvme=st.integers(3, 10), gpu=st.integers(0, 3),
-       promote=st.booleans())
-def test_capacity_and_accounting_never_drift(ops, cpu, nvme, gpu, promote):
-    cache = make(cpu, nvme, promote, gpu)
+       promote=st.booleans(), policy=st.sampled_from(sorted(POLICIES)))
+def test_capacity_and_accounting_never_drift(ops, cpu, nvme, gpu, promote, policy):
+    cache = make(cpu, nvme, promote, gpu, policy)
     held = []
     for kind, arg, size in ops:
         if kind == "write":
-            res = cache.reserve_write(arg, size * SLOT, "user")
+            res = cache.reserve_write(arg, size * SLOT, ("user", "system", "rag", "history")[arg % 4])
             if res is not None:
                 cache.commit_write(res, BUF, "prefill", BUF)
         elif kind == "read":

@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parents[2] / "kv_cache"
 FLOW = ["sources", "scheduler", "lifecycle", "cache", "tiers"]
 SHARED = {"types", "config", "config_check", "config_load", "errors", "model", "__init__"}
 ROOT = {"cli", "run", "build", "budget", "traffic", "config_doc", "distributed", "trials", "submission", "__main__",
-        "control"}
+        "control", "policy_compare"}
 SHARED_EXTRA = {"config_check"}  # composition root: may import anything
 
 

@@ -8,9 +8,13 @@ order. It never sees pins or tiers; the cache skips blocks it cannot evict.
 from __future__ import annotations
 
 from kv_cache.cache.policies.lru import LRUPolicy
+from kv_cache.cache.policies.s3fifo import S3FIFOPolicy
+from kv_cache.cache.policies.semantic import SemanticAdaptivePolicy, SemanticStaticPolicy
+from kv_cache.cache.policies.simple import FIFOPolicy, LFUPolicy, SizeLRUPolicy
 from kv_cache.errors import UserError
 
-POLICIES = {"lru": LRUPolicy}
+POLICIES = {p.name: p for p in (LRUPolicy, LFUPolicy, FIFOPolicy, SizeLRUPolicy, S3FIFOPolicy, SemanticStaticPolicy,
+                                SemanticAdaptivePolicy)}
 
 
 def make_policy(name: str):

@@ -14,7 +14,7 @@ class LRUPolicy:
     def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()
 
-    def on_insert(self, key: int) -> None:
+    def on_insert(self, key: int, label: str = "", nbytes: int = 0) -> None:
         self._order[key] = None
 
     def on_hit(self, key: int) -> None:

@@ -1,0 +1,66 @@
+"""The ``policies`` sub-command: one deterministic request sequence through several eviction policies.
+
+Each policy gets a real run (same tiers, same capacities, same seed) with
+arrival ``sequence``: the traffic's requests in one fixed order, one in flight,
+so every policy sees exactly the same requests in the same order and only its
+eviction decisions differ. Then one table and one plot compare them.
+
+Modelled TTFT (stated in the output): the measured storage part of TTFT (prefix load +
+prefill write; nothing queues with one request in flight) + the prompt tokens that missed x
+``--prefill-ms-per-token`` (default 0.08 ms, SemanticKV's slope) of recomputation, per request,
+averaged. Only the recomputation term is modelled.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kv_cache.config import Settings, replace
+from kv_cache.errors import UserError
+from kv_cache.report.policies import policy_plot, policy_table
+from kv_cache.run import EXIT_INTERRUPTED, new_run_id, write_json
+
+
+def summarize(name: str, r: dict, ms_per_token: float) -> dict:
+    req = r["requests"]["completed"]
+    ttft = r["request_latency_ms"].get("ttft", {})
+    missed = r["tokens"]["prompt"] - r["tokens"]["cached"]
+    block = r["run"]["block_bytes"]
+    return {
+        "policy": name, "requests": req,
+        "hit_rate_tokens": r["hit_rate"]["tokens"], "hit_rate_blocks": r["hit_rate"]["blocks"],
+        "hit_rate_by_type": r["hit_rate"]["by_source"],
+        "bytes": r["bytes"],
+        "demoted_bytes": {t: ops.get("demote", 0) * block for t, ops in r["ops"].items()},
+        "latency_ms": r["latency_ms"],
+        "storage_ttft_mean_ms": ttft.get("mean"),
+        "modelled_ttft_mean_ms": (ttft["mean"] + ms_per_token * missed / req) if req and ttft.get("mean") is not None
+        else None,
+        "verification_failures": r["verification"]["failures"],
+    }
+
+
+def compare_policies(s: Settings, names: list[str], ms_per_token: float, say) -> int:
+    rid = s.run.run_id or new_run_id()
+    root = Path(s.run.output_dir) / rid
+    if root.exists():
+        raise UserError(f"report folder {root} already exists; choose another --run-id.")
+    from kv_cache.run import execute  # imported late: run imports the whole pipeline
+
+    rows, status = [], 0
+    for name in names:
+        say(f"== policy {name} (same request sequence, one request in flight)")
+        sp = s
+        for dotted, value in (("cache.policy", name), ("schedule.arrival", "sequence"), ("run.run_id", name),
+                              ("run.output_dir", str(root)), ("run.quiet", True)):
+            sp = replace(sp, dotted, value)
+        status = max(status, execute(sp, lambda *a, **k: None))
+        if status == EXIT_INTERRUPTED:
+            return status
+        rows.append(summarize(name, json.loads((root / name / "results.json").read_text()), ms_per_token))
+    model = f"modelled TTFT = measured storage TTFT + missed prompt tokens x {ms_per_token:g} ms (recompute)"
+    write_json(root / "policies.json", {"policies": rows, "ttft_model": model, "settings": s.to_dict()})
+    plot = policy_plot(rows, root, model)
+    say(policy_table(rows) + f"\n  {model}\n  per-policy runs in {root}/<policy>/; plot: {plot}")
+    return status

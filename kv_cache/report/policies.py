@@ -1,0 +1,60 @@
+"""Table and plot of the ``policies`` sub-command (pure functions of its rows)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from kv_cache.report.figure import save
+from kv_cache.report.table import format_table
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def policy_table(rows: list[dict]) -> str:
+    types = sorted({t for r in rows for t, v in r["hit_rate_by_type"].items() if v is not None})
+    tiers = list(rows[0]["bytes"]) if rows else []
+    head = ["policy", "tokens hit", "blocks hit", *(f"{t} hit" for t in types),
+            *(f"{t} read/written/demoted GiB" for t in tiers), "storage TTFT", "modelled TTFT"]
+    table = [head]
+    for r in rows:
+        moved = [f"{r['bytes'][t]['read'] / 2**30:.2f}/{r['bytes'][t]['write'] / 2**30:.2f}/"
+                 f"{r['demoted_bytes'].get(t, 0) / 2**30:.2f}" for t in tiers]
+        table.append([r["policy"], _pct(r["hit_rate_tokens"]), _pct(r["hit_rate_blocks"]),
+                      *(_pct(r["hit_rate_by_type"].get(t)) for t in types), *moved,
+                      _ms(r["storage_ttft_mean_ms"]), _ms(r["modelled_ttft_mean_ms"])])
+    lat = [["policy", "tier", "op", "count", "p50 ms", "p99 ms"]]
+    for r in rows:
+        for tier, ops in r["latency_ms"].items():
+            for op, st in ops.items():
+                if op in ("read", "write"):
+                    lat.append([r["policy"], tier, op, f"{st['count']:,}", _ms(st["p50"]), _ms(st["p99"])])
+    return "\n".join(["Policies on one request sequence (TTFT: mean ms)"] + format_table(table, 2, "  ")
+                     + ["", "Per-block latency"] + format_table(lat, 2, "  "))
+
+
+def policy_plot(rows: list[dict], folder: Path, model: str) -> Path:
+    names = [r["policy"] for r in rows]
+    x = np.arange(len(names))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
+    ax1.bar(x, [100 * (r["hit_rate_tokens"] or 0) for r in rows])
+    ax1.set_xticks(x, names, rotation=30, ha="right")
+    ax1.set_ylabel("token hit rate (%)")
+    ax1.set_title("Hit rate per policy (same request sequence)")
+    ax2.bar(x - 0.2, [r["storage_ttft_mean_ms"] or 0 for r in rows], 0.4, label="storage TTFT (measured)")
+    ax2.bar(x + 0.2, [r["modelled_ttft_mean_ms"] or 0 for r in rows], 0.4, label="modelled TTFT")
+    ax2.set_xticks(x, names, rotation=30, ha="right")
+    ax2.set_ylabel("mean ms per request")
+    ax2.set_title(model, fontsize=8)
+    ax2.legend(fontsize=8)
+    for ax in (ax1, ax2):
+        ax.grid(axis="y", alpha=0.3)
+    return save(fig, folder, "policies.png")

@@ -1,0 +1,134 @@
+"""The GPU tier through the fake device: placement, lanes (one stream per worker and GPU), staging,
+no device-wide synchronisation, HBM checks, and demotion through the cache with verified bytes."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from kv_cache.cache.cache import BlockCache
+from kv_cache.errors import UserError
+from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.tiers.aligned import aligned_buffer
+from kv_cache.tiers.cpu import CpuTier
+from kv_cache.tiers.devices import FakeDevice, check_fits
+from kv_cache.tiers.gpu import GpuTier
+
+SLOT = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return PayloadPool(seed=5, span_bytes=1 << 20)
+
+
+def _block(pool, key, nbytes=SLOT):
+    buf = aligned_buffer(nbytes)
+    pool.fill(key, buf)
+    return buf
+
+
+def test_slots_alternate_between_devices_and_slabs_add_up():
+    dev = FakeDevice(count=3)
+    t = GpuTier(dev, 10 * SLOT, SLOT, [0, 1, 2], lanes=1, staging_bytes=SLOT)
+    assert sum(s.size for s in t.slabs) == 10 * SLOT
+    assert [t._place(s)[0] for s in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert dev.allocated == [4 * SLOT, 3 * SLOT, 3 * SLOT]
+    assert {t._place(s) for s in range(10)} == {(s % 3, (s // 3) * SLOT) for s in range(10)}
+
+
+def test_each_worker_uses_its_own_prepared_streams_and_waits_for_them_only(pool):
+    dev = FakeDevice(count=2)
+    t = GpuTier(dev, 64 * SLOT, SLOT, [0, 1], lanes=4, staging_bytes=SLOT)
+    prepared = len(dev.streams)
+    assert prepared == 4 * 2  # every lane's streams exist before any transfer
+
+    def work(base):
+        out = aligned_buffer(SLOT)
+        for k in range(base, base + 8):
+            t.put(k, _block(pool, k))
+            t.get(k, out)
+            assert pool.check(k, out, "full")
+
+    threads = [threading.Thread(target=work, args=(100 * i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(dev.streams) == prepared  # nothing allocated while running
+    used = [s for s in dev.streams if s.copies]
+    assert all(len(s.threads) == 1 for s in used)  # a stream belongs to one worker
+    assert len({next(iter(s.threads)) for s in used}) == 4
+    assert sum(s.syncs for s in dev.streams) == sum(s.copies for s in dev.streams)  # one wait per copy here
+    assert not hasattr(dev, "synchronize_device")  # the interface has no device-wide wait at all
+
+
+def test_pinned_buffers_skip_the_staging_copy(pool, monkeypatch):
+    dev = FakeDevice()
+    t = GpuTier(dev, 8 * SLOT, SLOT, [0], lanes=1, staging_bytes=SLOT)
+    pinned, plain = aligned_buffer(SLOT), aligned_buffer(SLOT)
+    t.pin_host(pinned)
+    seen = []
+    real_copy = dev.copy
+    monkeypatch.setattr(dev, "copy", lambda kind, d, off, host, s: (seen.append(host.ctypes.data),
+                                                                     real_copy(kind, d, off, host, s)))
+    pool.fill(1, pinned)
+    t.put(1, pinned)
+    pool.fill(2, plain)
+    t.put(2, plain)
+    staging = t._lane().staging.ctypes.data
+    assert seen == [pinned.ctypes.data, staging]
+    out = aligned_buffer(SLOT)
+    t.get(2, out)
+    assert pool.check(2, out, "full")
+    t.close()
+    assert dev.registered == [] and dev.allocated == [0]
+
+
+def test_more_than_free_hbm_is_refused_with_numbers():
+    dev = FakeDevice(count=2, hbm_bytes=1 << 30)
+    with pytest.raises(UserError, match=r"2.00 GiB on GPU 0 .* 1.00 GiB of its HBM is free"):
+        check_fits(dev, [0, 1], 2 << 30)
+
+
+def test_blocks_demote_from_gpu_to_cpu_with_their_bytes(pool):
+    dev = FakeDevice(count=2)
+    gpu = GpuTier(dev, 4 * SLOT, SLOT, [0, 1], lanes=2, staging_bytes=SLOT)
+    cpu = CpuTier(16 * SLOT, SLOT)
+    rec = Recorder()
+    rec.start_measuring(0)
+    cache = BlockCache([gpu, cpu], "lru", True, rec)
+    scratch = aligned_buffer(SLOT)
+    for k in range(1, 11):
+        res = cache.reserve_write(k, SLOT, "user")
+        cache.commit_write(res, _block(pool, k), "prefill", scratch)
+    where = {k: cache.names[e.tier] for k, e in cache.index.items()}
+    assert sorted(k for k, t in where.items() if t == "gpu") == [7, 8, 9, 10]
+    assert rec.counters()["ops.cpu.demote"] == 6
+    out = aligned_buffer(SLOT)
+    for k in range(1, 11):  # every block, wherever it went, comes back byte-exact (and is promoted)
+        (e,) = cache.pin_prefix([k])
+        cache.read(e, out, "load")
+        assert pool.check(k, out, "full"), k
+        cache.release(e, out, scratch)
+    assert rec.counters()["ops.gpu.promote"] >= 6
+    assert np.array_equal(gpu.slots.used_slots, 4)
+
+
+def test_build_puts_a_real_gpu_tier_on_top_and_checks_the_device_count():
+    from kv_cache.build import build_tiers, geometry, workers
+    from kv_cache.config import resolve
+
+    s = resolve(None, ["tiers.gpu_mem_gb=0.5", "tiers.gpus=2", "tiers.cpu_mem_gb=0.1", "schedule.workers=3"],
+                {"tiers.null_io": False})
+    geo = geometry(s)
+    tiers, notes = build_tiers(s, geo, None, gpu=FakeDevice(count=2))
+    assert [t.name for t in tiers] == ["gpu", "cpu", "nvme"]
+    gpu = tiers[0]
+    assert gpu.devices == [0, 1] and len(gpu._free_lanes) == workers(s) + 1
+    assert gpu.capacity_bytes == int(0.5 * 2**30) // geo.slot_bytes * geo.slot_bytes
+    with pytest.raises(UserError, match="--gpus 3 asks for more GPUs than the 2"):
+        build_tiers(resolve(None, ["tiers.gpus=3"], {}), geo, None, gpu=FakeDevice(count=2))

@@ -1,0 +1,88 @@
+"""Each eviction policy's order on small, exact sequences; adaptive weights stay in bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from kv_cache.cache.policies import POLICIES, make_policy
+from kv_cache.cache.policies.semantic import W_MAX, W_MIN, SemanticAdaptivePolicy
+
+
+def _fill(policy, keys, label="user", nbytes=1 << 20):
+    for k in keys:
+        policy.on_insert(k, label, nbytes)
+
+
+def test_fifo_ignores_hits_and_lru_does_not():
+    fifo, lru = make_policy("fifo"), make_policy("lru")
+    for p in (fifo, lru):
+        _fill(p, [1, 2, 3])
+        p.on_hit(1)
+    assert list(fifo.candidates()) == [1, 2, 3]
+    assert list(lru.candidates()) == [2, 3, 1]
+
+
+def test_lfu_evicts_the_least_hit_oldest_first():
+    p = make_policy("lfu")
+    _fill(p, [1, 2, 3])
+    for k in (1, 1, 3):
+        p.on_hit(k)
+    assert list(p.candidates()) == [2, 3, 1]
+
+
+def test_size_lru_evicts_the_bigger_of_two_blocks_touched_about_as_recently():
+    p = make_policy("size-lru")
+    p.on_insert(1, "user", 1 << 20)
+    p.on_insert(2, "user", 64 << 20)   # newer, but 64 x bigger: evicting it frees more room
+    p.on_insert(3, "user", 1 << 20)
+    assert list(p.candidates()) == [2, 1, 3]
+
+
+def test_s3fifo_evicts_one_hit_wonders_before_reused_blocks_and_remembers_ghosts():
+    p = make_policy("s3fifo")
+    _fill(p, range(10))
+    for k in (0, 1, 2):
+        p.on_hit(k)
+    order = list(p.candidates())
+    assert set(order[:7]) == set(range(3, 10))  # never hit: first out
+    p.on_remove(3)
+    p.on_insert(3, "user", 1 << 20)  # back from the ghost list: straight into main
+    assert 3 in p._main
+
+
+def test_semantic_static_keeps_system_blocks_over_user_blocks():
+    p = make_policy("semantic-static")
+    p.on_insert(1, "system", 1 << 20)
+    p.on_insert(2, "user", 1 << 20)
+    p.on_insert(3, "rag", 1 << 20)
+    assert list(p.candidates()) == [2, 3, 1]
+
+
+def test_semantic_adaptive_learns_from_regret_and_stays_in_bounds():
+    now = [0.0]
+    p = SemanticAdaptivePolicy(clock=lambda: now[0])
+    before = p.weights["user"]
+    p.on_insert(1, "user", 1 << 20)
+    p.on_remove(1)
+    now[0] = 1.0
+    p.on_insert(1, "user", 1 << 20)  # needed again one second after it was let go: a regret
+    assert p.regrets == 1 and p.weights["user"] > before
+    for i in range(2000):  # hammer: weights never leave [W_MIN, W_MAX]
+        p.on_insert(100 + i, ("system", "user")[i % 2], 1 << 20)
+        p.on_hit(100 + i)
+        p.on_remove(100 + i)
+        now[0] += 0.01
+        p.on_insert(100 + i, ("system", "user")[i % 2], 1 << 20)
+    now[0] += 1000
+    p.candidates()
+    assert all(W_MIN <= w <= W_MAX for w in p.weights.values())
+    assert p.weights["system"] > 0.99 * W_MAX  # pushed to the ceiling, then one decay of idle types
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_forgets_removed_keys(name):
+    p = make_policy(name)
+    _fill(p, [1, 2, 3])
+    p.on_hit(2)
+    p.on_remove(2)
+    assert sorted(p.candidates()) == [1, 3] and len(p) == 2
