@@ -46,18 +46,25 @@ def test_each_worker_uses_its_own_prepared_streams_and_waits_for_them_only(pool)
     prepared = len(dev.streams)
     assert prepared == 4 * 2  # every lane's streams exist before any transfer
 
+    together = threading.Barrier(4, timeout=30)  # all four alive at once: thread idents cannot be reused
+    wrong = []
+
     def work(base):
         out = aligned_buffer(SLOT)
+        together.wait()
         for k in range(base, base + 8):
             t.put(k, _block(pool, k))
             t.get(k, out)
-            assert pool.check(k, out, "full")
+            if not pool.check(k, out, "full"):
+                wrong.append(k)
+        together.wait()
 
     threads = [threading.Thread(target=work, args=(100 * i,)) for i in range(4)]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
+    assert not wrong
     assert len(dev.streams) == prepared  # nothing allocated while running
     used = [s for s in dev.streams if s.copies]
     assert all(len(s.threads) == 1 for s in used)  # a stream belongs to one worker
