@@ -82,14 +82,13 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
     site = None if s.tiers.null_io else storage_site(s, run_id, join)
     try:
         tiers, notes = build_tiers(s, geo, site, payloads.fill if payloads else None, f"r{rank}", gpu)
-        notes += [gpu_note] if gpu_note else []
-        handoff, note = open_handoff(s, geo.model.name, geo.slot_bytes)
+        handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes)
     except BaseException:
         if site:
             shutil.rmtree(site.data_dir, ignore_errors=True)
         raise
-    return Built(geo, site, tiers, notes + (site.warnings if site else []) + ([note] if note else []), budget, n,
-                 handoff)
+    notes += [x for x in (gpu_note, *(site.warnings if site else []), handoff_note) if x]
+    return Built(geo, site, tiers, notes, budget, n, handoff)
 
 
 def _close(b: Built, remove: bool) -> None:

@@ -106,16 +106,17 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
         raise UserError("--rag shapes synthetic traffic; drop it when replaying a --trace.")
     arrival = _arrival(s, trace)
     if trace is None:
+        def users(owner=owns) -> list:  # a fresh set of synthetic users (owner: this rank's, or None: all)
+            return make_users(s.workload.users, s.workload, s.profiles, seed, owner, s.rag, s.model.block_tokens)
+
         t = Traffic("synthetic", arrival)
         if arrival == "sequence":
-            users = make_users(s.workload.users, s.workload, s.profiles, seed, owns, s.rag, s.model.block_tokens)
-            t.users = [SequenceUser(b() for b in synthetic_builds(users))]
+            t.users = [SequenceUser(b() for b in synthetic_builds(users()))]
         elif arrival == "closed":
-            t.users = make_users(s.workload.users, s.workload, s.profiles, seed, owns, s.rag, s.model.block_tokens)
+            t.users = users()
         else:  # one shared request stream, dealt to the ranks in turn
-            users = make_users(s.workload.users, s.workload, s.profiles, seed, None, s.rag, s.model.block_tokens)
-            t.arrivals = poisson_arrivals(every_nth(synthetic_builds(users), size, rank), rate, seed + rank)
-        fresh = make_users(s.workload.users, s.workload, s.profiles, seed, owns, s.rag, s.model.block_tokens)
+            t.arrivals = poisson_arrivals(every_nth(synthetic_builds(users(None)), size, rank), rate, seed + rank)
+        fresh = users()  # one set, outside the generator: its inner loop would call users() on every turn
         sample = (u.next_request() for _ in range(SYNTHETIC_SAMPLE_TURNS) for u in fresh)
         t.analysis_items, t.analysis_total = sample, None
         t.notes.append(f"analysis: a sample of the first {SYNTHETIC_SAMPLE_TURNS} requests of every user, "

@@ -82,8 +82,12 @@ class Lifecycle:
         if self.handoff is None:
             storage_ns += self._write(plan, range(plan.num_prompt_blocks, len(plan.keys)), bufs, decode_phase,
                                       counts)
+        self._finish(req, req.num_output_tokens, storage_ns, counts, ttft_ns)
+
+    def _finish(self, req: Request, output_tokens: int, storage_ns: int, counts: dict, ttft_ns: int) -> None:
+        """Modelled generation time (if any), then the request's record."""
         if self.gen_s_per_token:
-            time.sleep(req.num_output_tokens * self.gen_s_per_token)
+            time.sleep(output_tokens * self.gen_s_per_token)
         self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, counts, ttft_ns, req.qos)
 
     def _publish(self, req: Request, plan: KVPlan, bufs: WorkerBuffers) -> int:
@@ -121,9 +125,7 @@ class Lifecycle:
         plan = KVPlan(h.keys + h.decode_keys, (h.block_tokens,) * (n + len(h.decode_keys)), n,
                       ("handoff",) * n + ("generated",) * len(h.decode_keys), ((0, n, False),))
         storage_ns += self._write(plan, range(n, len(plan.keys)), bufs, "decode", counts)
-        if self.gen_s_per_token:
-            time.sleep(h.output_tokens * self.gen_s_per_token)
-        self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, counts, ttft_ns, req.qos)
+        self._finish(req, h.output_tokens, storage_ns, counts, ttft_ns)
 
     def _pin(self, plan: KVPlan) -> list[tuple[int, object]]:
         """Pin the plan's cached prompt blocks group by group (see KVPlan.lookup); (index, entry) pairs."""

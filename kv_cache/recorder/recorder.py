@@ -243,20 +243,21 @@ class Recorder:
         it, and their queueing is exactly what must be seen.
         """
         shard = self._shard()
+        ttft, e2e = (ttft_ns or done_ns) - intended_ns, done_ns - intended_ns
         step = self._step
         if step is not None and done_ns >= step.start_ns:
-            step.add(qos, (ttft_ns or done_ns) - intended_ns, done_ns - intended_ns, counts)
+            step.add(qos, ttft, e2e, counts)
         sec = self._second(done_ns)
         if sec is None:
             shard.counters["warmup.requests"] += 1
             return
         record(shard.hist(("request", "storage", "all")), storage_ns)
         record(shard.hist(("request", "queue", "all")), dequeued_ns - intended_ns)
-        record(shard.hist(("request", "e2e", "all")), done_ns - intended_ns)
-        record(shard.hist(("request", "ttft", "all")), (ttft_ns or done_ns) - intended_ns)
+        record(shard.hist(("request", "e2e", "all")), e2e)
+        record(shard.hist(("request", "ttft", "all")), ttft)
         if qos:
-            record(shard.hist((f"qos.{qos}", "ttft", "all")), (ttft_ns or done_ns) - intended_ns)
-            record(shard.hist((f"qos.{qos}", "e2e", "all")), done_ns - intended_ns)
+            record(shard.hist((f"qos.{qos}", "ttft", "all")), ttft)
+            record(shard.hist((f"qos.{qos}", "e2e", "all")), e2e)
         shard.counters["requests.completed"] += 1
         shard.series[(sec, "requests")] += 1
         for name, n in counts.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from kv_cache.config_load import QOS_CLASSES
 from kv_cache.recorder.histogram import merged, summary_ms
 from kv_cache.recorder.recorder import Snapshot
 from kv_cache.recorder.slas import judge, overall
@@ -82,7 +83,7 @@ def qos_section(snap: Snapshot, settings: dict) -> dict:
     """Per QoS class: storage TTFT and end-to-end latency against the class's SLA targets."""
     q = settings["qos"]
     classes = {}
-    for name in ("interactive", "responsive", "batch"):
+    for name in QOS_CLASSES:
         ttft, e2e = snap.hists.get((f"qos.{name}", "ttft", "all")), snap.hists.get((f"qos.{name}", "e2e", "all"))
         if ttft is None:
             ttft = e2e = merged([])

@@ -8,15 +8,10 @@ from __future__ import annotations
 
 from kv_cache.report.load_control import sections
 from kv_cache.report.table import format_table
+from kv_cache.report.table import ms as _ms
 
 OP_ORDER = ("read", "write", "promote", "demote", "evict")
 MiB, GiB = 2**20, 2**30
-
-
-def _ms(v) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.3f}" if v < 10 else f"{v:.1f}"
 
 
 def _pct(v) -> str:

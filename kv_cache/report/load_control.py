@@ -4,10 +4,7 @@ node's own figures and steady-state detection (pure functions of the results dic
 from __future__ import annotations
 
 from kv_cache.report.table import format_table
-
-
-def _ms(v) -> str:
-    return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"
+from kv_cache.report.table import ms as _ms
 
 
 def _yes(v) -> str:

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def ms(v) -> str:
+    """A latency in ms: 3 decimals below 10, 1 above; '-' when there is none."""
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if v < 10 else f"{v:.1f}"
+
+
 def format_table(rows: list[list[str]], text_columns: int = 2, indent: str = "") -> list[str]:
     """Lines of a table whose first row is the header, underlined."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
