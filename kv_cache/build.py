@@ -194,6 +194,9 @@ def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None,
     if s.tiers.gpu == "simulated" and gpu_bytes >= slot:
         tiers.append(NullTier("gpu", gpu_bytes, slot) if s.tiers.null_io
                      else SimulatedTier("gpu", gpu_bytes, slot, s.tiers.gpu_sim_gbps, fill))
+        if s.tiers.gpus != 1:
+            notes.append(f"--gpus {s.tiers.gpus} is ignored: the simulated GPU tier models one pool of "
+                         f"{s.tiers.gpu_mem_gb:g} GiB.")
     elif gpu is not None and gpu_bytes >= slot:
         tiers.append(_gpu_tier(s, geo, gpu))
     elif gpu is not None:

@@ -59,8 +59,9 @@ class HandoffStore:
     @classmethod
     def create(cls, root: str, engine: str, slot_bytes: int, capacity_bytes: int, identity: dict):
         folder = os.path.join(root, FOLDER)
-        try:
-            os.makedirs(os.path.join(folder, "blocks"))
+        try:  # the folder itself must be new: one left by another node is never adopted (nor removed)
+            os.mkdir(folder)
+            os.mkdir(os.path.join(folder, "blocks"))
         except FileExistsError:
             raise UserError(f"{folder} already exists (an earlier prefill node did not finish, or another is "
                             f"running); remove it or pass another --handoff-dir.") from None

@@ -109,3 +109,13 @@ def test_decode_without_a_prefill_node_says_so(small_run, tmp_path):
     r = run_cli(small_run("lonely", "--role", "decode", "--handoff-dir", str(tmp_path), "--disagg-wait-s", "0.3"))
     assert_clean_error(r, "no prefill node published", "--role prefill")
     assert not (small_run.cache / "kvbench-lonely").exists()
+
+
+def test_a_prefill_node_never_takes_over_an_existing_handoff_folder(small_run, tmp_path):
+    left = tmp_path / "kvbench-handoff"
+    left.mkdir()
+    (left / "manifest.jsonl").write_text("someone else's\n")
+    r = run_cli(small_run("pre", "--role", "prefill", "--handoff-dir", str(tmp_path)))
+    assert_clean_error(r, "already exists", "remove it or pass another --handoff-dir")
+    assert (left / "manifest.jsonl").read_text() == "someone else's\n"  # untouched
+    assert not (small_run.cache / "kvbench-pre").exists()
