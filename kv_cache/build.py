@@ -16,6 +16,8 @@ from kv_cache.config import Settings
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.executor import WorkerBuffers
 from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
+from kv_cache.lifecycle.semantic import SemanticReuse
+from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.model import ModelSpec, find_model, slot_bytes
 from kv_cache.tiers.cpu import CpuTier
 from kv_cache.tiers.devices import check_fits as check_hbm
@@ -166,6 +168,17 @@ def _gpu_tier(s: Settings, geo: Geometry, backend) -> GpuTier:
     total = int(s.tiers.gpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
     check_hbm(backend, devices, -(-total // n))
     return GpuTier(backend, total, geo.slot_bytes, devices, workers(s) + 1, geo.max_object_bytes)
+
+
+def semantic_reuse(s: Settings, recorder) -> SemanticReuse | None:
+    """Donor discovery for --semantic: the embedder named by --semantic-embedder and an empty donor store."""
+    if not s.semantic.enabled:
+        return None
+    if s.semantic.embedder == "minilm":
+        from kv_cache.lifecycle.minilm import MiniLMEmbedder
+
+        return SemanticReuse(s.semantic, s.model.block_tokens, MiniLMEmbedder(), recorder)
+    return SemanticReuse(s.semantic, s.model.block_tokens, ShingleSketch(), recorder)
 
 
 def worker_state(tiers: list, max_object_bytes: int, fake_io: bool):

@@ -26,7 +26,7 @@ SUBCOMMANDS = ("run", "report", "compare", "validate", "policies")
 
 def _add_setting_flags(p: argparse.ArgumentParser) -> None:
     for section in ("run", "model", "tiers", "cache", "workload", "schedule", "trace", "rag", "qos", "autoscale",
-                    "disagg"):
+                    "disagg", "semantic"):
         group = p.add_argument_group(f"{section} settings (config.yaml section '{section}')")
         for dotted, f, typ in iter_keys(Settings):
             if not dotted.startswith(section + ".") or not is_flag_key(dotted, typ):

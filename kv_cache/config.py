@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from kv_cache.config_check import coerce, key
-from kv_cache.config_load import AutoscaleSettings, QosSettings, RoleSettings
+from kv_cache.config_load import AutoscaleSettings, QosSettings, RoleSettings, SemanticSettings
 from kv_cache.errors import UserError
 
 REPO_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
@@ -221,6 +221,7 @@ class Settings:
     qos: QosSettings = field(default_factory=QosSettings)
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
     disagg: RoleSettings = field(default_factory=RoleSettings)
+    semantic: SemanticSettings = field(default_factory=SemanticSettings)
     profiles: ProfileSettings = field(default_factory=ProfileSettings)
     models: dict = key({}, "Extra models: name -> {layers, kv_heads, head_dim} or "
                            "{layers, attention: mla, kv_lora_rank, rope_dim}.")
@@ -345,7 +346,8 @@ def replace(settings: Settings, dotted: str, value) -> Settings:
     return dataclasses.replace(settings, **{section: sec})
 
 
-PREFIXED_SECTIONS = ("qos", "autoscale", "disagg")  # their flags carry the section's name: --autoscale-step-s
+# Their flags carry the section's name: --autoscale-step-s, --semantic-threshold.
+PREFIXED_SECTIONS = ("qos", "autoscale", "disagg", "semantic")
 
 
 def flag_name(dotted: str, f: dataclasses.Field) -> str:

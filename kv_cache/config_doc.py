@@ -24,6 +24,7 @@ SECTION_DOC = {
     "qos": "QoS classes: mix, priority when workers are busy, SLA targets on storage TTFT and end to end.",
     "autoscale": "The autoscaler: it really adds and removes active users, step by step.",
     "disagg": "Disaggregated prefill / decode nodes sharing a handoff directory.",
+    "semantic": "Semantic donor reuse: SemBench's transforms as traffic, SemBlend-style donor discovery.",
     "profiles": "User profiles (ranges are [low, high], drawn uniformly).",
 }
 

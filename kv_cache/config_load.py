@@ -1,4 +1,4 @@
-"""Settings sections of load control: QoS classes, the autoscaler, disaggregated roles.
+"""Settings sections of load control (QoS classes, the autoscaler, disaggregated roles) and semantic reuse.
 
 Part of the one schema of config.py (which imports these sections); kept
 apart only to keep files small.
@@ -77,3 +77,39 @@ class RoleSettings:
                                  "(a decode node that comes too late counts them missing).", lo=0.001)
     wait_s: float = key(60.0, "decode: give up when no prefill node publishes anything for this long; prefill: "
                               "wait this long at the end for decode nodes to finish reading.", lo=0.0)
+
+
+SEMANTIC_MIX = ("exact_repeat=1,instruction_variant=1,same_evidence_new_task=1,leading_evidence_new_task=1,"
+                "rag_reorder=1,multi_donor_composite=1,fuzzy_edit=1,negative_control=1")
+
+
+@dataclass(frozen=True)
+class SemanticSettings:
+    enabled: bool = key(False, "Semantic traffic (SemBench's transforms: each item a donor, then a recipient saying "
+                               "the same in other words) with donor discovery: a found donor's aligned blocks are "
+                               "read (op donor_read) instead of written. Text from the built-in corpus, or from a "
+                               "ShareGPT --trace.", "--semantic")
+    mix: str = key(SEMANTIC_MIX, "Share of each transform, name=weight,... (exact_repeat, instruction_variant, "
+                                 "same_evidence_new_task, leading_evidence_new_task, rag_reorder, "
+                                 "multi_donor_composite, fuzzy_edit, negative_control).")
+    doc_tokens: tuple[int, int] = key((2048, 16384), "Built-in corpus: document length range; lengths fall in bands "
+                                                     "of 1/8, 1/4, 1/2, 3/4 and all of the maximum (weights "
+                                                     "1/2/3/3/3), at least the minimum (about; measured after "
+                                                     "tokenizing).", lo=16)
+    embedder: str = key("sketch", "Donor search embedding: sketch (signed hashing of 3-token shingles, numpy, the "
+                                  "same in every process) or minilm (all-MiniLM-L6-v2 on the prompt's text; the "
+                                  "embed extra).", choices=("sketch", "minilm"))
+    threshold: float = key(0.60, "Cosine similarity a donor needs to be a candidate (SemBlend's 0.60).", lo=-1.0,
+                           hi=1.0)
+    top_k: int = key(5, "Candidates aligned per request.", lo=1, hi=1000)
+    min_reuse: float = key(0.50, "Accept donors only if they cover this share of the blocks the exact prefix "
+                                 "cache missed.", lo=0.0, hi=1.0)
+    multi_donor: bool = key(True, "Assemble a recipient from several donors (each block from one donor).")
+    context_gate: bool = key(True, "Keep a matched block only if a neighbouring block matched at the same shift "
+                                   "(SemBlend's context gate).")
+    fuzzy: bool = key(False, "Fuzzy chunks: also take an unmatched block near the best donor's predicted position "
+                             "when MinHash says enough of its distinct tokens are there.")
+    fuzzy_overlap: float = key(0.80, "Fuzzy chunks: share of a block's distinct tokens that must be in the two donor "
+                                     "blocks (SemBlend's verified-reuse tier).", lo=0.0, hi=1.0)
+    max_donors: int = key(10_000, "Donors kept for search (least recently used leave first).", lo=1,
+                          hi=10_000_000)

@@ -45,6 +45,11 @@ def check_options(s: Settings, mpi: bool) -> None:
         raise UserError(f"--role {d.role} hands real blocks over through --handoff-dir; drop --null-io.")
     if d.role != "both" and s.model.block_tokens == 0:
         raise UserError("--role prefill/decode hand over KV blocks; use --block-tokens > 0.")
+    if s.semantic.enabled and s.model.block_tokens == 0:
+        raise UserError("--semantic aligns donors block by block; use --block-tokens > 0 (not whole-request mode).")
+    if s.semantic.enabled and d.role == "decode":
+        raise UserError("--role decode replays what the prefill node publishes; give --semantic to the prefill "
+                        "node instead.")
     if s.run.steady_tolerance and s.run.steady_window_s > s.run.duration_s:
         raise UserError(f"--steady-window-s {s.run.steady_window_s} is longer than --duration "
                         f"{s.run.duration_s:g}; steady state could never be detected.")

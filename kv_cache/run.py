@@ -25,6 +25,7 @@ from kv_cache.build import (
     geometry,
     memory_budget,
     open_gpu,
+    semantic_reuse,
     storage_site,
     worker_state,
     workers,
@@ -269,7 +270,8 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
         fake = all(FAKE_IO in t.flags for t in b.tiers)
         life = Lifecycle(cache, payloads, recorder, s.model.block_tokens, b.geo.bytes_per_token,
                          chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify, fake,
-                         s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk", b.handoff)
+                         s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk", b.handoff,
+                         semantic_reuse(s, recorder))
         limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
         total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
                                                                             traffic.analysis_total or limit)

@@ -28,7 +28,9 @@ from kv_cache.sources.replay import (
     trace_arrivals,
     trace_builds,
 )
+from kv_cache.sources.semantic import make_semantic_users
 from kv_cache.sources.synthetic import SystemPrompts, make_users
+from kv_cache.sources.textcorpus import ConversationTexts, TextCorpus
 from kv_cache.sources.tokenizer import make_tokenizer
 from kv_cache.sources.trace_io import TraceLog, detect_format, trace_files
 
@@ -101,6 +103,8 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
                        analysis_items=iter(()), analysis_total=0,
                        notes=["requests come from the prefill node's manifest as it publishes them"])
     rate = s.schedule.request_rate / size
+    if s.semantic.enabled:
+        return _semantic_traffic(s, owns, rate, rank, size)
     trace = load_trace(s) if s.trace.path else None
     if trace is not None and s.rag.enabled:
         raise UserError("--rag shapes synthetic traffic; drop it when replaying a --trace.")
@@ -144,4 +148,45 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
     t.analysis_total = len(trace.records) * passes
     if cycles == 0:
         t.notes.append("analysis: one pass of the trace (--replay-cycles 0 repeats it until the duration ends)")
+    return t
+
+
+def semantic_texts(s: Settings):
+    """The text semantic traffic transforms: ShareGPT conversations from --trace, or the built-in corpus."""
+    if s.rag.enabled:
+        raise UserError("--semantic brings its own retrieved evidence; drop --rag.")
+    if not s.trace.path:
+        return TextCorpus(s.semantic.doc_tokens)
+    files = trace_files(s.trace.path)
+    fmt = s.trace.format if s.trace.format != "auto" else detect_format(files[0])
+    if fmt != "sharegpt":
+        raise UserError(f"--semantic transforms text, and trace {s.trace.path} is {fmt} (numbers only); "
+                        f"give a ShareGPT file, or no --trace for the built-in corpus.")
+    log = TraceLog(strict=s.trace.strict, detected=fmt)
+    texts = sharegpt.conversation_texts(files, log, s.trace.max_conversations)
+    if not texts:
+        raise UserError(f"trace {s.trace.path} has no conversation with text; check the file.")
+    return ConversationTexts(texts)
+
+
+def _semantic_traffic(s: Settings, owns, rate: float, rank: int, size: int) -> Traffic:
+    texts = semantic_texts(s)
+    tok = make_tokenizer(s.trace.tokenizer, s.workload.vocab_size)
+
+    def users(owner=owns) -> list:
+        return make_semantic_users(s.workload.users, texts, s.semantic.mix, tok, s.run.seed, s.profiles.document,
+                                   s.workload.vocab_size, owner)
+
+    arrival = _arrival(s, None)
+    t = Traffic("semantic", arrival)
+    if arrival == "sequence":
+        t.users = [SequenceUser(b() for b in synthetic_builds(users()))]
+    elif arrival == "closed":
+        t.users = users()
+    else:
+        t.arrivals = poisson_arrivals(every_nth(synthetic_builds(users(None)), size, rank), rate, s.run.seed + rank)
+    fresh = users()
+    t.analysis_items, t.analysis_total = (u.next_request() for _ in range(4) for u in fresh), None
+    t.notes.append(f"semantic traffic from the {texts.name} ({tok.name} tokens); analysis: the first 4 requests "
+                   f"of every user")
     return t

@@ -28,6 +28,22 @@ class BlockKey(int):
 # Span labels: where the tokens of a prompt come from.
 SYSTEM, HISTORY, USER = "system", "history", "user"
 TRACE_HASH, RAG = "trace_hash", "rag"
+TEMPLATE = "template"  # an instruction wrapper around retrieved evidence (semantic traffic)
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticTag:
+    """What a semantic-traffic request is: a donor seeded first, or the recipient measured after it.
+
+    item: the donor(s) and recipient of one transform share it, so a search can tell whether the
+    intended donor was found; source: the text it was built from (negative controls' donors come
+    from another source).
+    """
+
+    item: str
+    transform: str
+    role: str  # donor | recipient
+    source: int
 
 
 @dataclass(slots=True)
@@ -52,6 +68,8 @@ class Request:
     session: int = -1               # requests of one session (conversation) run in order
     docs: tuple[tuple[int, int, int], ...] = ()  # (start, end, document id) of retrieved documents
     handoff: Handoff | None = None  # decode node: the blocks a prefill node published for this request
+    semantic: SemanticTag | None = None  # semantic traffic: which transform, donor or recipient
+    text: str = ""                       # semantic traffic: the prompt's text (for a text embedder)
     intended_ns: int = 0
     dequeued_ns: int = 0
 

@@ -230,12 +230,12 @@ class BlockCache:
             for e in entries:
                 e.pins -= 1
 
-    def read(self, e: Entry, out: np.ndarray, phase: str) -> int:
-        """Read a pinned block into out; return the tier index it came from."""
+    def read(self, e: Entry, out: np.ndarray, phase: str, op: str = "read") -> int:
+        """Read a pinned block into out; return the tier index it came from (op: read, donor_read)."""
         t = e.tier
         start = now_ns()
         self.tiers[t].get(e.key, out[: e.nbytes])
-        self.recorder.op(self.names[t], "read", phase, start, now_ns() - start, e.nbytes, e.key)
+        self.recorder.op(self.names[t], op, phase, start, now_ns() - start, e.nbytes, e.key)
         return t
 
     def release(self, e: Entry, data: np.ndarray, scratch: np.ndarray) -> None:

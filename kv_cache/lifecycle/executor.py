@@ -42,7 +42,7 @@ class Lifecycle:
 
     def __init__(self, cache, payloads, recorder, block_tokens: int, bytes_per_token: int, root: bytes,
                  verify: str, fake_io: bool, generation_ms_per_token: float, rag_chunk: bool = False,
-                 handoff=None):
+                 handoff=None, semantic=None):
         self.cache, self.payloads, self.recorder = cache, payloads, recorder
         self.block_tokens, self.bytes_per_token = block_tokens, bytes_per_token
         self.planner = Planner(block_tokens, root, rag_chunk)
@@ -50,6 +50,7 @@ class Lifecycle:
         self.fake_io = fake_io
         self.gen_s_per_token = generation_ms_per_token / 1000.0
         self.handoff = handoff  # a HandoffStore: a prefill node publishes into it, a decode node loads from it
+        self.semantic = semantic  # a SemanticReuse: donor discovery, when --semantic is on
 
     def object_bytes(self, tokens: int) -> int:
         return slot_bytes(tokens * self.bytes_per_token)
@@ -68,13 +69,18 @@ class Lifecycle:
         counts: dict[str, int] = {"tokens.prompt": req.num_prompt_tokens,
                                   "tokens.generated": req.num_output_tokens}
         for end, start, label in _span_ranges(req.spans):
-            counts[f"tokens.prompt_by_source.{label}"] = counts.get(f"tokens.prompt_by_source.{label}", 0) + end - start
+            _add(counts, f"tokens.prompt_by_source.{label}", end - start)
         storage_ns, hit = self._load(req, plan, bufs, counts)
+        donors, loaded = None, set()
+        if self.semantic is not None:
+            donors = self.semantic.find(req, plan.num_prompt_blocks, hit)
+            spent, loaded = self._donor_load(donors.reads, bufs, counts)
+            storage_ns += spent
         # Whole-request mode never rewrites a missed history object; it writes its one
         # object (prompt + answer) in the prefill phase.
         whole = self.block_tokens == 0
         decode_phase = "prefill" if whole else "decode"
-        prefill = [] if whole else [i for i in range(plan.num_prompt_blocks) if i not in hit]
+        prefill = [] if whole else [i for i in range(plan.num_prompt_blocks) if i not in hit and i not in loaded]
         storage_ns += self._write(plan, prefill, bufs, "prefill", counts)
         if self.handoff is not None:  # a prefill node: hand the prompt's KV to the decode nodes
             storage_ns += self._publish(req, plan, bufs)
@@ -82,6 +88,8 @@ class Lifecycle:
         if self.handoff is None:
             storage_ns += self._write(plan, range(plan.num_prompt_blocks, len(plan.keys)), bufs, decode_phase,
                                       counts)
+        if donors is not None:
+            self.semantic.finish(req, plan, donors, hit, loaded)
         self._finish(req, req.num_output_tokens, storage_ns, counts, ttft_ns)
 
     def _finish(self, req: Request, output_tokens: int, storage_ns: int, counts: dict, ttft_ns: int) -> None:
@@ -138,6 +146,26 @@ class Lifecycle:
                 pinned += list(enumerate(self.cache.pin_prefix(plan.keys[first:end]), first))
         return pinned
 
+    def _read(self, e, bufs: WorkerBuffers, op: str) -> tuple[int, int] | None:
+        """Read one pinned block (timed), verify it, unpin it (promoting if due): (storage ns, tier).
+
+        None when another rank evicted it from shared storage first: it is a miss now.
+        """
+        data = bufs.view(e.nbytes)
+        start = now_ns()
+        try:
+            tier = self.cache.read(e, data, "load", op)
+        except BlockVanished:
+            self.cache.forget_vanished(e)
+            self.recorder.count("shared.vanished", start_ns=start)
+            return None
+        spent = now_ns() - start
+        if self.cache.tiers[tier].flags.isdisjoint(NO_BYTES):
+            self._check(e.key, data, start)
+        start = now_ns()
+        self.cache.release(e, data, bufs.scratch)
+        return spent + now_ns() - start, tier
+
     def _load(self, req: Request, plan: KVPlan, bufs: WorkerBuffers, counts: dict) -> tuple[int, set[int]]:
         """Read the cached prompt blocks; return (storage ns, indices of the blocks that hit)."""
         hits = self._pin(plan)
@@ -145,33 +173,38 @@ class Lifecycle:
         storage_ns = 0
         for n, (i, e) in enumerate(hits):
             try:
-                data = bufs.view(e.nbytes)
-                start = now_ns()
-                try:
-                    tier = self.cache.read(e, data, "load")
-                except BlockVanished:  # another rank evicted it from shared storage: the rest is a miss
-                    self.cache.forget_vanished(e)
-                    self.cache.unpin([x for _, x in hits[n + 1:]])
-                    self.recorder.count("shared.vanished", start_ns=start)
-                    hits = hits[:n]
-                    break
-                storage_ns += now_ns() - start
-                if self.cache.tiers[tier].flags.isdisjoint(NO_BYTES):
-                    self._check(e.key, data, start)
-                start = now_ns()
-                self.cache.release(e, data, bufs.scratch)
-                storage_ns += now_ns() - start
+                got = self._read(e, bufs, "read")
             except BaseException:
                 self.cache.unpin([e for _, e in hits[n + 1:]])
                 raise
+            if got is None:  # the rest of the prefix is a miss
+                self.cache.unpin([x for _, x in hits[n + 1:]])
+                hits = hits[:n]
+                break
+            storage_ns += got[0]
             tokens = min(plan.tokens_per_key[i], req.num_prompt_tokens)
-            name = self.cache.names[tier]
-            counts["tokens.cached"] = counts.get("tokens.cached", 0) + tokens
-            counts[f"tokens.cached_by_tier.{name}"] = counts.get(f"tokens.cached_by_tier.{name}", 0) + tokens
-            key = f"tokens.cached_by_source.{plan.labels[i]}"
-            counts[key] = counts.get(key, 0) + tokens
+            name = self.cache.names[got[1]]
+            _add(counts, "tokens.cached", tokens)
+            _add(counts, f"tokens.cached_by_tier.{name}", tokens)
+            _add(counts, f"tokens.cached_by_source.{plan.labels[i]}", tokens)
         counts["blocks.hit"] = len(hits)
         return storage_ns, {i for i, _ in hits}
+
+    def _donor_load(self, reads: dict[int, tuple[int, ...]], bufs: WorkerBuffers, counts: dict) -> tuple[int, set]:
+        """Read the donor blocks a donor plan names (op donor_read); the recipient blocks now loaded."""
+        storage_ns, got = 0, set()
+        for key in dict.fromkeys(k for keys in reads.values() for k in keys):
+            pinned = self.cache.pin_prefix([key])
+            read = self._read(pinned[0], bufs, "donor_read") if pinned else None
+            if read is None:  # evicted since the donor was served: its blocks are recomputed
+                _add(counts, "semantic.donor_missing", 1)
+                continue
+            storage_ns += read[0]
+            got.add(key)
+            name = self.cache.names[read[1]]
+            _add(counts, f"semantic.donor_bytes.{name}", pinned[0].nbytes)
+            _add(counts, f"semantic.donor_blocks.{name}", 1)
+        return storage_ns, {r for r, keys in reads.items() if all(k in got for k in keys)}
 
     def _check(self, key: int, data: np.ndarray, start_ns: int) -> None:
         if self.verify == "off":
@@ -187,7 +220,7 @@ class Lifecycle:
             nbytes = self.object_bytes(plan.tokens_per_key[i])
             res = self.cache.reserve_write(key, nbytes, plan.labels[i])
             if res is None:
-                counts["blocks.write_skipped"] = counts.get("blocks.write_skipped", 0) + 1
+                _add(counts, "blocks.write_skipped", 1)
                 continue
             data = bufs.view(nbytes)
             if not self.fake_io:
@@ -196,6 +229,10 @@ class Lifecycle:
             self.cache.commit_write(res, data, phase, bufs.scratch)
             storage_ns += now_ns() - start
         return storage_ns
+
+
+def _add(counts: dict, name: str, n: int) -> None:
+    counts[name] = counts.get(name, 0) + n
 
 
 def _span_ranges(spans):

@@ -1,7 +1,7 @@
 """The recorder: the only place numbers are kept.
 
 Vocabulary: an *op* is one timed block operation, keyed by (tier, op, phase)
-- op: read | write | demote | promote | evict
+- op: read | donor_read (a semantic donor's block) | write | demote | promote | evict
 - phase: the request stage that caused it: load (prefix read), prefill,
   decode, or evict (background waterfall moves).
 Each thread records into its own *shard* (no shared lock on the hot path);
@@ -29,7 +29,8 @@ from kv_cache.recorder.histogram import (
 )
 
 # Which byte direction an op moves into the tier it is recorded under.
-OP_DIRECTION = {"read": "read", "write": "write", "demote": "write", "promote": "write", "evict": None}
+OP_DIRECTION = {"read": "read", "donor_read": "read", "write": "write", "demote": "write", "promote": "write",
+                "evict": None}
 
 
 class _Shard:
@@ -172,7 +173,7 @@ class Recorder:
             return
         record(shard.hist((tier, op, phase)), dur_ns)
         if op != "evict":  # per-second read / write latency; demotions and promotions write into the tier
-            kind = "read" if op == "read" else "write"
+            kind = "read" if OP_DIRECTION[op] == "read" else "write"
             with self._second_lock:
                 h = self._second_hists.get((sec, tier, kind))
                 if h is None:
@@ -199,6 +200,11 @@ class Recorder:
         """Decode node: prefill-complete -> decode-loaded of one request (wall clocks of both nodes)."""
         if self._second(done_ns) is not None:
             record(self._shard().hist(("request", "handoff", "all")), max(latency_ns, 1))
+
+    def lookup(self, stage: str, start_ns: int, dur_ns: int) -> None:
+        """One step of a semantic donor lookup (embed, search, align): CPU time, not block I/O."""
+        if self._second(start_ns) is not None:
+            record(self._shard().hist(("semantic", stage, "all")), max(dur_ns, 1))
 
     def open_step(self, now_ns: int) -> None:
         """Start collecting the requests that complete from now on (one autoscaler step)."""

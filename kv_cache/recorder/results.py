@@ -14,6 +14,7 @@ from collections import defaultdict
 from kv_cache.config_load import QOS_CLASSES
 from kv_cache.recorder.histogram import merged, summary_ms
 from kv_cache.recorder.recorder import Snapshot
+from kv_cache.recorder.semantic_metrics import semantic_section
 from kv_cache.recorder.slas import judge, overall
 
 SCHEMA_VERSION = 1
@@ -140,6 +141,7 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
         "request_latency_ms": {k: summary_ms(snap.hists[("request", k, "all")]) for k in REQUEST_LATENCIES
                                if ("request", k, "all") in snap.hists},
         "qos": qos_section(snap, settings),
+        "semantic": semantic_section(snap, settings, tiers),
         "bandwidth_gbps": {t: {d: c.get(f"bytes.{t}.{d}", 0) / window / 1e9 for d in ("read", "write")}
                            for t in tiers},
         "bytes": {t: {d: c.get(f"bytes.{t}.{d}", 0) for d in ("read", "write")} for t in tiers},

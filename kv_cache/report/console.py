@@ -7,10 +7,11 @@ operation; simulated tiers are labelled as such on every line they appear.
 from __future__ import annotations
 
 from kv_cache.report.load_control import sections
+from kv_cache.report.semantic import semantic_section
 from kv_cache.report.table import format_table
 from kv_cache.report.table import ms as _ms
 
-OP_ORDER = ("read", "write", "promote", "demote", "evict")
+OP_ORDER = ("read", "donor_read", "write", "promote", "demote", "evict")
 MiB, GiB = 2**20, 2**30
 
 
@@ -143,7 +144,7 @@ def _theoretical(results: dict) -> str:
 
 def render(results: dict, results_path: str | None = None) -> str:
     lines = (header(results) + latency_section(results) + bandwidth_section(results) + traffic_section(results)
-             + telemetry_section(results) + sections(results))
+             + telemetry_section(results) + semantic_section(results) + sections(results))
     for w in results.get("warnings", []):
         lines.append(f"WARNING: {w}")
     if results_path:

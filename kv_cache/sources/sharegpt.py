@@ -151,3 +151,16 @@ def _add_turns(turns, msgs, tokenizer, system_for, opts, session, log) -> None:
         if opts.first_turn_only:
             return
         parts += [message, answer]
+
+
+def conversation_texts(files: list[str], log: TraceLog, max_conversations: int = 0) -> list[tuple[str, ...]]:
+    """The text of every usable conversation (its messages and answers, in order), in file order."""
+    out: list[tuple[str, ...]] = []
+    for path in files:
+        for where, conv in _conversations(path, log):
+            msgs = _messages(where, conv, log)
+            if msgs and any(text.strip() for _, text in msgs):
+                out.append(tuple(text for _, text in msgs))
+            if max_conversations and len(out) >= max_conversations:
+                return out
+    return out
