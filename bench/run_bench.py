@@ -6,6 +6,8 @@
    time-based with a 1 s ramp excluded (short size-based fio runs mostly time start-up).
 2. CPU tier vs numpy copy (np.copyto between pre-touched buffers), same sizes and threads.
 3. The orchestrator's block-op rate with the null tier (the whole pipeline, no bytes).
+4. The GPU tier vs a raw CuPy pinned copy (gpu_bench.py; skipped without a device).
+5. Semantic donor lookup per request with 10,000 donors vs the 5 ms target (semantic_bench.py).
 
 Every figure is a median over --rounds; ratios are ours / the limit, measured in the same
 run. Results go to bench/out/bench.json and a Markdown table on stdout.
@@ -30,6 +32,8 @@ sys.path.insert(0, str(REPO))
 
 from gpu_bench import gpu_round  # noqa: E402 - beside this file
 from gpu_bench import lines as gpu_lines  # noqa: E402
+from semantic_bench import lines as semantic_lines  # noqa: E402
+from semantic_bench import semantic_round  # noqa: E402
 
 from kv_cache.lifecycle.payload import PayloadPool  # noqa: E402
 from kv_cache.tiers.aligned import aligned_buffer  # noqa: E402
@@ -239,7 +243,8 @@ def main() -> int:
               "fs_type": mount.fs_type, "device": mount.source, "nvme_tier": median_of(ours),
               "fio": median_of(fio) if fio else None, "cpu": median_of(cpu),
               "null": {w: null_rate(w, a.null_seconds) for w in (1, 2, 4)},
-              "gpu": gpu_round(block, max(8, min(blocks, int(8 * GiB // block))))}
+              "gpu": gpu_round(block, max(8, min(blocks, int(8 * GiB // block)))),
+              "semantic": semantic_round()}
     n, f, c = result["nvme_tier"], result["fio"], result["cpu"]
     lines = ["| measure | ours | limit | ratio |", "|---|---|---|---|"]
     if f:
@@ -256,6 +261,7 @@ def main() -> int:
                      f"{r['block_ops_per_s']:,.0f} ({r['read_write_ops_per_s']:,.0f}) | target 20,000 | "
                      f"{r['block_ops_per_s'] / 20000:.2f} |")
     lines += gpu_lines(result["gpu"])
+    lines += semantic_lines(result["semantic"])
     lines.append("\n(median over rounds, min-max in brackets; ratio = ours / limit)")
     print("\n".join(lines))
     out = REPO / "bench" / "out"

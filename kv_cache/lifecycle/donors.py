@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kv_cache.lifecycle.sketch import block_hashes, mix64
+from kv_cache.lifecycle.sketch import block_hashes, mix64, window_hashes
 
 MINHASH_K = 16
-FAST_PATH_TOKENS, FAST_PATH_MIN_HITS = 256, 3  # chunk index: one sampled chunk per 256 tokens; 3 make a donor
+# Chunk index: one block hash in max(4, 256 / block_tokens) is sampled (by value: the same ones on both sides);
+# a donor needs 3 sampled hits to become a candidate.
+FAST_PATH_TOKENS, FAST_PATH_MIN_SAMPLE, FAST_PATH_MIN_HITS = 256, 4, 3
 _SEEDS = mix64(np.arange(1, MINHASH_K + 1, dtype=np.uint64) * np.uint64(0x632BE59BD9B4E019))
 
 
@@ -76,8 +78,9 @@ class DonorStore:
     """Up to max_donors embeddings in one matrix, and a chunk index; the least recently used donor makes room.
 
     The chunk index (SemBlend's fast path) maps a content-defined sample of
-    donor block hashes (one in max(1, 256 / block_tokens), so about one entry
-    per 256 tokens whatever the block size) to the donor holding it: a
+    donor block hashes (one in max(4, 256 / block_tokens): about one entry per
+    256 tokens with small blocks, one block in four with large ones) to the
+    donor holding it: a
     recipient assembled from pieces of several donors (none similar enough
     as a whole) still finds them.
     """
@@ -87,7 +90,7 @@ class DonorStore:
         self.donors: list[Donor | None] = [None] * max_donors
         self.used = np.zeros(max_donors, dtype=np.int64)
         self.count = self.clock = self.evicted = 0
-        self.sample = np.uint64(max(1, FAST_PATH_TOKENS // max(block_tokens, 1)))
+        self.sample = np.uint64(max(FAST_PATH_MIN_SAMPLE, FAST_PATH_TOKENS // max(block_tokens, 1)))
         self.chunks: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -112,8 +115,7 @@ class DonorStore:
         """Donors holding at least FAST_PATH_MIN_HITS of the recipient's sampled chunks, most hits first."""
         hits: dict[int, int] = {}
         with self._lock:
-            for h in self._sampled(windows).tolist():
-                slot = self.chunks.get(h)
+            for slot in map(self.chunks.get, self._sampled(windows).tolist()):
                 if slot is not None:
                     hits[slot] = hits.get(slot, 0) + 1
             best = sorted((s for s, n in hits.items() if n >= FAST_PATH_MIN_HITS and id(self.donors[s]) not in exclude),
@@ -147,23 +149,45 @@ class Cover:
     shift: np.ndarray | None = None  # donor token position - recipient token position, per block
 
 
-def cover(windows: np.ndarray, n_blocks: int, bt: int, donor: Donor, gate: bool) -> Cover:
+class Windows:
+    """A recipient's window hashes at every offset, sorted once so that each donor's few block hashes are
+    looked up among them (not the other way round: a donor has tens of blocks, a prompt thousands of offsets)."""
+
+    def __init__(self, tokens: np.ndarray, block_tokens: int):
+        self.hashes = window_hashes(tokens, block_tokens)
+        self.order = self.sorted = None  # sorted on first use: a request without candidates never pays for it
+
+    def donor_blocks(self, donor: Donor) -> np.ndarray:
+        """Per offset, the donor block whose content equals the window there (-1: none)."""
+        if self.order is None:
+            self.order = np.argsort(self.hashes)
+            self.sorted = self.hashes[self.order]
+        out = np.full(self.hashes.size, -1, dtype=np.int64)
+        lo = np.searchsorted(self.sorted, donor.hashes, "left")
+        n = np.searchsorted(self.sorted, donor.hashes, "right") - lo
+        if n.any():
+            first = np.repeat(lo, n)
+            step = np.arange(first.size) - np.repeat(np.cumsum(n) - n, n)
+            out[self.order[first + step]] = np.repeat(donor.order, n)
+        return out
+
+
+def cover(windows: Windows, n_blocks: int, bt: int, donor: Donor, gate: bool) -> Cover:
     """Align a recipient (the window hashes of its prompt at every offset) with one donor's block hashes."""
     empty = np.zeros(n_blocks, dtype=bool)
-    if donor.hashes.size == 0 or windows.size == 0 or n_blocks == 0:
+    size = windows.hashes.size
+    if donor.hashes.size == 0 or size == 0 or n_blocks == 0:
         return Cover(donor, empty, empty.copy())
-    at = np.minimum(np.searchsorted(donor.hashes, windows), donor.hashes.size - 1)
-    hit = donor.hashes[at] == windows
-    dblock = np.where(hit, donor.order[at], -1)
-    last = np.maximum.accumulate(np.where(hit, np.arange(windows.size), -1))
+    dblock = windows.donor_blocks(donor)
+    last = np.maximum.accumulate(np.where(dblock >= 0, np.arange(size), -1))
     starts = np.arange(n_blocks) * bt
     q = last[starts]
     valid = (q >= 0) & (q > starts - bt)
     aligned = valid & (q == starts)
-    nxt = np.minimum(q + bt, windows.size - 1)
-    straddle = valid & ~aligned & (q + bt < windows.size) & (dblock[nxt] == dblock[q] + 1) & (dblock[q] >= 0)
+    nxt = np.minimum(q + bt, size - 1)
+    straddle = valid & ~aligned & (q + bt < size) & (dblock[nxt] == dblock[q] + 1) & (dblock[q] >= 0)
     covered = aligned | straddle
-    shift = np.where(covered, dblock[q].astype(np.int64) * bt - q, np.iinfo(np.int64).min)
+    shift = np.where(covered, dblock[q] * bt - q, np.iinfo(np.int64).min)
     gated = covered.copy()
     if gate:
         left = np.concatenate([[False], covered[:-1] & (shift[:-1] == shift[1:])])

@@ -25,8 +25,7 @@ from time import monotonic_ns as now_ns
 
 import numpy as np
 
-from kv_cache.lifecycle.donors import Cover, DonorStore, cover, fuzzy_cover, make_donor
-from kv_cache.lifecycle.sketch import window_hashes
+from kv_cache.lifecycle.donors import DonorStore, Windows, cover, fuzzy_cover, make_donor
 
 
 @dataclass
@@ -49,35 +48,46 @@ class SemanticReuse:
         self.s, self.bt, self.embedder, self.recorder = settings, block_tokens, embedder, recorder
         self.store = DonorStore(embedder.dims, settings.max_donors, block_tokens)
 
-    def _timed(self, stage: str, start: int) -> int:
-        end = now_ns()
-        self.recorder.lookup(stage, start, end - start)
-        return end
-
     def find(self, req, n_blocks: int, exact: set[int]) -> DonorPlan:
-        t = begin = now_ns()
+        spent = dict.fromkeys(("embed", "search", "align"), 0)  # ns per stage, recorded at the end
+        begin = t = now_ns()
+
+        def lap(stage: str) -> None:
+            nonlocal t
+            t, before = now_ns(), t
+            spent[stage] += t - before
+
         plan = DonorPlan(self.embedder.embed(req.prompt_tokens, req))
-        t = self._timed("embed", t)
-        windows = window_hashes(req.prompt_tokens, self.bt)
+        lap("embed")
+        windows = Windows(req.prompt_tokens, self.bt)
         found = self.store.search(plan.vector, self.s.top_k, self.s.threshold)
-        if self.s.multi_donor:  # pieces of several donors: found by their chunks, not by similarity
-            found += self.store.by_chunks(windows, plan.vector, {id(d) for d, _ in found}, self.s.top_k)
-        t = self._timed("search", t)
-        tag = req.semantic
-        plan.found_intended = tag is not None and any(d.item == tag.item and d.role == "donor" for d, _ in found)
+        lap("search")
         exact_mask = np.zeros(n_blocks, dtype=bool)
         exact_mask[list(exact)] = True
         missed = n_blocks - len(exact)
-        if found and missed > 0:
-            covers = [cover(windows, n_blocks, self.bt, d, self.s.context_gate) for d, _ in found]
-            self._choose(plan, req.prompt_tokens, covers, exact_mask, missed)
-        self._timed("align", t)
-        self._timed("total", begin)
+        if missed > 0 and found:
+            self._choose(plan, req.prompt_tokens, windows, found, exact_mask, missed)
+            lap("align")
+        if missed > 0 and not plan.reads and self.s.multi_donor:
+            # Pieces of several donors, none similar enough as a whole: found by their chunks.
+            more = self.store.by_chunks(windows.hashes, plan.vector, {id(d) for d, _ in found}, self.s.top_k)
+            lap("search")
+            if more:
+                found += more
+                self._choose(plan, req.prompt_tokens, windows, found, exact_mask, missed)
+                lap("align")
+        tag = req.semantic
+        plan.found_intended = tag is not None and any(d.item == tag.item and d.role == "donor" for d, _ in found)
+        for stage, ns in spent.items():
+            self.recorder.lookup(stage, begin, ns)
+        self.recorder.lookup("total", begin, now_ns() - begin)
         return plan
 
-    def _choose(self, plan: DonorPlan, tokens: np.ndarray, covers: list[Cover], exact: np.ndarray,
+    def _choose(self, plan: DonorPlan, tokens: np.ndarray, windows: Windows, found: list, exact: np.ndarray,
                 missed: int) -> None:
-        """Greedy multi-donor assembly; accepted only if it covers min_reuse of the missed blocks."""
+        """Align the candidates, assemble greedily (several donors if allowed); accepted only if they cover
+        min_reuse of the blocks the exact prefix missed."""
+        covers = [cover(windows, exact.size, self.bt, d, self.s.context_gate) for d, _ in found]
         plan.candidate = int((np.logical_or.reduce([c.covered for c in covers]) & ~exact).sum())
         union = exact.copy()
         reads: dict[int, tuple[int, ...]] = {}

@@ -12,7 +12,7 @@ import pytest
 
 from kv_cache.config import ProfileSettings
 from kv_cache.config_load import SemanticSettings
-from kv_cache.lifecycle.donors import DonorStore, block_minhash, cover, make_donor
+from kv_cache.lifecycle.donors import DonorStore, Windows, block_minhash, cover, make_donor
 from kv_cache.lifecycle.plan import Planner
 from kv_cache.lifecycle.semantic import SemanticReuse
 from kv_cache.lifecycle.sketch import ShingleSketch, block_hashes, window_hashes
@@ -119,10 +119,10 @@ def test_context_gate_drops_a_lone_chunk_in_the_wrong_place():
     recipient = rng.integers(0, VOCAB, 20 * BT).astype(np.int32)
     recipient[5 * BT:6 * BT] = donor_tokens[30 * BT:31 * BT]        # one lone block
     recipient[10 * BT + 3:13 * BT + 3] = donor_tokens[7 * BT:10 * BT]  # a run of three, shifted by 3 tokens
-    c = cover(window_hashes(recipient, BT), 20, BT, donor, gate=True)
+    c = cover(Windows(recipient, BT), 20, BT, donor, gate=True)
     assert c.covered[5] and not c.gated[5]
     assert c.gated[11] and c.reads[11] == (7, 8)  # straddles two donor blocks at one shift
-    assert cover(window_hashes(recipient, BT), 20, BT, donor, gate=False).gated[5]  # kept without the gate
+    assert cover(Windows(recipient, BT), 20, BT, donor, gate=False).gated[5]  # kept without the gate
 
 
 def test_window_hashes_are_position_free():
@@ -158,9 +158,9 @@ def test_fuzzy_rewrite_changes_every_sentence_end():
 
 def test_donor_store_evicts_least_recently_used_and_cleans_its_chunk_index():
     store = DonorStore(4, 2, 256)
-    tokens = [np.random.default_rng(i).integers(0, VOCAB, 2048).astype(np.int32) for i in range(3)]
+    tokens = [np.random.default_rng(i).integers(0, VOCAB, 8192).astype(np.int32) for i in range(3)]
     for i, t in enumerate(tokens):
-        store.add(np.eye(4, dtype=np.float32)[i], make_donor(str(i), None, "request", t, np.zeros(8, np.uint64), 256))
+        store.add(np.eye(4, dtype=np.float32)[i], make_donor(str(i), None, "request", t, np.zeros(32, np.uint64), 256))
     assert store.evicted == 1 and {d.rid for d in store.donors} == {"1", "2"}
     assert set(store.chunks.values()) <= {0, 1}
     assert not store.by_chunks(window_hashes(tokens[0], 256), np.zeros(4, np.float32), set(), 5)
