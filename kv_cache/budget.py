@@ -1,8 +1,9 @@
 """Memory budget: computed before the run, refused with the numbers when it does not fit.
 
 budget = CPU tier + staging (workers x 2 buffers x largest object: one for the
-request's block, one for waterfall moves) + payload pool + a fixed allowance
-for the interpreter, histograms and queues.
+request's block, one for waterfall moves) + payload pool + the donor store
+when --semantic is on (its bound: every donor at the longest prompt) + a
+fixed allowance for the interpreter, histograms and queues.
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ class MemoryBudget:
     staging_bytes: int
     payload_pool_bytes: int
     overhead_bytes: int = OVERHEAD_BYTES
+    donor_store_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.cpu_tier_bytes + self.staging_bytes + self.payload_pool_bytes + self.overhead_bytes
+        return (self.cpu_tier_bytes + self.staging_bytes + self.payload_pool_bytes + self.overhead_bytes
+                + self.donor_store_bytes)
 
     def to_dict(self) -> dict:
         return {"cpu_tier": self.cpu_tier_bytes, "staging": self.staging_bytes,
                 "payload_pool": self.payload_pool_bytes, "overhead": self.overhead_bytes,
-                "total": self.total_bytes}
+                "donor_store": self.donor_store_bytes, "total": self.total_bytes}
 
 
 def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available: int | None = None) -> None:
@@ -44,10 +47,12 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
     over = budget.total_bytes - limit
     suggestion = (f"lower --cpu-mem-gb to {max(0.0, (budget.cpu_tier_bytes - over) / gib):.1f}"
                   if budget.cpu_tier_bytes > over else
+                  "lower --semantic-max-donors" if budget.donor_store_bytes > over else
                   f"lower --workers (each needs {2 * object_bytes / gib:.2f} GiB of staging) or use a smaller "
                   f"--block-tokens")
     raise UserError(
         f"memory budget {budget.total_bytes / gib:.2f} GiB (CPU tier {budget.cpu_tier_bytes / gib:.2f} + staging "
         f"{workers} workers x 2 x {object_bytes / 2**20:.1f} MiB = {budget.staging_bytes / gib:.2f} + payload pool "
-        f"{budget.payload_pool_bytes / gib:.2f} + overhead {budget.overhead_bytes / gib:.2f}) exceeds "
+        f"{budget.payload_pool_bytes / gib:.2f} + donor store {budget.donor_store_bytes / gib:.2f} + overhead "
+        f"{budget.overhead_bytes / gib:.2f}) exceeds "
         f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available; {suggestion}.")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from kv_cache.budget import MemoryBudget
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
+from kv_cache.lifecycle.donors import store_bytes
 from kv_cache.lifecycle.executor import WorkerBuffers
 from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
 from kv_cache.lifecycle.semantic import SemanticReuse
@@ -80,7 +81,16 @@ def memory_budget(s: Settings, geo: Geometry, gpu=None) -> MemoryBudget:
     if gpu is not None:
         staging += (workers(s) + 1) * geo.max_object_bytes
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
-    return MemoryBudget(cpu, staging, pool)
+    return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s))
+
+
+def _donor_store_bytes(s: Settings) -> int:
+    sem = s.semantic
+    if not sem.enabled or s.model.block_tokens == 0:
+        return 0
+    longest = (s.trace.max_prompt_tokens or 32768) if s.trace.path else int(sem.doc_tokens[1] * 1.25) + 256
+    dims = 384 if sem.embedder == "minilm" else ShingleSketch.dims
+    return store_bytes(sem.max_donors, dims, longest, s.model.block_tokens, sem.fuzzy)
 
 
 # ---------------------------------------------------------------------------- NVMe site

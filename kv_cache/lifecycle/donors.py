@@ -74,6 +74,13 @@ def make_donor(rid: str, item: str | None, role: str, tokens: np.ndarray, keys, 
                  int(tokens.size), sig, distinct)
 
 
+def store_bytes(max_donors: int, dims: int, max_prompt_tokens: int, block_tokens: int, fuzzy: bool) -> int:
+    """Bound of the store's memory: every donor at the longest prompt (hash, order, key, chunk-index share
+    per block; MinHash and distinct count with fuzzy chunks), its embedding and object overheads."""
+    per_block = 8 + 4 + 8 + 100 // FAST_PATH_MIN_SAMPLE + (MINHASH_K * 8 + 8 if fuzzy else 0)
+    return max_donors * (dims * 4 + 600 + max_prompt_tokens // block_tokens * per_block)
+
+
 class DonorStore:
     """Up to max_donors embeddings in one matrix, and a chunk index; the least recently used donor makes room.
 

@@ -181,3 +181,14 @@ def test_rates_over_no_recipient_are_null_not_zero():
     sem = semantic_section(rec.snapshot(), settings, ["cpu"])
     assert sem["overall"]["semantic_eligible_block_rate"] is None
     assert sem["negative_control_semantic_eligible_rate"] is None
+
+
+def test_memory_budget_counts_the_donor_store():
+    from kv_cache.build import geometry, memory_budget
+    from kv_cache.config import resolve
+
+    off = resolve(None, [], {})
+    on = resolve(None, [], {"semantic.enabled": True})
+    extra = memory_budget(on, geometry(on)).total_bytes - memory_budget(off, geometry(off)).total_bytes
+    # 10,000 donors of up to ~20K tokens in 256-token blocks: tens of MiB, counted before the run.
+    assert extra == memory_budget(on, geometry(on)).donor_store_bytes and 20 << 20 < extra < 200 << 20
