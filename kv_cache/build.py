@@ -24,6 +24,7 @@ from kv_cache.tiers.cpu import CpuTier
 from kv_cache.tiers.devices import check_fits as check_hbm
 from kv_cache.tiers.devices import open_cupy
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct
+from kv_cache.tiers.gds import GdsLink
 from kv_cache.tiers.gpu import GpuTier
 from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.nvme import NvmeTier
@@ -178,6 +179,19 @@ def _gpu_tier(s: Settings, geo: Geometry, backend) -> GpuTier:
     total = int(s.tiers.gpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
     check_hbm(backend, devices, -(-total // n))
     return GpuTier(backend, total, geo.slot_bytes, devices, workers(s) + 1, geo.max_object_bytes)
+
+
+def gds_link(s: Settings, tiers: list, backend, geo: Geometry) -> GdsLink | None:
+    """The NVMe <-> HBM path of --gds, between the real GPU tier and the NVMe tier."""
+    if not s.tiers.gds:
+        return None
+    gpu = next((t for t in tiers if isinstance(t, GpuTier)), None)
+    if gpu is None:
+        raise UserError("--gds moves blocks between a real GPU tier and the NVMe tier, and this run has no real "
+                        "GPU tier (CuPy found no device, or --gpu is not auto/real); drop --gds.")
+    if not isinstance(tiers[-1], NvmeTier):
+        raise UserError("--gds needs the NVMe tier (a --cache-dir on a real device); drop --null-io.")
+    return GdsLink(backend, gpu, tiers[-1], workers(s) + 1, geo.max_object_bytes)
 
 
 def semantic_reuse(s: Settings, recorder) -> SemanticReuse | None:

@@ -74,6 +74,9 @@ class TierSettings:
     gpus: int = key(1, "GPUs the tier spreads its blocks over (0: every device CuPy sees).", lo=0, hi=64)
     gpu_sim_gbps: float = key(25.0, "Bandwidth model of the simulated GPU tier, GB/s per transfer "
                                     "(PCIe 5 x16 host copies reach about 25).", lo=0.001)
+    gds: bool = key(False, "GPUDirect Storage (the gds extra, kvikio): NVMe reads land in HBM and GPU -> NVMe "
+                           "demotions skip host memory; the output says whether cuFile ran or kvikio fell back "
+                           "to POSIX I/O. Needs a real GPU tier and the direct engine with slabs.", "--gds")
     cpu_mem_gb: float = key(4.0, "CPU tier capacity in GiB (0 turns the tier off).", lo=0.0)
     nvme_gb: float = key(0.0, "NVMe tier capacity in GiB (0: a quarter of the free space, at most 64 GiB).",
                          lo=0.0)

@@ -22,6 +22,7 @@ from kv_cache.build import (
     Geometry,
     StorageSite,
     build_tiers,
+    gds_link,
     geometry,
     memory_budget,
     open_gpu,
@@ -68,6 +69,7 @@ class Built:
     workers: int
     handoff: object = None  # the HandoffStore of a prefill or decode node
     role_done: bool = False
+    gds: object = None      # the GdsLink of --gds
 
 
 def new_run_id() -> str:
@@ -83,18 +85,22 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
     site = None if s.tiers.null_io else storage_site(s, run_id, join)
     try:
         tiers, notes = build_tiers(s, geo, site, payloads.fill if payloads else None, f"r{rank}", gpu)
+        gds = gds_link(s, tiers, gpu, geo)
         handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes)
     except BaseException:
         if site:
             shutil.rmtree(site.data_dir, ignore_errors=True)
         raise
-    notes += [x for x in (gpu_note, *(site.warnings if site else []), handoff_note) if x]
-    return Built(geo, site, tiers, notes, budget, n, handoff)
+    gds_note = f"GDS path: {gds.mode}" if gds else ""
+    notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_note) if x]
+    return Built(geo, site, tiers, notes, budget, n, handoff, gds=gds)
 
 
 def _close(b: Built, remove: bool) -> None:
     if b.handoff is not None and not b.role_done:  # the run failed: end the manifest, leave no folder behind
         b.handoff.abandon(remove)
+    if b.gds is not None:
+        b.gds.close()
     for t in b.tiers:
         if t.name == "nvme" and hasattr(t, "directory"):
             t.close(remove=remove)
@@ -159,6 +165,8 @@ def _run_info(s: Settings, b: Built, run_id: str, outcome: RunOutcome, dist: Dis
         "tiers": {t.name: {"capacity_bytes": t.capacity_bytes, "description": t.description,
                            "simulated": SIMULATED in t.flags, "null": FAKE_IO in t.flags}
                   for t in b.tiers + ([b.handoff.blocks] if b.handoff is not None else [])},
+        "gds": None if b.gds is None else {"mode": b.gds.mode, "demoted_blocks": b.gds.demoted,
+                                           "loaded_blocks": b.gds.loaded},
         "notes": b.notes, "partial": outcome.partial, "stopped_reason": outcome.stopped_reason,
         "fault": outcome.fault,
     }
@@ -266,7 +274,7 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
                                               f"{s.run.io_trace.removesuffix('.zst')}.rank{dist.rank}"
                                               + (".zst" if s.run.io_trace.endswith(".zst") else ""),
                                               time.monotonic_ns())
-        cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder)
+        cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder, b.gds)
         fake = all(FAKE_IO in t.flags for t in b.tiers)
         life = Lifecycle(cache, payloads, recorder, s.model.block_tokens, b.geo.bytes_per_token,
                          chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify, fake,

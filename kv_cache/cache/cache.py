@@ -65,8 +65,9 @@ class Reservation:
 class BlockCache:
     """Index + per-tier policies + placement over an ordered list of tiers."""
 
-    def __init__(self, tiers: list, policy: str, promote: bool, recorder):
+    def __init__(self, tiers: list, policy: str, promote: bool, recorder, gds=None):
         self.tiers = tiers
+        self.gds = gds  # a GdsLink: NVMe <-> HBM without the host bounce (--gds)
         self.names = [t.name for t in tiers]
         self.policies = [make_policy(policy) for _ in tiers]
         self.promote_enabled = promote
@@ -139,6 +140,9 @@ class BlockCache:
             start = now_ns()
             try:
                 if mv.dst is None:
+                    src.delete(e.key)
+                elif self.gds is not None and self.gds.links(src, self.tiers[mv.dst]):
+                    self.gds.demote(e.key)  # HBM -> NVMe slab, no host bounce
                     src.delete(e.key)
                 else:
                     buf = scratch[: e.nbytes]
@@ -233,6 +237,12 @@ class BlockCache:
     def read(self, e: Entry, out: np.ndarray, phase: str, op: str = "read") -> int:
         """Read a pinned block into out; return the tier index it came from (op: read, donor_read)."""
         t = e.tier
+        if self.gds is not None and self.tiers[t] is self.gds.nvme and not e.remote:
+            start = now_ns()
+            land, nbytes = self.gds.load(e.key)  # NVMe -> HBM: the timed read
+            self.recorder.op(self.names[t], op, phase, start, now_ns() - start, e.nbytes, e.key)
+            self.gds.to_host(land, out[:nbytes])  # untimed: only to verify the stamps (and promote)
+            return t
         start = now_ns()
         self.tiers[t].get(e.key, out[: e.nbytes])
         self.recorder.op(self.names[t], op, phase, start, now_ns() - start, e.nbytes, e.key)
@@ -254,7 +264,9 @@ class BlockCache:
         try:
             self.run_moves(moves, scratch)
             start = now_ns()
-            self.tiers[0].put(e.key, data[: e.nbytes])
+            direct = self.gds is not None and self.tiers[src] is self.gds.nvme and self.tiers[0] is self.gds.gpu
+            if not (direct and self.gds.promote(e.key, e.nbytes)):  # GDS: the block is in HBM already
+                self.tiers[0].put(e.key, data[: e.nbytes])
             if not e.remote:  # another rank's block stays where it is: we take a copy
                 self.tiers[src].delete(e.key)
             self.recorder.op(self.names[0], "promote", "load", start, now_ns() - start, e.nbytes, e.key)

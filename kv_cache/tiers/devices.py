@@ -15,14 +15,16 @@ as a run mode: a run has ``real``, ``simulated`` or no GPU tier.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
 
 from kv_cache.errors import UserError
 from kv_cache.tiers.aligned import aligned_buffer
+from kv_cache.tiers.posix_io import pread_all, pwrite_all
 
-H2D, D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
+H2D, D2H, D2D = 1, 2, 3  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice
 
 
 class FakeStream:
@@ -81,11 +83,31 @@ class FakeDevice:
         else:
             np.copyto(host, dev[dev_offset:dev_offset + host.size])
 
+    def copy_device(self, dst, dst_offset: int, src, src_offset: int, nbytes: int, stream: FakeStream) -> None:
+        stream.copies += 1
+        np.copyto(dst[dst_offset:dst_offset + nbytes], src[src_offset:src_offset + nbytes])
+
     def sync(self, stream: FakeStream) -> None:
         stream.syncs += 1
 
     def free(self, device: int, dev) -> None:
         self.allocated[device] -= dev.size
+
+    # GDS (see gds.py): the fake device's "HBM" is host memory, so its file I/O is plain O_DIRECT.
+    def gds_mode(self) -> str:
+        return "fake device: O_DIRECT between files and host memory standing in for HBM (tests only)"
+
+    def open_file(self, path: str) -> int:
+        return os.open(path, os.O_RDWR | os.O_DIRECT)
+
+    def file_write(self, fd: int, dev, dev_offset: int, nbytes: int, file_offset: int) -> None:
+        pwrite_all(fd, dev[dev_offset:dev_offset + nbytes], file_offset, "gds")
+
+    def file_read(self, fd: int, dev, dev_offset: int, nbytes: int, file_offset: int) -> None:
+        pread_all(fd, dev[dev_offset:dev_offset + nbytes], file_offset, "gds")
+
+    def close_file(self, fd: int) -> None:
+        os.close(fd)
 
 
 class CupyDevice:
@@ -137,11 +159,54 @@ class CupyDevice:
         dst, src = (d, h) if kind == H2D else (h, d)
         self.rt.memcpyAsync(dst, src, host.nbytes, kind, stream.ptr)
 
+    def copy_device(self, dst, dst_offset: int, src, src_offset: int, nbytes: int, stream) -> None:
+        self.rt.memcpyAsync(dst.data.ptr + dst_offset, src.data.ptr + src_offset, nbytes, D2D, stream.ptr)
+
     def sync(self, stream) -> None:
         stream.synchronize()  # this stream only: other workers' copies go on
 
     def free(self, device: int, dev) -> None:
         del dev  # CuPy's pool frees it; the slab's last reference goes with the tier
+
+    # GDS through kvikio (the gds extra): CuFile reads and writes device memory at a file offset.
+    def _kvikio(self):
+        try:
+            import kvikio
+        except ImportError:
+            raise UserError("--gds needs kvikio: install the gds extra (pip install -e '.[gds]').") from None
+        return kvikio
+
+    def gds_mode(self) -> str:
+        """Which path kvikio will really take: cuFile (GPUDirect Storage) or its POSIX compatibility mode."""
+        kvikio = self._kvikio()
+        try:
+            compat = kvikio.defaults.is_compat_mode_preferred()
+        except AttributeError:  # older kvikio
+            compat = bool(kvikio.defaults.compat_mode())
+        if compat:
+            return ("kvikio compatibility mode: POSIX I/O through host bounce buffers (cuFile unavailable: no "
+                    "libcufile, no /run/udev, or KVIKIO_COMPAT_MODE=ON) - not GPUDirect")
+        try:
+            from kvikio import cufile_driver
+
+            gds = cufile_driver.get("is_gds_available")
+        except Exception:  # noqa: BLE001 - older kvikio, or a driver query that failed
+            gds = None
+        if gds is False:
+            return "cuFile without GPUDirect (its own compatibility mode: nvidia-fs not loaded)"
+        return "cuFile (GPUDirect Storage" + (")" if gds else ", driver properties not readable)")
+
+    def open_file(self, path: str):
+        return self._kvikio().CuFile(path, "r+")
+
+    def file_write(self, handle, dev, dev_offset: int, nbytes: int, file_offset: int) -> None:
+        handle.pwrite(dev[dev_offset:dev_offset + nbytes], nbytes, file_offset).get()
+
+    def file_read(self, handle, dev, dev_offset: int, nbytes: int, file_offset: int) -> None:
+        handle.pread(dev[dev_offset:dev_offset + nbytes], nbytes, file_offset).get()
+
+    def close_file(self, handle) -> None:
+        handle.close()
 
 
 def open_cupy() -> tuple[CupyDevice | None, str]:

@@ -115,6 +115,23 @@ class GpuTier(SlottedTier):
         self._copy(D2H, slots, lane.staging[:nbytes], lane)
         np.copyto(view, lane.staging[:nbytes])
 
+    def put_from_device(self, key: int, src, nbytes: int) -> None:
+        """Store a block that is already in device memory (a GDS landing buffer): device -> device copies."""
+        lane = self._lane()
+        slots = self.slots.alloc(key, nbytes)
+        try:
+            used = set()
+            for i, slot in enumerate(slots):
+                d, off = self._place(slot)
+                self.backend.copy_device(self.slabs[d], off, src, i * self.slot_bytes,
+                                         min(self.slot_bytes, nbytes - i * self.slot_bytes), lane.streams[d])
+                used.add(d)
+            for d in used:
+                self.backend.sync(lane.streams[d])
+        except BaseException:
+            self.slots.release(key)
+            raise
+
     def delete(self, key: int) -> None:
         self.slots.release(key)
 

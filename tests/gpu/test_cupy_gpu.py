@@ -32,3 +32,26 @@ def test_more_hbm_than_free_is_refused(small_run):
     free = BACKEND.free_bytes(0) / 2**30
     r = run_cli(small_run("big", "--gpu", "real", "--gpu-mem-gb", str(round(free * 2 + 1))))
     assert r.returncode == 2 and "of its HBM is free" in r.stderr
+
+
+def _kvikio_missing() -> str:
+    try:
+        import kvikio  # noqa: F401
+    except ImportError:
+        return "kvikio is not installed (the gds extra)"
+    return ""
+
+
+@needs_gpu
+@pytest.mark.skipif(bool(_kvikio_missing()), reason=_kvikio_missing() or "kvikio")
+def test_gds_run_says_which_path_ran_and_verifies_every_block(small_run):
+    # No CPU tier: GPU -> NVMe demotions cross the link; NVMe reads land in HBM.
+    r = run_cli(small_run("gds", "--gpu", "real", "--gpu-mem-gb", "0.02", "--cpu-mem-gb", "0", "--gds",
+                          "--duration", "3", quiet=False))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("gds")
+    gds = res["run"]["gds"]
+    assert gds["demoted_blocks"] > 0 and gds["loaded_blocks"] > 0
+    assert ("cuFile" in gds["mode"]) or ("compatibility mode" in gds["mode"])
+    assert f"GDS path: {gds['mode']}" in r.stdout
+    assert res["verification"]["failures"] == 0

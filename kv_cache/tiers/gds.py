@@ -1,0 +1,107 @@
+"""GPUDirect Storage: blocks between the GPU tier's HBM and the NVMe tier's slab files, no host bounce.
+
+With ``--gds`` the cache uses this link for the two moves that cross it:
+
+- a demotion GPU -> NVMe (when the NVMe tier is the next one down, i.e. no CPU
+  tier between) writes from the block's device slots straight into its
+  NVMe slots (cuFile write);
+- a read of a block held by the NVMe tier lands in a device buffer (cuFile
+  read): that is the timed operation, as an engine loading KV into HBM would
+  do; then, outside the clock, the bytes are copied to the worker's host
+  buffer only so that their stamps can be verified; a promotion then moves
+  the landed block into GPU slots device to device.
+
+The backend does the file I/O (devices.py: kvikio's CuFile on a real GPU,
+O_DIRECT from host memory on the fake device of the tests) and says which
+path really ran: cuFile, or kvikio's compatibility mode (POSIX I/O through
+host bounce buffers, which is not GPUDirect). Both tiers must use the same
+slot size and the NVMe tier the direct engine with the slab layout.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from kv_cache.errors import UserError
+from kv_cache.tiers.devices import D2H
+
+
+class GdsLink:
+    """The NVMe <-> HBM path of one GPU tier and one NVMe tier, with a device landing buffer per lane."""
+
+    def __init__(self, backend, gpu, nvme, lanes: int, max_bytes: int):
+        if nvme.layout != "slab" or nvme.engine != "direct":
+            raise UserError(f"--gds moves blocks between HBM and the NVMe tier's slab files with O_DIRECT; use "
+                            f"--io-engine direct and --nvme-layout slab (not {nvme.engine}, {nvme.layout}).")
+        if gpu.slot_bytes != nvme.slot_bytes:
+            raise ValueError("the GPU and NVMe tiers must share one slot size")
+        self.backend, self.gpu, self.nvme = backend, gpu, nvme
+        self.mode = backend.gds_mode()
+        self.handles = [backend.open_file(slab.path) for slab in nvme.slabs]
+        self._landing = [backend.alloc_device(gpu.devices[0], max_bytes) for _ in range(lanes)]
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.demoted = self.loaded = 0
+
+    def links(self, src, dst) -> bool:
+        return src is self.gpu and dst is self.nvme
+
+    def _pieces(self, gpu_slots, nvme_slots, nbytes: int):
+        """(device, offset in its slab, NVMe file handle, file offset, length) of each slot of a block."""
+        slot = self.gpu.slot_bytes
+        for i, (g, n) in enumerate(zip(gpu_slots, nvme_slots)):
+            d, off = self.gpu._place(g)
+            yield d, off, self.handles[n // self.nvme.per_file], (n % self.nvme.per_file) * slot, \
+                min(slot, nbytes - i * slot)
+
+    def demote(self, key: int) -> None:
+        """Write a block from its GPU slots into new NVMe slots (the caller then frees the GPU slots)."""
+        gpu_slots, nbytes = self.gpu.slots.lookup(key)
+        nvme_slots = self.nvme.slots.alloc(key, nbytes)
+        try:
+            for d, off, handle, file_off, length in self._pieces(gpu_slots, nvme_slots, nbytes):
+                self.backend.file_write(handle, self.gpu.slabs[d], off, length, file_off)
+        except BaseException:
+            self.nvme.slots.release(key)
+            raise
+        self.demoted += 1
+
+    def _buffer(self):
+        buf = getattr(self._local, "landing", None)
+        if buf is None:
+            with self._lock:
+                if not self._landing:
+                    raise RuntimeError("more threads read through GDS than lanes were prepared for")
+                buf = self._local.landing = self._landing.pop()
+        return buf
+
+    def load(self, key: int):
+        """Read a block from its NVMe slots into this thread's device landing buffer; (buffer, nbytes)."""
+        nvme_slots, nbytes = self.nvme.slots.lookup(key)
+        land, slot = self._buffer(), self.nvme.slot_bytes
+        for i, n in enumerate(nvme_slots):
+            length = min(slot, nbytes - i * slot)
+            self.backend.file_read(self.handles[n // self.nvme.per_file], land, i * slot, length,
+                                   (n % self.nvme.per_file) * slot)
+        self.loaded += 1
+        self._local.landed = key
+        return land, nbytes
+
+    def promote(self, key: int, nbytes: int) -> bool:
+        """Move a block this thread just loaded from its landing buffer into GPU slots (device to device);
+        False when the landing buffer holds another block (the caller copies from host memory then)."""
+        if getattr(self._local, "landed", None) != key:
+            return False
+        self.gpu.put_from_device(key, self._buffer(), nbytes)
+        return True
+
+    def to_host(self, land, out) -> None:
+        """Copy a landed block to host memory (for stamp verification; not part of the timed read)."""
+        stream = self.gpu._lane().streams[0]
+        self.backend.copy(D2H, land, 0, out, stream)
+        self.backend.sync(stream)
+
+    def close(self) -> None:
+        for h in self.handles:
+            self.backend.close_file(h)
+        self.handles = []

@@ -1,0 +1,108 @@
+"""The GDS path (NVMe <-> HBM without the host bounce) through the fake device: same link, same cache code."""
+
+from __future__ import annotations
+
+import pytest
+
+from kv_cache.cache.cache import BlockCache
+from kv_cache.errors import UserError
+from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.tiers.aligned import aligned_buffer
+from kv_cache.tiers.devices import FakeDevice
+from kv_cache.tiers.fsinfo import probe_direct
+from kv_cache.tiers.gds import GdsLink
+from kv_cache.tiers.gpu import GpuTier
+from kv_cache.tiers.nvme import NvmeTier
+
+SLOT = 64 * 1024
+
+
+@pytest.fixture
+def tiers(tmp_path):
+    if probe_direct(str(tmp_path)):
+        pytest.skip("no O_DIRECT in the test directory")
+    dev = FakeDevice(count=2)
+    gpu = GpuTier(dev, 4 * SLOT, SLOT, [0, 1], lanes=2, staging_bytes=2 * SLOT)
+    nvme = NvmeTier(str(tmp_path), 64 * SLOT, SLOT, "direct", slab_file_bytes=16 * SLOT)
+    yield dev, gpu, nvme
+    nvme.close(remove=True)
+    gpu.close()
+
+
+
+def test_demotions_skip_host_memory_and_reads_land_in_device_memory(tiers):
+    dev, gpu, nvme = tiers
+    pool = PayloadPool(seed=5, span_bytes=1 << 20)
+    link = GdsLink(dev, gpu, nvme, lanes=2, max_bytes=2 * SLOT)
+    rec = Recorder()
+    rec.start_measuring(0)
+    cache = BlockCache([gpu, nvme], "lru", False, rec, link)
+    scratch = aligned_buffer(2 * SLOT)
+    scratch[:] = 0xAB  # the host bounce buffer of moves: untouched when moves go through the link
+    sizes = {k: SLOT if k % 2 else 2 * SLOT - 4096 for k in range(1, 9)}  # one- and two-slot blocks
+    for k, n in sizes.items():
+        buf = aligned_buffer(n)
+        pool.fill(k, buf)
+        cache.commit_write(cache.reserve_write(k, n, "user"), buf, "prefill", scratch)
+    on_nvme = [k for k, e in cache.index.items() if cache.names[e.tier] == "nvme"]
+    assert on_nvme and link.demoted == len(on_nvme) == rec.counters()["ops.nvme.demote"]
+    assert (scratch == 0xAB).all()
+    out = aligned_buffer(2 * SLOT)
+    for k in on_nvme:  # read back from the slab files through device memory, byte-exact
+        (e,) = cache.pin_prefix([k])
+        cache.read(e, out, "load")
+        assert pool.check(k, out[:sizes[k]], "full"), k
+        cache.unpin([e])
+    assert link.loaded == len(on_nvme)
+    link.close()
+
+
+def test_gds_refuses_what_it_cannot_do(tiers, tmp_path):
+    dev, gpu, _ = tiers
+    other = tmp_path / "files"
+    other.mkdir()
+    per_block = NvmeTier(str(other), 8 * SLOT, SLOT, "direct", layout="file-per-block")
+    with pytest.raises(UserError, match="--nvme-layout slab"):
+        GdsLink(dev, gpu, per_block, lanes=1, max_bytes=SLOT)
+    from kv_cache.build import gds_link
+    from kv_cache.config import resolve
+
+    s = resolve(None, [], {"tiers.gds": True})
+    with pytest.raises(UserError, match="no real GPU tier"):
+        gds_link(s, [per_block], None, None)
+    assert "fake device" in dev.gds_mode()
+
+
+def test_cli_refuses_gds_without_a_real_gpu(small_run):
+    from conftest import run_cli
+    from helpers import assert_clean_error
+
+    assert_clean_error(run_cli(small_run("g", "--gds", "--gpu", "off", "--duration", "1")), "no real GPU tier")
+
+
+def test_a_block_loaded_through_gds_is_promoted_device_to_device(tiers, monkeypatch):
+    dev, gpu, nvme = tiers
+    pool = PayloadPool(seed=6, span_bytes=1 << 20)
+    link = GdsLink(dev, gpu, nvme, lanes=2, max_bytes=SLOT)
+    rec = Recorder()
+    rec.start_measuring(0)
+    cache = BlockCache([gpu, nvme], "lru", True, rec, link)
+    scratch = aligned_buffer(SLOT)
+    for k in range(1, 9):
+        buf = aligned_buffer(SLOT)
+        pool.fill(k, buf)
+        cache.commit_write(cache.reserve_write(k, SLOT, "user"), buf, "prefill", scratch)
+    host_puts = []
+    monkeypatch.setattr(gpu, "put", lambda key, buf: host_puts.append(key))  # the host -> device path
+    out = aligned_buffer(SLOT)
+    (e,) = cache.pin_prefix([1])  # the oldest block: demoted to NVMe
+    assert cache.names[e.tier] == "nvme"
+    cache.read(e, out, "load")
+    cache.release(e, out, scratch)
+    assert cache.names[cache.index[1].tier] == "gpu" and host_puts == []
+    out[:] = 0
+    (e,) = cache.pin_prefix([1])
+    cache.read(e, out, "load")  # now from HBM: the device-to-device copy carried the right bytes
+    assert pool.check(1, out, "full")
+    cache.unpin([e])
