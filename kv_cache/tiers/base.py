@@ -9,6 +9,7 @@ it. Capability flags tell the core what a tier is without testing its name
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -78,3 +79,22 @@ class SlottedTier:
 
     def close(self) -> None:
         """Nothing to release by default."""
+
+
+class PerThread:
+    """Things prepared before the clock starts, one handed to each thread on its first use (no allocation then)."""
+
+    def __init__(self, items, what: str):
+        self.free = list(items)
+        self.what = what
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def mine(self):
+        item = getattr(self._local, "item", None)
+        if item is None:
+            with self._lock:
+                if not self.free:
+                    raise RuntimeError(f"more threads use {self.what} than were prepared")
+                item = self._local.item = self.free.pop()
+        return item

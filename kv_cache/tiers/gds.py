@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 
 from kv_cache.errors import UserError
+from kv_cache.tiers.base import PerThread
 from kv_cache.tiers.devices import D2H
 
 
@@ -38,9 +39,9 @@ class GdsLink:
         self.backend, self.gpu, self.nvme = backend, gpu, nvme
         self.mode = backend.gds_mode()
         self.handles = [backend.open_file(slab.path) for slab in nvme.slabs]
-        self._landing = [backend.alloc_device(gpu.devices[0], max_bytes) for _ in range(lanes)]
-        self._local = threading.local()
-        self._lock = threading.Lock()
+        self.landing = PerThread((backend.alloc_device(gpu.devices[0], max_bytes) for _ in range(lanes)),
+                                 "GDS landing buffers")
+        self._local = threading.local()  # which block this thread's landing buffer holds
         self.demoted = self.loaded = 0
 
     def links(self, src, dst) -> bool:
@@ -66,19 +67,10 @@ class GdsLink:
             raise
         self.demoted += 1
 
-    def _buffer(self):
-        buf = getattr(self._local, "landing", None)
-        if buf is None:
-            with self._lock:
-                if not self._landing:
-                    raise RuntimeError("more threads read through GDS than lanes were prepared for")
-                buf = self._local.landing = self._landing.pop()
-        return buf
-
     def load(self, key: int):
         """Read a block from its NVMe slots into this thread's device landing buffer; (buffer, nbytes)."""
         nvme_slots, nbytes = self.nvme.slots.lookup(key)
-        land, slot = self._buffer(), self.nvme.slot_bytes
+        land, slot = self.landing.mine(), self.nvme.slot_bytes
         for i, n in enumerate(nvme_slots):
             length = min(slot, nbytes - i * slot)
             self.backend.file_read(self.handles[n // self.nvme.per_file], land, i * slot, length,
@@ -92,7 +84,7 @@ class GdsLink:
         False when the landing buffer holds another block (the caller copies from host memory then)."""
         if getattr(self._local, "landed", None) != key:
             return False
-        self.gpu.put_from_device(key, self._buffer(), nbytes)
+        self.gpu.put_from_device(key, self.landing.mine(), nbytes)
         return True
 
     def to_host(self, land, out) -> None:

@@ -17,11 +17,9 @@ device-wide synchronisation anywhere.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
-from kv_cache.tiers.base import DEVICE_MEMORY, SlottedTier
+from kv_cache.tiers.base import DEVICE_MEMORY, PerThread, SlottedTier
 from kv_cache.tiers.devices import D2H, H2D
 
 
@@ -44,9 +42,7 @@ class GpuTier(SlottedTier):
         n = len(devices)
         self.slabs = [backend.alloc_device(d, -(-(self.num_slots - i) // n) * slot_bytes)
                       for i, d in enumerate(devices)]
-        self._free_lanes = [_Lane(backend, devices, staging_bytes) for _ in range(lanes)]
-        self._lock = threading.Lock()
-        self._local = threading.local()
+        self.lanes = PerThread((_Lane(backend, devices, staging_bytes) for _ in range(lanes)), "the GPU tier's lanes")
         self._pinned: list[tuple[int, int, np.ndarray]] = []  # registered host ranges
         models = sorted({backend.model(d) for d in devices})
         self.description = (f"{backend.name}: {n} x {', '.join(models)}, {self.num_slots} slots of "
@@ -64,13 +60,7 @@ class GpuTier(SlottedTier):
         return any(lo <= start and start + arr.nbytes <= hi for lo, hi, _ in self._pinned)
 
     def _lane(self) -> _Lane:
-        lane = getattr(self._local, "lane", None)
-        if lane is None:
-            with self._lock:
-                if not self._free_lanes:
-                    raise RuntimeError("more threads use the GPU tier than lanes were prepared for")
-                lane = self._local.lane = self._free_lanes.pop()
-        return lane
+        return self.lanes.mine()
 
     def _place(self, slot: int) -> tuple[int, int]:
         """(device index, byte offset in its slab) of a slot."""

@@ -135,7 +135,7 @@ def test_build_puts_a_real_gpu_tier_on_top_and_checks_the_device_count():
     tiers, notes = build_tiers(s, geo, None, gpu=FakeDevice(count=2))
     assert [t.name for t in tiers] == ["gpu", "cpu", "nvme"]
     gpu = tiers[0]
-    assert gpu.devices == [0, 1] and len(gpu._free_lanes) == workers(s) + 1
+    assert gpu.devices == [0, 1] and len(gpu.lanes.free) == workers(s) + 1
     assert gpu.capacity_bytes == int(0.5 * 2**30) // geo.slot_bytes * geo.slot_bytes
     with pytest.raises(UserError, match="--gpus 3 asks for more GPUs than the 2"):
         build_tiers(resolve(None, ["tiers.gpus=3"], {}), geo, None, gpu=FakeDevice(count=2))
