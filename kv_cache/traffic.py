@@ -52,10 +52,30 @@ class Traffic:
     notes: list[str] = field(default_factory=list)
 
 
+def _trace_format(s: Settings) -> tuple[list[str], str]:
+    """The files --trace names and their format (--trace-format, or detected from the first file)."""
+    files = trace_files(s.trace.path)
+    return files, s.trace.format if s.trace.format != "auto" else detect_format(files[0])
+
+
+def _user_traffic(source: str, arrival: str, users, rate: float, seed: int, rank: int, size: int) -> Traffic:
+    """Closed-loop users, one fixed sequence, or an open-loop stream of their requests (Poisson).
+
+    users(owner) builds a fresh set: this rank's users by default, every user with owner None.
+    """
+    t = Traffic(source, arrival)
+    if arrival == "sequence":
+        t.users = [SequenceUser(b() for b in synthetic_builds(users()))]
+    elif arrival == "closed":
+        t.users = users()
+    else:  # one shared request stream, dealt to the ranks in turn
+        t.arrivals = poisson_arrivals(every_nth(synthetic_builds(users(None)), size, rank), rate, seed + rank)
+    return t
+
+
 def load_trace(s: Settings) -> TraceSet:
     t = s.trace
-    files = trace_files(t.path)
-    fmt = t.format if t.format != "auto" else detect_format(files[0])
+    files, fmt = _trace_format(s)
     log = TraceLog(strict=t.strict, detected=fmt)
     vocab = s.workload.vocab_size
     tokenizer = ""
@@ -114,13 +134,7 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
         def users(owner=owns) -> list:  # a fresh set of synthetic users (owner: this rank's, or None: all)
             return make_users(s.workload.users, s.workload, s.profiles, seed, owner, s.rag, s.model.block_tokens)
 
-        t = Traffic("synthetic", arrival)
-        if arrival == "sequence":
-            t.users = [SequenceUser(b() for b in synthetic_builds(users()))]
-        elif arrival == "closed":
-            t.users = users()
-        else:  # one shared request stream, dealt to the ranks in turn
-            t.arrivals = poisson_arrivals(every_nth(synthetic_builds(users(None)), size, rank), rate, seed + rank)
+        t = _user_traffic("synthetic", arrival, users, rate, seed, rank, size)
         fresh = users()  # one set, outside the generator: its inner loop would call users() on every turn
         sample = (u.next_request() for _ in range(SYNTHETIC_SAMPLE_TURNS) for u in fresh)
         t.analysis_items, t.analysis_total = sample, None
@@ -158,8 +172,7 @@ def semantic_texts(s: Settings):
         raise UserError("--semantic brings its own retrieved evidence; drop --rag.")
     if not s.trace.path:
         return TextCorpus(s.semantic.doc_tokens)
-    files = trace_files(s.trace.path)
-    fmt = s.trace.format if s.trace.format != "auto" else detect_format(files[0])
+    files, fmt = _trace_format(s)
     if fmt != "sharegpt":
         raise UserError(f"--semantic transforms text, and trace {s.trace.path} is {fmt} (numbers only); "
                         f"give a ShareGPT file, or no --trace for the built-in corpus.")
@@ -178,14 +191,7 @@ def _semantic_traffic(s: Settings, owns, rate: float, rank: int, size: int) -> T
         return make_semantic_users(s.workload.users, texts, s.semantic.mix, tok, s.run.seed, s.profiles.document,
                                    s.workload.vocab_size, owner)
 
-    arrival = _arrival(s, None)
-    t = Traffic("semantic", arrival)
-    if arrival == "sequence":
-        t.users = [SequenceUser(b() for b in synthetic_builds(users()))]
-    elif arrival == "closed":
-        t.users = users()
-    else:
-        t.arrivals = poisson_arrivals(every_nth(synthetic_builds(users(None)), size, rank), rate, s.run.seed + rank)
+    t = _user_traffic("semantic", _arrival(s, None), users, rate, s.run.seed, rank, size)
     fresh = users()[:SEMANTIC_SAMPLE_USERS]  # building an item's text costs tens of ms: sample a few users
     t.analysis_items, t.analysis_total = (u.next_request() for _ in range(4) for u in fresh), None
     t.notes.append(f"semantic traffic from the {texts.name} ({tok.name} tokens); analysis: the first 4 requests "

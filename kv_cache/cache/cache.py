@@ -237,15 +237,15 @@ class BlockCache:
     def read(self, e: Entry, out: np.ndarray, phase: str, op: str = "read") -> int:
         """Read a pinned block into out; return the tier index it came from (op: read, donor_read)."""
         t = e.tier
-        if self.gds is not None and self.tiers[t] is self.gds.nvme and not e.remote:
-            start = now_ns()
-            land, nbytes = self.gds.load(e.key)  # NVMe -> HBM: the timed read
-            self.recorder.op(self.names[t], op, phase, start, now_ns() - start, e.nbytes, e.key)
-            self.gds.to_host(land, out[:nbytes])  # untimed: only to verify the stamps (and promote)
-            return t
+        gds = self.gds is not None and self.tiers[t] is self.gds.nvme and not e.remote
         start = now_ns()
-        self.tiers[t].get(e.key, out[: e.nbytes])
+        if gds:
+            land = self.gds.load(e.key)  # NVMe -> HBM: the timed read
+        else:
+            self.tiers[t].get(e.key, out[: e.nbytes])
         self.recorder.op(self.names[t], op, phase, start, now_ns() - start, e.nbytes, e.key)
+        if gds:
+            self.gds.to_host(land, out[: e.nbytes])  # untimed: only to verify the stamps
         return t
 
     def release(self, e: Entry, data: np.ndarray, scratch: np.ndarray) -> None:

@@ -60,9 +60,12 @@ def block_minhash(tokens: np.ndarray, block_tokens: int) -> tuple[np.ndarray, np
 
 
 def make_donor(rid: str, item: str | None, role: str, tokens: np.ndarray, keys, block_tokens: int,
-               skip=(), fuzzy: bool = False) -> Donor:
-    """A donor from a served prompt: its full blocks except those in skip (not cached under its keys)."""
-    hashes = block_hashes(tokens, block_tokens)[: len(keys)]
+               skip=(), fuzzy: bool = False, hashes: np.ndarray | None = None) -> Donor:
+    """A donor from a served prompt: its full blocks except those in skip (not cached under its keys).
+
+    hashes: its blocks' content hashes when the caller has them already (see block_hashes).
+    """
+    hashes = (block_hashes(tokens, block_tokens) if hashes is None else hashes)[: len(keys)]
     keep = np.ones(hashes.size, dtype=bool)
     keep[list(skip)] = False
     idx = np.flatnonzero(keep)
@@ -87,9 +90,8 @@ class DonorStore:
     The chunk index (SemBlend's fast path) maps a content-defined sample of
     donor block hashes (one in max(4, 256 / block_tokens): about one entry per
     256 tokens with small blocks, one block in four with large ones) to the
-    donor holding it: a
-    recipient assembled from pieces of several donors (none similar enough
-    as a whole) still finds them.
+    donor holding it: a recipient assembled from pieces of several donors
+    (none similar enough as a whole) still finds them.
     """
 
     def __init__(self, dims: int, max_donors: int, block_tokens: int):

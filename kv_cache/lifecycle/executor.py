@@ -89,7 +89,7 @@ class Lifecycle:
             storage_ns += self._write(plan, range(plan.num_prompt_blocks, len(plan.keys)), bufs, decode_phase,
                                       counts)
         if donors is not None:
-            self.semantic.finish(req, plan, donors, hit, loaded)
+            self.semantic.finish(req, plan, donors, hit, loaded, counts)
         self._finish(req, req.num_output_tokens, storage_ns, counts, ttft_ns)
 
     def _finish(self, req: Request, output_tokens: int, storage_ns: int, counts: dict, ttft_ns: int) -> None:

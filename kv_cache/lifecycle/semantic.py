@@ -25,7 +25,7 @@ from time import monotonic_ns as now_ns
 
 import numpy as np
 
-from kv_cache.lifecycle.donors import DonorStore, Windows, cover, fuzzy_cover, make_donor
+from kv_cache.lifecycle.donors import Cover, DonorStore, Windows, cover, fuzzy_cover, make_donor
 
 
 @dataclass
@@ -39,6 +39,7 @@ class DonorPlan:
     fuzzy: int = 0
     found_intended: bool = False
     accepted: int = 0
+    block_hashes: np.ndarray | None = None  # content hash of each prompt block (from the window hashes)
 
 
 class SemanticReuse:
@@ -60,13 +61,16 @@ class SemanticReuse:
         plan = DonorPlan(self.embedder.embed(req.prompt_tokens, req))
         lap("embed")
         windows = Windows(req.prompt_tokens, self.bt)
+        plan.block_hashes = windows.hashes[::self.bt][:n_blocks]  # kept for registering it as a donor
         found = self.store.search(plan.vector, self.s.top_k, self.s.threshold)
         lap("search")
         exact_mask = np.zeros(n_blocks, dtype=bool)
         exact_mask[list(exact)] = True
         missed = n_blocks - len(exact)
+        covers: list[Cover] = []
         if missed > 0 and found:
-            self._choose(plan, req.prompt_tokens, windows, found, exact_mask, missed)
+            covers = self._align(windows, found, exact_mask)
+            self._choose(plan, req.prompt_tokens, covers, exact_mask, missed)
             lap("align")
         if missed > 0 and not plan.reads and self.s.multi_donor:
             # Pieces of several donors, none similar enough as a whole: found by their chunks.
@@ -74,7 +78,8 @@ class SemanticReuse:
             lap("search")
             if more:
                 found += more
-                self._choose(plan, req.prompt_tokens, windows, found, exact_mask, missed)
+                covers += self._align(windows, more, exact_mask)
+                self._choose(plan, req.prompt_tokens, covers, exact_mask, missed)
                 lap("align")
         tag = req.semantic
         plan.found_intended = tag is not None and any(d.item == tag.item and d.role == "donor" for d, _ in found)
@@ -83,11 +88,13 @@ class SemanticReuse:
         self.recorder.lookup("total", begin, now_ns() - begin)
         return plan
 
-    def _choose(self, plan: DonorPlan, tokens: np.ndarray, windows: Windows, found: list, exact: np.ndarray,
+    def _align(self, windows: Windows, found: list, exact: np.ndarray) -> list[Cover]:
+        return [cover(windows, exact.size, self.bt, d, self.s.context_gate) for d, _ in found]
+
+    def _choose(self, plan: DonorPlan, tokens: np.ndarray, covers: list[Cover], exact: np.ndarray,
                 missed: int) -> None:
-        """Align the candidates, assemble greedily (several donors if allowed); accepted only if they cover
+        """Assemble the aligned candidates greedily (several donors if allowed); accepted only if they cover
         min_reuse of the blocks the exact prefix missed."""
-        covers = [cover(windows, exact.size, self.bt, d, self.s.context_gate) for d, _ in found]
         plan.candidate = int((np.logical_or.reduce([c.covered for c in covers]) & ~exact).sum())
         union = exact.copy()
         reads: dict[int, tuple[int, ...]] = {}
@@ -112,21 +119,19 @@ class SemanticReuse:
         else:
             plan.fuzzy = 0
 
-    def finish(self, req, plan, dplan: DonorPlan, exact: set[int], loaded: set[int]) -> None:
-        """Count the request's metrics (recipients) and offer it as a donor to later requests."""
+    def finish(self, req, plan, dplan: DonorPlan, exact: set[int], loaded: set[int], counts: dict) -> None:
+        """Add the request's metrics to its counts (recipients) and offer it as a donor to later requests."""
         n = plan.num_prompt_blocks
         tag = req.semantic
         if tag is not None and tag.role == "recipient":
-            bt, p = self.bt, f"semantic.{tag.transform}."
-            counts = {"requests": 1, "blocks": n, "tokens": req.num_prompt_tokens, "exact_blocks": len(exact),
-                      "candidate_blocks": len(exact) + dplan.candidate, "eligible_blocks": len(exact) + dplan.semantic,
-                      "semantic_blocks": dplan.semantic, "fuzzy_blocks": dplan.fuzzy, "loaded_blocks": len(loaded),
-                      "found": int(dplan.found_intended), "accepted": int(dplan.accepted > 0)}
+            mine = {"requests": 1, "blocks": n, "tokens": req.num_prompt_tokens, "exact_blocks": len(exact),
+                    "candidate_blocks": len(exact) + dplan.candidate, "eligible_blocks": len(exact) + dplan.semantic,
+                    "semantic_blocks": dplan.semantic, "fuzzy_blocks": dplan.fuzzy, "loaded_blocks": len(loaded),
+                    "found": int(dplan.found_intended), "accepted": int(dplan.accepted > 0)}
             for k in ("exact", "candidate", "eligible", "semantic", "loaded"):
-                counts[f"{k}_tokens"] = counts[f"{k}_blocks"] * bt
-            for k, v in counts.items():
-                self.recorder.count(p + k, v, start_ns=now_ns())  # in the window by completion, as requests
+                mine[f"{k}_tokens"] = mine[f"{k}_blocks"] * self.bt
+            counts.update({f"semantic.{tag.transform}.{k}": v for k, v in mine.items()})
         rid = f"{req.user_id}.{req.seq}"
         donor = make_donor(rid, tag.item if tag else None, tag.role if tag else "request", req.prompt_tokens,
-                           plan.keys[:n], self.bt, skip=loaded, fuzzy=self.s.fuzzy)
+                           plan.keys[:n], self.bt, skip=loaded, fuzzy=self.s.fuzzy, hashes=dplan.block_hashes)
         self.store.add(dplan.vector, donor)

@@ -40,12 +40,13 @@ MAX_SEGMENTS = 4
 Segments = list[tuple[str, str]]  # (text, span label)
 
 
-def _base(doc: Document) -> Segments:
-    return [(BASE, TEMPLATE), (doc.context, RAG), ("\n\nQuestion: " + doc.question, USER)]
+def _question(doc: Document) -> tuple[str, str]:
+    return ("\n\nQuestion: " + doc.question, USER)
 
 
-def _variant(doc: Document) -> Segments:
-    return [(ANALYST, TEMPLATE), (doc.context, RAG), ("\n\nQuestion: " + doc.question, USER)]
+def _wrapped(wrapper: str, doc: Document) -> Segments:
+    """The evidence under an instruction wrapper, then the question."""
+    return [(wrapper, TEMPLATE), (doc.context, RAG), _question(doc)]
 
 
 def segments_of(doc: Document) -> list[str]:
@@ -70,13 +71,13 @@ def fuzzy(text: str) -> str:
 
 def transform(name: str, doc: Document, unrelated: Document | None = None) -> tuple[list[Segments], Segments]:
     """(donor prompts, recipient prompt) of one item, as labelled text segments."""
-    question = ("\n\nQuestion: " + doc.question, USER)
+    question = _question(doc)
     if name == "exact_repeat":
-        return [_base(doc)], _base(doc)
+        return [_wrapped(BASE, doc)], _wrapped(BASE, doc)
     if name == "instruction_variant":
-        return [_base(doc)], _variant(doc)
+        return [_wrapped(BASE, doc)], _wrapped(ANALYST, doc)
     if name == "same_evidence_new_task":
-        return [_base(doc)], [(OPS, TEMPLATE), ("Question: " + doc.question + "\n\nEvidence:\n", USER),
+        return [_wrapped(BASE, doc)], [(OPS, TEMPLATE), ("Question: " + doc.question + "\n\nEvidence:\n", USER),
                               (doc.context, RAG)]
     if name == "leading_evidence_new_task":
         return ([[(doc.context, RAG), ("\n\nCache entry: summarise the evidence above.", USER)]],
@@ -94,9 +95,9 @@ def transform(name: str, doc: Document, unrelated: Document | None = None) -> tu
         return donors, recipient + [question]
     if name == "fuzzy_edit":
         header = f"[metadata: source={doc.source:x} domain={doc.domain} revision=2]\n"
-        return [_base(doc)], [(header, TEMPLATE), (BASE, TEMPLATE), (fuzzy(doc.context), RAG), question]
+        return [_wrapped(BASE, doc)], [(header, TEMPLATE), (BASE, TEMPLATE), (fuzzy(doc.context), RAG), question]
     if name == "negative_control":
-        return [_base(unrelated)], _variant(doc)
+        return [_wrapped(BASE, unrelated)], _wrapped(ANALYST, doc)
     raise ValueError(f"unknown transform {name}")
 
 

@@ -68,7 +68,7 @@ class GdsLink:
         self.demoted += 1
 
     def load(self, key: int):
-        """Read a block from its NVMe slots into this thread's device landing buffer; (buffer, nbytes)."""
+        """Read a block from its NVMe slots into this thread's device landing buffer; return the buffer."""
         nvme_slots, nbytes = self.nvme.slots.lookup(key)
         land, slot = self.landing.mine(), self.nvme.slot_bytes
         for i, n in enumerate(nvme_slots):
@@ -77,7 +77,7 @@ class GdsLink:
                                    (n % self.nvme.per_file) * slot)
         self.loaded += 1
         self._local.landed = key
-        return land, nbytes
+        return land
 
     def promote(self, key: int, nbytes: int) -> bool:
         """Move a block this thread just loaded from its landing buffer into GPU slots (device to device);

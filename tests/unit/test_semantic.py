@@ -58,7 +58,7 @@ class Served:
         dplan = self.reuse.find(req, n, exact)
         loaded = {r for r, keys in dplan.reads.items() if all(k in self.cached for k in keys)}
         self.cached.update(plan.keys[i] for i in range(n) if i not in loaded)
-        self.reuse.finish(req, plan, dplan, exact, loaded)
+        self.reuse.finish(req, plan, dplan, exact, loaded, {})
         return n, exact, dplan, loaded
 
 
