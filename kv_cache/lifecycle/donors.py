@@ -129,6 +129,8 @@ class DonorStore:
                     hits[slot] = hits.get(slot, 0) + 1
             best = sorted((s for s, n in hits.items() if n >= FAST_PATH_MIN_HITS and id(self.donors[s]) not in exclude),
                           key=lambda s: -hits[s])[:limit]
+            self.clock += 1
+            self.used[best] = self.clock  # found is used: least recently used means least recently found
             return [(self.donors[s], float(self.vectors[s] @ vec)) for s in best]
 
     def search(self, vec: np.ndarray, top_k: int, threshold: float) -> list[tuple[Donor, float]]:

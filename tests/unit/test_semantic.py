@@ -192,3 +192,14 @@ def test_memory_budget_counts_the_donor_store():
     extra = memory_budget(on, geometry(on)).total_bytes - memory_budget(off, geometry(off)).total_bytes
     # 10,000 donors of up to ~20K tokens in 256-token blocks: tens of MiB, counted before the run.
     assert extra == memory_budget(on, geometry(on)).donor_store_bytes and 20 << 20 < extra < 200 << 20
+
+
+def test_a_donor_found_by_its_chunks_counts_as_recently_used():
+    store = DonorStore(4, 2, 256)
+    tokens = [np.random.default_rng(10 + i).integers(0, VOCAB, 8192).astype(np.int32) for i in range(3)]
+    keys = np.zeros(32, np.uint64)
+    for i in range(2):
+        store.add(np.eye(4, dtype=np.float32)[i], make_donor(str(i), None, "r", tokens[i], keys, 256))
+    assert store.by_chunks(window_hashes(tokens[0], 256), np.zeros(4, np.float32), set(), 5)  # donor 0 used now
+    store.add(np.eye(4, dtype=np.float32)[2], make_donor("2", None, "r", tokens[2], keys, 256))
+    assert {d.rid for d in store.donors} == {"0", "2"}  # donor 1 was the least recently used
