@@ -1,7 +1,16 @@
 #!/usr/bin/env python3
 """Entry point: python kv_cache_benchmark.py --model llama70b --users 200"""
 
-from kv_cache.cli import main
+from kv_cache import signals
+
+signals.install()  # before the heavy imports: a SIGTERM during start-up is a clean exit too
+
+try:
+    from kv_cache.cli import main
+except KeyboardInterrupt:
+    raise SystemExit(signals.exit_status()) from None
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    status = main()
+    signals.ignore()  # done: a late signal must not turn the exit into a traceback
+    raise SystemExit(status)

@@ -8,6 +8,7 @@
 3. The orchestrator's block-op rate with the null tier (the whole pipeline, no bytes).
 4. The GPU tier vs a raw CuPy pinned copy (gpu_bench.py; skipped without a device).
 5. Semantic donor lookup per request with 10,000 donors vs the 5 ms target (semantic_bench.py).
+6. Block verification per mode (checksum, full, stamps) vs numpy memcpy (verify_bench.py).
 
 Every figure is a median over --rounds; ratios are ours / the limit, measured in the same
 run. Results go to bench/out/bench.json and a Markdown table on stdout.
@@ -34,6 +35,8 @@ from gpu_bench import gpu_round  # noqa: E402 - beside this file
 from gpu_bench import lines as gpu_lines  # noqa: E402
 from semantic_bench import lines as semantic_lines  # noqa: E402
 from semantic_bench import semantic_round  # noqa: E402
+from verify_bench import lines as verify_lines  # noqa: E402
+from verify_bench import verify_round  # noqa: E402
 
 from kv_cache.lifecycle.payload import PayloadPool  # noqa: E402
 from kv_cache.tiers.aligned import aligned_buffer  # noqa: E402
@@ -244,7 +247,7 @@ def main() -> int:
               "fio": median_of(fio) if fio else None, "cpu": median_of(cpu),
               "null": {w: null_rate(w, a.null_seconds) for w in (1, 2, 4)},
               "gpu": gpu_round(block, max(8, min(blocks, int(8 * GiB // block)))),
-              "semantic": semantic_round()}
+              "semantic": semantic_round(), "verify": verify_round(block)}
     n, f, c = result["nvme_tier"], result["fio"], result["cpu"]
     lines = ["| measure | ours | limit | ratio |", "|---|---|---|---|"]
     if f:
@@ -262,6 +265,7 @@ def main() -> int:
                      f"{r['block_ops_per_s'] / 20000:.2f} |")
     lines += gpu_lines(result["gpu"])
     lines += semantic_lines(result["semantic"])
+    lines += verify_lines(result["verify"])
     lines.append("\n(median over rounds, min-max in brackets; ratio = ours / limit)")
     print("\n".join(lines))
     out = REPO / "bench" / "out"

@@ -1,3 +1,7 @@
+from kv_cache import signals
 from kv_cache.cli import main
 
-raise SystemExit(main())
+signals.install()
+status = main()
+signals.ignore()  # done: a late signal must not turn the exit into a traceback
+raise SystemExit(status)

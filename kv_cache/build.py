@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from kv_cache.budget import MemoryBudget
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
+from kv_cache.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
 from kv_cache.lifecycle.donors import store_bytes
 from kv_cache.lifecycle.executor import WorkerBuffers
 from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
@@ -23,7 +24,7 @@ from kv_cache.model import ModelSpec, find_model, slot_bytes
 from kv_cache.tiers.cpu import CpuTier
 from kv_cache.tiers.devices import check_fits as check_hbm
 from kv_cache.tiers.devices import open_cupy
-from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct
+from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct, refuse_system_dir
 from kv_cache.tiers.gds import GdsLink
 from kv_cache.tiers.gpu import GpuTier
 from kv_cache.tiers.null import NullTier
@@ -97,6 +98,7 @@ def _donor_store_bytes(s: Settings) -> int:
 # ---------------------------------------------------------------------------- NVMe site
 
 def _check_dir(path: str) -> None:
+    refuse_system_dir(path)
     if not os.path.exists(path):
         raise UserError(f"cache directory {path} does not exist; create it or pass another --cache-dir.")
     if not os.path.isdir(path):
@@ -113,7 +115,12 @@ def storage_site(s: Settings, run_id: str, join: bool = False) -> StorageSite:
     cache_dir = s.tiers.cache_dir
     if not cache_dir:
         cache_dir = os.path.join(s.run.output_dir, "cache")
-        os.makedirs(cache_dir, exist_ok=True)
+        refuse_system_dir(cache_dir, "--output-dir")
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot create the default cache directory {cache_dir}: {e.strerror}; pass "
+                            f"--cache-dir or another --output-dir.") from None
     cache_dir = os.path.abspath(cache_dir)
     _check_dir(cache_dir)
     mount = mount_of(cache_dir)
@@ -123,14 +130,23 @@ def storage_site(s: Settings, run_id: str, join: bool = False) -> StorageSite:
             raise UserError(f"cache directory {cache_dir} is on {mount.fs_type} (RAM), so the NVMe tier would "
                             f"measure memory; pass a directory on the device under test, or --allow-tmpfs.")
         warnings.append(f"the NVMe tier is on {mount.fs_type}: its numbers are RAM, not a storage device.")
-    data_dir = os.path.join(cache_dir, f"kvbench-{run_id}")
+    data_dir = os.path.join(cache_dir, f"{DATA_PREFIX}{run_id}")
+    if not join:
+        note = leftovers_note(cache_dir)
+        if note:
+            warnings.append(note)
     try:
         os.makedirs(data_dir, exist_ok=join)
+        if not join:
+            write_marker(data_dir, run_id)
     except FileExistsError:
-        raise UserError(f"{data_dir} already exists (a run with the same --run-id kept its data); "
-                        f"remove it or choose another --run-id.") from None
+        why = describe_dead(data_dir) or "a run with the same --run-id kept its data (--keep-data)"
+        raise UserError(f"{data_dir} already exists: {why}; remove it (`kv_cache_benchmark.py clean --cache-dir "
+                        f"{cache_dir}` removes what killed runs left) or choose another --run-id.") from None
     except OSError as e:
-        raise UserError(f"cannot create {data_dir}: {e.strerror}.") from None
+        shutil.rmtree(data_dir, ignore_errors=True) if not join else None
+        raise UserError(f"cannot create {data_dir}: {e.strerror}; pass a writable --cache-dir with free "
+                        f"space.") from None
     engine, note = s.tiers.io_engine, ""
     if engine == "direct":
         why = probe_direct(data_dir)

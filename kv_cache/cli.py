@@ -4,9 +4,11 @@
     kv_cache_benchmark.py report RESULTS      re-render a results.json (or its folder)
     kv_cache_benchmark.py compare RUN RUN ... headline numbers side by side, ratios to the first
     kv_cache_benchmark.py validate DIR        check a submission package: rules and checksums
+    kv_cache_benchmark.py clean               remove what killed runs left (data and report folders)
     kv_cache_benchmark.py --list-models       the model table
 
-A user error prints one sentence and exits 2; Ctrl-C exits 130.
+A user error prints one sentence and exits 2; Ctrl-C, SIGTERM and SIGHUP stop a run cleanly and exit
+128 + the signal (130, 143, 129).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import sys
 import typing
 from pathlib import Path
 
-from kv_cache import __version__
+from kv_cache import __version__, signals
 from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, resolve
 from kv_cache.errors import UserError
 
-SUBCOMMANDS = ("run", "report", "compare", "validate", "policies")
+RESULT_SECTIONS = ("run", "requests", "tokens", "latency_ms", "bytes", "verification")
+SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean")
 
 
 def _add_setting_flags(p: argparse.ArgumentParser) -> None:
@@ -102,14 +105,27 @@ def load_results(arg: str) -> tuple[Path, dict]:
     if path.is_dir():
         path = path / "results.json"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path} does not exist; pass a run folder under reports/ or its results.json.") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise UserError(f"{path} is not a readable results file ({e}).") from None
     if not isinstance(data, dict) or "schema_version" not in data:
         raise UserError(f"{path} is not a kv-cache-bench results file (no schema_version).")
+    missing = [k for k in RESULT_SECTIONS if not isinstance(data.get(k), dict)]
+    if missing:
+        raise UserError(f"{path} is an incomplete or damaged results file (section {missing[0]!r} is missing or "
+                        f"not a mapping); re-run or restore it.")
     return path, data
+
+
+def _rendered(path: Path, draw):
+    """draw() over a results file that passed load_results; a deeper defect is one sentence too."""
+    try:
+        return draw()
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise UserError(f"{path} is an incomplete or damaged results file ({type(e).__name__}: {e}); re-run "
+                        f"or restore it.") from None
 
 
 def _cmd_report(argv: list[str]) -> int:
@@ -123,8 +139,8 @@ def _cmd_report(argv: list[str]) -> int:
     if args.plots:
         from kv_cache.report.files import write_report
 
-        write_report(data, path.parent)
-    print(render(data, str(path)))
+        _rendered(path, lambda: write_report(data, path.parent))
+    print(_rendered(path, lambda: render(data, str(path))))
     return 0
 
 
@@ -136,17 +152,21 @@ def _cmd_compare(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if len(args.runs) < 2:
         raise UserError("compare needs at least two runs (run folders or results.json files).")
-    runs = []
-    for arg in args.runs:
-        path, data = load_results(arg)
-        runs.append((data["run"].get("run_id") or path.parent.name, data))
-    from kv_cache.report.compare import comparison_plots, comparison_table
-
-    print(comparison_table(runs))
     import time
 
     out = Path(args.output or Path("reports") / time.strftime("compare-%Y%m%dT%H%M%SZ", time.gmtime()))
-    for plot in comparison_plots(runs, out):
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output {out} is a file; the comparison writes plots into a folder: pass a new or "
+                        f"existing folder.")
+    runs, paths = [], []
+    for arg in args.runs:
+        path, data = load_results(arg)
+        runs.append((data["run"].get("run_id") or path.parent.name, data))
+        paths.append(path)
+    from kv_cache.report.compare import comparison_plots, comparison_table
+
+    print(_rendered(paths[0], lambda: comparison_table(runs)))
+    for plot in _rendered(paths[0], lambda: comparison_plots(runs, out)):
         print(f"plot: {plot}")
     return 0
 
@@ -170,18 +190,43 @@ def _cmd_validate(argv: list[str]) -> int:
     return 0
 
 
+def _cmd_clean(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py clean",
+                                description="Remove the folders that killed runs (SIGKILL, a crashed host) left: "
+                                            "only folders carrying this program's marker whose run is gone.")
+    p.add_argument("--cache-dir", default=str(Path("reports") / "cache"),
+                   help="The cache directory the runs used [default: reports/cache].")
+    p.add_argument("--output-dir", default="reports", help="Their --output-dir (empty report folders) "
+                                                           "[default: reports].")
+    p.add_argument("--other-hosts", action="store_true",
+                   help="Also remove folders of runs of other hosts (their liveness cannot be checked from here).")
+    p.add_argument("--dry-run", action="store_true", help="List what would be removed; remove nothing.")
+    args = p.parse_args(argv)
+    from kv_cache.leftovers import clean
+
+    for where in (args.cache_dir, args.output_dir):
+        if not Path(where).is_dir():
+            raise UserError(f"{where} is not a folder; pass the --cache-dir / --output-dir the runs used.")
+    n = clean(args.cache_dir, args.other_hosts, args.dry_run, print)
+    n += clean(args.output_dir, args.other_hosts, args.dry_run, print, prefix="")
+    print(f"{'would remove' if args.dry_run else 'removed'} {n} folder(s) left by killed runs.")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
+    signals.install()  # SIGTERM and SIGHUP stop a run as Ctrl-C does
     try:
         commands = {"report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate, "run": _cmd_run,
-                    "policies": _cmd_policies}
+                    "policies": _cmd_policies, "clean": _cmd_clean}
         return commands[command](rest)
     except UserError as e:
         print(f"kv_cache_benchmark.py: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("kv_cache_benchmark.py: interrupted before the measurement started; nothing was measured "
-              "and temporary data was removed.", file=sys.stderr)
-        return 130
+        # a run that started measuring never gets here: the runner catches the signal and results are written
+        print(f"kv_cache_benchmark.py: {signals.name()} received before the measurement started; nothing was "
+              f"measured and temporary data was removed.", file=sys.stderr)
+        return signals.exit_status()

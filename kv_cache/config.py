@@ -28,7 +28,8 @@ REPO_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
 
 @dataclass(frozen=True)
 class RunSettings:
-    seed: int = key(42, "Seed of every random choice: the same seed gives the same request schedule.")
+    seed: int = key(42, "Seed of every random choice: the same seed gives the same request schedule.", lo=0,
+                    hi=2**63 - 1)
     duration_s: float = key(60.0, "Seconds of measurement after the warm-up.", "--duration", lo=0.1)
     warmup_s: float = key(5.0, "Seconds at the start excluded from statistics.", "--warmup", lo=0.0)
     max_requests: int = key(0, "Stop after issuing this many requests (0: no limit, the duration decides).", lo=0)
@@ -49,8 +50,11 @@ class RunSettings:
                                        "steady_window_s seconds whose requests/s stay within this fraction of their "
                                        "mean marks steady state (0: off).", "--steady-state", lo=0.0, hi=1.0)
     steady_window_s: int = key(10, "Length of the steady-state detection window, seconds.", lo=2, hi=3600)
-    verify: str = key("stamps", "Check read blocks: stamps (every 4 KiB page's stamp), full (every byte), off.",
-                      choices=("stamps", "full", "off"))
+    verify: str = key("checksum", "Check every block read: checksum (CRC32C of the whole block taken at write, "
+                                  "checked at read: any changed byte is caught), full (every byte compared with "
+                                  "the payload), stamps (only each 4 KiB page's 16-byte stamp: misplaced, stale or "
+                                  "torn pages, not corrupted bytes), off.",
+                      choices=("checksum", "full", "stamps", "off"))
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,8 @@ class ScheduleSettings:
                                "for timestamped traces, closed otherwise; sequence: the traffic's requests in one "
                                "fixed order, back to back, one in flight (what the policies sub-command replays).",
                        choices=("auto", "closed", "poisson", "trace", "sequence"))
-    request_rate: float = key(0.0, "Requests per second of the poisson arrival process.", lo=0.0)
+    request_rate: float = key(0.0, "Requests per second of the poisson arrival process (at most 100,000: one "
+                                   "process issues a few thousand at best; more is a typo).", lo=0.0, hi=1e5)
     think_time_s: tuple[float, float] = key((0.1, 0.5), "Think-time range of closed-loop users replaying a trace "
                                                         "(synthetic users take theirs from their profile).", lo=0.0)
 
@@ -263,8 +268,12 @@ def _to_plain(obj):
     return obj
 
 
-def _build(cls, data: dict, where: str, prefix: str = ""):
-    """Build dataclass cls from a plain mapping, refusing unknown keys."""
+def _build(cls, data: dict, where: str, prefix: str = "", origins: dict | None = None):
+    """Build dataclass cls from a plain mapping, refusing unknown keys.
+
+    origins: dotted key -> the flag or --set that gave its value (errors name it, not the file).
+    """
+    origins = origins or {}
     if not isinstance(data, dict):
         raise UserError(f"{where}: section {prefix.rstrip('.') or '(top)'} must be a mapping, got {data!r}.")
     hints = _hints(cls)
@@ -277,9 +286,10 @@ def _build(cls, data: dict, where: str, prefix: str = ""):
     for fname, value in data.items():
         typ = hints[fname]
         if dataclasses.is_dataclass(typ):
-            kwargs[fname] = _build(typ, value, where, f"{prefix}{fname}.")
+            kwargs[fname] = _build(typ, value, where, f"{prefix}{fname}.", origins)
         else:
-            kwargs[fname] = coerce(prefix + fname, typ, value, dict(names[fname].metadata), where)
+            dotted = prefix + fname
+            kwargs[fname] = coerce(dotted, typ, value, dict(names[fname].metadata), origins.get(dotted, where))
     return cls(**kwargs)
 
 
@@ -306,11 +316,18 @@ def _set_dotted(tree: dict, dotted: str, value) -> None:
 def read_config_file(path: Path) -> dict:
     """Read a YAML settings file; a missing or malformed file is a UserError."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"config file {path} does not exist; pass an existing file to --config.") from None
+    except IsADirectoryError:
+        raise UserError(f"config file {path} is a directory; pass a YAML file to --config.") from None
     except OSError as e:
         raise UserError(f"config file {path} cannot be read ({e.strerror}).") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"config file {path} is not UTF-8 text (byte {e.start}); pass a YAML file to "
+                        f"--config.") from None
+    if "\x00" in text:
+        raise UserError(f"config file {path} holds NUL bytes (a binary file?); pass a YAML file to --config.")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -330,16 +347,25 @@ def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any]) -> 
     path = Path(config_path) if config_path else (REPO_CONFIG if REPO_CONFIG.exists() else None)
     if path is not None:
         tree = _deep_merge(tree, read_config_file(path))
-    where = str(path) if path else "settings"
+    where = f"config file {path}" if path else "settings"
+    origins: dict[str, str] = {}
     for item in sets:
         if "=" not in item:
             raise UserError(f"--set {item}: expected section.key=value.")
         dotted, value = item.split("=", 1)
-        _set_dotted(tree, dotted.strip(), yaml.safe_load(value) if value else "")
-        where = f"{where} / --set"
+        dotted = dotted.strip()
+        try:
+            parsed = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError as e:
+            raise UserError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', e)}); quote it "
+                            f"or write it as in config.yaml.") from None
+        _set_dotted(tree, dotted, parsed)
+        origins[dotted] = f"--set {dotted}"
+    fields = {d: f for d, f, _ in iter_keys(Settings)}
     for dotted, value in flags.items():
         _set_dotted(tree, dotted, value)
-    return _build(Settings, tree, where)
+        origins[dotted] = flag_name(dotted, fields[dotted]) if dotted in fields else f"--{dotted}"
+    return _build(Settings, tree, where, origins=origins)
 
 
 def replace(settings: Settings, dotted: str, value) -> Settings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import field
 
@@ -11,8 +12,9 @@ from kv_cache.errors import UserError
 def coerce(name: str, typ, value, meta: dict, where: str):
     """Return value converted to typ, or raise UserError naming the key."""
     def bad(what: str):
-        return UserError(f"{where}: {name} {what}; got {value!r}. "
-                         f"See config.yaml for what it means ({meta.get('help', '')})")
+        # where: the flag or --set that gave the value, else the config file: the user fixes it there
+        see = "see --help" if where.startswith("--") else "see config.yaml"
+        return UserError(f"{where}: {name} {what}; got {value!r} ({see}: {meta.get('help', '')})")
 
     origin = typing.get_origin(typ)
     if typ is bool:
@@ -74,6 +76,8 @@ def _check_bounds(name, out, meta, bad):
         raise bad(f"must be one of {', '.join(choices)}")
     values = out if isinstance(out, tuple) else (out,)
     for v in values:
+        if isinstance(v, float) and not math.isfinite(v):  # NaN passes every comparison below
+            raise bad("must be a finite number")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if lo is not None and v < lo:
                 raise bad(f"must be >= {lo}")
@@ -90,7 +94,8 @@ def key(default, help: str, flag: str | None = None, choices=None, lo=None, hi=N
 
 
 def parse_mix(text: str, known: tuple[str, ...], setting: str) -> dict[str, float]:
-    """'chatbot=1,coding=2' -> normalised weights; names must be among known."""
+    """'chatbot=1,coding=2' -> normalised weights; names must be among known; setting: the flag, as the user
+    wrote it (--qos-mix)."""
     weights: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, value = part.partition("=")
@@ -100,8 +105,8 @@ def parse_mix(text: str, known: tuple[str, ...], setting: str) -> dict[str, floa
             w = float(value)
         except ValueError:
             raise UserError(f"{setting}: weight of {name} must be a number, got {value!r}.") from None
-        if w < 0:
-            raise UserError(f"{setting}: weight of {name} must be >= 0.")
+        if not math.isfinite(w) or w < 0:
+            raise UserError(f"{setting}: weight of {name} must be a finite number >= 0, got {value!r}.")
         weights[name.strip()] = w
     total = sum(weights.values())
     if total <= 0:

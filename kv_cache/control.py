@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from kv_cache.config import Settings
+from kv_cache.config import Settings, flag_name, iter_keys
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.handoff import FOLDER, MANIFEST, HandoffStore, check_header
 from kv_cache.scheduler.autoscale import Autoscaler
@@ -14,8 +14,25 @@ from kv_cache.sources.handoff import ManifestFollower, wait_for_manifest
 from kv_cache.tiers.fsinfo import probe_direct
 
 
+def _trace_only_flags(s: Settings) -> list[str]:
+    """Flags changed from their defaults that only act on a replayed trace."""
+    out = []
+    for dotted, f, _ in iter_keys(Settings):
+        if dotted.count(".") != 1:  # models / profiles: tables, not flags
+            continue
+        section, leaf = dotted.split(".")
+        if (section == "trace" and leaf != "path") or dotted == "schedule.think_time_s":
+            if getattr(getattr(s, section), leaf) != f.default:
+                out.append(flag_name(dotted, f))
+    return out
+
+
 def check_options(s: Settings, mpi: bool) -> None:
-    """One clear sentence per contradiction between options."""
+    """One clear sentence per contradiction between options (a flag without effect here is one)."""
+    unused = _trace_only_flags(s) if not s.trace.path else []
+    if unused:
+        raise UserError(f"{unused[0]} acts on a replayed trace only and this run has none; add --trace FILE or "
+                        f"drop {unused[0]}.")
     a, d = s.autoscale, s.disagg
     if a.mode != "off":
         if s.run.max_requests:
@@ -60,6 +77,9 @@ def qos_policy(s: Settings) -> QosPolicy:
 
 
 def check_traffic(s: Settings, arrival: str) -> None:
+    if s.schedule.request_rate and arrival != "poisson":
+        raise UserError(f"--request-rate paces --arrival poisson only, and this run's arrival is {arrival}; add "
+                        f"--arrival poisson or drop --request-rate.")
     if s.autoscale.mode != "off" and arrival != "closed":
         raise UserError(f"--autoscale changes the number of closed-loop users; it cannot drive --arrival "
                         f"{arrival} (requests come at the trace's or the rate's pace). Use --arrival closed.")

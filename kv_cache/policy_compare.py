@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kv_cache import signals
 from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
+from kv_cache.outfolder import write_json
 from kv_cache.report.policies import policy_plot, policy_table
-from kv_cache.run import EXIT_INTERRUPTED, new_run_id, write_json
+from kv_cache.run import new_run_id
 
 
 def summarize(name: str, r: dict, ms_per_token: float) -> dict:
@@ -56,8 +58,9 @@ def compare_policies(s: Settings, names: list[str], ms_per_token: float, say) ->
                               ("run.output_dir", str(root)), ("run.quiet", True)):
             sp = replace(sp, dotted, value)
         status = max(status, execute(sp, lambda *a, **k: None))
-        if status == EXIT_INTERRUPTED:
+        if signals.received() is not None:
             return status
+        signals.resume()
         rows.append(summarize(name, json.loads((root / name / "results.json").read_text()), ms_per_token))
     model = f"modelled TTFT = measured storage TTFT + missed prompt tokens x {ms_per_token:g} ms (recompute)"
     write_json(root / "policies.json", {"policies": rows, "ttft_model": model, "settings": s.to_dict()})

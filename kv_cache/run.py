@@ -7,7 +7,6 @@ down explicitly.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import shutil
@@ -16,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kv_cache import __version__
+from kv_cache import __version__, outfolder, signals
 from kv_cache.budget import check_fits
 from kv_cache.build import (
     Geometry,
@@ -37,6 +36,7 @@ from kv_cache.config import Settings
 from kv_cache.control import autoscaler, check_options, check_traffic, finish_role, open_handoff, qos_policy
 from kv_cache.distributed import Dist
 from kv_cache.errors import UserError
+from kv_cache.leftovers import set_state
 from kv_cache.lifecycle.analysis import analyse
 from kv_cache.lifecycle.executor import Lifecycle
 from kv_cache.lifecycle.payload import PayloadPool
@@ -46,7 +46,6 @@ from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import build_results
 from kv_cache.recorder.telemetry import Telemetry
 from kv_cache.report.console import render
-from kv_cache.report.files import write_report
 from kv_cache.report.live import LiveLine
 from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner, RunOutcome
 from kv_cache.submission import RULES, rule_violations, validate, write_package
@@ -55,7 +54,7 @@ from kv_cache.traffic import Traffic, build_traffic
 from kv_cache.trials import median_trial, summarize
 from kv_cache.trials import table as trial_table
 
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # interrupted: 128 + the signal (130 for Ctrl-C)
 ANALYSIS_LIMIT = 100_000  # requests analysed before the run at most
 
 
@@ -108,6 +107,8 @@ def _close(b: Built, remove: bool) -> None:
             t.close()
     if b.site and remove:
         shutil.rmtree(b.site.data_dir, ignore_errors=True)
+    elif b.site and os.path.isdir(b.site.data_dir):
+        set_state(b.site.data_dir, "kept")  # on purpose (--keep-data): not a killed run's leftover
 
 
 def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: Built, quiet: bool, tele: Telemetry | None):
@@ -186,20 +187,11 @@ def _warnings(results: dict) -> list[str]:
     return out
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Write atomically: a reader never sees half a file."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
-
-
 def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Traffic, PayloadPool | None, Built]:
     """Everything that can refuse the run, agreed on by all ranks before any of them measures."""
     error, b = None, None
     shared = s.tiers.shared_storage and dist.active
     try:
-        if dist.rank == 0 and report_dir.exists():
-            raise UserError(f"report folder {report_dir} already exists; choose another --run-id.")
         check_options(s, dist.active)
         traffic = build_traffic(s, dist.rank, dist.size)  # bad traces are refused before any data is written
         check_traffic(s, traffic.arrival)
@@ -230,6 +222,7 @@ def execute(s: Settings, say=print) -> int:
     dist = Dist.detect()
     if dist.rank:
         say = _silent
+    outfolder.check_run_id(s.run.run_id)
     run_id = dist.bcast(s.run.run_id or new_run_id())
     folder = Path(s.run.output_dir) / run_id
     rules = RULES.get(s.run.submission)
@@ -237,6 +230,23 @@ def execute(s: Settings, say=print) -> int:
         broken = rule_violations(s.to_dict(), rules)
         if broken:
             raise UserError(f"--submission {rules.name} refuses these settings: " + "; ".join(broken) + ".")
+    error = None
+    if dist.rank == 0:  # checked and reserved before anything is measured: results are never lost at the end
+        try:
+            outfolder.reserve(folder, run_id)
+        except UserError as e:
+            error = str(e)
+    dist.agree(error)
+    try:
+        return _trials(s, say, dist, run_id, folder, rules)
+    finally:
+        signals.resume()
+        if dist.rank == 0:
+            outfolder.abandon(folder)  # removes it only if nothing was written into it
+
+
+def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> int:
+    """One run, or N trials of the same schedule with the median and spread of their headline numbers."""
     if s.run.trials == 1:
         return _one_run(s, say, dist, run_id, folder)[0]
     statuses, trials = [], []
@@ -245,13 +255,14 @@ def execute(s: Settings, say=print) -> int:
         status, merged = _one_run(s, say, dist, f"{run_id}-t{k}", folder / f"trial-{k}")
         statuses.append(status)
         trials.append(merged)
-        if status == EXIT_INTERRUPTED:
+        if signals.received() is not None:
             break
+        signals.resume()
     if dist.rank == 0:
         summary = summarize(trials)
         best = trials[median_trial(trials)]
-        write_json(folder / "trials.json", {"trials": len(trials), "summary": summary})
-        write_json(folder / "results.json", {**best, "trials": {"count": len(trials), "median_trial":
+        outfolder.write_json(folder / "trials.json", {"trials": len(trials), "summary": summary})
+        outfolder.write_json(folder / "results.json", {**best, "trials": {"count": len(trials), "median_trial":
                                                                  median_trial(trials) + 1, "summary": summary}})
         say(f"Trials: {len(trials)} (results.json = the median trial by cached tokens/s, trial "
             f"{median_trial(trials) + 1}; each trial in trial-<k>/)\n{trial_table(summary)}")
@@ -306,7 +317,7 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
             say(f"  I/O trace: {recorder.io_trace.rows:,} operations in {recorder.io_trace.path}; fio job: {job}")
         results = build_results(recorder.snapshot(), _run_info(s, b, run_id, outcome, dist), s.to_dict(), {
             "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop},
-            "memory": {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "memory": {"peak_rss_bytes": peak_rss_bytes(),
                        "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
             "occupancy": cache.occupancy(),
             "shared_storage": {"enabled": s.tiers.shared_storage, "adopted_blocks": cache.adopted},
@@ -321,7 +332,8 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
             tele.close()
     finally:  # a shared namespace is removed by rank 0 alone, once every rank is done with it
         shared = s.tiers.shared_storage and dist.active
-        _close(b, remove=not s.run.keep_data and not shared)
+        with signals.deferred():  # a signal now must not leave the data directory half removed
+            _close(b, remove=not s.run.keep_data and not shared)
     status = _status_of(results)
     gathered = dist.gather(results)
     if shared and dist.rank == 0 and b.site and not s.run.keep_data:
@@ -330,15 +342,28 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
     if dist.rank == 0:
         merged = results if not dist.active else merge_ranks(gathered)
         merged["warnings"] = _warnings(merged)
-        report_dir.mkdir(parents=True)
-        write_json(report_dir / "results.json", merged)
-        write_report(merged, report_dir)
-        if dist.active:
-            for r in gathered:
-                write_json(report_dir / f"rank-{r['run']['rank']}.json", r)
-        say(render(merged, str(report_dir / "results.json")))
-        status = max(status, *(_status_of(r) for r in gathered))
+        extra = {f"rank-{r['run']['rank']}.json": r for r in gathered} if dist.active else {}
+        written, failed = outfolder.write_results(merged, report_dir, extra)
+        say(render(merged, str(written / "results.json")))
+        status = max(status, *(_status_of(r) for r in gathered), EXIT_FAILED if failed else EXIT_OK)
+        outfolder.tell_faults(merged)
     return dist.bcast(status), merged
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory.
+
+    NOTE: Linux keeps getrusage's ru_maxrss across execve, so a run started from a large parent (a test
+    runner, a notebook) would report the parent's peak; VmHWM belongs to this process's own memory map.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _precondition(s: Settings, b: Built, say) -> dict | None:
@@ -365,7 +390,7 @@ def _silent(*_args, **_kw) -> None:
 def _status_of(results: dict) -> int:
     run = results["run"]
     if run["stopped_reason"] == "interrupted":
-        return EXIT_INTERRUPTED
+        return signals.exit_status(EXIT_INTERRUPTED)
     return EXIT_FAILED if run["fault"] or results["verification"]["failures"] else EXIT_OK
 
 

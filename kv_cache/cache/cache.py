@@ -26,18 +26,22 @@ import numpy as np
 from kv_cache.cache.policies import make_policy
 from kv_cache.tiers.base import SHARED
 
-READY, WRITING, MOVING = "ready", "writing", "moving"
+READY, WRITING, MOVING, CORRUPT = "ready", "writing", "moving", "corrupt"
 
 
 class Entry:
-    """Index record of one block; a remote block lives in a shared tier and belongs to another process."""
+    """Index record of one block; a remote block lives in a shared tier and belongs to another process.
 
-    __slots__ = ("key", "tier", "nbytes", "pins", "state", "label", "remote")
+    digest: the checksum of the bytes written (--verify checksum), set by the writer; None if unknown.
+    """
+
+    __slots__ = ("key", "tier", "nbytes", "pins", "state", "label", "remote", "digest")
 
     def __init__(self, key: int, tier: int, nbytes: int, label: str, remote: bool = False):
         self.key, self.tier, self.nbytes, self.label, self.remote = key, tier, nbytes, label, remote
         self.pins = 0
         self.state = READY if remote else WRITING
+        self.digest: int | None = None
 
 
 @dataclass(frozen=True)
@@ -230,9 +234,41 @@ class BlockCache:
             self._cond.notify_all()
 
     def unpin(self, entries) -> None:
+        gone = []
         with self._cond:
             for e in entries:
                 e.pins -= 1
+                gone += self._drop_corrupt(e)
+        self._delete(gone)
+
+    def discard(self, e: Entry) -> None:
+        """A pinned block read back wrong: never served again, its slots freed once no reader holds it.
+
+        NOTE: it stays in the index (state CORRUPT, a miss for every lookup) until its last pin goes,
+        so that a rewrite of the same key cannot meet the corrupt copy's slots in the tier.
+        """
+        with self._cond:
+            e.pins -= 1
+            if self.index.get(e.key) is e and e.state != CORRUPT:
+                e.state = CORRUPT
+                self.policies[e.tier].on_remove(e.key)
+            gone = self._drop_corrupt(e)
+            self._cond.notify_all()
+        self._delete(gone)
+
+    def _drop_corrupt(self, e: Entry) -> list[Entry]:
+        """Lock held: forget a corrupt block nobody holds; return it for _delete (outside the lock)."""
+        if e.state != CORRUPT or e.pins or self.index.get(e.key) is not e:
+            return []
+        del self.index[e.key]
+        if not e.remote:
+            self.used[e.tier] -= self._slots(e.tier, e.nbytes)
+        return [e]
+
+    def _delete(self, entries: list[Entry]) -> None:
+        for e in entries:
+            if self.tiers[e.tier].contains(e.key):
+                self.tiers[e.tier].delete(e.key)
 
     def read(self, e: Entry, out: np.ndarray, phase: str, op: str = "read") -> int:
         """Read a pinned block into out; return the tier index it came from (op: read, donor_read)."""
@@ -250,6 +286,7 @@ class BlockCache:
 
     def release(self, e: Entry, data: np.ndarray, scratch: np.ndarray) -> None:
         """Unpin a block that was read into data, promoting it to the top tier if due."""
+        gone: list[Entry] = []
         with self._cond:
             src = e.tier
             moves = None
@@ -257,9 +294,13 @@ class BlockCache:
                 moves = self._reserve(0, e.nbytes)
             e.pins -= 1
             if moves is None:
-                return
-            e.state = MOVING
-            self.policies[src].on_remove(e.key)
+                gone = self._drop_corrupt(e)
+            else:
+                e.state = MOVING
+                self.policies[src].on_remove(e.key)
+        if moves is None:
+            self._delete(gone)
+            return
         move = Move(e, src, 0)
         try:
             self.run_moves(moves, scratch)

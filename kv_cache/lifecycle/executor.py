@@ -15,6 +15,7 @@ from time import monotonic_ns as now_ns
 
 import numpy as np
 
+from kv_cache.lifecycle.payload import block_digest
 from kv_cache.lifecycle.plan import KVPlan, Planner
 from kv_cache.model import slot_bytes
 from kv_cache.tiers.aligned import aligned_buffer
@@ -146,10 +147,11 @@ class Lifecycle:
                 pinned += list(enumerate(self.cache.pin_prefix(plan.keys[first:end]), first))
         return pinned
 
-    def _read(self, e, bufs: WorkerBuffers, op: str) -> tuple[int, int] | None:
-        """Read one pinned block (timed), verify it, unpin it (promoting if due): (storage ns, tier).
+    def _read(self, e, bufs: WorkerBuffers, op: str) -> tuple[int, int, bool] | None:
+        """Read one pinned block (timed), verify it, unpin it (promoting if due): (storage ns, tier, intact).
 
-        None when another rank evicted it from shared storage first: it is a miss now.
+        None when another rank evicted it from shared storage first: it is a miss now. A block that
+        reads back wrong (intact False) is discarded from the cache: the engine would recompute it.
         """
         data = bufs.view(e.nbytes)
         start = now_ns()
@@ -160,11 +162,16 @@ class Lifecycle:
             self.recorder.count("shared.vanished", start_ns=start)
             return None
         spent = now_ns() - start
+        intact = True
         if self.cache.tiers[tier].flags.isdisjoint(NO_BYTES):
-            self._check(e.key, data, start)
+            intact = self._check(e.key, data, start, e.digest)
         start = now_ns()
-        self.cache.release(e, data, bufs.scratch)
-        return spent + now_ns() - start, tier
+        if intact:
+            self.cache.release(e, data, bufs.scratch)
+        else:
+            self.cache.discard(e)
+            self.recorder.count("verification.blocks_discarded")
+        return spent + now_ns() - start, tier, intact
 
     def _load(self, req: Request, plan: KVPlan, bufs: WorkerBuffers, counts: dict) -> tuple[int, set[int]]:
         """Read the cached prompt blocks; return (storage ns, indices of the blocks that hit)."""
@@ -177,7 +184,8 @@ class Lifecycle:
             except BaseException:
                 self.cache.unpin([e for _, e in hits[n + 1:]])
                 raise
-            if got is None:  # the rest of the prefix is a miss
+            if got is None or not got[2]:  # the rest of the prefix is a miss (recomputed, rewritten)
+                storage_ns += got[0] if got else 0
                 self.cache.unpin([x for _, x in hits[n + 1:]])
                 hits = hits[:n]
                 break
@@ -196,7 +204,7 @@ class Lifecycle:
         for key in dict.fromkeys(k for keys in reads.values() for k in keys):
             pinned = self.cache.pin_prefix([key])
             read = self._read(pinned[0], bufs, "donor_read") if pinned else None
-            if read is None:  # evicted since the donor was served: its blocks are recomputed
+            if read is None or not read[2]:  # evicted (or corrupt) since the donor was served: recomputed
                 _add(counts, "semantic.donor_missing", 1)
                 continue
             storage_ns += read[0]
@@ -206,12 +214,20 @@ class Lifecycle:
             _add(counts, f"semantic.donor_blocks.{name}", 1)
         return storage_ns, {r for r, keys in reads.items() if all(k in got for k in keys)}
 
-    def _check(self, key: int, data: np.ndarray, start_ns: int) -> None:
+    def _check(self, key: int, data: np.ndarray, start_ns: int, digest: int | None = None) -> bool:
+        """Verify a block read back; False when it is not what was written.
+
+        NOTE: counted in warm-up too: correctness is not a statistic, a wrong block is never dropped.
+        """
         if self.verify == "off":
-            return
-        self.recorder.count("verification.blocks_checked", start_ns=start_ns)
-        if not self.payloads.check(key, data, self.verify):
-            self.recorder.count("verification.failures", start_ns=start_ns)
+            return True
+        self.recorder.count("verification.blocks_checked")
+        if self.payloads.check(key, data, self.verify, digest):
+            return True
+        self.recorder.count("verification.failures")
+        if not self.recorder.in_window(start_ns):
+            self.recorder.count("verification.failures_in_warmup")
+        return False
 
     def _write(self, plan: KVPlan, indices, bufs: WorkerBuffers, phase: str, counts: dict) -> int:
         storage_ns = 0
@@ -225,6 +241,8 @@ class Lifecycle:
             data = bufs.view(nbytes)
             if not self.fake_io:
                 self.payloads.fill(key, data)
+                if self.verify == "checksum":  # kept in the index: every later read of the block is checked
+                    res.entry.digest = block_digest(data)
             start = now_ns()
             self.cache.commit_write(res, data, phase, bufs.scratch)
             storage_ns += now_ns() - start

@@ -159,6 +159,10 @@ class Recorder:
             return None
         return (start_ns - m) // 1_000_000_000
 
+    def in_window(self, start_ns: int) -> bool:
+        """Whether an operation that started at start_ns falls in the measurement window (not warm-up)."""
+        return self._second(start_ns) is not None
+
     # ------------------------------------------------------------------ recording
 
     def op(self, tier: str, op: str, phase: str, start_ns: int, dur_ns: int, nbytes: int, key: int = 0) -> None:

@@ -104,7 +104,9 @@ def traffic_section(results: dict) -> list[str]:
              + (f"; by source: {sources}" if sources else ""),
              f"           theoretical with an infinite cache: {_theoretical(results)}",
              f"Verify     {ver['mode']}: {ver['blocks_checked']:,} blocks checked, {ver['failures']:,} failures"
-             + ("  <-- DATA ERRORS" if ver["failures"] else ""),
+             + (f" ({ver.get('failures_in_warmup', 0):,} in warm-up; {ver.get('blocks_discarded', 0):,} blocks "
+                f"discarded from the cache)  <-- DATA ERRORS" if ver["failures"] else "")
+             + " (whole run, warm-up included)",
              f"Memory     peak RSS {mem['peak_rss_bytes'] / GiB:.2f} GiB, budget {mem['budget_bytes'] / GiB:.2f} GiB"]
     m = results["mlperf_compatible"]
     lines.append(f"MLPerf table names: cached tokens/s {m['cached_tokens_per_s']:,.0f}; storage read "

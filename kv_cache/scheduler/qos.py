@@ -20,7 +20,7 @@ from kv_cache.config_load import QOS_CLASSES, QosSettings
 
 class QosPolicy:
     def __init__(self, qos: QosSettings, seed: int):
-        weights = parse_mix(qos.mix, QOS_CLASSES, "qos.mix")
+        weights = parse_mix(qos.mix, QOS_CLASSES, "--qos-mix")
         self.names = [n for n in QOS_CLASSES if weights.get(n, 0) > 0]
         self._cum = list(itertools.accumulate(weights[n] for n in self.names))
         self.per_request = qos.assign == "request"

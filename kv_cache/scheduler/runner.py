@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass
 from time import monotonic_ns as now_ns
 
+from kv_cache import signals
 from kv_cache.errors import RunFault
 from kv_cache.scheduler.qos import PriorityRequests
 
@@ -137,7 +138,10 @@ class _Runner:
             self._stop.set()
 
     def run(self, warmup_s: float, duration_s: float, max_requests: int = 0) -> RunOutcome:
-        """Run warm-up then measurement; return how it ended (results are in the recorder)."""
+        """Run warm-up then measurement; return how it ended (results are in the recorder).
+
+        Signals are deferred when it returns (see signals.py): the caller calls signals.resume().
+        """
         start = now_ns()
         self.outcome.start_ns = start
         measure_at = start + int(warmup_s * 1e9)
@@ -154,6 +158,11 @@ class _Runner:
             self._dispatch(start, measure_at, deadline, max_requests)
         except KeyboardInterrupt:
             self.outcome.stopped_reason = "interrupted"
+        # NOTE: from here on a signal is remembered, not raised: the drain and the caller's writing of the
+        # results must not be cut short by a second Ctrl-C. The caller resumes (signals.resume) once done.
+        signals.defer()
+        if self.outcome.stopped_reason != "interrupted" and signals.received() is not None:
+            self.outcome.stopped_reason = "interrupted"  # arrived between the dispatch's end and defer()
         if self.peers is not None and self.outcome.stopped_reason == "fault":
             self.peers.notify_fault(self.outcome.fault)
         self._drain(threads)

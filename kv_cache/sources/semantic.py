@@ -160,6 +160,6 @@ def _draw(rng: np.random.Generator, lo_hi) -> int:
 def make_semantic_users(num_users: int, texts, mix_text: str, tokenizer, seed: int, profile, vocab: int,
                         owns=None) -> list[SemanticUser]:
     """Users 0 .. num_users - 1 (those owns(u) accepts, under MPI) drawing items in the shares of mix_text."""
-    mix = parse_mix(mix_text, TRANSFORMS, "semantic.mix")
+    mix = parse_mix(mix_text, TRANSFORMS, "--semantic-mix")
     return [SemanticUser(u, texts, mix, tokenizer, seed, profile, vocab) for u in range(num_users)
             if owns is None or owns(u)]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kv_cache.sources.content import OUTPUT, stream
-from kv_cache.sources.trace_io import TraceLog, jsonl_records
+from kv_cache.sources.trace_io import TraceLog, jsonl_records, not_utf8
 from kv_cache.types import HISTORY, SYSTEM, USER, Request
 
 USER_ROLES = {"human", "user"}
@@ -56,11 +56,11 @@ class ShareGPTTurn:
 
 def _conversations(path: str, log: TraceLog):
     """(file:line, conversation object) from a JSON array or a JSONL file."""
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
         head = f.read(1 << 12).lstrip()
     if head.startswith("["):
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 data = json.load(f)
         except json.JSONDecodeError as e:
             log.bad(f"{path}:{e.lineno}", f"not valid JSON ({e.msg}); nothing of this file was used")
@@ -80,6 +80,9 @@ def _messages(where: str, conv, log: TraceLog) -> list[tuple[str, str]] | None:
     for t in turns:
         if not isinstance(t, dict) or not isinstance(t.get("value"), str):
             log.bad(where, "every turn needs 'from' and a string 'value'")
+            return None
+        if not_utf8(t["value"]):
+            log.bad(where, "a turn's text is not valid UTF-8")
             return None
         who = str(t.get("from", "")).lower()
         role = "user" if who in USER_ROLES else "assistant" if who in ASSISTANT_ROLES else \

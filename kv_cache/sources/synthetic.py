@@ -142,7 +142,7 @@ def make_users(num_users: int, workload: WorkloadSettings, profiles: ProfileSett
                owns=None, rag: RagSettings | None = None, block_tokens: int = 0) -> list[SyntheticUser]:
     """Users 0 .. num_users - 1 (those owns(u) accepts, under MPI), sharing the system prompts and corpus."""
     known = tuple(f for f in ProfileSettings.__dataclass_fields__)
-    mix = parse_mix(workload.profile_mix, known, "workload.profile_mix")
+    mix = parse_mix(workload.profile_mix, known, "--profile-mix")
     system = SystemPrompts(workload.num_system_prompts, workload.system_prompt_tokens, workload.vocab_size, seed,
                            workload.system_prompt_zipf)
     corpus = Corpus(rag, block_tokens, workload.vocab_size, seed) if rag is not None and rag.enabled else None

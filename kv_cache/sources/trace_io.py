@@ -11,7 +11,9 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import math
 import os
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +21,14 @@ from dataclasses import dataclass, field
 from kv_cache.errors import UserError
 
 FORMATS = ("sharegpt", "burstgpt", "azure", "mooncake", "bailian")
+MAX_TOKENS = 1 << 24  # 16.7 M tokens: beyond any model's context; a larger count in a trace is an error
+# Files are read with errors="surrogateescape": a byte that is not UTF-8 becomes one of these, so the
+# record holding it is counted as malformed instead of being silently altered.
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
+
+def not_utf8(text: str) -> bool:
+    return _NOT_UTF8.search(text) is not None
 SUFFIXES = (".json", ".jsonl", ".csv")
 
 
@@ -59,7 +69,7 @@ def trace_files(path: str) -> list[str]:
 
 
 def _first_line(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
             if line.strip():
                 return line.strip()
@@ -93,11 +103,14 @@ def detect_format(path: str) -> str:
 
 def jsonl_records(path: str, log: TraceLog) -> Iterator[tuple[str, dict]]:
     """(file:line, object) for each JSON line; malformed lines go to the log."""
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{path}:{n}"
+            if not_utf8(line):
+                log.bad(where, "the line is not valid UTF-8")
+                continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
@@ -111,7 +124,7 @@ def jsonl_records(path: str, log: TraceLog) -> Iterator[tuple[str, dict]]:
 
 def csv_rows(path: str, required: tuple[str, ...], log: TraceLog) -> Iterator[tuple[str, dict]]:
     """(file:line, row) for each CSV row, after checking the header has the required columns."""
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
         reader = csv.DictReader(f)
         header = [h.strip() for h in reader.fieldnames or []]
         missing = [c for c in required if c not in header]
@@ -119,14 +132,21 @@ def csv_rows(path: str, required: tuple[str, ...], log: TraceLog) -> Iterator[tu
             raise UserError(f"{path}: missing column {missing[0]!r} (header: {', '.join(header) or 'none'}).")
         reader.fieldnames = header
         for row in reader:
-            yield f"{path}:{reader.line_num}", row
+            where = f"{path}:{reader.line_num}"
+            if any(isinstance(v, str) and not_utf8(v) for v in row.values()):
+                log.bad(where, "the row is not valid UTF-8")
+                continue
+            yield where, row
 
 
 def need_time(rec: dict, name: str, parse, hint: str, where: str, log: TraceLog) -> float | None:
     """parse(rec[name]) as seconds, or None (logged with hint) when it does not parse."""
     try:
-        return float(parse(rec[name]))
-    except (TypeError, ValueError, AttributeError):
+        t = float(parse(rec[name]))
+        if not math.isfinite(t) or abs(t) > 1e12:  # past year 33,000 in epoch seconds: not a time
+            raise ValueError
+        return t
+    except (TypeError, ValueError, AttributeError, OverflowError):
         log.bad(where, f"{name} must be {hint}, got {rec.get(name)!r}")
         return None
 
@@ -138,11 +158,11 @@ def need_int(rec: dict, name: str, where: str, log: TraceLog, minimum: int = 0) 
         out = int(value)
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         log.bad(where, f"field {name!r} must be an integer, got {value!r}")
         return None
-    if out < minimum:
-        log.bad(where, f"field {name!r} must be >= {minimum}, got {out}")
+    if out < minimum or out > MAX_TOKENS:
+        log.bad(where, f"field {name!r} must be within {minimum}..{MAX_TOKENS:,}, got {out}")
         return None
     return out
 

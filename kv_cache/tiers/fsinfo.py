@@ -10,6 +10,7 @@ import errno
 import os
 from dataclasses import dataclass
 
+from kv_cache.errors import UserError
 from kv_cache.tiers.aligned import aligned_buffer
 
 RAM_FILESYSTEMS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"}
@@ -67,3 +68,22 @@ def probe_direct(directory: str) -> str | None:
     finally:
         os.close(fd)
         os.unlink(path)
+
+
+# System folders: a 4 GiB slab there can break the host. /dev is refused but for /dev/shm (a RAM
+# folder: refused by the tmpfs rule unless --allow-tmpfs). The user's own folders below / are fine.
+SYSTEM_TREES = ("/etc", "/usr", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sys",
+                "/dev", "/var/lib", "/var/log", "/var/cache", "/var/spool", "/run", "/snap")
+SYSTEM_ROOTS = ("/", "/root", "/home", "/var", "/opt", "/srv")
+ALLOWED_IN_SYSTEM = ("/dev/shm",)
+
+
+def refuse_system_dir(path: str, flag: str = "--cache-dir") -> None:
+    """Refuse a system folder (or the top of a shared one) as the place to write bulk data."""
+    real = os.path.realpath(path)
+    inside = [t for t in SYSTEM_TREES if real == t or real.startswith(t + "/")]
+    allowed = any(real == a or real.startswith(a + "/") for a in ALLOWED_IN_SYSTEM)
+    if (inside and not allowed) or real in SYSTEM_ROOTS:
+        what = f"{path} (= {real})" if real != os.path.abspath(path) else path
+        raise UserError(f"{flag} {what} is a system folder; the benchmark writes GiB of data there: pass a "
+                        f"folder of its own on the device under test (e.g. /mnt/nvme/kvbench).")

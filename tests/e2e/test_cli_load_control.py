@@ -98,7 +98,7 @@ def test_prefill_and_decode_nodes_share_one_directory(small_run, tmp_path):
     (["--autoscale", "capacity", "--autoscale-start-users", "2", "--arrival", "poisson", "--request-rate", "5"],
      ["cannot drive --arrival poisson"]),
     (["--autoscale", "qos", "--autoscale-start-users", "99"], ["exceeds the pool of --users 8"]),
-    (["--qos-mix", "urgent=1"], ["qos.mix", "interactive, responsive, batch"]),
+    (["--qos-mix", "urgent=1"], ["--qos-mix", "interactive, responsive, batch"]),
     (["--steady-state", "0.1", "--steady-window-s", "30"], ["longer than --duration"]),
 ])
 def test_contradictory_load_control_options(small_run, extra, fragments):

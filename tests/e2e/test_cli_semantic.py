@@ -59,7 +59,7 @@ def test_semantic_on_sharegpt_text(small_run):
 @pytest.mark.parametrize("extra, words", [
     (["--block-tokens", "0"], "--block-tokens > 0"),
     (["--rag"], "drop --rag"),
-    (["--semantic-mix", "paraphrase=1"], "semantic.mix: 'paraphrase=1'"),
+    (["--semantic-mix", "paraphrase=1"], "--semantic-mix: 'paraphrase=1'"),
     (["--trace", str(REPO / "traces" / "mooncake_conversation_sample.jsonl")], "numbers only"),
     (["--semantic-embedder", "minilm"], None),
 ])

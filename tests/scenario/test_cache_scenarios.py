@@ -161,3 +161,32 @@ def test_abort_gives_the_space_back(promote):
     res = cache.reserve_write(1, SLOT, "user")
     cache.abort(res)
     assert cache.index == {} and cache.used == [0, 0]
+
+
+def test_a_corrupt_block_is_discarded_never_served_again_and_rewritten():
+    cache, rec = make_cache(cpu_slots=2, nvme_slots=3)
+    for k in (1, 2, 3):
+        write(cache, k)
+    [e] = cache.pin_prefix([2])
+    cache.read(e, BUF, "load")
+    cache.discard(e)  # read back wrong
+    assert 2 not in cache.index and read(cache, [2]) == 0
+    assert_consistent(cache)
+    write(cache, 2)  # the engine recomputes it: the key can be written again
+    assert read(cache, [2]) == 1
+    assert_consistent(cache)
+
+
+def test_a_corrupt_block_held_by_another_reader_is_freed_by_the_last_one():
+    cache, rec = make_cache(cpu_slots=2, nvme_slots=3, promote=False)
+    write(cache, 1)
+    [a] = cache.pin_prefix([1])
+    [b] = cache.pin_prefix([1])
+    cache.discard(a)
+    assert cache.pin_prefix([1]) == []  # a miss for every new lookup at once
+    assert cache.reserve_write(1, SLOT, "user") is None  # its slots are not free yet
+    cache.release(b, BUF, BUF)  # the other reader lets go: now it is gone
+    assert 1 not in cache.index
+    assert_consistent(cache)
+    write(cache, 1)
+    assert read(cache, [1]) == 1

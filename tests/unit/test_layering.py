@@ -8,9 +8,9 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "kv_cache"
 FLOW = ["sources", "scheduler", "lifecycle", "cache", "tiers"]
-SHARED = {"types", "config", "config_check", "config_load", "errors", "model", "__init__"}
+SHARED = {"types", "config", "config_check", "config_load", "errors", "model", "signals", "__init__"}
 ROOT = {"cli", "run", "build", "budget", "traffic", "config_doc", "distributed", "trials", "submission", "__main__",
-        "control", "policy_compare"}
+        "control", "policy_compare", "leftovers", "outfolder"}
 SHARED_EXTRA = {"config_check"}  # composition root: may import anything
 
 

@@ -77,3 +77,35 @@ def test_blocks_larger_than_a_segment(pool):
 
 def test_off_checks_nothing(pool):
     assert pool.check(1, np.zeros(PAGE, np.uint8), "off")
+
+
+def _corrupt_one(rng, data: np.ndarray) -> None:
+    i = int(rng.integers(0, data.size))
+    data[i] ^= np.uint8(int(rng.integers(1, 256)))  # a changed byte, never the same value
+
+
+def test_checksum_catches_every_changed_byte_and_stamps_do_not(pool):
+    """fio's verify=crc32c standard: any changed byte of a read block is caught by the default mode.
+    The stamps mode (16 bytes of each 4 KiB page) misses almost all of them: this test fails for it."""
+    from kv_cache.lifecycle.payload import block_digest
+
+    rng = np.random.default_rng(5)
+    caught = {"checksum": 0, "stamps": 0, "full": 0}
+    trials = 300
+    for t in range(trials):
+        b = block(pool, 1000 + t, 64 * 1024)
+        digest = block_digest(b)
+        _corrupt_one(rng, b)
+        caught["checksum"] += not pool.check(1000 + t, b, "checksum", digest)
+        caught["stamps"] += not pool.check(1000 + t, b, "stamps")
+        caught["full"] += not pool.check(1000 + t, b, "full")
+    assert caught["checksum"] == caught["full"] == trials
+    assert caught["stamps"] < trials * 0.05
+
+
+def test_checksum_without_a_recorded_digest_compares_every_byte(pool):
+    """A block written by another process (shared storage, a prefill node) has no digest here."""
+    b = block(pool, 77)
+    assert pool.check(77, b, "checksum", None)
+    b[5000] ^= 1
+    assert not pool.check(77, b, "checksum", None)

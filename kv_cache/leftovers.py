@@ -1,0 +1,163 @@
+"""Markers on the folders a run creates, and what killed runs left behind.
+
+Every data directory (``<cache-dir>/kvbench-<run-id>``) and every reserved
+report folder carries a small JSON *marker* naming its run, pid, host and
+start time. A run that ends normally removes its data directory (or, with
+--keep-data, marks it ``kept``); one killed with SIGKILL, or on a host that
+crashed, leaves it with the marker still saying ``running``. A later run in
+the same cache directory finds such *leftovers* (the pid is gone, or belongs
+to a younger process) and says how much they hold; ``clean`` removes exactly
+those folders, never a folder without our marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+MARKER = ".kvbench-run.json"
+DATA_PREFIX = "kvbench-"
+
+
+def write_marker(folder: str | os.PathLike, run_id: str, state: str = "running") -> None:
+    """Write (atomically) the marker that says which run made folder and whether it is still running."""
+    path = Path(folder) / MARKER
+    body = {"tool": "kv-cache-bench", "run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
+            "started": _started(), "state": state}
+    tmp = path.with_name(MARKER + ".tmp")
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, path)
+
+
+def _started() -> float:
+    """This process's start (epoch s): with the pid it tells a live run from a reused pid."""
+    return psutil.Process().create_time()
+
+
+def read_marker(folder: str | os.PathLike) -> dict | None:
+    try:
+        data = json.loads((Path(folder) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("tool") == "kv-cache-bench" else None
+
+
+def is_alive(marker: dict) -> bool | None:
+    """True/False for a marker of this host; None when it names another host (cannot tell)."""
+    if marker.get("host") != socket.gethostname():
+        return None
+    try:
+        proc = psutil.Process(int(marker.get("pid", -1)))
+        return abs(proc.create_time() - float(marker.get("started", 0))) < 2.0  # not a reused pid
+    except (psutil.Error, ValueError, TypeError):
+        return False
+
+
+@dataclass(frozen=True)
+class Leftover:
+    path: str
+    run_id: str
+    pid: int
+    host: str
+    started: float
+    nbytes: int
+    other_host: bool  # a run of another host: maybe alive, never removed without --other-hosts
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started)) if self.started else "?"
+        who = f"pid {self.pid} on {self.host}, started {when}"
+        return f"{self.path}: {self.nbytes / 2**30:.2f} GiB of run {self.run_id} ({who})"
+
+
+def folder_bytes(path: str) -> int:
+    """Bytes a folder really occupies (allocated blocks: preallocated slabs count in full)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def describe_dead(folder: str | os.PathLike) -> str | None:
+    """One phrase for a folder a dead (or other-host) run left, or None when it is not such a folder."""
+    m = read_marker(folder)
+    if m is None or m.get("state") != "running":
+        return None
+    alive = is_alive(m)
+    if alive:
+        return f"it belongs to a run that is still running (pid {m.get('pid')})"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(m.get("started") or 0)))
+    if alive is None:
+        return f"it was made by a run on host {m.get('host')} (pid {m.get('pid')}, started {started}) that may " \
+               f"still be running"
+    return f"it was left by a run that was killed before it finished (pid {m.get('pid')}, started {started})"
+
+
+def find_leftovers(parent: str, prefix: str = DATA_PREFIX) -> list[Leftover]:
+    """Folders under parent (data directories; report folders with prefix '') whose run is gone or on
+    another host, with their size. Only folders carrying our marker are ever listed."""
+    out = []
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return out
+    for name in names:
+        path = os.path.join(parent, name)
+        if not name.startswith(prefix) or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        m = read_marker(path)
+        if m is None or m.get("state") != "running":  # not ours, or kept on purpose (--keep-data)
+            continue
+        alive = is_alive(m)
+        if alive:
+            continue
+        out.append(Leftover(path, str(m.get("run_id")), int(m.get("pid", -1)), str(m.get("host")),
+                            float(m.get("started") or 0), folder_bytes(path), alive is None))
+    return out
+
+
+def leftovers_note(cache_dir: str) -> str:
+    """One line about what dead runs left in cache_dir, or ''."""
+    dead = [x for x in find_leftovers(cache_dir) if not x.other_host]
+    if not dead:
+        return ""
+    gib = sum(x.nbytes for x in dead) / 2**30
+    runs = ", ".join(x.run_id for x in dead[:3]) + (" ..." if len(dead) > 3 else "")
+    return (f"{len(dead)} killed run(s) left {gib:.2f} GiB in {cache_dir} ({runs}); remove them with "
+            f"`kv_cache_benchmark.py clean --cache-dir {cache_dir}`.")
+
+
+def clean(parent: str, other_hosts: bool, dry_run: bool, say, prefix: str = DATA_PREFIX) -> int:
+    """Remove the folders dead runs left under parent (of other hosts too with other_hosts); return how many."""
+    removed = 0
+    for x in find_leftovers(parent, prefix):
+        if x.other_host and not other_hosts:
+            say(f"kept (another host's run; pass --other-hosts once it is surely over): {x.describe()}")
+            continue
+        if dry_run:
+            say(f"would remove {x.describe()}")
+        else:
+            shutil.rmtree(x.path, ignore_errors=True)
+            say(f"removed {x.describe()}")
+        removed += 1
+    return removed
+
+
+def set_state(folder: str | os.PathLike, state: str) -> None:
+    """Rewrite folder's marker with a new state (kept: --keep-data left it on purpose)."""
+    m = read_marker(folder)
+    if m is not None:
+        m["state"] = state
+        tmp = Path(folder) / (MARKER + ".tmp")
+        tmp.write_text(json.dumps(m))
+        os.replace(tmp, Path(folder) / MARKER)

@@ -1,0 +1,156 @@
+"""The run's report folder: checked and reserved before the run, never a reason to lose results.
+
+Before anything is measured the folder ``<output-dir>/<run-id>`` is created
+with a marker (see leftovers.py) and a *reserve* file of RESERVE_BYTES, so a
+read-only, missing-parent, file-in-the-way or full output folder is refused
+up front, and the space for results.json, CSVs and plots is held until they
+are written. If writing still fails at the end, the results go to a fresh
+folder under the system's temporary directory and the run says where.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from kv_cache.errors import UserError
+from kv_cache.leftovers import MARKER, describe_dead, write_marker
+from kv_cache.tiers.fsinfo import refuse_system_dir
+
+RESERVE = ".kvbench-reserve"
+RESERVE_BYTES = 16 << 20  # results.json, timeseries.csv, summary.md and the plots of a long run fit
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_id(run_id: str) -> None:
+    """A run id names one folder under --output-dir: no '/', no '..', nothing a shell or a path misreads."""
+    if run_id and (not RUN_ID.fullmatch(run_id) or ".." in run_id):
+        raise UserError(f"--run-id {run_id!r} must be 1-128 letters, digits, '.', '_' or '-', start with a letter "
+                        f"or digit and hold no '..': it names one folder under --output-dir.")
+
+
+def reserve(folder: Path, run_id: str) -> None:
+    """Create folder with its marker and reserve file, or refuse in one sentence."""
+    refuse_system_dir(str(folder.parent), "--output-dir")
+    if folder.exists() or folder.is_symlink():
+        why = describe_dead(folder) or "a finished run wrote its results there"
+        raise UserError(f"report folder {folder} already exists ({why}); choose another --run-id.")
+    try:
+        folder.mkdir(parents=True)
+    except FileExistsError:
+        raise UserError(f"--output-dir {folder.parent}: a file is in the way of the report folder {folder}; "
+                        f"pass a folder to --output-dir.") from None
+    except NotADirectoryError:
+        raise UserError(f"--output-dir {folder.parent} is not a folder (a file is in its path); pass a "
+                        f"folder to --output-dir.") from None
+    except OSError as e:
+        raise UserError(f"--output-dir {folder.parent}: cannot create the report folder ({e.strerror}); pass a "
+                        f"writable --output-dir.") from None
+    try:
+        write_marker(folder, run_id)
+        _reserve(folder)
+    except OSError as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        room = f"less than {RESERVE_BYTES >> 20} MiB free" if e.errno in (errno.ENOSPC, errno.EDQUOT) \
+            else e.strerror
+        raise UserError(f"--output-dir {folder.parent} cannot hold the run's results ({room}); free space or "
+                        f"pass another --output-dir.") from None
+
+
+def _reserve(folder: Path) -> None:
+    fd = os.open(folder / RESERVE, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            os.write(fd, bytes(RESERVE_BYTES))  # a filesystem without fallocate: real bytes
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def spend_reserve(folder: Path) -> None:
+    """Give the reserved space back right before the results are written into it."""
+    try:
+        os.unlink(folder / RESERVE)
+    except OSError:
+        pass
+
+
+def finish(folder: Path) -> None:
+    """The results are written: the folder no longer needs its marker nor its reserve."""
+    for name in (MARKER, RESERVE):
+        try:
+            os.unlink(folder / name)
+        except OSError:
+            pass
+
+
+def abandon(folder: Path) -> None:
+    """A run that wrote nothing into its reserved folder removes it (only what we put there)."""
+    try:
+        names = set(os.listdir(folder))
+    except OSError:
+        return
+    if names <= {MARKER, RESERVE, MARKER + ".tmp"}:
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        finish(folder)
+
+
+def fallback_folder(run_id: str) -> Path:
+    """A fresh folder for results that could not be written where they were due."""
+    return Path(tempfile.mkdtemp(prefix=f"kvbench-{run_id or 'run'}-results-"))
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def write_results(merged: dict, report_dir: Path, extra: dict) -> tuple[Path, bool]:
+    """Write results.json and the report files; if that fails, write them elsewhere and say where.
+
+    Returns (the folder written, whether the promised folder failed).
+    """
+    top = report_dir if (report_dir / RESERVE).exists() else report_dir.parent
+    spend_reserve(top)  # the space held since the start is for these files
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        _write_files(merged, report_dir, extra)
+        return report_dir, False
+    except OSError as e:
+        where = fallback_folder(merged["run"].get("run_id", ""))
+        _write_files(merged, where, extra)
+        print(f"kv_cache_benchmark.py: could not write the results into {report_dir} ({e.strerror or e}); "
+              f"they are in {where} instead.", file=sys.stderr, flush=True)
+        return where, True
+
+
+def _write_files(merged: dict, folder: Path, extra: dict) -> None:
+    from kv_cache.report.files import write_report  # matplotlib: only when there is something to draw
+
+    write_json(folder / "results.json", merged)
+    write_report(merged, folder)
+    for name, data in extra.items():
+        write_json(folder / name, data)
+
+
+def tell_faults(results: dict) -> None:
+    """A fault or a wrong block is said on stderr too: --quiet or a redirected stdout must not hide it."""
+    if results["run"]["fault"]:
+        print(f"kv_cache_benchmark.py: run fault: {results['run']['fault']}", file=sys.stderr, flush=True)
+    failures = results["verification"]["failures"]
+    if failures:
+        print(f"kv_cache_benchmark.py: {failures} blocks read back wrong (verification); see results.json.",
+              file=sys.stderr, flush=True)

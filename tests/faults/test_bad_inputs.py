@@ -1,0 +1,179 @@
+"""At least 60 bad inputs: each gets one sentence on stderr, exit 2, no traceback, nothing left behind.
+
+Every case runs the real CLI against small settings in a fresh output and cache folder; the
+fragments are the words a user needs (the flag or file at fault, and what is wrong).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import run_cli
+from helpers import assert_clean_error
+
+NAN_INF = [(flag, v) for flag in ("--duration", "--warmup", "--cpu-mem-gb", "--nvme-gb", "--gpu-mem-gb",
+                                  "--request-rate", "--trace-speedup", "--steady-state", "--semantic-threshold")
+           for v in ("nan", "inf")] + [("--think-time-s", "nan,1"), ("--think-time-s", "0,inf")]
+
+CASES = [
+    *[([flag, v], [flag, "finite"]) for flag, v in NAN_INF],
+    (["--duration=-inf"], ["--duration", "finite"]),
+    (["--seed", "-1"], ["--seed", "must be >= 0"]),
+    (["--seed", "1.5"], ["--seed", "integer"]),
+    (["--seed", "99999999999999999999999"], ["--seed", "must be <="]),
+    (["--users", "0"], ["--users", "must be >= 1"]),
+    (["--users", "-3"], ["--users", "must be >= 1"]),
+    (["--users", "2.5"], ["--users", "integer"]),
+    (["--users", ""], ["--users", "integer"]),
+    (["--workers", "-1"], ["--workers", "must be >= 0"]),
+    (["--duration", "0"], ["--duration", "must be >= 0.1"]),
+    (["--duration", "ten"], ["--duration", "must be a number"]),
+    (["--warmup", "-1"], ["--warmup", "must be >= 0"]),
+    (["--max-requests", "-5"], ["--max-requests", "must be >= 0"]),
+    (["--trials", "0"], ["--trials", "must be >= 1"]),
+    (["--tp", "0"], ["--tp", "must be >= 1"]),
+    (["--block-tokens", "-16"], ["--block-tokens", "must be >= 0"]),
+    (["--cpu-mem-gb", "-1"], ["--cpu-mem-gb", "must be >= 0"]),
+    (["--model", ""], ["unknown model"]),
+    (["--model", "gpt-17"], ["unknown model 'gpt-17'"]),
+    (["--kv-dtype", "int3"], ["invalid choice"]),
+    (["--verify", "maybe"], ["invalid choice"]),
+    (["--io-engine", "magic"], ["invalid choice"]),
+    (["--policy", "random"], ["invalid choice"]),
+    (["--run-id", "../escape"], ["--run-id", "'..'"]),
+    (["--run-id", "a/b"], ["--run-id"]),
+    (["--run-id", ".."], ["--run-id"]),
+    (["--run-id", "/abs"], ["--run-id"]),
+    (["--run-id", "x" * 200], ["--run-id"]),
+    (["--run-id", "-dash"], ["--run-id"]),
+    (["--cache-dir", "/"], ["--cache-dir /", "system folder"]),
+    (["--cache-dir", "/etc"], ["--cache-dir /etc", "system folder"]),
+    (["--cache-dir", "/usr"], ["system folder"]),
+    (["--cache-dir", "/usr/local"], ["system folder"]),
+    (["--cache-dir", "/root"], ["system folder"]),
+    (["--cache-dir", "/boot"], ["system folder"]),
+    (["--cache-dir", "/proc"], ["system folder"]),
+    (["--cache-dir", "/sys"], ["system folder"]),
+    (["--cache-dir", "/dev"], ["system folder"]),
+    (["--cache-dir", "/var/lib"], ["system folder"]),
+    (["--cache-dir", "/bin"], ["system folder"]),
+    (["--output-dir", "/etc"], ["--output-dir", "system folder"]),
+    (["--set", "run.seed=[1"], ["--set run.seed=[1", "not valid YAML"]),
+    (["--set", "run.seed"], ["expected section.key=value"]),
+    (["--set", "nosuch.key=1"], ["unknown key"]),
+    (["--set", "workload.users=0"], ["--set workload.users", "must be >= 1"]),
+    (["--set", "run.duration_s=.nan"], ["--set run.duration_s", "finite"]),
+    (["--set", "profiles.chatbot.think_time_s=[.inf,1]"], ["think_time_s", "finite"]),
+    (["--set", "profiles.chatbot.context_tokens=[5,1]"], ["low <= high"]),
+    (["--set", "run={a: 1}"], ["unknown key"]),
+    (["--profile-mix", "chatbot=-1"], [">= 0"]),
+    (["--profile-mix", "chatbot=nan"], ["--profile-mix"]),
+    (["--qos-mix", "interactive=x"], ["--qos-mix"]),
+    (["--semantic-mix", "nope=1", "--semantic"], ["--semantic-mix"]),
+    (["--trace", "/nonexistent/trace.json"], ["/nonexistent/trace.json"]),
+    (["--request-rate", "5"], ["--request-rate", "--arrival"]),
+    (["--first-turn-only"], ["--first-turn-only", "--trace"]),
+    (["--arrival", "poisson", "--request-rate", "1e9"], ["--request-rate"]),
+]
+
+
+@pytest.mark.parametrize("extra,fragments", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
+def test_bad_input_is_one_sentence(small_run, extra, fragments):
+    r = run_cli(small_run("x", *extra), timeout=60)
+    assert_clean_error(r, *fragments)
+    assert not (small_run.out / "x").exists()
+    assert os.listdir(small_run.cache) == []
+
+
+def test_table_is_at_least_sixty_cases():
+    assert len(CASES) + len(FILE_CASES) >= 60
+
+
+def _binary(p):
+    p.write_bytes(b"\x00\x01\xff\xfe" * 64)
+
+
+def _not_utf8_yaml(p):
+    p.write_bytes(b"run: {seed: 1}\n# \xff\xfe\n")
+
+
+def _list_yaml(p):
+    p.write_text("- 1\n- 2\n")
+
+
+def _bad_yaml(p):
+    p.write_text("run: {seed: [1\n")
+
+
+def _nan_yaml(p):
+    p.write_text("run: {duration_s: .nan}\n")
+
+
+FILE_CASES = [(_binary, ["pass a YAML file"]), (_not_utf8_yaml, ["not UTF-8"]), (_list_yaml, ["mapping"]),
+              (_bad_yaml, ["not valid YAML"]), (_nan_yaml, ["run.duration_s", "finite"])]
+
+
+@pytest.mark.parametrize("make,fragments", FILE_CASES, ids=[f.__name__ for f, _ in FILE_CASES])
+def test_bad_config_file(small_run, tmp_path, make, fragments):
+    cfg = tmp_path / "bad.yaml"
+    make(cfg)
+    args = small_run("x")
+    args[args.index("--config") + 1] = str(cfg)
+    assert_clean_error(run_cli(args, timeout=60), str(cfg), *fragments)
+    assert not (small_run.out / "x").exists()
+
+
+TRACE_CASES = {
+    "huge_tokens.csv": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                       "0,ChatGPT,99999999999999999999,10,10,Conversation log\n",
+    "nan_tokens.csv": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                      "0,ChatGPT,nan,10,10,Conversation log\n1,ChatGPT,inf,10,10,Conversation log\n",
+    "nan_time.csv": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "nan,ChatGPT,100,10,110,Conversation log\n",
+    "huge_mooncake.jsonl": '{"timestamp": 0, "input_length": 1e300, "output_length": 5, "hash_ids": [1]}\n',
+    "inf_mooncake.jsonl": '{"timestamp": 0, "input_length": 10, "output_length": Infinity, "hash_ids": [1]}\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRACE_CASES))
+def test_trace_numbers_out_of_range_are_refused_or_skipped(small_run, tmp_path, name):
+    trace = tmp_path / name
+    trace.write_text(TRACE_CASES[name])
+    r = run_cli(small_run("x", "--trace", str(trace), "--duration", "0.5", "--warmup", "0"), timeout=60)
+    assert "Traceback" not in r.stderr
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert str(trace) in r.stderr or name in r.stderr
+    assert os.listdir(small_run.cache) == []
+
+
+def test_invalid_utf8_in_a_trace_is_counted_as_malformed(small_run, tmp_path):
+    trace = tmp_path / "conv.jsonl"
+    good = json.dumps({"timestamp": 0, "input_length": 300, "output_length": 20, "hash_ids": [1, 2]})
+    trace.write_bytes((good + "\n").encode() * 20 + b'{"timestamp": 1, "input_length": "\xff\xfe"}\n')
+    r = run_cli(small_run("x", "--trace", str(trace), "--duration", "0.5", "--warmup", "0"), timeout=60)
+    assert "Traceback" not in r.stderr
+    assert r.returncode in (0, 2), r.stderr
+    if r.returncode == 0:
+        log = small_run.results("x")["workload"]["trace"]
+        assert sum(log["skipped"].values()) >= 1, log
+
+
+def test_report_of_a_corrupt_results_file(tmp_path):
+    for text in ("{not json", '{"schema_version": 1}', '{"schema_version": 1, "run": 5}', "[]", "\xff"):
+        f = tmp_path / "results.json"
+        f.write_text(text, errors="surrogateescape") if text != "\xff" else f.write_bytes(b"\xff\xfe")
+        for cmd in (["report", str(f)], ["compare", str(f), str(f)]):
+            r = run_cli(cmd, timeout=60)
+            assert_clean_error(r, str(f))
+
+
+def test_compare_output_on_an_existing_file(small_run, tmp_path):
+    assert run_cli(small_run("a", "--duration", "0.5", "--warmup", "0")).returncode == 0
+    existing = tmp_path / "plots"
+    existing.write_text("keep me")
+    run_dir = str(small_run.out / "a")
+    r = run_cli(["compare", run_dir, run_dir, "--output", str(existing)])
+    assert_clean_error(r, "--output", str(existing))
+    assert existing.read_text() == "keep me"
