@@ -8,6 +8,7 @@ fixed allowance for the interpreter, histograms and queues.
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 
 import psutil
@@ -56,3 +57,19 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         f"{budget.payload_pool_bytes / gib:.2f} + donor store {budget.donor_store_bytes / gib:.2f} + overhead "
         f"{budget.overhead_bytes / gib:.2f}) exceeds "
         f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available; {suggestion}.")
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory.
+
+    NOTE: Linux keeps getrusage's ru_maxrss across execve, so a run started from a large parent (a test
+    runner, a notebook) would report the parent's peak; VmHWM belongs to this process's own memory map.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -259,8 +259,9 @@ def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None,
         tiers.append(NullTier("cpu", cpu_bytes, slot) if s.tiers.null_io else CpuTier(cpu_bytes, slot))
     elif cpu_bytes:
         notes.append(f"CPU tier off: {s.tiers.cpu_mem_gb:g} GiB holds no {slot / 2**20:.1f} MiB slot.")
-    if site is None:
-        tiers.append(NullTier("nvme", NVME_AUTO_MAX, slot))
+    if site is None:  # --null-io: --nvme-gb sizes the null bottom tier too (the policies' and hit rates' tests)
+        cap = int(s.tiers.nvme_gb * GiB) // slot * slot if s.tiers.nvme_gb else NVME_AUTO_MAX
+        tiers.append(NullTier("nvme", max(cap, slot), slot))
     else:
         cap = nvme_capacity(s, site, geo)
         tiers.append(NvmeTier(site.data_dir, cap, slot, site.engine, s.tiers.nvme_layout,

@@ -82,7 +82,8 @@ class TierSettings:
                            "demotions skip host memory; the output says whether cuFile ran or kvikio fell back "
                            "to POSIX I/O. Needs a real GPU tier and the direct engine with slabs.", "--gds")
     cpu_mem_gb: float = key(4.0, "CPU tier capacity in GiB (0 turns the tier off).", lo=0.0)
-    nvme_gb: float = key(0.0, "NVMe tier capacity in GiB (0: a quarter of the free space, at most 64 GiB).",
+    nvme_gb: float = key(0.0, "NVMe tier capacity in GiB (0: a quarter of the free space, at most 64 GiB; with "
+                                  "--null-io 0 means 64 GiB).",
                          lo=0.0)
     cache_dir: str = key("", "Directory for the NVMe tier's files (empty: reports/cache). A run "
                              "makes its own subdirectory there and removes it at the end.")

@@ -8,7 +8,6 @@ down explicitly.
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import socket
 import time
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kv_cache import __version__, outfolder, signals
-from kv_cache.budget import check_fits
+from kv_cache.budget import check_fits, peak_rss_bytes
 from kv_cache.build import (
     Geometry,
     StorageSite,
@@ -348,22 +347,6 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
         status = max(status, *(_status_of(r) for r in gathered), EXIT_FAILED if failed else EXIT_OK)
         outfolder.tell_faults(merged)
     return dist.bcast(status), merged
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory.
-
-    NOTE: Linux keeps getrusage's ru_maxrss across execve, so a run started from a large parent (a test
-    runner, a notebook) would report the parent's peak; VmHWM belongs to this process's own memory map.
-    """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _precondition(s: Settings, b: Built, say) -> dict | None:

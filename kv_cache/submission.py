@@ -60,7 +60,7 @@ def rule_violations(settings: dict, rules: Rules) -> list[str]:
         (run["trials"] >= rules.min_trials, f"run.trials must be >= {rules.min_trials} (is {run['trials']})"),
         (run["seed"] == rules.seed, f"run.seed must be {rules.seed} (is {run['seed']})"),
         (run["max_requests"] == 0, "run.max_requests must be 0 (runs are time-based)"),
-        (run["verify"] in ("stamps", "full"), f"run.verify must be stamps or full (is {run['verify']})"),
+        (run["verify"] in ("checksum", "full"), f"run.verify must be checksum or full (is {run['verify']})"),
         (tiers["precondition"], "tiers.precondition must be true"),
         (tiers["precondition_passes"] >= rules.min_precondition_passes,
          f"tiers.precondition_passes must be >= {rules.min_precondition_passes} (is {tiers['precondition_passes']})"),

@@ -10,7 +10,10 @@ def assert_cache_consistent(cache) -> None:
         slots = sum(t.slots_for(e.nbytes) for e in in_tier)
         assert cache.used[i] == slots == t.slots.used_slots <= t.num_slots, cache.names[i]
         assert cache.leaving[i] == 0, cache.names[i]
-        assert set(cache.policies[i].candidates()) == {e.key for e in in_tier}, cache.names[i]
+        assert cache.policies[i].keys() == {e.key for e in in_tier}, cache.names[i]
+        assert all(e.held == cache._blocked(e) for e in in_tier), cache.names[i]
+        offered = set(cache.policies[i].candidates())
+        assert offered == {e.key for e in in_tier if not e.held}, cache.names[i]
         assert all(e.pins >= 0 for e in in_tier)
 
 

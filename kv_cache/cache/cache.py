@@ -7,6 +7,14 @@ that are *demoted* to the next tier (waterfall), and the bottom tier
 top tier unless promotion is off. A block being read is *pinned* and never
 chosen as a victim.
 
+Prefix structure: a block written as part of a chain names its *parent*
+(the block before it); each entry counts its children per tier. A block
+with a child in its own tier (or, in the bottom tier, a child anywhere) is
+*held*: its policy does not offer it, so tails leave a tier before their
+heads and no eviction leaves a cached block that no lookup can reach (a
+*dead* block: one whose parent is gone). A head shared by many chains lives
+as long as any of them needs it.
+
 Locking: one lock guards the index, the per-tier accounting and the
 policies; no I/O ever happens under it. Space is reserved under the lock
 (victims are chosen and marked MOVING at once), then the reserving thread
@@ -23,25 +31,11 @@ from time import monotonic_ns as now_ns
 
 import numpy as np
 
+from kv_cache.cache.chains import CORRUPT, DROPPING, READY, Entry, PrefixStructure
 from kv_cache.cache.policies import make_policy
 from kv_cache.tiers.base import SHARED
 
-READY, WRITING, MOVING, CORRUPT = "ready", "writing", "moving", "corrupt"
-
-
-class Entry:
-    """Index record of one block; a remote block lives in a shared tier and belongs to another process.
-
-    digest: the checksum of the bytes written (--verify checksum), set by the writer; None if unknown.
-    """
-
-    __slots__ = ("key", "tier", "nbytes", "pins", "state", "label", "remote", "digest")
-
-    def __init__(self, key: int, tier: int, nbytes: int, label: str, remote: bool = False):
-        self.key, self.tier, self.nbytes, self.label, self.remote = key, tier, nbytes, label, remote
-        self.pins = 0
-        self.state = READY if remote else WRITING
-        self.digest: int | None = None
+MOVING = "moving"
 
 
 @dataclass(frozen=True)
@@ -66,7 +60,7 @@ class Reservation:
     moves: list[Move]
 
 
-class BlockCache:
+class BlockCache(PrefixStructure):
     """Index + per-tier policies + placement over an ordered list of tiers."""
 
     def __init__(self, tiers: list, policy: str, promote: bool, recorder, gds=None):
@@ -84,6 +78,8 @@ class BlockCache:
         self.adopted = 0
         self.used = [0] * len(tiers)     # slots of blocks in, or reserved for, each tier
         self.leaving = [0] * len(tiers)  # slots of chosen victims still physically there, owed to nobody
+        self.bottom = len(tiers) - 1
+        self._trash: list = []  # blocks dropped by a cascade, to delete from their tier outside the lock
         self._cond = threading.Condition(threading.Lock())
 
     # ------------------------------------------------------------------ placement (lock held)
@@ -97,13 +93,17 @@ class BlockCache:
     def _victims(self, t: int, deficit: int) -> list[Entry] | None:
         """Unpinned ready blocks of tier t in policy order covering deficit slots, or None."""
         victims, got = [], 0
-        for key in self.policies[t].candidates():
-            e = self.index[key]
-            if e.state == READY and e.pins == 0:
-                victims.append(e)
-                got += self._slots(t, e.nbytes)
-                if got >= deficit:
-                    return victims
+        order = self.policies[t].candidates()
+        try:
+            for key in order:
+                e = self.index[key]
+                if e.state == READY and e.pins == 0:
+                    victims.append(e)
+                    got += self._slots(t, e.nbytes)
+                    if got >= deficit:
+                        return victims
+        finally:
+            order.close()  # the policy puts back what was looked at
         return None
 
     def _reserve(self, t: int, nbytes: int) -> list[Move] | None:
@@ -127,7 +127,7 @@ class BlockCache:
             e.state = MOVING
             self.used[t] -= size
             self.leaving[t] += size - owed
-            self.policies[t].on_remove(e.key)
+            self._unplaced(e)
             deeper = self._reserve(t + 1, e.nbytes) if t + 1 < len(self.tiers) else None
             if deeper is not None:
                 moves.extend(deeper)
@@ -167,15 +167,22 @@ class BlockCache:
                 self.leaving[mv.src] -= mv.leaving_slots  # its slots are physically free now
                 if mv.dst is None:
                     del self.index[e.key]
+                    self._gone(e)
                 else:
+                    self._child_moved(e, mv.src, mv.dst)
                     e.tier, e.state = mv.dst, READY
-                    self.policies[mv.dst].on_insert(e.key, e.label, e.nbytes)
+                    self._placed(e)
+                    if self._orphaned(e):  # its parent left while it moved: it goes too
+                        self._drop_now(e)
                 self._cond.notify_all()
+            self._empty_trash()
 
     def _forget(self, e: Entry, mv: Move, src_accounted: bool) -> None:
         """A move failed mid-way: drop the block from the index, both tiers and their accounting."""
         with self._cond:
-            self.index.pop(e.key, None)
+            if self.index.get(e.key) is e:
+                del self.index[e.key]
+                self._gone(e)
             self.leaving[mv.src] -= mv.leaving_slots
             if not src_accounted:
                 self.used[mv.src] -= self._slots(mv.src, e.nbytes)
@@ -186,6 +193,7 @@ class BlockCache:
             if self.tiers[mv.src].contains(e.key):
                 self.tiers[mv.src].delete(e.key)
             self._cond.notify_all()
+        self._empty_trash()
 
     # ------------------------------------------------------------------ reads
 
@@ -227,19 +235,20 @@ class BlockCache:
                 return
             if e.pins == 0:
                 del self.index[e.key]
+                self._gone(e)
                 if not e.remote:
                     self.used[e.tier] -= self._slots(e.tier, e.nbytes)
-                    self.policies[e.tier].on_remove(e.key)
+                    self._unplaced(e)
                     self.tiers[e.tier].slots.release(e.key)
             self._cond.notify_all()
+        self._empty_trash()
 
     def unpin(self, entries) -> None:
-        gone = []
         with self._cond:
             for e in entries:
                 e.pins -= 1
-                gone += self._drop_corrupt(e)
-        self._delete(gone)
+                self._drop_corrupt(e)
+        self._empty_trash()
 
     def discard(self, e: Entry) -> None:
         """A pinned block read back wrong: never served again, its slots freed once no reader holds it.
@@ -250,25 +259,16 @@ class BlockCache:
         with self._cond:
             e.pins -= 1
             if self.index.get(e.key) is e and e.state != CORRUPT:
+                self._unplaced(e)
                 e.state = CORRUPT
-                self.policies[e.tier].on_remove(e.key)
-            gone = self._drop_corrupt(e)
+            self._drop_corrupt(e)
             self._cond.notify_all()
-        self._delete(gone)
+        self._empty_trash()
 
-    def _drop_corrupt(self, e: Entry) -> list[Entry]:
-        """Lock held: forget a corrupt block nobody holds; return it for _delete (outside the lock)."""
-        if e.state != CORRUPT or e.pins or self.index.get(e.key) is not e:
-            return []
-        del self.index[e.key]
-        if not e.remote:
-            self.used[e.tier] -= self._slots(e.tier, e.nbytes)
-        return [e]
-
-    def _delete(self, entries: list[Entry]) -> None:
-        for e in entries:
-            if self.tiers[e.tier].contains(e.key):
-                self.tiers[e.tier].delete(e.key)
+    def _drop_corrupt(self, e: Entry) -> None:
+        """Lock held: drop a corrupt (or cascaded) block once nobody holds it."""
+        if e.state == CORRUPT and not e.pins and self.index.get(e.key) is e:
+            self._drop(e)
 
     def read(self, e: Entry, out: np.ndarray, phase: str, op: str = "read") -> int:
         """Read a pinned block into out; return the tier index it came from (op: read, donor_read)."""
@@ -286,7 +286,6 @@ class BlockCache:
 
     def release(self, e: Entry, data: np.ndarray, scratch: np.ndarray) -> None:
         """Unpin a block that was read into data, promoting it to the top tier if due."""
-        gone: list[Entry] = []
         with self._cond:
             src = e.tier
             moves = None
@@ -294,12 +293,12 @@ class BlockCache:
                 moves = self._reserve(0, e.nbytes)
             e.pins -= 1
             if moves is None:
-                gone = self._drop_corrupt(e)
+                self._drop_corrupt(e)
             else:
+                self._unplaced(e)
                 e.state = MOVING
-                self.policies[src].on_remove(e.key)
         if moves is None:
-            self._delete(gone)
+            self._empty_trash()
             return
         move = Move(e, src, 0)
         try:
@@ -317,23 +316,39 @@ class BlockCache:
         with self._cond:
             if not e.remote:
                 self.used[src] -= self._slots(src, e.nbytes)
+            self._child_moved(e, src, 0)
             e.tier, e.state, e.remote = 0, READY, False
-            self.policies[0].on_insert(e.key, e.label, e.nbytes)
+            self._placed(e)
+            if self._orphaned(e):
+                self._drop_now(e)
             self._cond.notify_all()
+        self._empty_trash()
 
     # ------------------------------------------------------------------ writes
 
-    def reserve_write(self, key: int, nbytes: int, label: str) -> Reservation | None:
-        """Reserve room for a new block in the highest tier that can make it; None if the
-        block is already cached or being written, or no tier can take it."""
+    def reserve_write(self, key: int, nbytes: int, label: str, parent: int | None = None) -> Reservation | None:
+        """Reserve room for a new block in the highest tier that can make it; None if the block is
+        already cached or being written, no tier can take it, or its parent (the block before it in
+        its chain) is not cached: no lookup could ever reach it, so no engine would store it."""
         with self._cond:
             if key in self.index:
                 return None
-            for t in range(len(self.tiers)):
-                moves = self._reserve(t, nbytes)
-                if moves is not None:
-                    e = self.index[key] = Entry(key, t, nbytes, label)
-                    return Reservation(e, moves)
+            p = self.index.get(parent) if parent is not None else None
+            if parent is not None and (p is None or p.state in (CORRUPT, DROPPING)):
+                return None
+            if p is not None:
+                p.pins += 1  # the parent must not be the victim that makes room for its own child
+            try:
+                for t in range(len(self.tiers)):
+                    moves = self._reserve(t, nbytes)
+                    if moves is not None:
+                        e = self.index[key] = Entry(key, t, nbytes, label)
+                        e.parent = p
+                        self._child_moved(e, None, t)
+                        return Reservation(e, moves)
+            finally:
+                if p is not None:
+                    p.pins -= 1
         return None
 
     def commit_write(self, res: Reservation, buf: np.ndarray, phase: str, scratch: np.ndarray) -> None:
@@ -349,8 +364,17 @@ class BlockCache:
             raise
         with self._cond:
             e.state = READY
-            self.policies[e.tier].on_insert(e.key, e.label, e.nbytes)
+            self._placed(e)
+            if self._orphaned(e):  # its parent left while it was written: unreachable, dropped
+                self._drop_now(e)
             self._cond.notify_all()
+        self._empty_trash()
+
+    def _drop_now(self, e) -> None:
+        """Lock held: a ready, unpinned block whose parent left meanwhile leaves the cache too."""
+        self.recorder.count("cache.cascade_drops")
+        self._unplaced(e)
+        self._drop(e)
 
     def abort(self, res: Reservation) -> None:
         """Give back a reservation whose block will not be written."""
@@ -358,16 +382,9 @@ class BlockCache:
         with self._cond:
             if self.index.get(e.key) is e:
                 del self.index[e.key]
+                self._gone(e)
                 self.used[e.tier] -= self._slots(e.tier, e.nbytes)
             self._cond.notify_all()
+        self._empty_trash()
 
     # ------------------------------------------------------------------ accounting
-
-    def occupancy(self) -> dict[str, dict[str, int]]:
-        """Per tier: blocks, bytes of blocks and reserved slots (for the report and tests)."""
-        with self._cond:
-            out = {n: {"blocks": 0, "bytes": 0, "slots_accounted": self.used[i]} for i, n in enumerate(self.names)}
-            for e in self.index.values():
-                out[self.names[e.tier]]["blocks"] += 1
-                out[self.names[e.tier]]["bytes"] += e.nbytes
-            return out

@@ -131,8 +131,10 @@ class Lifecycle:
         counts.update({"blocks.hit": loaded, "tokens.cached": tokens, "tokens.cached_by_tier.handoff": tokens,
                        "tokens.cached_by_source.handoff": tokens})
         n = len(h.keys)
+        # the handed-over prompt blocks are not in this node's cache: its decode blocks start a chain here
         plan = KVPlan(h.keys + h.decode_keys, (h.block_tokens,) * (n + len(h.decode_keys)), n,
-                      ("handoff",) * n + ("generated",) * len(h.decode_keys), ((0, n, False),))
+                      ("handoff",) * n + ("generated",) * len(h.decode_keys), ((0, n, False),
+                                                                               (n, n + len(h.decode_keys), False)))
         storage_ns += self._write(plan, range(n, len(plan.keys)), bufs, "decode", counts)
         self._finish(req, h.output_tokens, storage_ns, counts, ttft_ns)
 
@@ -234,7 +236,7 @@ class Lifecycle:
         for i in indices:
             key = plan.keys[i]
             nbytes = self.object_bytes(plan.tokens_per_key[i])
-            res = self.cache.reserve_write(key, nbytes, plan.labels[i])
+            res = self.cache.reserve_write(key, nbytes, plan.labels[i], plan.parent(i))
             if res is None:
                 _add(counts, "blocks.write_skipped", 1)
                 continue

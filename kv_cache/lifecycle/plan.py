@@ -44,6 +44,17 @@ class KVPlan:
     num_prompt_blocks: int
     labels: tuple[str, ...]
     groups: tuple[tuple[int, int, bool], ...]  # (first, end, independent) over prompt blocks
+    chained: bool = True  # False in whole-request mode: its objects are no chain of blocks
+
+    def parent(self, i: int) -> BlockKey | None:
+        """The block a lookup must hit before it can reach block i; None where a lookup starts (a group's
+        first block, an independent chunk) or in whole-request mode. Decode blocks extend the last group."""
+        if not self.chained or i == 0:
+            return None
+        for first, end, independent in self.groups:
+            if first <= i < end:
+                return None if independent or i == first else self.keys[i - 1]
+        return self.keys[i - 1]
 
     def lookup(self, present) -> list[int]:
         """Indices of the prompt blocks that hit, given present(key) -> bool."""
@@ -86,7 +97,7 @@ class Planner:
         tokens.append(seq.size)
         labels.append("request")
         n = len(keys) - 1
-        return KVPlan(tuple(keys), tuple(tokens), n, tuple(labels), ((0, n, False),))
+        return KVPlan(tuple(keys), tuple(tokens), n, tuple(labels), ((0, n, False),), chained=False)
 
     def _chunked(self, req: Request, seq: np.ndarray) -> KVPlan:
         """Prefix before the documents, position-independent document chunks, chained suffix."""

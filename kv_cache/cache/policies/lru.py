@@ -2,31 +2,30 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator
+import itertools
+
+from kv_cache.cache.policies.heap import HeapPolicy
 
 
-class LRUPolicy:
-    """Least recently used first; a hit moves a block to the young end."""
+class LRUPolicy(HeapPolicy):
+    """Least recently used first; a hit makes a block the youngest. Prefix-aware (see heap.py)."""
 
     name = "lru"
 
     def __init__(self) -> None:
-        self._order: OrderedDict[int, None] = OrderedDict()
+        super().__init__()
+        self._stamp: dict[int, int] = {}
+        self._clock = itertools.count()
 
-    def on_insert(self, key: int, label: str = "", nbytes: int = 0) -> None:
-        self._order[key] = None
+    def _priority(self, key: int):
+        return self._stamp[key]
 
-    def on_hit(self, key: int) -> None:
-        if key in self._order:
-            self._order.move_to_end(key)
+    def _meta_insert(self, key: int, label: str, nbytes: int) -> None:
+        self._stamp[key] = next(self._clock)
 
-    def on_remove(self, key: int) -> None:
-        self._order.pop(key, None)
+    def _meta_hit(self, key: int) -> bool:
+        self._stamp[key] = next(self._clock)
+        return True
 
-    def candidates(self) -> Iterator[int]:
-        """Keys in eviction order (the cache skips pinned ones); do not mutate while iterating."""
-        return iter(self._order)
-
-    def __len__(self) -> int:
-        return len(self._order)
+    def _meta_remove(self, key: int) -> None:
+        self._stamp.pop(key, None)

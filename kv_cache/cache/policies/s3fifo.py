@@ -1,12 +1,15 @@
 """S3-FIFO (Yang et al., SOSP'23): a small probationary FIFO, a main FIFO and a ghost list.
 
-New blocks enter the small queue (10 % of the blocks); one seen again while in
-the ghost list enters the main queue directly. Eviction looks at the small
-queue first: a block hit while there moves to main, one never hit is evicted
-(its key goes to the ghost list). In main, a hit block gets another round
-(its count decremented, moved to the young end), one with count 0 is
-evicted. Those queue moves happen lazily when the cache asks for candidates,
-before it iterates them.
+New blocks enter the small queue (about 10 % of the blocks); one seen again while in the
+ghost list enters the main queue directly. Eviction, run lazily as the cache asks for
+candidates: while the small queue holds at least 10 % of the blocks, its oldest block is
+examined: one hit while there moves to main, one never hit is a candidate (its key goes to
+the ghost list once removed). Otherwise main's oldest: a hit block gets another round (its
+count decremented, moved to the young end), one with count 0 is a candidate. Every step is
+O(1) amortised: each hit buys a block at most MAX_FREQ extra rounds.
+
+Prefix-aware: a held block (a child of it is in the tier) leaves its queue and returns to
+the young end of the same queue when freed.
 """
 
 from __future__ import annotations
@@ -26,47 +29,78 @@ class S3FIFOPolicy:
         self._main: OrderedDict[int, None] = OrderedDict()
         self._ghost: OrderedDict[int, None] = OrderedDict()
         self._freq: dict[int, int] = {}
+        self._queue: dict[int, OrderedDict] = {}  # key -> the queue it belongs to (also while held)
+        self._held: set[int] = set()
 
     def on_insert(self, key: int, label: str = "", nbytes: int = 0) -> None:
         self._freq[key] = 0
-        if key in self._ghost:
-            del self._ghost[key]
-            self._main[key] = None
-        else:
-            self._small[key] = None
+        self._held.discard(key)
+        q = self._main if self._ghost.pop(key, 0) is None else self._small
+        q[key] = None
+        self._queue[key] = q
 
     def on_hit(self, key: int) -> None:
         if key in self._freq:
             self._freq[key] = min(self._freq[key] + 1, MAX_FREQ)
 
     def on_remove(self, key: int) -> None:
+        q = self._queue.pop(key, None)
+        if q is None:
+            return
         self._freq.pop(key, None)
-        if self._small.pop(key, 0) is None:  # evicted from probation: remember it
+        self._held.discard(key)
+        q.pop(key, None)
+        if q is self._small:  # evicted from probation: remember it
             self._ghost[key] = None
-            while len(self._ghost) > max(len(self._small) + len(self._main), 1):
+            while len(self._ghost) > max(len(self._freq), 1):
                 self._ghost.popitem(last=False)
-        self._main.pop(key, None)
 
-    def _settle(self) -> None:
-        """Lazy queue moves: hit blocks leave probation; hit main blocks get another round."""
-        for key in [k for k in self._small if self._freq[k] > 0]:
-            if len(self._small) <= SMALL_SHARE * (len(self._small) + len(self._main)):
-                break
-            del self._small[key]
-            self._freq[key] = 0
-            self._main[key] = None
-        for key in list(self._main):
-            if self._freq[key] == 0:
-                break
-            self._freq[key] -= 1
-            self._main.move_to_end(key)
+    def hold(self, key: int) -> None:
+        q = self._queue.get(key)
+        if q is not None and key not in self._held:
+            q.pop(key, None)
+            self._held.add(key)
+
+    def free(self, key: int) -> None:
+        if key in self._held:
+            self._held.discard(key)
+            self._queue[key][key] = None
+
+    def _next(self) -> int | None:
+        """One eviction step: the next candidate (popped from its queue), or None when both are empty."""
+        while self._small or self._main:
+            total = len(self._small) + len(self._main)
+            if self._small and (len(self._small) >= SMALL_SHARE * total or not self._main):
+                key, _ = self._small.popitem(last=False)
+                if self._freq[key] > 0:  # reused while on probation: promoted to main
+                    self._freq[key] = 0
+                    self._main[key] = None
+                    self._queue[key] = self._main
+                    continue
+                return key
+            key, _ = self._main.popitem(last=False)
+            if self._freq[key] > 0:
+                self._freq[key] -= 1
+                self._main[key] = None
+                continue
+            return key
+        return None
 
     def candidates(self) -> Iterator[int]:
-        self._settle()
-        cold_small = [k for k in self._small if self._freq[k] == 0]
-        order = cold_small + [k for k in self._main if self._freq[k] == 0]
-        rest = [k for k in self._small if self._freq[k] > 0] + [k for k in self._main if self._freq[k] > 0]
-        return iter(order + rest)
+        taken = []
+        try:
+            while (key := self._next()) is not None:
+                taken.append(key)
+                yield key
+        finally:  # candidates the cache did not remove go back to the old end of their queue, in order
+            for key in reversed(taken):
+                q = self._queue.get(key)
+                if q is not None and key not in self._held:
+                    q[key] = None
+                    q.move_to_end(key, last=False)
+
+    def keys(self) -> set[int]:
+        return set(self._queue)
 
     def __len__(self) -> int:
-        return len(self._freq)
+        return len(self._queue)

@@ -1,0 +1,157 @@
+"""The cache's index entries and their prefix structure: parents, children per tier, held and dead blocks.
+
+A mixin of BlockCache (it reads its index, tiers and policies); every method runs with the
+cache's lock held. See cache.py's docstring for the rules.
+"""
+
+from __future__ import annotations
+
+READY, WRITING, CORRUPT, DROPPING = "ready", "writing", "corrupt", "dropping"
+
+
+class Entry:
+    """Index record of one block; a remote block lives in a shared tier and belongs to another process.
+
+    digest: the checksum of the bytes written (--verify checksum), set by the writer; None if unknown.
+    """
+
+    __slots__ = ("key", "tier", "nbytes", "pins", "state", "label", "remote", "digest", "parent", "kids", "held",
+                 "children")
+
+    def __init__(self, key: int, tier: int, nbytes: int, label: str, remote: bool = False):
+        self.key, self.tier, self.nbytes, self.label, self.remote = key, tier, nbytes, label, remote
+        self.pins = 0
+        self.state = READY if remote else WRITING
+        self.digest: int | None = None
+        self.parent: Entry | None = None  # the block before it in its chain (None: a chain's head)
+        self.kids: list[int] | None = None  # children per tier, once it has any
+        self.children: set[Entry] | None = None  # the entries whose parent it is
+        self.held = False                 # its policy was told hold(): not a candidate
+
+
+class PrefixStructure:
+
+    def _blocked(self, e: Entry) -> bool:
+        """e may not leave its tier: a child of it is there."""
+        return bool(e.kids) and e.kids[e.tier] > 0
+
+    def _refresh(self, e: Entry) -> None:
+        """Tell e's policy whether e is a candidate, when that changed."""
+        if e.state != READY or self.index.get(e.key) is not e:
+            return
+        blocked = self._blocked(e)
+        if blocked != e.held:
+            policy = self.policies[e.tier]
+            policy.hold(e.key) if blocked else policy.free(e.key)
+            e.held = blocked
+
+    def _child_moved(self, e: Entry, old: int | None, new: int | None) -> None:
+        """e entered (old None), left (new None) or changed tier: its parent's counts follow."""
+        p = e.parent
+        if p is None:
+            return
+        if p.kids is None:
+            p.kids, p.children = [0] * len(self.tiers), set()
+        if old is not None:
+            p.kids[old] -= 1
+        if new is not None:
+            p.kids[new] += 1
+        if old is None:
+            p.children.add(e)
+        elif new is None:
+            p.children.discard(e)
+        self._refresh(p)
+
+    def _placed(self, e: Entry) -> None:
+        """e is READY in e.tier: its policy orders it (held if a child is there too)."""
+        self.policies[e.tier].on_insert(e.key, e.label, e.nbytes)
+        e.held = False
+        self._refresh(e)
+
+    def _unplaced(self, e: Entry) -> None:
+        self.policies[e.tier].on_remove(e.key)
+        e.held = False
+
+    def _gone(self, e: Entry) -> None:
+        """e left the index: its descendants are unreachable now, and go with it (cascade).
+
+        NOTE: a ready descendant is dropped at once (its bytes go to _trash, deleted outside the lock);
+        one being read is marked CORRUPT (never served again, freed by its last reader); one being
+        moved or written is dropped when that finishes (see _orphaned)."""
+        self._child_moved(e, e.tier, None)
+        for c in list(e.children or ()):
+            c.parent = None  # e is gone: c no longer counts in anyone's children
+            if self.index.get(c.key) is not c or c.state != READY:
+                c.parent = e  # MOVING / WRITING: _orphaned() sees the dead parent when it lands
+                continue
+            self.recorder.count("cache.cascade_drops")
+            self._unplaced(c)
+            if c.pins:
+                c.state = CORRUPT  # a reader holds it: never served again, dropped by its last reader
+            else:
+                self._drop(c)
+
+    def _drop(self, e: Entry) -> None:
+        """e leaves the cache: a miss at once (state DROPPING), its descendants go with it, and its bytes
+        and slots are freed by _empty_trash outside the lock (until then the key cannot be rewritten)."""
+        e.state = DROPPING
+        self._gone(e)
+        self._trash.append(e)
+
+    def _orphaned(self, e: Entry) -> bool:
+        """e's parent left the cache while e was being moved or written."""
+        p = e.parent
+        return p is not None and self.index.get(p.key) is not p
+
+    def _empty_trash(self) -> None:
+        """Delete the bytes of dropped blocks (outside the lock: a tier's delete may be I/O), then free
+        their slots and keys."""
+        with self._cond:
+            trash, self._trash = self._trash, []
+        if not trash:
+            return
+        for e in trash:
+            if not e.remote and self.tiers[e.tier].contains(e.key):
+                self.tiers[e.tier].delete(e.key)
+        with self._cond:
+            for e in trash:
+                if self.index.get(e.key) is e:
+                    del self.index[e.key]
+                    if not e.remote:
+                        self.used[e.tier] -= self._slots(e.tier, e.nbytes)
+            self._cond.notify_all()
+
+    def occupancy(self) -> dict[str, dict[str, int]]:
+        """Per tier: blocks, bytes of blocks, reserved slots, and the blocks and bytes no lookup can reach
+        any more (an ancestor is gone from the cache: dead)."""
+        with self._cond:
+            out = {n: {"blocks": 0, "bytes": 0, "slots_accounted": self.used[i], "dead_blocks": 0, "dead_bytes": 0}
+                   for i, n in enumerate(self.names)}
+            reachable: dict[int, bool] = {}
+            for e in self.index.values():
+                if e.state == DROPPING:  # leaving: its bytes are being deleted
+                    continue
+                row = out[self.names[e.tier]]
+                row["blocks"] += 1
+                row["bytes"] += e.nbytes
+                if not self._reachable(e, reachable):
+                    row["dead_blocks"] += 1
+                    row["dead_bytes"] += e.nbytes
+            return out
+
+    def _reachable(self, e: Entry, memo: dict[int, bool]) -> bool:
+        """Every ancestor of e is the cached entry of its key (iterative: chains are long)."""
+        path, node, ok = [], e, True
+        while node is not None:
+            known = memo.get(id(node))
+            if known is not None:
+                ok = known
+                break
+            path.append(node)
+            if self.index.get(node.key) is not node or node.state == CORRUPT:
+                ok = False
+                break
+            node = node.parent
+        for n in path:
+            memo[id(n)] = ok
+        return ok
