@@ -9,6 +9,7 @@
 4. The GPU tier vs a raw CuPy pinned copy (gpu_bench.py; skipped without a device).
 5. Semantic donor lookup per request with 10,000 donors vs the 5 ms target (semantic_bench.py).
 6. Block verification per mode (checksum, full, stamps) vs numpy memcpy (verify_bench.py).
+7. Evictions per second per policy on a 100,000-slot tier vs a 1,000-slot one (policy_bench.py).
 
 Every figure is a median over --rounds; ratios are ours / the limit, measured in the same
 run. Results go to bench/out/bench.json and a Markdown table on stdout.
@@ -33,6 +34,8 @@ sys.path.insert(0, str(REPO))
 
 from gpu_bench import gpu_round  # noqa: E402 - beside this file
 from gpu_bench import lines as gpu_lines  # noqa: E402
+from policy_bench import lines as policy_lines  # noqa: E402
+from policy_bench import policy_round  # noqa: E402
 from semantic_bench import lines as semantic_lines  # noqa: E402
 from semantic_bench import semantic_round  # noqa: E402
 from verify_bench import lines as verify_lines  # noqa: E402
@@ -247,7 +250,8 @@ def main() -> int:
               "fio": median_of(fio) if fio else None, "cpu": median_of(cpu),
               "null": {w: null_rate(w, a.null_seconds) for w in (1, 2, 4)},
               "gpu": gpu_round(block, max(8, min(blocks, int(8 * GiB // block)))),
-              "semantic": semantic_round(), "verify": verify_round(block)}
+              "semantic": semantic_round(), "verify": verify_round(block),
+              "policies": policy_round()}
     n, f, c = result["nvme_tier"], result["fio"], result["cpu"]
     lines = ["| measure | ours | limit | ratio |", "|---|---|---|---|"]
     if f:
@@ -266,6 +270,7 @@ def main() -> int:
     lines += gpu_lines(result["gpu"])
     lines += semantic_lines(result["semantic"])
     lines += verify_lines(result["verify"])
+    lines += policy_lines(result["policies"])
     lines.append("\n(median over rounds, min-max in brackets; ratio = ours / limit)")
     print("\n".join(lines))
     out = REPO / "bench" / "out"

@@ -141,6 +141,11 @@ class ScheduleSettings:
                                "for timestamped traces, closed otherwise; sequence: the traffic's requests in one "
                                "fixed order, back to back, one in flight (what the policies sub-command replays).",
                        choices=("auto", "closed", "poisson", "trace", "sequence"))
+    admission: str = key("paced", "Closed loop: paced (a user's first request enters only while the queue is "
+                                  "shorter than the workers, so started conversations reach later turns and reuse "
+                                  "their history; its latency counts from admission) or all (every user asks at "
+                                  "once, as MLPerf's reference does; on slow storage no user may reach a second "
+                                  "turn).", choices=("paced", "all"))
     request_rate: float = key(0.0, "Requests per second of the poisson arrival process (at most 100,000: one "
                                    "process issues a few thousand at best; more is a typo).", lo=0.0, hi=1e5)
     think_time_s: tuple[float, float] = key((0.1, 0.5), "Think-time range of closed-loop users replaying a trace "

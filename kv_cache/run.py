@@ -299,7 +299,8 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
         args = (b.workers, life.execute, worker_state(b.tiers, b.geo.max_object_bytes, fake), recorder, progress,
                 dist if dist.active else None)
         scaler = autoscaler(s, traffic.users, recorder)
-        runner = ClosedLoopRunner(traffic.users, *args, qos=qos_policy(s), controller=scaler) \
+        pace = s.schedule.admission == "paced" and scaler is None  # the autoscaler sets the users itself
+        runner = ClosedLoopRunner(traffic.users, *args, qos=qos_policy(s), controller=scaler, pace=pace) \
             if traffic.users is not None else OpenLoopRunner(traffic.arrivals, *args, qos=qos_policy(s))
         for line in _banner(s, b, traffic, analysis, dist):
             say(line)
@@ -315,7 +316,8 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
                                             b.workers, s.run.duration_s, b.tiers[-1].capacity_bytes)
             say(f"  I/O trace: {recorder.io_trace.rows:,} operations in {recorder.io_trace.path}; fio job: {job}")
         results = build_results(recorder.snapshot(), _run_info(s, b, run_id, outcome, dist), s.to_dict(), {
-            "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop},
+            "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop,
+                         "users_started": outcome.users_started, "users_paced": outcome.users_paced},
             "memory": {"peak_rss_bytes": peak_rss_bytes(),
                        "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
             "occupancy": cache.occupancy(),

@@ -81,6 +81,16 @@ class Request:
     def num_output_tokens(self) -> int:
         return int(self.output_tokens.size)
 
+    def tokens_by_label(self, start: int, end: int) -> list[tuple[str, int]]:
+        """How the tokens [start, end) split over the spans' sources (a block can straddle two spans)."""
+        out, lo = [], 0
+        for span_end, label in self.spans:
+            a, b = max(start, lo), min(end, span_end)
+            if b > a:
+                out.append((label, b - a))
+            lo = max(lo, span_end)
+        return out
+
     def label_at(self, token_index: int) -> str:
         """Source label of the token at token_index (the span it falls in)."""
         for end, label in self.spans:

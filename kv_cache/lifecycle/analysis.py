@@ -41,6 +41,7 @@ def analyse(items, lifecycle, limit: int = 100_000, total: int | None = None) ->
     by_source_cached: dict[str, int] = {}
     bt = lifecycle.block_tokens
     for item in itertools.islice(items, limit):
+        req = None
         if bt and hasattr(item, "prefix_ids"):
             ids, plen, olen = item.prefix_ids(bt), item.input_length, item.output_length
             plan = KVPlan(tuple(ids), (bt,) * len(ids), len(ids), (TRACE_HASH,) * len(ids), ((0, len(ids), False),))
@@ -62,9 +63,10 @@ def analyse(items, lifecycle, limit: int = 100_000, total: int | None = None) ->
         for label, n in spans.items():
             by_source_prompt[label] = by_source_prompt.get(label, 0) + n
         for i in hits:
-            t = min(tokens[i], plen)
-            cached += t
-            by_source_cached[labels[i]] = by_source_cached.get(labels[i], 0) + t
+            parts = plan.cached_by_source(req, i) if req is not None else [(labels[i], min(tokens[i], plen))]
+            for label, t in parts:
+                cached += t
+                by_source_cached[label] = by_source_cached.get(label, 0) + t
     n = len(prompts)
     return {
         "requests_analysed": n, "requests_total": total if total is not None else n,

@@ -192,11 +192,11 @@ class Lifecycle:
                 hits = hits[:n]
                 break
             storage_ns += got[0]
-            tokens = min(plan.tokens_per_key[i], req.num_prompt_tokens)
             name = self.cache.names[got[1]]
-            _add(counts, "tokens.cached", tokens)
-            _add(counts, f"tokens.cached_by_tier.{name}", tokens)
-            _add(counts, f"tokens.cached_by_source.{plan.labels[i]}", tokens)
+            for label, tokens in plan.cached_by_source(req, i):
+                _add(counts, "tokens.cached", tokens)
+                _add(counts, f"tokens.cached_by_tier.{name}", tokens)
+                _add(counts, f"tokens.cached_by_source.{label}", tokens)
         counts["blocks.hit"] = len(hits)
         return storage_ns, {i for i, _ in hits}
 

@@ -46,6 +46,14 @@ class KVPlan:
     groups: tuple[tuple[int, int, bool], ...]  # (first, end, independent) over prompt blocks
     chained: bool = True  # False in whole-request mode: its objects are no chain of blocks
 
+    def cached_by_source(self, req: Request, i: int) -> list[tuple[str, int]]:
+        """The prompt tokens hit block i brings, by source: split over the spans it straddles where its
+        token positions are known (one chained group of equal blocks), else all to its label."""
+        bt = self.tokens_per_key[i]
+        if self.chained and len(self.groups) == 1 and req.spans:
+            return req.tokens_by_label(i * bt, min((i + 1) * bt, req.num_prompt_tokens))
+        return [(self.labels[i], min(bt, req.num_prompt_tokens))]
+
     def parent(self, i: int) -> BlockKey | None:
         """The block a lookup must hit before it can reach block i; None where a lookup starts (a group's
         first block, an independent chunk) or in whole-request mode. Decode blocks extend the last group."""

@@ -60,7 +60,8 @@ def merge_ranks(results: list[dict]) -> dict:
                tiers={t: {**info, "capacity_bytes": sum(x["tiers"][t]["capacity_bytes"] for x in runs)}
                       for t, info in runs[0]["tiers"].items()})
     extra = {
-        "requests": {k: sum(r["requests"][k] for r in results) for k in ("issued", "dropped_at_stop")},
+        "requests": {k: sum(r["requests"].get(k, 0) for r in results) for k in ("issued", "dropped_at_stop",
+                                                                         "users_started", "users_paced")},
         "memory": {"peak_rss_bytes": max(r["memory"]["peak_rss_bytes"] for r in results),
                    "budget_bytes": max(r["memory"]["budget_bytes"] for r in results), "per_rank": True},
         "occupancy": _sum_dicts([r["occupancy"] for r in results]),

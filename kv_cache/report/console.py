@@ -93,6 +93,7 @@ def traffic_section(results: dict) -> list[str]:
     lines = ["",
              f"Requests   {req['completed']:,} completed ({req['per_s']:.2f}/s), {req.get('issued', 0):,} issued, "
              f"{req.get('dropped_at_stop', 0):,} queued at stop (dropped)",
+             *_pacing(results),
              f"  storage time per request {pcts('storage')}",
              f"  queue wait               {pcts('queue')}",
              f"  storage part of TTFT     {pcts('ttft')}",
@@ -141,7 +142,23 @@ def _theoretical(results: dict) -> str:
     if not th:
         return "n/a"
     sources = ", ".join(f"{k} {_pct(v)}" for k, v in sorted(th["by_source"].items()))
-    return f"{_pct(th['tokens'])}" + (f" (by source: {sources})" if sources else "")
+    achieved = results["hit_rate"]["tokens"]
+    steady = ""
+    if th["tokens"] and achieved is not None:  # how far the cache is from the traffic's steady state
+        steady = (f"; achieved / theoretical {achieved / th['tokens']:.2f} (1.00: the cache holds all the reuse "
+                  f"the traffic offers; far below: too short a run, too small a cache, or users that did not reach "
+                  f"their later turns)")
+    return f"{_pct(th['tokens'])}" + (f" (by source: {sources})" if sources else "") + steady
+
+
+def _pacing(results: dict) -> list[str]:
+    req = results["requests"]
+    if not req.get("users_paced"):
+        return []
+    users = results["run"].get("users", 0)
+    return [f"  users: {req['users_started']:,} of {users:,} started; {req['users_paced']:,} waited for a short queue "
+            f"before their first request (--admission paced: started conversations go on; their latency counts "
+            f"from admission)"]
 
 
 def render(results: dict, results_path: str | None = None) -> str:

@@ -37,6 +37,8 @@ class RunOutcome:
     issued: int = 0
     completed: int = 0
     dropped_at_stop: int = 0
+    users_started: int = 0   # closed loop: users whose first request was issued
+    users_paced: int = 0     # of them, those whose first request waited for a short queue (pacing)
     fault: str = ""
     start_ns: int = 0
     end_ns: int = 0
@@ -198,6 +200,9 @@ class _Runner:
                     self.outcome.stopped_reason = "interrupted"
 
 
+PACE_RETRY_NS = 20_000_000  # a paced user looks at the queue again after 20 ms
+
+
 class ClosedLoopRunner(_Runner):
     """Users that ask, wait for the answer, think and ask again.
 
@@ -206,8 +211,14 @@ class ClosedLoopRunner(_Runner):
     in-flight request finishes normally) and rejoins at once when the count grows again.
     """
 
-    def __init__(self, users, *args, **kw):
+    def __init__(self, users, *args, pace: bool = False, **kw):
         super().__init__(*args, **kw)
+        # pace: a user's first request enters only while the queue is shorter than the worker pool, so
+        # that started conversations progress (their later turns are not stuck behind hundreds of first
+        # turns); its latency counts from its admission. Said in the results (users_paced).
+        self.pace = pace
+        self._started: set[int] = set()
+        self._paced: set[int] = set()
         self.users = {u.user_id: u for u in users}
         self._order = list(self.users)
         self._active = set(self._order)
@@ -253,6 +264,13 @@ class ClosedLoopRunner(_Runner):
                 if uid not in self._active:
                     self._parked.add(uid)
                     continue
+                if uid not in self._started:
+                    if self.pace and self._queue.qsize() >= self.num_workers:
+                        self._paced.add(uid)
+                        heapq.heappush(self._heap, (now + PACE_RETRY_NS, uid))
+                        continue
+                    self._started.add(uid)
+                    self.outcome.users_started, self.outcome.users_paced = len(self._started), len(self._paced)
             req = self.users[uid].next_request()  # built outside the lock: workers keep finishing
             if req is None:
                 with self._cond:

@@ -83,3 +83,24 @@ def test_whole_request_mode_stores_one_object_and_reloads_history(rig):
     c = rec.counters()
     assert c["blocks.hit"] == 1 and c["tokens.cached"] == 70
     assert len(cache.index) == 2
+
+
+def test_hit_tokens_by_source_split_blocks_that_straddle_two_spans():
+    """A block half system prompt, half history credits each source its own tokens: no source's
+    theoretical hit rate can exceed 100 % (history showed 100.4 % when a block went wholly to its last
+    token's source)."""
+    from kv_cache.lifecycle.analysis import analyse
+    from kv_cache.lifecycle.plan import Planner
+
+    prompt = np.arange(64, dtype=np.int32)
+    spans = ((24, SYSTEM), (56, HISTORY), (64, USER))  # blocks of 16: [0,16) [16,32) [32,48) [48,64)
+    reqs = [Request(0, k, 1, prompt, np.zeros(0, np.int32), spans) for k in (1, 2)]  # the second hits all
+
+    class Plans:
+        block_tokens = BT
+        plan = Planner(BT, chain_root("t")).plan
+
+    out = analyse(iter(reqs), Plans())
+    by = out["theoretical_hit_rate"]["by_source"]
+    assert by == {SYSTEM: 0.5, HISTORY: 0.5, USER: 0.5}, by
+    assert out["counts"]["cached_by_source"] == {SYSTEM: 24, HISTORY: 32, USER: 8}
