@@ -267,6 +267,7 @@ def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> i
             f"{median_trial(trials) + 1}; each trial in trial-<k>/)\n{trial_table(summary)}")
         if rules is not None:
             cache_dir = best["run"]["cache_dir"] or s.run.output_dir
+            outfolder.finish(folder)  # the marker and reserve are not part of the package
             manifest = write_package(folder, s.to_dict(), rules, cache_dir)
             failures, _ = validate(folder)
             say(f"Submission package ({rules.name} rules): {manifest}; validate: "
