@@ -86,3 +86,39 @@ def test_every_policy_forgets_removed_keys(name):
     p.on_hit(2)
     p.on_remove(2)
     assert sorted(p.candidates()) == [1, 3] and len(p) == 2
+
+
+def test_semantic_adaptive_merge_of_heaps_is_the_order_of_scores():
+    """The per-type fresh / floored heaps, merged at ask time, give exactly the order of sorting every block
+    by its score at that time (what the policy used to do, O(n log n) per eviction)."""
+    import random
+
+    now = [0.0]
+    p = SemanticAdaptivePolicy(clock=lambda: now[0])
+    rng = random.Random(1)
+    labels = ["system", "user", "rag", "history", "code", "tool", "other", "template"]
+    for k in range(300):
+        now[0] += rng.random() * 2
+        p.on_insert(k, rng.choice(labels), rng.randint(1, 100) << 20)
+        if rng.random() < 0.5:
+            p.on_hit(rng.randrange(k + 1))
+        if rng.random() < 0.1:
+            p.on_remove(rng.randrange(k + 1))
+    now[0] += 100  # some blocks reach the freshness floor: they move heaps
+    got = list(p.candidates())
+    assert got == sorted(p._blocks, key=lambda k: p.score(p._blocks[k], now[0]))
+    assert list(p.candidates()) == got  # looking changes nothing
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_held_block_is_no_candidate_until_freed(name):
+    p = make_policy(name)
+    _fill(p, [1, 2, 3])
+    p.hold(1)
+    assert 1 not in list(p.candidates()) and p.keys() == {1, 2, 3} and len(p) == 3
+    p.on_hit(1)  # metadata still kept while held
+    p.free(1)
+    assert sorted(p.candidates()) == [1, 2, 3]
+    p.hold(2)
+    p.on_remove(2)
+    assert p.keys() == {1, 3}

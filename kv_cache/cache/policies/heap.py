@@ -20,7 +20,35 @@ import itertools
 from collections.abc import Iterator
 
 
-class HeapPolicy:
+class Holding:
+    """hold / free over a policy's evictable map ``_live`` and its ``_held`` set; _repush(key) puts a freed
+    key back in order."""
+
+    _live: dict
+    _held: set
+
+    def hold(self, key: int) -> None:
+        """key has a dependent block in this tier: not a candidate until free(key)."""
+        if self._live.pop(key, None) is not None:
+            self._held.add(key)
+
+    def free(self, key: int) -> None:
+        if key in self._held:
+            self._held.discard(key)
+            self._repush(key)
+
+    def _repush(self, key: int) -> None:
+        raise NotImplementedError
+
+    def keys(self) -> set[int]:
+        """Every block the policy orders, held ones included (for checks; no side effect)."""
+        return set(self._live) | self._held
+
+    def __len__(self) -> int:
+        return len(self._live) + len(self._held)
+
+
+class HeapPolicy(Holding):
     """Base of the priority policies: subclasses keep their metadata and define _priority(key)."""
 
     name = ""
@@ -61,15 +89,8 @@ class HeapPolicy:
         self._live.pop(key, None)
         self._held.discard(key)
 
-    def hold(self, key: int) -> None:
-        """key has a dependent block in this tier: not a candidate until free(key)."""
-        if self._live.pop(key, None) is not None:
-            self._held.add(key)
-
-    def free(self, key: int) -> None:
-        if key in self._held:
-            self._held.discard(key)
-            self._push(key)
+    def _repush(self, key: int) -> None:
+        self._push(key)
 
     def candidates(self) -> Iterator[int]:
         """Evictable keys, lowest priority first; close() (or exhaustion) restores what was not removed."""
@@ -85,13 +106,6 @@ class HeapPolicy:
             for item in taken:
                 if self._live.get(item[2]) == item[:2]:
                     heapq.heappush(self._heap, item)
-
-    def keys(self) -> set[int]:
-        """Every block the policy orders, held ones included (for checks; no side effect)."""
-        return set(self._live) | self._held
-
-    def __len__(self) -> int:
-        return len(self._live) + len(self._held)
 
     def _push(self, key: int) -> None:
         entry = (self._priority(key), next(self._tie))

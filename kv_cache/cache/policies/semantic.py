@@ -34,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
-from kv_cache.cache.policies.heap import HeapPolicy
+from kv_cache.cache.policies.heap import HeapPolicy, Holding
 
 WEIGHTS = {"system": 2.4, "template": 2.0, "code": 1.6, "rag": 1.4, "tool": 1.1, "history": 1.0, "other": 0.8,
            "user": 0.7}
@@ -85,7 +85,7 @@ FLOOR = 0.05
 FLOOR_AGE_S = HORIZON_S * math.log(1 / FLOOR)  # age at which exp(-age / H) reaches the floor
 
 
-class SemanticAdaptivePolicy:
+class SemanticAdaptivePolicy(Holding):
     """Adaptive weights and freshness; per-type fresh and floored heaps merged at ask time."""
 
     name = "semantic-adaptive"
@@ -165,14 +165,8 @@ class SemanticAdaptivePolicy:
                 for k in list(self._removed)[: len(self._removed) // 2]:
                     del self._removed[k]
 
-    def hold(self, key: int) -> None:
-        if self._live.pop(key, None) is not None:
-            self._held.add(key)
-
-    def free(self, key: int) -> None:
-        if key in self._held:
-            self._held.discard(key)
-            self._push(key, self.clock())
+    def _repush(self, key: int) -> None:
+        self._push(key, self.clock())
 
     # -- asking
     def _age(self, now: float) -> None:
@@ -222,8 +216,3 @@ class SemanticAdaptivePolicy:
                 if self._live.get(key) == (bucket, prio, tie):
                     heapq.heappush(self._heaps[bucket], (prio, tie, key))
 
-    def keys(self) -> set[int]:
-        return set(self._live) | self._held
-
-    def __len__(self) -> int:
-        return len(self._live) + len(self._held)
