@@ -189,7 +189,7 @@ def null_rate(workers: int, seconds: float) -> dict:
     think = [f"profiles.{p}.think_time_s=0,0" for p in ("chatbot", "coding", "document")]
     cmd = [sys.executable, str(REPO / "kv_cache_benchmark.py"), "--null-io", "--model", "llama8b",
            "--block-tokens", "16", "--users", "64", "--workers", str(workers), "--duration", str(seconds),
-           "--warmup", "1", "--output-dir", out, "--run-id", "r", "--quiet"]
+           "--warmup", "1", "--output-dir", out, "--run-id", "r", "--quiet", "--admission", "all"]
     for t in think:
         cmd += ["--set", t]
     try:

@@ -106,10 +106,10 @@ class PrefixStructure:
     def _empty_trash(self) -> None:
         """Delete the bytes of dropped blocks (outside the lock: a tier's delete may be I/O), then free
         their slots and keys."""
+        if not self._trash:  # NOTE: read without the lock; whoever appends empties it after its own call
+            return
         with self._cond:
             trash, self._trash = self._trash, []
-        if not trash:
-            return
         for e in trash:
             if not e.remote and self.tiers[e.tier].contains(e.key):
                 self.tiers[e.tier].delete(e.key)
