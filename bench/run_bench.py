@@ -41,8 +41,8 @@ from semantic_bench import semantic_round  # noqa: E402
 from verify_bench import lines as verify_lines  # noqa: E402
 from verify_bench import verify_round  # noqa: E402
 
+from kv_cache.buffers import aligned_buffer  # noqa: E402
 from kv_cache.lifecycle.payload import PayloadPool  # noqa: E402
-from kv_cache.tiers.aligned import aligned_buffer  # noqa: E402
 from kv_cache.tiers.cpu import CpuTier  # noqa: E402
 from kv_cache.tiers.fsinfo import mount_of, probe_direct  # noqa: E402
 from kv_cache.tiers.nvme import NvmeTier  # noqa: E402

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
+from kv_cache.buffers import aligned_buffer
 from kv_cache.lifecycle.payload import PayloadPool, block_digest
-from kv_cache.tiers.aligned import aligned_buffer
 
 MODES = ("checksum", "full", "stamps")
 

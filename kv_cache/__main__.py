@@ -1,5 +1,5 @@
 from kv_cache import signals
-from kv_cache.cli import main
+from kv_cache.run.cli import main
 
 signals.install()
 status = main()

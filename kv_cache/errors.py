@@ -15,3 +15,7 @@ class RunFault(Exception):
 
 class VerificationError(Exception):
     """A block read back did not carry the bytes that were written."""
+
+
+class BlockVanished(KeyError):
+    """A block another process held in a shared tier was evicted before it could be read."""

@@ -1,6 +1,6 @@
 """The multi-tier block cache: where blocks live, and the waterfall between tiers.
 
-Vocabulary: tiers are ordered fastest first (gpu, cpu, nvme). A new block
+Vocabulary: tiers are ordered fastest first (e.g. gpu, cpu, nvme). A new block
 goes to the top tier; when that tier is full its policy picks *victims*
 that are *demoted* to the next tier (waterfall), and the bottom tier
 *evicts* for good. A hit read from a lower tier is *promoted* back to the
@@ -33,7 +33,7 @@ import numpy as np
 
 from kv_cache.cache.chains import CORRUPT, DROPPING, READY, Entry, PrefixStructure
 from kv_cache.cache.policies import make_policy
-from kv_cache.tiers.base import SHARED
+from kv_cache.tiers.base import FAKE_IO, SHARED, SIMULATED
 
 MOVING = "moving"
 
@@ -67,6 +67,8 @@ class BlockCache(PrefixStructure):
         self.tiers = tiers
         self.gds = gds  # a GdsLink: NVMe <-> HBM without the host bounce (--gds)
         self.names = [t.name for t in tiers]
+        # a read can be checked only where real bytes came back (not from the null or a simulated tier)
+        self.verifiable = [t.flags.isdisjoint({FAKE_IO, SIMULATED}) for t in tiers]
         self.policies = [make_policy(policy) for _ in tiers]
         self.promote_enabled = promote
         self.recorder = recorder
@@ -239,7 +241,7 @@ class BlockCache(PrefixStructure):
                 if not e.remote:
                     self.used[e.tier] -= self._slots(e.tier, e.nbytes)
                     self._unplaced(e)
-                    self.tiers[e.tier].slots.release(e.key)
+                    self.tiers[e.tier].release(e.key)
             self._cond.notify_all()
         self._empty_trash()
 
@@ -273,7 +275,7 @@ class BlockCache(PrefixStructure):
     def read(self, e: Entry, out: np.ndarray, phase: str, op: str = "read") -> int:
         """Read a pinned block into out; return the tier index it came from (op: read, donor_read)."""
         t = e.tier
-        gds = self.gds is not None and self.tiers[t] is self.gds.nvme and not e.remote
+        gds = self.gds is not None and self.gds.lands(self.tiers[t]) and not e.remote
         start = now_ns()
         if gds:
             land = self.gds.load(e.key)  # NVMe -> HBM: the timed read
@@ -304,7 +306,7 @@ class BlockCache(PrefixStructure):
         try:
             self.run_moves(moves, scratch)
             start = now_ns()
-            direct = self.gds is not None and self.tiers[src] is self.gds.nvme and self.tiers[0] is self.gds.gpu
+            direct = self.gds is not None and self.gds.promotes(self.tiers[src], self.tiers[0])
             if not (direct and self.gds.promote(e.key, e.nbytes)):  # GDS: the block is in HBM already
                 self.tiers[0].put(e.key, data[: e.nbytes])
             if not e.remote:  # another rank's block stays where it is: we take a copy

@@ -15,14 +15,12 @@ from time import monotonic_ns as now_ns
 
 import numpy as np
 
+from kv_cache.buffers import aligned_buffer
+from kv_cache.errors import BlockVanished
 from kv_cache.lifecycle.payload import block_digest
 from kv_cache.lifecycle.plan import KVPlan, Planner
 from kv_cache.model import slot_bytes
-from kv_cache.tiers.aligned import aligned_buffer
-from kv_cache.tiers.base import FAKE_IO, SIMULATED, BlockVanished
 from kv_cache.types import Handoff, Request
-
-NO_BYTES = frozenset({FAKE_IO, SIMULATED})  # tiers whose reads cannot be verified
 
 
 class WorkerBuffers:
@@ -165,7 +163,7 @@ class Lifecycle:
             return None
         spent = now_ns() - start
         intact = True
-        if self.cache.tiers[tier].flags.isdisjoint(NO_BYTES):
+        if self.cache.verifiable[tier]:
             intact = self._check(e.key, data, start, e.digest)
         start = now_ns()
         if intact:

@@ -26,9 +26,7 @@ import time
 from collections import OrderedDict
 from time import monotonic_ns as now_ns
 
-from kv_cache.errors import RunFault, UserError
-from kv_cache.tiers.base import BlockVanished
-from kv_cache.tiers.nvme import NvmeTier
+from kv_cache.errors import BlockVanished, RunFault, UserError
 from kv_cache.types import Handoff
 
 FOLDER = "kvbench-handoff"
@@ -39,14 +37,13 @@ IDENTITY = ("model", "kv_dtype", "tp", "block_tokens", "seed")  # what both node
 class HandoffStore:
     """The shared folder as a prefill node writes it or a decode node reads it."""
 
-    def __init__(self, root: str, role: str, engine: str, slot_bytes: int, capacity_bytes: int, identity: dict,
-                 writer: str):
+    def __init__(self, root: str, role: str, open_blocks, capacity_bytes: int, identity: dict, writer: str):
+        """open_blocks(directory, capacity_bytes, writer): the shared file tier that holds the blocks (the
+        composition root chooses it; this stage knows only the tier interface)."""
         self.folder = os.path.join(root, FOLDER)
         self.role, self.identity = role, identity
         self.manifest = os.path.join(self.folder, MANIFEST)
-        self.blocks = NvmeTier(os.path.join(self.folder, "blocks"), capacity_bytes, slot_bytes, engine,
-                               shared=True, writer=writer)
-        self.blocks.name = "handoff"
+        self.blocks = open_blocks(os.path.join(self.folder, "blocks"), capacity_bytes, writer)
         self._published: OrderedDict[int, int] = OrderedDict()  # key -> bytes, oldest first
         self._writing: dict[int, threading.Event] = {}
         self._used = 0
@@ -57,7 +54,7 @@ class HandoffStore:
     # ------------------------------------------------------------------ prefill side
 
     @classmethod
-    def create(cls, root: str, engine: str, slot_bytes: int, capacity_bytes: int, identity: dict):
+    def create(cls, root: str, open_blocks, engine: str, capacity_bytes: int, identity: dict):
         folder = os.path.join(root, FOLDER)
         try:  # the folder itself must be new: one left by another node is never adopted (nor removed)
             os.mkdir(folder)
@@ -67,7 +64,7 @@ class HandoffStore:
                             f"running); remove it or pass another --handoff-dir.") from None
         except OSError as e:
             raise UserError(f"cannot create {folder}: {e.strerror}.") from None
-        store = cls(root, "prefill", engine, slot_bytes, capacity_bytes, identity, f"p{os.getpid()}")
+        store = cls(root, "prefill", open_blocks, capacity_bytes, identity, f"p{os.getpid()}")
         store._fd = os.open(store.manifest, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         store._append({"kind": "header", **identity, "engine": engine, "started_wall": time.time()})
         return store
@@ -159,9 +156,9 @@ class HandoffStore:
     # ------------------------------------------------------------------ decode side
 
     @classmethod
-    def attach(cls, root: str, engine: str, slot_bytes: int, identity: dict):
+    def attach(cls, root: str, open_blocks, identity: dict):
         """Join a folder a prefill node made (its header already read and checked)."""
-        store = cls(root, "decode", engine, slot_bytes, slot_bytes, identity, f"d{os.getpid()}")
+        store = cls(root, "decode", open_blocks, 0, identity, f"d{os.getpid()}")
         store.marker = f"decode-{os.uname().nodename}-{os.getpid()}"
         open(os.path.join(store.folder, store.marker + ".reading"), "w").close()
         return store

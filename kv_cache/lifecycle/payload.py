@@ -28,7 +28,7 @@ from __future__ import annotations
 import crc32c
 import numpy as np
 
-from kv_cache.tiers.aligned import aligned_buffer
+from kv_cache.buffers import aligned_buffer
 
 PAGE = 4096
 WORDS_PER_PAGE = PAGE // 8

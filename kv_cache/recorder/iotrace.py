@@ -23,8 +23,8 @@ COLUMNS = ("intended_start_s", "start_s", "latency_ms", "op", "tier", "bytes", "
 class IOTraceWriter:
     """Background CSV writer of block operations; also tallies the NVMe mix for the fio job."""
 
-    def __init__(self, path: str, t0_ns: int):
-        self.path, self.t0_ns = Path(path), t0_ns
+    def __init__(self, path: str, t0_ns: int, storage_tier: str):
+        self.path, self.t0_ns, self.storage_tier = Path(path), t0_ns, storage_tier  # the fio job's tier
         try:
             if self.path.suffix == ".zst":
                 import zstandard
@@ -39,7 +39,7 @@ class IOTraceWriter:
         self._csv = csv.writer(self._file)
         self._csv.writerow(COLUMNS)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.sizes: Counter = Counter()   # nvme (op kind, bytes) -> count
+        self.sizes: Counter = Counter()   # storage tier's (op kind, bytes) -> count
         self.rows = 0
         self._thread = threading.Thread(target=self._drain, name="io-trace", daemon=True)
         self._thread.start()
@@ -57,7 +57,7 @@ class IOTraceWriter:
             self._csv.writerow((f"{(intended - t0) / 1e9:.6f}", f"{(start - t0) / 1e9:.6f}", f"{dur / 1e6:.4f}", op,
                                 tier, nbytes, f"{key:016x}", phase, int(measured)))
             self.rows += 1
-            if tier == "nvme" and op != "evict":
+            if tier == self.storage_tier and op != "evict":
                 self.sizes[("read" if op == "read" else "write", nbytes)] += 1
 
     def close(self) -> None:

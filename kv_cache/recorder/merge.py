@@ -13,6 +13,7 @@ from functools import reduce
 
 from kv_cache.recorder.recorder import Snapshot
 from kv_cache.recorder.results import build_results, rates_by_source
+from kv_cache.recorder.schema import Results
 
 
 def _snapshot(results: dict) -> Snapshot:
@@ -48,8 +49,9 @@ def _spread(values: list[float]) -> dict:
     return {"min": min(values), "max": max(values), "spread": (max(values) - min(values)) / mean if mean else None}
 
 
-def merge_ranks(results: list[dict]) -> dict:
-    """One results dict for all ranks (see the module docstring)."""
+def merge_ranks(ranks: list[Results]) -> Results:
+    """One Results for all ranks (see the module docstring)."""
+    results = [r.to_dict() for r in ranks]
     merged = reduce(Snapshot.merge, (_snapshot(r) for r in results))
     runs = [r["run"] for r in results]
     run = dict(runs[0])
@@ -71,10 +73,10 @@ def merge_ranks(results: list[dict]) -> dict:
         "telemetry_per_rank": [r.get("telemetry") for r in results],
     }
     out = build_results(merged, run, results[0]["settings"], extra)
-    out["ranks_detail"] = [{"rank": x["run"]["rank"], "host": x["run"]["hosts"][0],
+    out.ranks_detail = [{"rank": x["run"]["rank"], "host": x["run"]["hosts"][0],
                             "window_s": x["run"]["duration_s"], "requests_completed": x["requests"]["completed"],
                             "bandwidth_gbps": x["bandwidth_gbps"], "stopped_reason": x["run"]["stopped_reason"],
                             "fault": x["run"]["fault"]} for x in results]
-    out["rank_spread"] = {t: {d: _spread([x["bandwidth_gbps"][t][d] for x in results]) for d in ("read", "write")}
+    out.rank_spread = {t: {d: _spread([x["bandwidth_gbps"][t][d] for x in results]) for d in ("read", "write")}
                           for t in runs[0]["tiers"]}
     return out

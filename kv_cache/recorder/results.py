@@ -1,23 +1,22 @@
-"""The versioned Results schema: a plain dict built from a Snapshot, written as results.json.
+"""Results from a Snapshot: the typed ``Results`` of schema.py, written as results.json.
 
-Reports and plots read only this dict. Keys that scripts rely on are listed
-in the README ("results.json"); new keys may be added, none is renamed
-without a new ``schema_version``. Units are in the key names or documented
-there: latencies in milliseconds, bandwidth in GB/s (10^9 bytes per second)
-over the measurement window, bytes as integers.
+Reports and plots read only the Results. Units are in the names: latencies in
+milliseconds, bandwidth in GB/s (10^9 bytes per second) over the measurement
+window, bytes as integers. The storage under test is the bottom tier
+(``run.bottom_tier``), whatever its medium.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from kv_cache.config_load import QOS_CLASSES
+from kv_cache.config import QOS_CLASSES
 from kv_cache.recorder.histogram import merged, summary_ms
 from kv_cache.recorder.recorder import Snapshot
+from kv_cache.recorder.schema import SCHEMA_VERSION, Results
 from kv_cache.recorder.semantic_metrics import semantic_section
 from kv_cache.recorder.slas import judge, overall
 
-SCHEMA_VERSION = 1
 # Per-request latencies, ms from the intended start: storage (sum of the request's block operations),
 # queue (waiting for a worker), ttft (storage part of time-to-first-token), e2e, handoff (decode node:
 # prefill complete -> decode loaded).
@@ -123,9 +122,10 @@ def steady_state(rows: list[dict], tolerance: float, window: int) -> dict | None
     return out
 
 
-def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -> dict:
-    """Assemble the results dict (see the module docstring and the README)."""
+def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -> Results:
+    """Assemble the Results (see schema.py and the README)."""
     c = snap.counters
+    bottom = run_info["bottom_tier"]
     tiers = list(run_info["tiers"])
     window = snap.window_s
     latency, latency_by_phase = latency_tables(snap, tiers)
@@ -133,7 +133,7 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
     by_source_prompt = _prefixed(c, "tokens.prompt_by_source.")
     by_source_cached = _prefixed(c, "tokens.cached_by_source.")
     series = timeseries(snap, tiers)
-    return {
+    return Results.from_dict({
         "schema_version": SCHEMA_VERSION,
         "run": {**run_info, "duration_s": window},
         "latency_ms": latency,
@@ -171,12 +171,12 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
         "steady_state": steady_state(series, settings["run"]["steady_tolerance"], settings["run"]["steady_window_s"]),
         "mlperf_compatible": {
             "cached_tokens_per_s": cached / window,
-            "storage_read_gbps": c.get("bytes.nvme.read", 0) / window / 1e9,
-            "storage_write_gbps": c.get("bytes.nvme.write", 0) / window / 1e9,
-            "storage_read_p95_ms": latency.get("nvme", {}).get("read", {}).get("p95"),
+            "storage_read_gbps": c.get(f"bytes.{bottom}.read", 0) / window / 1e9,
+            "storage_write_gbps": c.get(f"bytes.{bottom}.write", 0) / window / 1e9,
+            "storage_read_p95_ms": latency.get(bottom, {}).get("read", {}).get("p95"),
         },
         **{k: v for k, v in extra.items() if k not in ("requests", "shared_storage", "role")},
         "role": role_section(extra.get("role"), c, snap),
         "settings": settings,
         "snapshot": snap.to_dict(),
-    }
+    }, "the results being built")

@@ -7,27 +7,38 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kv_cache.recorder.schema import Results
 from kv_cache.report.table import format_table
 
 
-def _lat(tier: str, op: str, pct: str):
-    return lambda r: r["latency_ms"].get(tier, {}).get(op, {}).get(pct)
+def _storage(op: str, pct: str):
+    """The bottom tier's (the storage under test's) latency of op, whatever its medium."""
+    return lambda r: r.latency(r.bottom, op, pct)
+
+
+def _top(op: str, pct: str):
+    """The fastest tier's latency of op (a memory tier when there is one above the storage)."""
+    return lambda r: r.latency(next(iter(r.run.tiers)), op, pct) if len(r.run.tiers) > 1 else None
+
+
+def _storage_gbps(direction: str):
+    return lambda r: getattr(r.bandwidth_gbps[r.bottom], direction) if r.bottom in r.bandwidth_gbps else None
 
 
 def _req(kind: str, pct: str):
-    return lambda r: r.get("request_latency_ms", {}).get(kind, {}).get(pct)
+    return lambda r: getattr(r.request_latency_ms[kind], pct) if kind in r.request_latency_ms else None
 
 
-HEADLINES = (  # (name, getter, higher is better)
-    ("requests / s", lambda r: r["requests"]["per_s"], True),
-    ("cached tokens / s", lambda r: r["tokens"]["cached_per_s"], True),
-    ("token hit rate", lambda r: r["hit_rate"]["tokens"], True),
-    ("nvme read GB/s", lambda r: r["bandwidth_gbps"].get("nvme", {}).get("read"), True),
-    ("nvme write GB/s", lambda r: r["bandwidth_gbps"].get("nvme", {}).get("write"), True),
-    ("nvme read p50 ms", _lat("nvme", "read", "p50"), False),
-    ("nvme read p99 ms", _lat("nvme", "read", "p99"), False),
-    ("nvme demote p99 ms", _lat("nvme", "demote", "p99"), False),
-    ("cpu write p99 ms", _lat("cpu", "write", "p99"), False),
+HEADLINES = (  # (name, getter, higher is better); storage = the bottom tier
+    ("requests / s", lambda r: r.requests.per_s, True),
+    ("cached tokens / s", lambda r: r.tokens.cached_per_s, True),
+    ("token hit rate", lambda r: r.hit_rate.tokens, True),
+    ("storage read GB/s", _storage_gbps("read"), True),
+    ("storage write GB/s", _storage_gbps("write"), True),
+    ("storage read p50 ms", _storage("read", "p50"), False),
+    ("storage read p99 ms", _storage("read", "p99"), False),
+    ("storage demote p99 ms", _storage("demote", "p99"), False),
+    ("top tier write p99 ms", _top("write", "p99"), False),
     ("request storage p95 ms", _req("storage", "p95"), False),
     ("request e2e p99 ms", _req("e2e", "p99"), False),
     ("queue wait p95 ms", _req("queue", "p95"), False),
@@ -40,7 +51,7 @@ def _fmt(v) -> str:
     return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
 
 
-def comparison_table(runs: list[tuple[str, dict]]) -> str:
+def comparison_table(runs: list[tuple[str, Results]]) -> str:
     header = ["measure", ""] + [name for name, _ in runs] + [f"{name} / {runs[0][0]}" for name, _ in runs[1:]]
     rows = [header]
     for title, get, _better in HEADLINES:
@@ -50,12 +61,13 @@ def comparison_table(runs: list[tuple[str, dict]]) -> str:
         base = values[0]
         ratios = [f"{v / base:.2f}x" if v is not None and base else "-" for v in values[1:]]
         rows.append([title, ""] + [_fmt(v) for v in values] + ratios)
-    engine = ["io engine", ""] + [r["run"].get("io_engine", "?") for _, r in runs] + [""] * (len(runs) - 1)
-    model = ["model", ""] + [r["run"]["model"] for _, r in runs] + [""] * (len(runs) - 1)
-    return "\n".join(format_table(rows + [model, engine]))
+    engine = ["io engine", ""] + [r.run.io_engine for _, r in runs] + [""] * (len(runs) - 1)
+    model = ["model", ""] + [r.run.model for _, r in runs] + [""] * (len(runs) - 1)
+    storage = ["storage tier", ""] + [r.bottom for _, r in runs] + [""] * (len(runs) - 1)
+    return "\n".join(format_table(rows + [model, engine, storage]))
 
 
-def comparison_plots(runs: list[tuple[str, dict]], folder: Path) -> list[Path]:
+def comparison_plots(runs: list[tuple[str, Results]], folder: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,4 +1,4 @@
-"""Console summary: a pure function of the results dict.
+"""Console summary: a pure function of the Results.
 
 Its centre is the table of per-block latency percentiles for each tier and
 operation; simulated tiers are labelled as such on every line they appear.
@@ -6,6 +6,7 @@ operation; simulated tiers are labelled as such on every line they appear.
 
 from __future__ import annotations
 
+from kv_cache.recorder.schema import Results
 from kv_cache.report.load_control import sections
 from kv_cache.report.semantic import semantic_section
 from kv_cache.report.table import format_table
@@ -23,101 +24,104 @@ def _table(rows: list[list[str]]) -> list[str]:
     return format_table(rows, 2, "  ")
 
 
-def tier_label(results: dict, tier: str) -> str:
-    info = results["run"]["tiers"].get(tier, {})
-    return f"{tier} (SIMULATED)" if info.get("simulated") else (f"{tier} (null)" if info.get("null") else tier)
+def tier_label(results: Results, tier: str) -> str:
+    info = results.run.tiers.get(tier)
+    if info is None:
+        return tier
+    return f"{tier} (SIMULATED)" if info.simulated else (f"{tier} (null)" if info.null else tier)
 
 
-def header(results: dict) -> list[str]:
-    run = results["run"]
-    state = "complete" if not run.get("partial") else f"PARTIAL ({run.get('stopped_reason')})"
-    size = run["block_bytes"] / MiB if run["block_tokens"] else None
-    block = f"block {run['block_tokens']} tokens = {size:.2f} MiB" if size else "whole-request objects"
-    lines = [f"kv-cache-bench {run['tool_version']}  run {run['run_id']}  [{state}]",
-             f"  model {run['model']} ({run['kv_dtype']}, tp {run['tp']}, {run['bytes_per_token']:,} B/token), "
-             f"{block}; {run['users']} users, {run['workers']} workers, seed {run['seed']}, "
-             f"window {run['duration_s']:.1f} s after {run['warmup_s']:g} s warm-up"]
-    if run.get("ranks", 1) > 1:
-        spread = results.get("rank_spread", {}).get("nvme", {})
+def header(results: Results) -> list[str]:
+    run = results.run
+    state = "complete" if not run.partial else f"PARTIAL ({run.stopped_reason})"
+    size = run.block_bytes / MiB if run.block_tokens else None
+    block = f"block {run.block_tokens} tokens = {size:.2f} MiB" if size else "whole-request objects"
+    lines = [f"kv-cache-bench {run.tool_version}  run {run.run_id}  [{state}]",
+             f"  model {run.model} ({run.kv_dtype}, tp {run.tp}, {run.bytes_per_token:,} B/token), "
+             f"{block}; {run.users} users, {run.workers} workers, seed {run.seed}, "
+             f"window {run.duration_s:.1f} s after {run.warmup_s:g} s warm-up"]
+    if run.ranks > 1:
+        spread = (results.rank_spread or {}).get(results.bottom, {})
         detail = ", ".join(f"{d} {v['min']:.3f}-{v['max']:.3f} GB/s" for d, v in spread.items()
                            if v["spread"] is not None)
-        lines.append(f"  {run['ranks']} MPI ranks on {', '.join(run['hosts'])}; histograms merged exactly; tier "
-                     f"capacities summed over ranks" + (f"; nvme per rank: {detail}" if detail else ""))
-    for name, t in run["tiers"].items():
-        lines.append(f"  tier {tier_label(results, name):<16} {t['capacity_bytes'] / GiB:8.2f} GiB  {t['description']}")
-    lines += [f"  note: {n}" for n in run.get("notes", [])]
-    if run.get("fault"):
-        lines.append(f"  FAULT: {run['fault']}")
+        lines.append(f"  {run.ranks} MPI ranks on {', '.join(run.hosts)}; histograms merged exactly; tier "
+                     f"capacities summed over ranks" + (f"; {results.bottom} per rank: {detail}" if detail else ""))
+    for name, t in run.tiers.items():
+        lines.append(f"  tier {tier_label(results, name):<16} {t.capacity_bytes / GiB:8.2f} GiB  {t.description}")
+    lines += [f"  note: {n}" for n in run.notes]
+    if run.fault:
+        lines.append(f"  FAULT: {run.fault}")
     return lines
 
 
-def latency_section(results: dict) -> list[str]:
-    run = results["run"]
-    unit = f"{run['block_bytes'] / MiB:.2f} MiB blocks" if run["block_tokens"] else "whole-request objects"
+def latency_section(results: Results) -> list[str]:
+    run = results.run
+    unit = f"{run.block_bytes / MiB:.2f} MiB blocks" if run.block_tokens else "whole-request objects"
     rows = [["tier", "op", "count", "p50", "p90", "p95", "p99", "p99.9", "max"]]
-    for tier, ops in results["latency_ms"].items():
+    for tier, ops in results.latency_ms.items():
         for op in sorted(ops, key=lambda o: OP_ORDER.index(o) if o in OP_ORDER else 99):
             s = ops[op]
-            rows.append([tier_label(results, tier), op, f"{s['count']:,}", *(_ms(s[k]) for k in
+            rows.append([tier_label(results, tier), op, f"{s.count:,}", *(_ms(getattr(s, k)) for k in
                          ("p50", "p90", "p95", "p99", "p999", "max"))])
     if len(rows) == 1:
         return ["", "Per-block latency: no block operation in the measurement window."]
     return ["", f"Per-block latency, ms ({unit}; demote/promote = whole move into the tier named)"] + _table(rows)
 
 
-def bandwidth_section(results: dict) -> list[str]:
-    window = results["run"]["duration_s"]
+def bandwidth_section(results: Results) -> list[str]:
+    window = results.run.duration_s
     rows = [["tier", "", "read GB/s", "write GB/s", "read GiB", "written GiB"]]
-    for tier, bw in results["bandwidth_gbps"].items():
-        b = results["bytes"][tier]
-        if results["run"]["tiers"].get(tier, {}).get("null"):
+    for tier, bw in results.bandwidth_gbps.items():
+        b = results.bytes[tier]
+        info = results.run.tiers.get(tier)
+        if info is not None and info.null:
             rows.append([tier_label(results, tier), "", "-", "-", "no bytes move", ""])
             continue
-        rows.append([tier_label(results, tier), "", f"{bw['read']:.3f}", f"{bw['write']:.3f}",
-                     f"{b['read'] / GiB:.2f}", f"{b['write'] / GiB:.2f}"])
+        rows.append([tier_label(results, tier), "", f"{bw.read:.3f}", f"{bw.write:.3f}",
+                     f"{b.read / GiB:.2f}", f"{b.write / GiB:.2f}"])
     return ["", f"Bandwidth over the {window:.1f} s window (demotions included)"] + _table(rows)
 
 
-def traffic_section(results: dict) -> list[str]:
-    req, tok, hit = results["requests"], results["tokens"], results["hit_rate"]
-    lat = results.get("request_latency_ms", {})
+def traffic_section(results: Results) -> list[str]:
+    req, tok, hit = results.requests, results.tokens, results.hit_rate
+    lat = results.request_latency_ms
 
     def pcts(name):
         s = lat.get(name)
-        return "-" if not s or not s["count"] else f"p50 {_ms(s['p50'])} / p95 {_ms(s['p95'])} / p99 {_ms(s['p99'])} ms"
+        return "-" if not s or not s.count else f"p50 {_ms(s.p50)} / p95 {_ms(s.p95)} / p99 {_ms(s.p99)} ms"
 
-    cached_tiers = ", ".join(f"{t} {n:,}" for t, n in tok["cached_by_tier"].items() if n)
-    sources = ", ".join(f"{k} {_pct(v)}" for k, v in sorted(hit["by_source"].items()))
-    ver = results["verification"]
-    mem = results["memory"]
+    cached_tiers = ", ".join(f"{t} {n:,}" for t, n in tok.cached_by_tier.items() if n)
+    sources = ", ".join(f"{k} {_pct(v)}" for k, v in sorted(hit.by_source.items()))
+    ver = results.verification
+    mem = results.memory
     lines = ["",
-             f"Requests   {req['completed']:,} completed ({req['per_s']:.2f}/s), {req.get('issued', 0):,} issued, "
-             f"{req.get('dropped_at_stop', 0):,} queued at stop (dropped)",
+             f"Requests   {req.completed:,} completed ({req.per_s:.2f}/s), {req.issued:,} issued, "
+             f"{req.dropped_at_stop:,} queued at stop (dropped)",
              *_pacing(results),
              f"  storage time per request {pcts('storage')}",
              f"  queue wait               {pcts('queue')}",
              f"  storage part of TTFT     {pcts('ttft')}",
              f"  end to end               {pcts('e2e')}",
-             f"Tokens     prompt {tok['prompt']:,} ({tok['per_s']:,.0f}/s), served from cache {tok['cached']:,} "
-             f"({tok['cached_per_s']:,.0f}/s{'; ' + cached_tiers if cached_tiers else ''}), generated "
-             f"{tok['generated']:,}",
-             f"Hit rate   {_pct(hit['tokens'])} of prompt tokens, {_pct(hit['blocks'])} of prompt blocks"
+             f"Tokens     prompt {tok.prompt:,} ({tok.per_s:,.0f}/s), served from cache {tok.cached:,} "
+             f"({tok.cached_per_s:,.0f}/s{'; ' + cached_tiers if cached_tiers else ''}), generated "
+             f"{tok.generated:,}",
+             f"Hit rate   {_pct(hit.tokens)} of prompt tokens, {_pct(hit.blocks)} of prompt blocks"
              + (f"; by source: {sources}" if sources else ""),
              f"           theoretical with an infinite cache: {_theoretical(results)}",
-             f"Verify     {ver['mode']}: {ver['blocks_checked']:,} blocks checked, {ver['failures']:,} failures"
-             + (f" ({ver.get('failures_in_warmup', 0):,} in warm-up; {ver.get('blocks_discarded', 0):,} blocks "
-                f"discarded from the cache)  <-- DATA ERRORS" if ver["failures"] else "")
+             f"Verify     {ver.mode}: {ver.blocks_checked:,} blocks checked, {ver.failures:,} failures"
+             + (f" ({ver.failures_in_warmup:,} in warm-up; {ver.blocks_discarded:,} blocks "
+                f"discarded from the cache)  <-- DATA ERRORS" if ver.failures else "")
              + " (whole run, warm-up included)",
-             f"Memory     peak RSS {mem['peak_rss_bytes'] / GiB:.2f} GiB, budget {mem['budget_bytes'] / GiB:.2f} GiB"]
-    m = results["mlperf_compatible"]
-    lines.append(f"MLPerf table names: cached tokens/s {m['cached_tokens_per_s']:,.0f}; storage read "
-                 f"{m['storage_read_gbps']:.3f} GB/s, write {m['storage_write_gbps']:.3f} GB/s; storage read p95 "
-                 f"{_ms(m['storage_read_p95_ms'])} ms")
+             f"Memory     peak RSS {mem.peak_rss_bytes / GiB:.2f} GiB, budget {mem.budget_bytes / GiB:.2f} GiB"]
+    m = results.mlperf_compatible
+    lines.append(f"MLPerf table names: cached tokens/s {m.cached_tokens_per_s:,.0f}; storage read "
+                 f"{m.storage_read_gbps:.3f} GB/s, write {m.storage_write_gbps:.3f} GB/s; storage read p95 "
+                 f"{_ms(m.storage_read_p95_ms)} ms")
     return lines
 
 
-def telemetry_section(results: dict) -> list[str]:
-    t = results.get("telemetry")
+def telemetry_section(results: Results) -> list[str]:
+    t = results.telemetry
     if not t:
         return []
     parts = []
@@ -137,12 +141,12 @@ def telemetry_section(results: dict) -> list[str]:
     return [f"Telemetry  {parts[0]}"] + [f"           {p}" for p in parts[1:]]
 
 
-def _theoretical(results: dict) -> str:
-    th = results.get("workload", {}).get("theoretical_hit_rate")
+def _theoretical(results: Results) -> str:
+    th = results.workload.get("theoretical_hit_rate")
     if not th:
         return "n/a"
     sources = ", ".join(f"{k} {_pct(v)}" for k, v in sorted(th["by_source"].items()))
-    achieved = results["hit_rate"]["tokens"]
+    achieved = results.hit_rate.tokens
     steady = ""
     if th["tokens"] and achieved is not None:  # how far the cache is from the traffic's steady state
         steady = (f"; achieved / theoretical {achieved / th['tokens']:.2f} (1.00: the cache holds all the reuse "
@@ -151,20 +155,20 @@ def _theoretical(results: dict) -> str:
     return f"{_pct(th['tokens'])}" + (f" (by source: {sources})" if sources else "") + steady
 
 
-def _pacing(results: dict) -> list[str]:
-    req = results["requests"]
-    if not req.get("users_paced"):
+def _pacing(results: Results) -> list[str]:
+    req = results.requests
+    if not req.users_paced:
         return []
-    users = results["run"].get("users", 0)
-    return [f"  users: {req['users_started']:,} of {users:,} started; {req['users_paced']:,} waited for a short queue "
+    users = results.run.users
+    return [f"  users: {req.users_started:,} of {users:,} started; {req.users_paced:,} waited for a short queue "
             f"before their first request (--admission paced: started conversations go on; their latency counts "
             f"from admission)"]
 
 
-def render(results: dict, results_path: str | None = None) -> str:
+def render(results: Results, results_path: str | None = None) -> str:
     lines = (header(results) + latency_section(results) + bandwidth_section(results) + traffic_section(results)
              + telemetry_section(results) + semantic_section(results) + sections(results))
-    for w in results.get("warnings", []):
+    for w in results.warnings:
         lines.append(f"WARNING: {w}")
     if results_path:
         lines.append(f"Results    {results_path}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from kv_cache.recorder.schema import Results
 from kv_cache.report.console import render
 
 
@@ -25,16 +26,16 @@ def _plain(obj):
     return obj
 
 
-def write_settings(results: dict, folder: Path) -> Path:
+def write_settings(results: Results, folder: Path) -> Path:
     path = folder / "settings.yaml"
     path.write_text("# The resolved settings of this run: python kv_cache_benchmark.py --config settings.yaml\n"
-                    + yaml.safe_dump(_plain(results["settings"]), sort_keys=False))
+                    + yaml.safe_dump(_plain(results.settings), sort_keys=False))
     return path
 
 
-def write_timeseries(results: dict, folder: Path) -> Path:
+def write_timeseries(results: Results, folder: Path) -> Path:
     path = folder / "timeseries.csv"
-    rows = results.get("timeseries", [])
+    rows = results.timeseries
     columns = list(dict.fromkeys(k for row in rows for k in row)) or ["t_s"]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns)
@@ -44,16 +45,15 @@ def write_timeseries(results: dict, folder: Path) -> Path:
     return path
 
 
-def write_summary(results: dict, folder: Path, plots: list[Path]) -> Path:
+def write_summary(results: Results, folder: Path, plots: list[Path]) -> Path:
     path = folder / "summary.md"
-    run = results["run"]
-    lines = [f"# kv-cache-bench run {run['run_id']}", "", "```", render(results), "```", ""]
+    lines = [f"# kv-cache-bench run {results.run.run_id}", "", "```", render(results), "```", ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def write_report(results: dict, folder: Path) -> list[Path]:
+def write_report(results: Results, folder: Path) -> list[Path]:
     """Every file of the report folder but results.json; returns their paths."""
     from kv_cache.report.plots import make_plots
 

@@ -1,8 +1,9 @@
 """Console lines of load control: QoS attainment per class, the autoscaler's curve, a disaggregated
-node's own figures and steady-state detection (pure functions of the results dict)."""
+node's own figures and steady-state detection (pure functions of the Results)."""
 
 from __future__ import annotations
 
+from kv_cache.recorder.schema import Latency, ReadWrite, Results
 from kv_cache.report.table import format_table
 from kv_cache.report.table import ms as _ms
 
@@ -11,8 +12,8 @@ def _yes(v) -> str:
     return "n/a" if v is None else "yes" if v else "NO"
 
 
-def qos_section(results: dict) -> list[str]:
-    q = results.get("qos")
+def qos_section(results: Results) -> list[str]:
+    q = results.qos
     if not q or not any(c["requests"] for c in q["classes"].values()):
         return []
     rows = [["class", "prio", "requests", "TTFT p95", "target", "TTFT p99", "target", "e2e p95", "target",
@@ -27,8 +28,8 @@ def qos_section(results: dict) -> list[str]:
                  f"{_yes(q['all_met'])}"] + format_table(rows, 2, "  "))
 
 
-def autoscale_section(results: dict) -> list[str]:
-    a = results.get("autoscale")
+def autoscale_section(results: Results) -> list[str]:
+    a = results.autoscale
     if not a:
         return []
     rows = [["step", "users", "offered/s", "done/s", "tokens/s", "TTFT p95", "attained", "SLAs met"]]
@@ -43,27 +44,28 @@ def autoscale_section(results: dict) -> list[str]:
     return ["", f"Autoscaler ({a['mode']}): {what}: {answer}; {a['verdict']}"] + format_table(rows, 2, "  ")
 
 
-def role_section(results: dict) -> list[str]:
-    r = results.get("role")
+def role_section(results: Results) -> list[str]:
+    r = results.role
     if not r:
         return []
-    lat = results["latency_ms"].get("handoff", {})
-    bw = results["bandwidth_gbps"].get("handoff", {})
+    lat = results.latency_ms.get("handoff", {})
+    bw = results.bandwidth_gbps.get("handoff", ReadWrite())
+    blocks = results.blocks.get("handoff", ReadWrite())
     if r["role"] == "prefill":
-        w = lat.get("write", {})
-        return ["", f"Prefill node: published {results['blocks'].get('handoff', {}).get('write', 0):,} blocks into "
-                    f"{r['handoff_dir']} ({r['engine']}): {bw.get('write', 0):.3f} GB/s, write p50 {_ms(w.get('p50'))}"
-                    f" / p99 {_ms(w.get('p99'))} ms; decode nodes attached: {', '.join(r['decode_nodes']) or 'none'}"]
-    h, rd = r["prefill_done_to_decode_loaded_ms"], lat.get("read", {})
-    return ["", f"Decode node: loaded {results['blocks'].get('handoff', {}).get('read', 0):,} blocks from "
-                f"{r['handoff_dir']}: {bw.get('read', 0):.3f} GB/s, read p50 {_ms(rd.get('p50'))} / p99 "
-                f"{_ms(rd.get('p99'))} ms; {r['missing_blocks']:,} missing",
+        w = lat.get("write", Latency())
+        return ["", f"Prefill node: published {blocks.write:,} blocks into "
+                    f"{r['handoff_dir']} ({r['engine']}): {bw.write:.3f} GB/s, write p50 {_ms(w.p50)}"
+                    f" / p99 {_ms(w.p99)} ms; decode nodes attached: {', '.join(r['decode_nodes']) or 'none'}"]
+    h, rd = r["prefill_done_to_decode_loaded_ms"], lat.get("read", Latency())
+    return ["", f"Decode node: loaded {blocks.read:,} blocks from "
+                f"{r['handoff_dir']}: {bw.read:.3f} GB/s, read p50 {_ms(rd.p50)} / p99 "
+                f"{_ms(rd.p99)} ms; {r['missing_blocks']:,} missing",
             f"  prefill complete -> decode loaded: p50 {_ms(h['p50'])} / p95 {_ms(h['p95'])} / p99 {_ms(h['p99'])} ms "
             f"({h['count']:,} requests; wall clocks of both nodes)"]
 
 
-def steady_section(results: dict) -> list[str]:
-    st = results.get("steady_state")
+def steady_section(results: Results) -> list[str]:
+    st = results.steady_state
     if not st:
         return []
     if not st["detected"]:
@@ -73,5 +75,5 @@ def steady_section(results: dict) -> list[str]:
             f"{st['requests_per_s']:.2f} requests/s, {st['tokens_per_s']:,.0f} prompt tokens/s from there on"]
 
 
-def sections(results: dict) -> list[str]:
+def sections(results: Results) -> list[str]:
     return steady_section(results) + qos_section(results) + autoscale_section(results) + role_section(results)

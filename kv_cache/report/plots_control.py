@@ -13,11 +13,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
+from kv_cache.recorder.schema import Results
 from kv_cache.report.figure import save
 
 
-def qos_attainment(results: dict, folder: Path) -> Path | None:
-    q = results.get("qos")
+def qos_attainment(results: Results, folder: Path) -> Path | None:
+    q = results.qos
     classes = {n: c for n, c in (q or {}).get("classes", {}).items() if c["requests"]}
     if not classes:
         return None
@@ -45,8 +46,8 @@ def qos_attainment(results: dict, folder: Path) -> Path | None:
     return save(fig, folder, "qos_attainment.png")
 
 
-def autoscale_curve(results: dict, folder: Path) -> Path | None:
-    a = results.get("autoscale")
+def autoscale_curve(results: Results, folder: Path) -> Path | None:
+    a = results.autoscale
     if not a or not a["curve"]:
         return None
     steps = a["curve"]

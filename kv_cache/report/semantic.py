@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kv_cache.recorder.schema import Results
 from kv_cache.report.table import format_table
 from kv_cache.report.table import ms as _ms
 
@@ -12,8 +13,8 @@ def _pct(v) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
 
 
-def semantic_section(results: dict) -> list[str]:
-    sem = results.get("semantic")
+def semantic_section(results: Results) -> list[str]:
+    sem = results.semantic
     if not sem:
         return []
     rows = [["transform", "recipients", "exact", "candidate", "eligible", "lift", "loaded", "fuzzy", "donor found"]]

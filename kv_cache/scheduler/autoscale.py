@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kv_cache.config_load import QOS_CLASSES, AutoscaleSettings, QosSettings
+from kv_cache.config import QOS_CLASSES, AutoscaleSettings, QosSettings
 from kv_cache.recorder.slas import judge, overall
 
 

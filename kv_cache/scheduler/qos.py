@@ -14,8 +14,7 @@ import hashlib
 import itertools
 import queue
 
-from kv_cache.config_check import parse_mix
-from kv_cache.config_load import QOS_CLASSES, QosSettings
+from kv_cache.config import QOS_CLASSES, QosSettings, parse_mix
 
 
 class QosPolicy:

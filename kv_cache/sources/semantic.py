@@ -25,7 +25,7 @@ import re
 
 import numpy as np
 
-from kv_cache.config_check import parse_mix
+from kv_cache.config import parse_mix
 from kv_cache.sources.content import OUTPUT, stream
 from kv_cache.sources.textcorpus import Document
 from kv_cache.types import RAG, TEMPLATE, USER, Request, SemanticTag

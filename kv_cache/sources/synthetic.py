@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kv_cache.config import ProfileSettings, RagSettings, WorkloadSettings
-from kv_cache.config_check import parse_mix
+from kv_cache.config import ProfileSettings, RagSettings, WorkloadSettings, parse_mix
 from kv_cache.sources.content import DOCUMENT, stream
 from kv_cache.types import HISTORY, RAG, SYSTEM, USER, Request
 

@@ -20,11 +20,9 @@ DIRECT_IO = "direct_io"            # bypasses the page cache
 NEEDS_ALIGNMENT = "needs_alignment"  # buffers must be page-aligned
 FAKE_IO = "fake_io"                # moves no bytes (null tier): payloads need not be built
 SIMULATED = "simulated"            # timing comes from a model, not a device
-SHARED = "shared"                  # other processes write and evict blocks here too
-
-
-class BlockVanished(KeyError):
-    """A block another process held in a shared tier was evicted before it could be read."""
+SHARED = "shared"                  # other processes write and evict blocks here too (hook: adopt)
+PINS_HOST = "pins_host"            # registers host buffers for direct DMA (hook: pin_host)
+PRECONDITIONS = "preconditions"    # can write its whole space before the run (hook: precondition)
 
 
 @runtime_checkable
@@ -46,7 +44,7 @@ class Tier(Protocol):
     def used_bytes(self) -> int: ...
     @property
     def capacity_bytes(self) -> int: ...
-    def close(self) -> None: ...
+    def close(self, remove: bool = True) -> None: ...
 
 
 class SlottedTier:
@@ -77,8 +75,24 @@ class SlottedTier:
     def capacity_bytes(self) -> int:
         return self.num_slots * self.slot_bytes
 
-    def close(self) -> None:
-        """Nothing to release by default."""
+    def release(self, key: int) -> None:
+        """Free key's slots without touching the bytes (a block whose copy elsewhere is the one kept)."""
+        self.slots.release(key)
+
+    # Optional hooks: a tier that has the capability overrides the hook and declares the flag.
+    def pin_host(self, arr: np.ndarray) -> None:
+        """PINS_HOST: register a host buffer for direct DMA; nothing to do elsewhere."""
+
+    def adopt(self, key: int) -> int | None:
+        """SHARED: take over a block another process published here (its bytes), or None."""
+        return None
+
+    def precondition(self, passes: int, steady: float = 0.0, on_pass=None) -> dict:
+        """PRECONDITIONS: write the whole space before the run."""
+        raise NotImplementedError(f"the {self.name} tier cannot be preconditioned")
+
+    def close(self, remove: bool = True) -> None:
+        """Nothing to release by default; remove: also delete the tier's files, if it has any."""
 
 
 class PerThread:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kv_cache.tiers.aligned import aligned_buffer
+from kv_cache.buffers import aligned_buffer
 from kv_cache.tiers.base import NEEDS_ALIGNMENT, SlottedTier
+from kv_cache.tiers.null import NullTier
+from kv_cache.tiers.registry import GiB, StackContext, register
 from kv_cache.tiers.slots import runs
 
 
@@ -38,3 +40,13 @@ class CpuTier(SlottedTier):
 
     def delete(self, key: int) -> None:
         self.slots.release(key)
+
+
+@register("cpu", level=1)
+def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
+    """Host RAM: page-aligned slabs of fixed slots, or off when the setting holds no slot."""
+    s, slot = ctx.settings, ctx.slot_bytes
+    want = int(s.cpu_mem_gb * GiB)
+    if want < slot:
+        return None, f"CPU tier off: {s.cpu_mem_gb:g} GiB holds no {slot / 2**20:.1f} MiB slot." if want else ""
+    return (NullTier("cpu", want, slot) if ctx.null_io else CpuTier(want, slot)), ""

@@ -20,8 +20,8 @@ import threading
 
 import numpy as np
 
+from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import UserError
-from kv_cache.tiers.aligned import aligned_buffer
 from kv_cache.tiers.posix_io import pread_all, pwrite_all
 
 H2D, D2H, D2D = 1, 2, 3  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice

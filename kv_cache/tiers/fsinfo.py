@@ -10,8 +10,8 @@ import errno
 import os
 from dataclasses import dataclass
 
+from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import UserError
-from kv_cache.tiers.aligned import aligned_buffer
 
 RAM_FILESYSTEMS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"}
 

@@ -45,7 +45,16 @@ class GdsLink:
         self.demoted = self.loaded = 0
 
     def links(self, src, dst) -> bool:
+        """A demotion src -> dst goes through the link (HBM straight into the slab files)."""
         return src is self.gpu and dst is self.nvme
+
+    def lands(self, tier) -> bool:
+        """A read of a block held by tier lands in HBM through the link."""
+        return tier is self.nvme
+
+    def promotes(self, src, dst) -> bool:
+        """A block read from src is already in HBM: its promotion into dst is device to device."""
+        return src is self.nvme and dst is self.gpu
 
     def _pieces(self, gpu_slots, nvme_slots, nbytes: int):
         """(device, offset in its slab, NVMe file handle, file offset, length) of each slot of a block."""
@@ -97,3 +106,17 @@ class GdsLink:
         for h in self.handles:
             self.backend.close_file(h)
         self.handles = []
+
+
+def open_link(tiers: list, backend, lanes: int, max_bytes: int) -> GdsLink:
+    """The --gds path between the stack's real GPU tier and its NVMe bottom tier, or one sentence why not."""
+    from kv_cache.tiers.gpu import GpuTier
+    from kv_cache.tiers.nvme import NvmeTier
+
+    gpu = next((t for t in tiers if isinstance(t, GpuTier)), None)
+    if gpu is None:
+        raise UserError("--gds moves blocks between a real GPU tier and the NVMe tier, and this run has no real "
+                        "GPU tier (CuPy found no device, or --gpu is not auto/real); drop --gds.")
+    if not isinstance(tiers[-1], NvmeTier):
+        raise UserError("--gds needs the NVMe tier (a --cache-dir on a real device); drop --null-io.")
+    return GdsLink(backend, gpu, tiers[-1], lanes, max_bytes)

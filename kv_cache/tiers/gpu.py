@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from kv_cache.tiers.base import DEVICE_MEMORY, PerThread, SlottedTier
-from kv_cache.tiers.devices import D2H, H2D
+from kv_cache.errors import UserError
+from kv_cache.tiers.base import DEVICE_MEMORY, PINS_HOST, PerThread, SlottedTier
+from kv_cache.tiers.devices import D2H, H2D, check_fits
+from kv_cache.tiers.null import NullTier
+from kv_cache.tiers.registry import GiB, StackContext, capacity_of, register
+from kv_cache.tiers.simulated import SimulatedTier
 
 
 class _Lane:
@@ -33,7 +37,7 @@ class _Lane:
 
 class GpuTier(SlottedTier):
     name = "gpu"
-    flags = frozenset({DEVICE_MEMORY})
+    flags = frozenset({DEVICE_MEMORY, PINS_HOST})
 
     def __init__(self, backend, capacity_bytes: int, slot_bytes: int, devices: list[int], lanes: int,
                  staging_bytes: int):
@@ -125,10 +129,35 @@ class GpuTier(SlottedTier):
     def delete(self, key: int) -> None:
         self.slots.release(key)
 
-    def close(self) -> None:
+    def close(self, remove: bool = True) -> None:
         for _, _, arr in self._pinned:
             self.backend.unregister_host(arr)
         self._pinned = []
         for d, slab in zip(self.devices, self.slabs):
             self.backend.free(d, slab)
         self.slabs = []
+
+
+@register("gpu", level=0)
+def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
+    """HBM: simulated (a bandwidth model, labelled), real (CuPy found a device), or off with the reason."""
+    s, slot = ctx.settings, ctx.slot_bytes
+    want = int(s.gpu_mem_gb * GiB)
+    if s.gpu == "simulated" and want >= slot:
+        note = (f"--gpus {s.gpus} is ignored: the simulated GPU tier models one pool of {s.gpu_mem_gb:g} GiB."
+                if s.gpus != 1 else "")
+        if ctx.null_io:
+            return NullTier("gpu", want, slot), note
+        return SimulatedTier("gpu", want, slot, s.gpu_sim_gbps, ctx.fill), note
+    if ctx.gpu is None:
+        return None, ""
+    if want < slot:
+        return None, f"GPU tier off: {s.gpu_mem_gb:g} GiB holds no {slot / 2**20:.1f} MiB slot."
+    count = ctx.gpu.count()
+    n = s.gpus or count
+    if n > count:
+        raise UserError(f"--gpus {n} asks for more GPUs than the {count} CuPy sees; lower --gpus.")
+    devices = list(range(n))
+    total = capacity_of(s.gpu_mem_gb, slot)
+    check_fits(ctx.gpu, devices, -(-total // n))
+    return GpuTier(ctx.gpu, total, slot, devices, ctx.lanes, ctx.max_object_bytes), ""

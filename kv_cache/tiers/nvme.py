@@ -23,10 +23,12 @@ import time
 
 import numpy as np
 
-from kv_cache.errors import RunFault, UserError
-from kv_cache.tiers.aligned import aligned_buffer
-from kv_cache.tiers.base import DIRECT_IO, NEEDS_ALIGNMENT, SHARED, BlockVanished, SlottedTier
+from kv_cache.buffers import aligned_buffer
+from kv_cache.errors import BlockVanished, RunFault, UserError
+from kv_cache.tiers.base import DIRECT_IO, NEEDS_ALIGNMENT, PRECONDITIONS, SHARED, SlottedTier
+from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.posix_io import drop_cached, pread_all, pwrite_all
+from kv_cache.tiers.registry import GiB, StackContext, StorageSite, capacity_of, register
 from kv_cache.tiers.slots import runs
 
 
@@ -70,7 +72,7 @@ class NvmeTier(SlottedTier):
             raise UserError("--io-engine mmap needs --nvme-layout slab (one mapping per slab file)"
                             + (" and --shared-storage needs one file per block." if shared else "."))
         self.directory, self.engine, self.layout, self.writer = directory, engine, layout, writer
-        self.flags = frozenset({NEEDS_ALIGNMENT} | ({DIRECT_IO} if engine == "direct" else set())
+        self.flags = frozenset({NEEDS_ALIGNMENT, PRECONDITIONS} | ({DIRECT_IO} if engine == "direct" else set())
                                | ({SHARED} if shared else set()))
         self.per_file = max(1, slab_file_bytes // slot_bytes)
         self.slabs: list[_Slab] = []
@@ -244,3 +246,35 @@ class NvmeTier(SlottedTier):
         self.slabs = []
         if remove:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+NVME_AUTO_FRACTION, NVME_AUTO_MAX = 0.25, 64 * GiB  # --nvme-gb 0: a quarter of the free space, at most 64 GiB
+
+
+def capacity(s, site: StorageSite, slot: int, max_object_bytes: int) -> int:
+    """The tier's bytes: --nvme-gb, or a quarter of the free space; refused when it holds no object."""
+    free = shutil.disk_usage(site.cache_dir).free
+    if s.nvme_gb:
+        want = int(s.nvme_gb * GiB)
+        if want > free:
+            raise UserError(f"--nvme-gb {s.nvme_gb:g} asks for {want / GiB:.2f} GiB but {site.cache_dir} "
+                            f"has {free / GiB:.2f} GiB free; lower --nvme-gb or free space.")
+    else:
+        want = min(int(free * NVME_AUTO_FRACTION), NVME_AUTO_MAX)
+    if want // slot * slot < max_object_bytes:
+        raise UserError(f"{site.cache_dir} has too little space for the NVMe tier: {want / GiB:.3f} GiB holds no "
+                        f"{max_object_bytes / 2**20:.1f} MiB object ({free / GiB:.2f} GiB free); free space, "
+                        f"pass a larger --nvme-gb or another --cache-dir.")
+    return want // slot * slot
+
+
+@register("nvme", level=2, bottom=True)
+def build(ctx: StackContext) -> tuple[SlottedTier, str]:
+    """The storage under test; under --null-io the null tier of --nvme-gb (the policies' and hit rates' tests)."""
+    s, slot, site = ctx.settings, ctx.slot_bytes, ctx.site
+    if site is None:
+        cap = capacity_of(s.nvme_gb, slot) if s.nvme_gb else NVME_AUTO_MAX
+        return NullTier("nvme", max(cap, slot), slot), ""
+    return NvmeTier(site.data_dir, capacity(s, site, slot, ctx.max_object_bytes), slot, site.engine, s.nvme_layout,
+                    int(s.slab_file_gb * GiB), site.engine_note, s.shared_storage, ctx.writer), ""
+

@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
+from kv_cache.buffers import aligned_buffer
 from kv_cache.lifecycle.payload import PayloadPool
-from kv_cache.tiers.aligned import aligned_buffer
 from kv_cache.tiers.base import FAKE_IO, Tier
 from kv_cache.tiers.cpu import CpuTier
 from kv_cache.tiers.devices import FakeDevice, open_cupy

@@ -44,6 +44,7 @@ def test_unwritable_cache_dir(small_run, tmp_path):
     assert_clean_error(run_cli(small_run("x") + ["--cache-dir", str(d)]), "is not writable")
 
 
+@pytest.mark.slow
 def test_tmpfs_cache_dir_is_refused_unless_allowed(small_run):
     if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
         pytest.skip("no writable /dev/shm")
@@ -77,6 +78,7 @@ def _wait_for(proc, text, timeout=30):
     raise AssertionError(f"never printed {text!r}: {seen}")
 
 
+@pytest.mark.slow
 def test_ctrl_c_drains_writes_partial_results_and_cleans_up(small_run):
     args = small_run("i", "--duration", "60", quiet=False)
     proc = _start(args)
@@ -92,6 +94,7 @@ def test_ctrl_c_drains_writes_partial_results_and_cleans_up(small_run):
     assert os.listdir(small_run.cache) == []
 
 
+@pytest.mark.slow
 def test_disk_full_stops_cleanly(small_run, small_tmpfs):
     fs = small_tmpfs(48)
     args = small_run("f", "--duration", "60", "--nvme-layout", "file-per-block", "--nvme-gb", "0.04",

@@ -9,6 +9,8 @@ import pytest
 from conftest import REPO, run_cli
 from helpers import assert_clean_error
 
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
+
 FAST_THINK = [f"--set=profiles.{p}.think_time_s=[0.05,0.05]" for p in ("chatbot", "coding", "document")]
 
 
@@ -79,7 +81,7 @@ def test_prefill_and_decode_nodes_share_one_directory(small_run, tmp_path):
     p, d = small_run.results("pre"), small_run.results("dec")
     assert p["role"]["role"] == "prefill" and d["role"]["role"] == "decode"
     assert p["blocks"]["handoff"]["write"] > 0 and p["latency_ms"]["handoff"]["write"]["count"] > 0
-    assert p["ops"]["nvme"].get("write", 0) + p["ops"]["cpu"].get("write", 0) >= 0
+    assert p["ops"]["nvme"].get("write", 0) + p["ops"]["cpu"].get("write", 0) > 0  # its own tiers too
     # The decode node served every request the prefill node handed over, and read back the right bytes.
     assert d["requests"]["completed"] == p["requests"]["completed"] + p["warmup"]["requests"] > 0
     assert d["blocks"]["handoff"]["read"] > 0 and d["role"]["missing_blocks"] == 0

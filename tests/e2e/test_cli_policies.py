@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import run_cli
 from helpers import assert_clean_error
+
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
 
 
 def test_policies_replay_the_same_sequence_and_compare(small_run):

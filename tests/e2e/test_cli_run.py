@@ -5,6 +5,8 @@ import os
 import pytest
 from conftest import run_cli
 
+from kv_cache.recorder.schema import SCHEMA_VERSION, Results
+
 REQUIRED = {
     "run": ["model", "users", "duration_s", "seed", "block_tokens", "block_bytes", "io_engine", "tiers"],
     "requests": ["completed", "per_s"], "tokens": ["prompt", "cached", "generated", "per_s"],
@@ -18,7 +20,8 @@ def test_small_run_writes_complete_results(small_run):
     r = run_cli(small_run("a"))
     assert r.returncode == 0, r.stderr
     res = small_run.results("a")
-    assert res["schema_version"] == 1
+    assert res["schema_version"] == SCHEMA_VERSION
+    Results.from_dict(res)  # every section typed, no key unknown to the schema
     for section, keys in REQUIRED.items():
         for k in keys:
             assert k in res[section], f"{section}.{k}"
@@ -29,7 +32,7 @@ def test_small_run_writes_complete_results(small_run):
     assert res["bytes"]["nvme"]["read"] > 0, "the tiny CPU tier should push hits down to NVMe"
     for tier, ops in res["latency_ms"].items():
         for op, s in ops.items():
-            assert [k in s for k in STATS] and s["count"] > 0 and s["p50"] <= s["p99"] <= s["max"], (tier, op)
+            assert all(k in s for k in STATS) and s["count"] > 0 and s["p50"] <= s["p99"] <= s["max"], (tier, op)
     assert res["run"]["tiers"]["nvme"]["capacity_bytes"] > 0
     assert res["verification"]["failures"] == 0 and res["verification"]["blocks_checked"] > 0
     assert res["requests"]["completed"] > 0 and res["tokens"]["cached"] > 0
@@ -55,6 +58,7 @@ def test_max_requests_issues_exactly_that_many(small_run):
     assert res["run"]["stopped_reason"] == "max_requests"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine,layout", [("buffered", "slab"), ("mmap", "slab"), ("direct", "file-per-block")])
 def test_every_engine_and_layout_runs_clean(small_run, engine, layout):
     r = run_cli(small_run("e", "--io-engine", engine, "--nvme-layout", layout, "--duration", "1",
@@ -65,6 +69,7 @@ def test_every_engine_and_layout_runs_clean(small_run, engine, layout):
     assert res["verification"]["failures"] == 0 and res["bytes"]["nvme"]["write"] > 0
 
 
+@pytest.mark.slow
 def test_whole_request_mode(small_run):
     # 3 s: a whole-request object is up to 16 MiB written with fsync; on this VM's noisy disk 1.5 s once
     # completed none in the window (all finished in the drain)
@@ -74,6 +79,7 @@ def test_whole_request_mode(small_run):
     assert res["run"]["block_tokens"] == 0 and res["requests"]["completed"] > 0
 
 
+@pytest.mark.slow
 def test_simulated_gpu_is_labelled(small_run):
     r = run_cli(small_run("g", "--gpu", "simulated", "--gpu-mem-gb", "0.02", "--duration", "1", quiet=False))
     assert r.returncode == 0, r.stderr

@@ -5,11 +5,13 @@ import io
 import json
 import struct
 
+import pytest
 import yaml
 import zstandard
 from conftest import run_cli
 
 from kv_cache.recorder.recorder import Recorder
+from kv_cache.recorder.schema import SCHEMA_VERSION
 from kv_cache.report.live import LiveLine
 
 PLOTS = ("latency_percentiles.png", "throughput.png", "occupancy.png", "hit_rate.png")
@@ -42,6 +44,7 @@ def test_report_folder_files_exist_and_parse(small_run):
     assert again.returncode == 0, again.stderr
 
 
+@pytest.mark.slow
 def test_compare_two_real_runs(small_run, tmp_path):
     for run_id, engine in (("d", "direct"), ("m", "mmap")):
         r = run_cli(small_run(run_id, "--duration", "1", "--io-engine", engine))
@@ -57,6 +60,7 @@ def test_compare_two_real_runs(small_run, tmp_path):
     assert bad.returncode == 2 and "at least two runs" in bad.stderr
 
 
+@pytest.mark.slow
 def test_io_trace_rows_and_fio_job(small_run, tmp_path):
     trace = tmp_path / "ops.csv.zst"
     r = run_cli(small_run("t", "--duration", "1", "--io-trace", str(trace)))
@@ -98,4 +102,4 @@ def test_live_line_refreshes_on_a_terminal_and_logs_otherwise():
 def test_quiet_prints_nothing(small_run):
     r = run_cli(small_run("q", "--duration", "0.5"))
     assert r.returncode == 0 and r.stdout == ""
-    assert json.loads((small_run.out / "q" / "results.json").read_text())["schema_version"] == 1
+    assert json.loads((small_run.out / "q" / "results.json").read_text())["schema_version"] == SCHEMA_VERSION

@@ -6,6 +6,8 @@ import pytest
 from conftest import run_cli
 from helpers import assert_clean_error
 
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
+
 SMOKE = ("--submission", "smoke", "--trials", "2", "--precondition", "--seed", "42", "--duration", "1",
          "--warmup", "0.2")
 

@@ -19,6 +19,8 @@ from conftest import REPO, SMALL, run_cli
 sys.path.insert(0, str(Path(__file__).parent))
 from corrupt import corrupt  # noqa: E402
 
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
+
 
 def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(REPO / "kv_cache_benchmark.py"), *args], stdout=subprocess.PIPE,

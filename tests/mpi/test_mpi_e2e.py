@@ -23,7 +23,8 @@ def _mpi_ready() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_mpi_ready() is not None, reason=_mpi_ready() or "")
+pytestmark = [pytest.mark.mpi, pytest.mark.slow,
+              pytest.mark.skipif(_mpi_ready() is not None, reason=_mpi_ready() or "")]
 
 
 def mpirun(args, n=2, timeout=120):

@@ -16,11 +16,13 @@ import json
 import pytest
 from conftest import REPO, SMALL, run_cli
 
-from kv_cache.build import geometry
 from kv_cache.cache.hashing import chain_root
 from kv_cache.config import resolve
 from kv_cache.lifecycle.plan import Planner
-from kv_cache.traffic import build_traffic
+from kv_cache.run.compose import geometry
+from kv_cache.run.traffic import build_traffic
+
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
 
 MOONCAKE = REPO / "traces" / "mooncake_conversation_sample.jsonl"
 REQUESTS = 150

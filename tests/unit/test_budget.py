@@ -2,10 +2,10 @@
 
 import pytest
 
-from kv_cache.budget import MemoryBudget, check_fits
-from kv_cache.build import geometry, memory_budget
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
+from kv_cache.run.budget import MemoryBudget, check_fits
+from kv_cache.run.compose import geometry, memory_budget
 
 GiB = 2**30
 

@@ -74,6 +74,6 @@ def test_ranges_from_the_command_line():
 
 
 def test_config_yaml_is_what_the_generator_writes():
-    from kv_cache.config_doc import render
+    from kv_cache.config.doc import render
 
-    assert REPO_CONFIG.read_text() == render(), "run: python -m kv_cache.config_doc > config.yaml"
+    assert REPO_CONFIG.read_text() == render(), "run: python -m kv_cache.config.doc > config.yaml"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from kv_cache.buffers import aligned_buffer
 from kv_cache.cache.cache import BlockCache
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.recorder.recorder import Recorder
-from kv_cache.tiers.aligned import aligned_buffer
 from kv_cache.tiers.devices import FakeDevice
 from kv_cache.tiers.fsinfo import probe_direct
 from kv_cache.tiers.gds import GdsLink
@@ -65,12 +65,10 @@ def test_gds_refuses_what_it_cannot_do(tiers, tmp_path):
     per_block = NvmeTier(str(other), 8 * SLOT, SLOT, "direct", layout="file-per-block")
     with pytest.raises(UserError, match="--nvme-layout slab"):
         GdsLink(dev, gpu, per_block, lanes=1, max_bytes=SLOT)
-    from kv_cache.build import gds_link
-    from kv_cache.config import resolve
+    from kv_cache.tiers.gds import open_link
 
-    s = resolve(None, [], {"tiers.gds": True})
     with pytest.raises(UserError, match="no real GPU tier"):
-        gds_link(s, [per_block], None, None)
+        open_link([per_block], None, 1, SLOT)
     assert "fake device" in dev.gds_mode()
 
 

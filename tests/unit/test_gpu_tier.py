@@ -8,11 +8,11 @@ import threading
 import numpy as np
 import pytest
 
+from kv_cache.buffers import aligned_buffer
 from kv_cache.cache.cache import BlockCache
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.recorder.recorder import Recorder
-from kv_cache.tiers.aligned import aligned_buffer
 from kv_cache.tiers.cpu import CpuTier
 from kv_cache.tiers.devices import FakeDevice, check_fits
 from kv_cache.tiers.gpu import GpuTier
@@ -126,8 +126,8 @@ def test_blocks_demote_from_gpu_to_cpu_with_their_bytes(pool):
 
 
 def test_build_puts_a_real_gpu_tier_on_top_and_checks_the_device_count():
-    from kv_cache.build import build_tiers, geometry, workers
     from kv_cache.config import resolve
+    from kv_cache.run.compose import build_tiers, geometry, workers
 
     s = resolve(None, ["tiers.gpu_mem_gb=0.5", "tiers.gpus=2", "tiers.cpu_mem_gb=0.1", "schedule.workers=3"],
                 {"tiers.null_io": False})

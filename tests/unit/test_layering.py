@@ -1,55 +1,121 @@
-"""The data flows one way: a stage imports only itself, the stages to its right and shared modules.
+"""The design's arrows, enforced for every module of kv_cache (relative imports and `from kv_cache import x`
+included).
 
-    sources -> scheduler -> lifecycle -> cache -> tiers      recorder beside, report at the end
+    sources -> scheduler -> lifecycle -> cache -> tiers     recorder beside them, report at the end
+
+- a stage imports itself, the one stage after it, the recorder and the shared leaves;
+- the recorder imports itself and the shared leaves; the report, the recorder too;
+- the shared leaves (types, errors, model, signals, buffers, config) import only shared leaves;
+- the composition root (run/) may import anything; nothing imports it but the entry points (__main__).
+A module outside these units fails: a new file has to be placed in the picture.
 """
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "kv_cache"
 FLOW = ["sources", "scheduler", "lifecycle", "cache", "tiers"]
-SHARED = {"types", "config", "config_check", "config_load", "errors", "model", "signals", "__init__"}
-ROOT = {"cli", "run", "build", "budget", "traffic", "config_doc", "distributed", "trials", "submission", "__main__",
-        "control", "policy_compare", "leftovers", "outfolder"}
-SHARED_EXTRA = {"config_check"}  # composition root: may import anything
+SHARED = {"__init__", "types", "errors", "model", "signals", "buffers", "config"}
+ROOT = "run"
 
 
-def allowed(stage: str) -> set[str]:
-    if stage in FLOW:
-        return set(FLOW[FLOW.index(stage):]) | SHARED | {"recorder"}
-    if stage == "recorder":
+def allowed(unit: str) -> set[str] | None:
+    """The units `unit` may import; None: anything (the composition root)."""
+    if unit == ROOT:
+        return None
+    if unit == "__main__":
+        return SHARED | {ROOT}
+    if unit in SHARED:
+        return SHARED
+    if unit in FLOW:
+        i = FLOW.index(unit)
+        return {unit, *FLOW[i + 1:i + 2], "recorder"} | SHARED
+    if unit == "recorder":
         return {"recorder"} | SHARED
-    if stage == "report":
+    if unit == "report":
         return {"report", "recorder"} | SHARED
-    return SHARED
+    raise AssertionError(f"kv_cache/{unit} is in no unit of the design; place it (tests/unit/test_layering.py)")
 
 
-def kv_imports(path: Path):
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module]
+def unit_of(rel: tuple[str, ...]) -> str:
+    return rel[0] if len(rel) > 1 else rel[0].removesuffix(".py")
+
+
+def imported_units(source: str, rel: tuple[str, ...]):
+    """The kv_cache units a module's source imports, with the line of each import."""
+    package = ["kv_cache", *rel[:-1]]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # from . import x / from ..tiers import y
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [f"{module}.{a.name}" for a in node.names] if module == "kv_cache" else [module]
         elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        for n in names:
-            parts = n.split(".")
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
             if parts[0] == "kv_cache" and len(parts) > 1:
-                yield parts[1]
+                name = parts[1]
+                yield ("__init__" if name == "__version__" else name), node.lineno
+
+
+def violations(files: dict[tuple[str, ...], str]) -> list[str]:
+    """Every import that breaks an arrow, as 'path:line imports kv_cache.unit'."""
+    bad = []
+    for rel, source in sorted(files.items()):
+        unit = unit_of(rel)
+        ok = allowed(unit)
+        for target, line in imported_units(source, rel):
+            if ok is not None and target not in ok:
+                bad.append(f"{'/'.join(rel)}:{line} imports kv_cache.{target}")
+    return bad
+
+
+def tree() -> dict[tuple[str, ...], str]:
+    return {p.relative_to(PKG).parts: p.read_text() for p in PKG.rglob("*.py")}
 
 
 def test_imports_follow_the_flow():
-    bad = []
-    for path in PKG.rglob("*.py"):
-        rel = path.relative_to(PKG).parts
-        stage = rel[0] if len(rel) > 1 else path.stem
-        if stage in ROOT:
-            continue
-        for target in kv_imports(path):
-            if target not in allowed(stage):
-                bad.append(f"{'/'.join(rel)} imports kv_cache.{target}")
-    assert not bad, "arrows going back:\n" + "\n".join(bad)
+    bad = violations(tree())
+    assert not bad, "arrows the design forbids:\n" + "\n".join(bad)
+
+
+def test_the_test_fails_on_forbidden_imports():
+    """The checker itself: the imports the issue found passing before now fail, in every spelling."""
+    files = tree()
+    rel = ("sources", "synthetic.py")
+    files[rel] = files[rel] + ("\nfrom kv_cache.tiers.nvme import NvmeTier\nfrom ..lifecycle.executor import Lifecycle"
+                               "\nfrom kv_cache import run\nimport kv_cache.report.console\n")
+    bad = violations(files)
+    assert [b.split(" imports ")[1] for b in bad] == ["kv_cache.tiers", "kv_cache.lifecycle", "kv_cache.run",
+                                                      "kv_cache.report"], bad
+    # a stage may not skip the next one (lifecycle -> tiers), nor a shared leaf reach into a stage
+    assert violations({("lifecycle", "x.py"): "from kv_cache.tiers.base import FAKE_IO\n"})
+    assert violations({("config", "x.py"): "from kv_cache.recorder.schema import Results\n"})
+    assert violations({("recorder", "x.py"): "from kv_cache.config.load_control import QOS_CLASSES\n"}) == []
+    assert violations({("tiers", "x.py"): "from ..run import compose\n"})
+
+
+def test_every_module_is_placed():
+    for rel in tree():
+        allowed(unit_of(rel))  # raises for a module in no unit
+
+
+def test_only_the_tiers_name_a_medium():
+    """A new bottom tier is one module: no code above tiers/ names a medium's class or module."""
+    media = re.compile(r"\b(Nvme|Cpu|Gpu|Simulated|Null)Tier\b|kv_cache\.tiers\.(nvme|cpu|gpu|simulated|null)\b"
+                       r"|[\"']nvme[\"']")  # settings keys (s.tiers.nvme_gb, s.tiers.gpu) are the tiers' own settings
+    found = [f"{'/'.join(rel)}:{i}: {line.strip()}" for rel, src in tree().items() if rel[0] not in ("tiers", "config")
+             for i, line in enumerate(src.splitlines(), 1) if media.search(line)]
+    assert not found, found
+    assert media.search("from kv_cache.tiers.nvme import NvmeTier") and media.search('b["nvme"]')
 
 
 def test_budget_of_module_size():
-    big = [f"{p.relative_to(PKG)}: {n}" for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400]
+    big = [f"{'/'.join(rel)}: {n}" for rel, src in tree().items() if (n := len(src.splitlines())) > 400]
     assert not big, big

@@ -7,10 +7,10 @@ import subprocess
 import numpy as np
 import pytest
 
+from kv_cache.buffers import aligned_buffer, is_aligned
 from kv_cache.errors import RunFault
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.tiers import posix_io
-from kv_cache.tiers.aligned import aligned_buffer, is_aligned
 from kv_cache.tiers.fsinfo import mount_of, probe_direct
 from kv_cache.tiers.nvme import NvmeTier
 

@@ -6,8 +6,8 @@ import zlib
 import numpy as np
 import pytest
 
+from kv_cache.buffers import aligned_buffer
 from kv_cache.lifecycle.payload import PAGE, SEGMENT_BYTES, PayloadPool
-from kv_cache.tiers.aligned import aligned_buffer
 
 
 @pytest.fixture(scope="module")

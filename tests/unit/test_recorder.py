@@ -3,7 +3,6 @@
 import threading
 
 from kv_cache.recorder.recorder import Recorder, Snapshot
-from kv_cache.recorder.results import build_results
 
 S = 1_000_000_000
 
@@ -68,10 +67,10 @@ def test_rates_over_empty_denominators_are_null():
     r = Recorder()
     r.start_measuring(1)
     r.stop_measuring(2 * S)
-    from kv_cache.config import Settings
+    from results_fixture import results
 
-    res = build_results(r.snapshot(), {"tiers": {"cpu": {}}}, Settings().to_dict(), {})
-    assert res["hit_rate"]["tokens"] is None and res["hit_rate"]["blocks"] is None
-    assert all(c["attainment"] is None and c["met"] is None for c in res["qos"]["classes"].values())
-    assert res["qos"]["all_met"] is None
-    assert res["bandwidth_gbps"]["cpu"] == {"read": 0.0, "write": 0.0}
+    res = results(r, tiers=("cpu",))
+    assert res.hit_rate.tokens is None and res.hit_rate.blocks is None
+    assert all(c["attainment"] is None and c["met"] is None for c in res.qos["classes"].values())
+    assert res.qos["all_met"] is None
+    assert (res.bandwidth_gbps["cpu"].read, res.bandwidth_gbps["cpu"].write) == (0.0, 0.0)

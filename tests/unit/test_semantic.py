@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kv_cache.config import ProfileSettings
-from kv_cache.config_load import SemanticSettings
+from kv_cache.config import ProfileSettings, SemanticSettings
 from kv_cache.lifecycle.donors import DonorStore, Windows, block_minhash, cover, make_donor
 from kv_cache.lifecycle.plan import Planner
 from kv_cache.lifecycle.semantic import SemanticReuse
@@ -184,8 +183,8 @@ def test_rates_over_no_recipient_are_null_not_zero():
 
 
 def test_memory_budget_counts_the_donor_store():
-    from kv_cache.build import geometry, memory_budget
     from kv_cache.config import resolve
+    from kv_cache.run.compose import geometry, memory_budget
 
     off = resolve(None, [], {})
     on = resolve(None, [], {"semantic.enabled": True})

@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from kv_cache.config import resolve
-from kv_cache.config_check import parse_mix
+from kv_cache.config import parse_mix, resolve
 from kv_cache.errors import UserError
 from kv_cache.sources.synthetic import make_users
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from kv_cache.buffers import aligned_buffer
 from kv_cache.recorder.telemetry import Telemetry, disk_of
-from kv_cache.tiers.aligned import aligned_buffer
 from kv_cache.tiers.fsinfo import probe_direct
 
 

@@ -12,6 +12,7 @@ from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.qos import QosPolicy
 from kv_cache.sources.handoff import ManifestFollower, wait_for_manifest
 from kv_cache.tiers.fsinfo import probe_direct
+from kv_cache.tiers.registry import shared_files
 
 
 def _trace_only_flags(s: Settings) -> list[str]:
@@ -123,9 +124,10 @@ def open_handoff(s: Settings, model_name: str, slot_bytes: int) -> tuple[Handoff
     elif engine == "direct" and (why := probe_direct(root)):
         engine, note = "buffered", f"O_DIRECT refused in {root} ({why}): the handoff folder runs buffered"
     ident = handoff_identity(s, model_name)
+    blocks = shared_files(engine, slot_bytes)
     if s.disagg.role == "prefill":
-        return HandoffStore.create(root, engine, slot_bytes, int(s.disagg.handoff_gb * 2**30), ident), note
-    return HandoffStore.attach(root, engine, slot_bytes, ident), note
+        return HandoffStore.create(root, blocks, engine, int(s.disagg.handoff_gb * 2**30), ident), note
+    return HandoffStore.attach(root, blocks, ident), note
 
 
 def finish_role(store: HandoffStore | None, s: Settings, say) -> dict | None:

@@ -25,6 +25,7 @@ import psutil
 import yaml
 
 from kv_cache import __version__
+from kv_cache.recorder.schema import Results, SchemaError
 from kv_cache.tiers.fsinfo import mount_of
 
 
@@ -80,18 +81,22 @@ def result_violations(folder: Path, rules: Rules) -> list[str]:
     if len(trials) < rules.min_trials:
         out.append(f"{len(trials)} trial results found, {rules.min_trials} required")
     for path in trials:
-        r = json.loads(path.read_text())
         name = path.parent.name
-        if r["run"]["partial"]:
-            out.append(f"{name} is partial ({r['run']['stopped_reason']})")
-        if r["verification"]["failures"]:
-            out.append(f"{name} read {r['verification']['failures']} blocks back wrong")
-        if r["run"]["io_engine"] != rules.io_engine:
-            out.append(f"{name} ran the {r['run']['io_engine']} engine ({r['run']['io_engine_note']}), "
+        try:
+            r = Results.from_dict(json.loads(path.read_text()), str(path))
+        except (ValueError, SchemaError) as e:
+            out.append(f"{name}: {e}")
+            continue
+        if r.run.partial:
+            out.append(f"{name} is partial ({r.run.stopped_reason})")
+        if r.verification.failures:
+            out.append(f"{name} read {r.verification.failures} blocks back wrong")
+        if r.run.io_engine != rules.io_engine:
+            out.append(f"{name} ran the {r.run.io_engine} engine ({r.run.io_engine_note}), "
                        f"{rules.io_engine} required")
-        if r["run"]["duration_s"] < rules.min_duration_s:
-            out.append(f"{name} measured {r['run']['duration_s']:.1f} s, {rules.min_duration_s:g} s required")
-        pre = r.get("precondition") or {}
+        if r.run.duration_s < rules.min_duration_s:
+            out.append(f"{name} measured {r.run.duration_s:.1f} s, {rules.min_duration_s:g} s required")
+        pre = r.precondition or {}
         if pre.get("passes", 0) < rules.min_precondition_passes:
             out.append(f"{name} was preconditioned {pre.get('passes', 0)} passes, "
                        f"{rules.min_precondition_passes} required")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kv_cache.config_check import key
+from kv_cache.config.keys import key
 
 QOS_CLASSES = ("interactive", "responsive", "batch")
 

@@ -14,9 +14,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kv_cache import __version__, outfolder, signals
-from kv_cache.budget import check_fits, peak_rss_bytes
-from kv_cache.build import (
+from kv_cache import __version__, signals
+from kv_cache.cache.cache import BlockCache
+from kv_cache.cache.hashing import chain_root
+from kv_cache.config import Settings
+from kv_cache.errors import UserError
+from kv_cache.lifecycle.analysis import analyse
+from kv_cache.lifecycle.executor import Lifecycle
+from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.recorder.iotrace import IOTraceWriter
+from kv_cache.recorder.merge import merge_ranks
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.recorder.results import build_results
+from kv_cache.recorder.schema import Results
+from kv_cache.recorder.telemetry import Telemetry
+from kv_cache.report.console import render
+from kv_cache.report.live import LiveLine
+from kv_cache.run import outfolder
+from kv_cache.run.budget import check_fits, peak_rss_bytes
+from kv_cache.run.compose import (
     Geometry,
     StorageSite,
     build_tiers,
@@ -29,29 +45,15 @@ from kv_cache.build import (
     worker_state,
     workers,
 )
-from kv_cache.cache.cache import BlockCache
-from kv_cache.cache.hashing import chain_root
-from kv_cache.config import Settings
-from kv_cache.control import autoscaler, check_options, check_traffic, finish_role, open_handoff, qos_policy
-from kv_cache.distributed import Dist
-from kv_cache.errors import UserError
-from kv_cache.leftovers import set_state
-from kv_cache.lifecycle.analysis import analyse
-from kv_cache.lifecycle.executor import Lifecycle
-from kv_cache.lifecycle.payload import PayloadPool
-from kv_cache.recorder.iotrace import IOTraceWriter
-from kv_cache.recorder.merge import merge_ranks
-from kv_cache.recorder.recorder import Recorder
-from kv_cache.recorder.results import build_results
-from kv_cache.recorder.telemetry import Telemetry
-from kv_cache.report.console import render
-from kv_cache.report.live import LiveLine
+from kv_cache.run.distributed import Dist
+from kv_cache.run.leftovers import set_state
+from kv_cache.run.roles import autoscaler, check_options, check_traffic, finish_role, open_handoff, qos_policy
+from kv_cache.run.submission import RULES, rule_violations, validate, write_package
+from kv_cache.run.traffic import Traffic, build_traffic
+from kv_cache.run.trials import median_trial, summarize
+from kv_cache.run.trials import table as trial_table
 from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner, RunOutcome
-from kv_cache.submission import RULES, rule_violations, validate, write_package
-from kv_cache.tiers.base import FAKE_IO, SIMULATED
-from kv_cache.traffic import Traffic, build_traffic
-from kv_cache.trials import median_trial, summarize
-from kv_cache.trials import table as trial_table
+from kv_cache.tiers.base import FAKE_IO, PRECONDITIONS, SIMULATED
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # interrupted: 128 + the signal (130 for Ctrl-C)
 ANALYSIS_LIMIT = 100_000  # requests analysed before the run at most
@@ -100,10 +102,7 @@ def _close(b: Built, remove: bool) -> None:
     if b.gds is not None:
         b.gds.close()
     for t in b.tiers:
-        if t.name == "nvme" and hasattr(t, "directory"):
-            t.close(remove=remove)
-        else:
-            t.close()
+        t.close(remove=remove)
     if b.site and remove:
         shutil.rmtree(b.site.data_dir, ignore_errors=True)
     elif b.site and os.path.isdir(b.site.data_dir):
@@ -165,6 +164,7 @@ def _run_info(s: Settings, b: Built, run_id: str, outcome: RunOutcome, dist: Dis
         "tiers": {t.name: {"capacity_bytes": t.capacity_bytes, "description": t.description,
                            "simulated": SIMULATED in t.flags, "null": FAKE_IO in t.flags}
                   for t in b.tiers + ([b.handoff.blocks] if b.handoff is not None else [])},
+        "bottom_tier": b.tiers[-1].name,
         "gds": None if b.gds is None else {"mode": b.gds.mode, "demoted_blocks": b.gds.demoted,
                                            "loaded_blocks": b.gds.loaded},
         "notes": b.notes, "partial": outcome.partial, "stopped_reason": outcome.stopped_reason,
@@ -172,17 +172,17 @@ def _run_info(s: Settings, b: Built, run_id: str, outcome: RunOutcome, dist: Dis
     }
 
 
-def _warnings(results: dict) -> list[str]:
+def _warnings(results: Results) -> list[str]:
     out = []
-    nvme = results["bytes"].get("nvme", {})
-    if results["requests"]["completed"] and not (nvme.get("read") or nvme.get("write")):
-        out.append("the NVMe tier saw no traffic in the window: the numbers describe memory tiers only; "
-                   "raise --users or lower --cpu-mem-gb.")
-    if results["verification"]["failures"]:
-        out.append(f"{results['verification']['failures']} blocks read back wrong (stamp mismatch): the storage "
+    moved = results.bytes.get(results.bottom)
+    if results.requests.completed and not (moved and (moved.read or moved.write)):
+        out.append(f"the {results.bottom} tier saw no traffic in the window: the numbers describe memory tiers "
+                   f"only; raise --users or lower --cpu-mem-gb.")
+    if results.verification.failures:
+        out.append(f"{results.verification.failures} blocks read back wrong (stamp mismatch): the storage "
                    f"returned torn, stale or foreign data.")
-    if results["run"]["partial"]:
-        out.append(f"partial results: the run stopped early ({results['run']['stopped_reason']}).")
+    if results.run.partial:
+        out.append(f"partial results: the run stopped early ({results.run.stopped_reason}).")
     return out
 
 
@@ -261,12 +261,12 @@ def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> i
         summary = summarize(trials)
         best = trials[median_trial(trials)]
         outfolder.write_json(folder / "trials.json", {"trials": len(trials), "summary": summary})
-        outfolder.write_json(folder / "results.json", {**best, "trials": {"count": len(trials), "median_trial":
-                                                                 median_trial(trials) + 1, "summary": summary}})
+        best.trials = {"count": len(trials), "median_trial": median_trial(trials) + 1, "summary": summary}
+        outfolder.write_json(folder / "results.json", best.to_dict())
         say(f"Trials: {len(trials)} (results.json = the median trial by cached tokens/s, trial "
             f"{median_trial(trials) + 1}; each trial in trial-<k>/)\n{trial_table(summary)}")
         if rules is not None:
-            cache_dir = best["run"]["cache_dir"] or s.run.output_dir
+            cache_dir = best.run.cache_dir or s.run.output_dir
             outfolder.finish(folder)  # the marker and reserve are not part of the package
             manifest = write_package(folder, s.to_dict(), rules, cache_dir)
             failures, _ = validate(folder)
@@ -275,7 +275,7 @@ def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> i
     return dist.bcast(max(statuses))
 
 
-def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tuple[int, dict | None]:
+def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tuple[int, Results | None]:
     """One measured run into report_dir; (exit status, merged results on rank 0)."""
     traffic, payloads, b = _prepare(s, run_id, dist, report_dir)
     try:
@@ -284,7 +284,7 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
             recorder.io_trace = IOTraceWriter(s.run.io_trace if not dist.active else
                                               f"{s.run.io_trace.removesuffix('.zst')}.rank{dist.rank}"
                                               + (".zst" if s.run.io_trace.endswith(".zst") else ""),
-                                              time.monotonic_ns())
+                                              time.monotonic_ns(), b.tiers[-1].name)
         cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder, b.gds)
         fake = all(FAKE_IO in t.flags for t in b.tiers)
         life = Lifecycle(cache, payloads, recorder, s.model.block_tokens, b.geo.bytes_per_token,
@@ -330,7 +330,8 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
                          "trace": traffic.trace.log.to_dict() if traffic.trace else None,
                          "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **analysis}})
         if tele is not None:
-            results["telemetry"] = tele.summary(results["bytes"].get("nvme"))
+            moved = results.bytes.get(results.bottom)
+            results.telemetry = tele.summary(None if moved is None else {"read": moved.read, "write": moved.write})
             tele.close()
     finally:  # a shared namespace is removed by rank 0 alone, once every rank is done with it
         shared = s.tiers.shared_storage and dist.active
@@ -343,8 +344,8 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
     merged = None
     if dist.rank == 0:
         merged = results if not dist.active else merge_ranks(gathered)
-        merged["warnings"] = _warnings(merged)
-        extra = {f"rank-{r['run']['rank']}.json": r for r in gathered} if dist.active else {}
+        merged.warnings = _warnings(merged)
+        extra = {f"rank-{r.run.rank}.json": r for r in gathered} if dist.active else {}
         written, failed = outfolder.write_results(merged, report_dir, extra)
         say(render(merged, str(written / "results.json")))
         status = max(status, *(_status_of(r) for r in gathered), EXIT_FAILED if failed else EXIT_OK)
@@ -354,16 +355,16 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
 
 def _precondition(s: Settings, b: Built, say) -> dict | None:
     """Write the NVMe tier's space before the clock starts; nothing here enters a statistic."""
-    nvme = b.tiers[-1]
-    if not hasattr(nvme, "precondition"):
-        say("  precondition: skipped (the NVMe tier is the null tier)")
+    bottom = b.tiers[-1]
+    if PRECONDITIONS not in bottom.flags:
+        say(f"  precondition: skipped (the {bottom.name} tier cannot be preconditioned: {bottom.description})")
         return None
-    say(f"  precondition: writing {nvme.capacity_bytes / 2**30:.2f} GiB x {s.tiers.precondition_passes} passes"
+    say(f"  precondition: writing {bottom.capacity_bytes / 2**30:.2f} GiB x {s.tiers.precondition_passes} passes"
         + (f", until 3 passes agree within {s.tiers.precondition_steady:.0%}" if s.tiers.precondition_steady else ""))
 
     def on_pass(k: int, gbps: float, nbytes: int) -> None:
         say(f"    pass {k}: {nbytes / 2**30:.2f} GiB at {gbps:.2f} GB/s")
-    out = nvme.precondition(s.tiers.precondition_passes, s.tiers.precondition_steady, on_pass)
+    out = bottom.precondition(s.tiers.precondition_passes, s.tiers.precondition_steady, on_pass)
     if out["steady"] is False:
         say("    no steady state within 10 passes (reported in results.json under precondition)")
     return out
@@ -373,11 +374,10 @@ def _silent(*_args, **_kw) -> None:
     """Ranks other than 0 print nothing; rank 0 speaks for the run."""
 
 
-def _status_of(results: dict) -> int:
-    run = results["run"]
-    if run["stopped_reason"] == "interrupted":
+def _status_of(results: Results) -> int:
+    if results.run.stopped_reason == "interrupted":
         return signals.exit_status(EXIT_INTERRUPTED)
-    return EXIT_FAILED if run["fault"] or results["verification"]["failures"] else EXIT_OK
+    return EXIT_FAILED if results.run.fault or results.verification.failures else EXIT_OK
 
 
 def _banner(s: Settings, b: Built, traffic: Traffic, analysis: dict, dist: Dist) -> list[str]:

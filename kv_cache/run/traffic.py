@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kv_cache.build import geometry
 from kv_cache.config import Settings
-from kv_cache.control import decode_traffic
 from kv_cache.errors import UserError
+from kv_cache.run.compose import geometry
+from kv_cache.run.roles import decode_traffic
 from kv_cache.sources import csvtrace, hashtrace, sharegpt
 from kv_cache.sources.replay import (
     SequenceUser,

@@ -20,7 +20,8 @@ import tempfile
 from pathlib import Path
 
 from kv_cache.errors import UserError
-from kv_cache.leftovers import MARKER, describe_dead, write_marker
+from kv_cache.recorder.schema import Results
+from kv_cache.run.leftovers import MARKER, describe_dead, write_marker
 from kv_cache.tiers.fsinfo import refuse_system_dir
 
 RESERVE = ".kvbench-reserve"
@@ -118,7 +119,7 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def write_results(merged: dict, report_dir: Path, extra: dict) -> tuple[Path, bool]:
+def write_results(merged: Results, report_dir: Path, extra: dict) -> tuple[Path, bool]:
     """Write results.json and the report files; if that fails, write them elsewhere and say where.
 
     Returns (the folder written, whether the promised folder failed).
@@ -130,27 +131,27 @@ def write_results(merged: dict, report_dir: Path, extra: dict) -> tuple[Path, bo
         _write_files(merged, report_dir, extra)
         return report_dir, False
     except OSError as e:
-        where = fallback_folder(merged["run"].get("run_id", ""))
+        where = fallback_folder(merged.run.run_id)
         _write_files(merged, where, extra)
         print(f"kv_cache_benchmark.py: could not write the results into {report_dir} ({e.strerror or e}); "
               f"they are in {where} instead.", file=sys.stderr, flush=True)
         return where, True
 
 
-def _write_files(merged: dict, folder: Path, extra: dict) -> None:
+def _write_files(merged: Results, folder: Path, extra: dict) -> None:
     from kv_cache.report.files import write_report  # matplotlib: only when there is something to draw
 
-    write_json(folder / "results.json", merged)
+    write_json(folder / "results.json", merged.to_dict())
     write_report(merged, folder)
     for name, data in extra.items():
-        write_json(folder / name, data)
+        write_json(folder / name, data.to_dict())
 
 
-def tell_faults(results: dict) -> None:
+def tell_faults(results: Results) -> None:
     """A fault or a wrong block is said on stderr too: --quiet or a redirected stdout must not hide it."""
-    if results["run"]["fault"]:
-        print(f"kv_cache_benchmark.py: run fault: {results['run']['fault']}", file=sys.stderr, flush=True)
-    failures = results["verification"]["failures"]
+    if results.run.fault:
+        print(f"kv_cache_benchmark.py: run fault: {results.run.fault}", file=sys.stderr, flush=True)
+    failures = results.verification.failures
     if failures:
         print(f"kv_cache_benchmark.py: {failures} blocks read back wrong (verification); see results.json.",
               file=sys.stderr, flush=True)

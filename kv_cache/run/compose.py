@@ -9,31 +9,25 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from kv_cache.budget import MemoryBudget
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
-from kv_cache.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
 from kv_cache.lifecycle.donors import store_bytes
 from kv_cache.lifecycle.executor import WorkerBuffers
 from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
 from kv_cache.lifecycle.semantic import SemanticReuse
 from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.model import ModelSpec, find_model, slot_bytes
-from kv_cache.tiers.cpu import CpuTier
-from kv_cache.tiers.devices import check_fits as check_hbm
+from kv_cache.run.budget import MemoryBudget
+from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
 from kv_cache.tiers.devices import open_cupy
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct, refuse_system_dir
-from kv_cache.tiers.gds import GdsLink
-from kv_cache.tiers.gpu import GpuTier
-from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.nvme import NvmeTier
-from kv_cache.tiers.simulated import SimulatedTier
+from kv_cache.tiers.gds import GdsLink, open_link
+from kv_cache.tiers.registry import StackContext, StorageSite, build_stack
 
 GiB = 2**30
 WHOLE_REQUEST_SLOT_BYTES = 16 << 20  # slot size of every tier in whole-request mode
-NVME_AUTO_FRACTION, NVME_AUTO_MAX = 0.25, 64 * GiB
 
 
 @dataclass
@@ -46,18 +40,6 @@ class Geometry:
     slot_bytes: int         # bytes one tier slot holds (block rounded up to 4 KiB)
     max_object_bytes: int   # largest object a worker stages
 
-
-@dataclass
-class StorageSite:
-    """Where the NVMe tier lives and which engine really runs there."""
-
-    cache_dir: str
-    data_dir: str
-    fs_type: str
-    mount_point: str
-    engine: str
-    engine_note: str = ""
-    warnings: list[str] = field(default_factory=list)
 
 
 def geometry(s: Settings) -> Geometry:
@@ -157,22 +139,6 @@ def storage_site(s: Settings, run_id: str, join: bool = False) -> StorageSite:
     return StorageSite(cache_dir, data_dir, mount.fs_type, mount.mount_point, engine, note, warnings)
 
 
-def nvme_capacity(s: Settings, site: StorageSite, geo: Geometry) -> int:
-    free = shutil.disk_usage(site.cache_dir).free
-    if s.tiers.nvme_gb:
-        want = int(s.tiers.nvme_gb * GiB)
-        if want > free:
-            raise UserError(f"--nvme-gb {s.tiers.nvme_gb:g} asks for {want / GiB:.2f} GiB but {site.cache_dir} "
-                            f"has {free / GiB:.2f} GiB free; lower --nvme-gb or free space.")
-    else:
-        want = min(int(free * NVME_AUTO_FRACTION), NVME_AUTO_MAX)
-    slots = want // geo.slot_bytes
-    if slots * geo.slot_bytes < geo.max_object_bytes:
-        raise UserError(f"{site.cache_dir} has too little space for the NVMe tier: {want / GiB:.3f} GiB holds no "
-                        f"{geo.max_object_bytes / 2**20:.1f} MiB object ({free / GiB:.2f} GiB free); free space, "
-                        f"pass a larger --nvme-gb or another --cache-dir.")
-    return slots * geo.slot_bytes
-
 
 # ---------------------------------------------------------------------------- tiers
 
@@ -186,28 +152,11 @@ def open_gpu(s: Settings) -> tuple[object | None, str]:
     return backend, f"GPU tier off: {why} (--gpu simulated models one)." if backend is None else ""
 
 
-def _gpu_tier(s: Settings, geo: Geometry, backend) -> GpuTier:
-    count = backend.count()
-    n = s.tiers.gpus or count
-    if n > count:
-        raise UserError(f"--gpus {n} asks for more GPUs than the {count} CuPy sees; lower --gpus.")
-    devices = list(range(n))
-    total = int(s.tiers.gpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
-    check_hbm(backend, devices, -(-total // n))
-    return GpuTier(backend, total, geo.slot_bytes, devices, workers(s) + 1, geo.max_object_bytes)
-
-
 def gds_link(s: Settings, tiers: list, backend, geo: Geometry) -> GdsLink | None:
     """The NVMe <-> HBM path of --gds, between the real GPU tier and the NVMe tier."""
     if not s.tiers.gds:
         return None
-    gpu = next((t for t in tiers if isinstance(t, GpuTier)), None)
-    if gpu is None:
-        raise UserError("--gds moves blocks between a real GPU tier and the NVMe tier, and this run has no real "
-                        "GPU tier (CuPy found no device, or --gpu is not auto/real); drop --gds.")
-    if not isinstance(tiers[-1], NvmeTier):
-        raise UserError("--gds needs the NVMe tier (a --cache-dir on a real device); drop --null-io.")
-    return GdsLink(backend, gpu, tiers[-1], workers(s) + 1, geo.max_object_bytes)
+    return open_link(tiers, backend, workers(s) + 1, geo.max_object_bytes)
 
 
 def semantic_reuse(s: Settings, recorder) -> SemanticReuse | None:
@@ -226,7 +175,7 @@ def worker_state(tiers: list, max_object_bytes: int, fake_io: bool):
     def make() -> WorkerBuffers:
         bufs = WorkerBuffers(max_object_bytes, fake_io)
         for t in tiers:
-            if hasattr(t, "pin_host") and not fake_io:
+            if not fake_io:  # a no-op for tiers without PINS_HOST
                 t.pin_host(bufs.block)
                 t.pin_host(bufs.scratch)
         return bufs
@@ -240,30 +189,5 @@ def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None,
     fill(key, out) rebuilds a block's payload; a simulated tier uses it to hand back real bytes.
     gpu: the device backend of a real GPU tier (see open_gpu), or None.
     """
-    notes: list[str] = []
-    tiers: list = []
-    slot = geo.slot_bytes
-    gpu_bytes = int(s.tiers.gpu_mem_gb * GiB)
-    if s.tiers.gpu == "simulated" and gpu_bytes >= slot:
-        tiers.append(NullTier("gpu", gpu_bytes, slot) if s.tiers.null_io
-                     else SimulatedTier("gpu", gpu_bytes, slot, s.tiers.gpu_sim_gbps, fill))
-        if s.tiers.gpus != 1:
-            notes.append(f"--gpus {s.tiers.gpus} is ignored: the simulated GPU tier models one pool of "
-                         f"{s.tiers.gpu_mem_gb:g} GiB.")
-    elif gpu is not None and gpu_bytes >= slot:
-        tiers.append(_gpu_tier(s, geo, gpu))
-    elif gpu is not None:
-        notes.append(f"GPU tier off: {s.tiers.gpu_mem_gb:g} GiB holds no {slot / 2**20:.1f} MiB slot.")
-    cpu_bytes = int(s.tiers.cpu_mem_gb * GiB)
-    if cpu_bytes >= slot:
-        tiers.append(NullTier("cpu", cpu_bytes, slot) if s.tiers.null_io else CpuTier(cpu_bytes, slot))
-    elif cpu_bytes:
-        notes.append(f"CPU tier off: {s.tiers.cpu_mem_gb:g} GiB holds no {slot / 2**20:.1f} MiB slot.")
-    if site is None:  # --null-io: --nvme-gb sizes the null bottom tier too (the policies' and hit rates' tests)
-        cap = int(s.tiers.nvme_gb * GiB) // slot * slot if s.tiers.nvme_gb else NVME_AUTO_MAX
-        tiers.append(NullTier("nvme", max(cap, slot), slot))
-    else:
-        cap = nvme_capacity(s, site, geo)
-        tiers.append(NvmeTier(site.data_dir, cap, slot, site.engine, s.tiers.nvme_layout,
-                              int(s.tiers.slab_file_gb * GiB), site.engine_note, s.tiers.shared_storage, writer))
-    return tiers, notes
+    ctx = StackContext(s.tiers, geo.slot_bytes, geo.max_object_bytes, workers(s) + 1, site, fill, writer, gpu)
+    return build_stack(ctx)

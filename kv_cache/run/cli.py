@@ -22,8 +22,8 @@ from pathlib import Path
 from kv_cache import __version__, signals
 from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, resolve
 from kv_cache.errors import UserError
+from kv_cache.recorder.schema import Results, SchemaError
 
-RESULT_SECTIONS = ("run", "requests", "tokens", "latency_ms", "bytes", "verification")
 SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean")
 
 
@@ -69,7 +69,7 @@ def _cmd_run(argv: list[str]) -> int:
         print(list_models_table(settings.models, settings.model.kv_dtype, settings.model.tp,
                                 settings.model.block_tokens))
         return 0
-    from kv_cache.run import execute
+    from kv_cache.run.pipeline import execute
 
     say = (lambda *a, **k: None) if settings.run.quiet else print
     return execute(settings, say)
@@ -94,12 +94,12 @@ def _cmd_policies(argv: list[str]) -> int:
     settings = resolve(config, sets, args)
     if not settings.run.max_requests:
         raise UserError("policies replays a fixed sequence: give its length with --max-requests N.")
-    from kv_cache.policy_compare import compare_policies
+    from kv_cache.run.policies import compare_policies
 
     return compare_policies(settings, names, ms, print)
 
 
-def load_results(arg: str) -> tuple[Path, dict]:
+def load_results(arg: str) -> tuple[Path, Results]:
     """A results.json (or the run folder holding it), read and checked."""
     path = Path(arg)
     if path.is_dir():
@@ -112,11 +112,10 @@ def load_results(arg: str) -> tuple[Path, dict]:
         raise UserError(f"{path} is not a readable results file ({e}).") from None
     if not isinstance(data, dict) or "schema_version" not in data:
         raise UserError(f"{path} is not a kv-cache-bench results file (no schema_version).")
-    missing = [k for k in RESULT_SECTIONS if not isinstance(data.get(k), dict)]
-    if missing:
-        raise UserError(f"{path} is an incomplete or damaged results file (section {missing[0]!r} is missing or "
-                        f"not a mapping); re-run or restore it.")
-    return path, data
+    try:
+        return path, Results.from_dict(data, str(path))
+    except SchemaError as e:
+        raise UserError(f"{path} is an incomplete or damaged results file ({e}); re-run or restore it.") from None
 
 
 def _rendered(path: Path, draw):
@@ -161,7 +160,7 @@ def _cmd_compare(argv: list[str]) -> int:
     runs, paths = [], []
     for arg in args.runs:
         path, data = load_results(arg)
-        runs.append((data["run"].get("run_id") or path.parent.name, data))
+        runs.append((data.run.run_id or path.parent.name, data))
         paths.append(path)
     from kv_cache.report.compare import comparison_plots, comparison_table
 
@@ -178,7 +177,7 @@ def _cmd_validate(argv: list[str]) -> int:
     folder = Path(p.parse_args(argv).package)
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder; pass the run folder a --submission run wrote.")
-    from kv_cache.submission import validate
+    from kv_cache.run.submission import validate
 
     failures, rules = validate(folder)
     if failures:
@@ -202,7 +201,7 @@ def _cmd_clean(argv: list[str]) -> int:
                    help="Also remove folders of runs of other hosts (their liveness cannot be checked from here).")
     p.add_argument("--dry-run", action="store_true", help="List what would be removed; remove nothing.")
     args = p.parse_args(argv)
-    from kv_cache.leftovers import clean
+    from kv_cache.run.leftovers import clean
 
     for where in (args.cache_dir, args.output_dir):
         if not Path(where).is_dir():

@@ -19,27 +19,30 @@ from pathlib import Path
 from kv_cache import signals
 from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
-from kv_cache.outfolder import write_json
+from kv_cache.recorder.schema import Results
 from kv_cache.report.policies import policy_plot, policy_table
-from kv_cache.run import new_run_id
+from kv_cache.run.outfolder import write_json
+from kv_cache.run.pipeline import new_run_id
 
 
-def summarize(name: str, r: dict, ms_per_token: float) -> dict:
-    req = r["requests"]["completed"]
-    ttft = r["request_latency_ms"].get("ttft", {})
-    missed = r["tokens"]["prompt"] - r["tokens"]["cached"]
-    block = r["run"]["block_bytes"]
+def summarize(name: str, r: Results, ms_per_token: float) -> dict:
+    """One row of policies.json (plain data: written as JSON, read by the policies table and plot)."""
+    req = r.requests.completed
+    ttft = r.request_latency_ms.get("ttft")
+    mean = ttft.mean if ttft is not None else None
+    missed = r.tokens.prompt - r.tokens.cached
+    block = r.run.block_bytes
+    full = r.to_dict()
     return {
         "policy": name, "requests": req,
-        "hit_rate_tokens": r["hit_rate"]["tokens"], "hit_rate_blocks": r["hit_rate"]["blocks"],
-        "hit_rate_by_type": r["hit_rate"]["by_source"],
-        "bytes": r["bytes"],
-        "demoted_bytes": {t: ops.get("demote", 0) * block for t, ops in r["ops"].items()},
-        "latency_ms": r["latency_ms"],
-        "storage_ttft_mean_ms": ttft.get("mean"),
-        "modelled_ttft_mean_ms": (ttft["mean"] + ms_per_token * missed / req) if req and ttft.get("mean") is not None
-        else None,
-        "verification_failures": r["verification"]["failures"],
+        "hit_rate_tokens": r.hit_rate.tokens, "hit_rate_blocks": r.hit_rate.blocks,
+        "hit_rate_by_type": r.hit_rate.by_source,
+        "bytes": full["bytes"],
+        "demoted_bytes": {t: ops.get("demote", 0) * block for t, ops in r.ops.items()},
+        "latency_ms": full["latency_ms"],
+        "storage_ttft_mean_ms": mean,
+        "modelled_ttft_mean_ms": (mean + ms_per_token * missed / req) if req and mean is not None else None,
+        "verification_failures": r.verification.failures,
     }
 
 
@@ -48,7 +51,7 @@ def compare_policies(s: Settings, names: list[str], ms_per_token: float, say) ->
     root = Path(s.run.output_dir) / rid
     if root.exists():
         raise UserError(f"report folder {root} already exists; choose another --run-id.")
-    from kv_cache.run import execute  # imported late: run imports the whole pipeline
+    from kv_cache.run.pipeline import execute  # imported late: run imports the whole pipeline
 
     rows, status = [], 0
     for name in names:
@@ -61,7 +64,8 @@ def compare_policies(s: Settings, names: list[str], ms_per_token: float, say) ->
         if signals.received() is not None:
             return status
         signals.resume()
-        rows.append(summarize(name, json.loads((root / name / "results.json").read_text()), ms_per_token))
+        done = Results.from_dict(json.loads((root / name / "results.json").read_text()))
+        rows.append(summarize(name, done, ms_per_token))
     model = f"modelled TTFT = measured storage TTFT + missed prompt tokens x {ms_per_token:g} ms (recompute)"
     write_json(root / "policies.json", {"policies": rows, "ttft_model": model, "settings": s.to_dict()})
     plot = policy_plot(rows, root, model)

@@ -19,11 +19,11 @@ from typing import Any
 
 import yaml
 
-from kv_cache.config_check import coerce, key
-from kv_cache.config_load import AutoscaleSettings, QosSettings, RoleSettings, SemanticSettings
+from kv_cache.config.keys import coerce, key
+from kv_cache.config.load_control import AutoscaleSettings, QosSettings, RoleSettings, SemanticSettings
 from kv_cache.errors import UserError
 
-REPO_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
+REPO_CONFIG = Path(__file__).resolve().parents[2] / "config.yaml"
 
 
 @dataclass(frozen=True)

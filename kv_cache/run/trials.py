@@ -11,21 +11,33 @@ from __future__ import annotations
 
 import statistics
 
+from kv_cache.recorder.schema import Results
 from kv_cache.report.table import format_table
 
-HEADLINES = {
-    "requests_per_s": lambda r: r["requests"]["per_s"],
-    "cached_tokens_per_s": lambda r: r["tokens"]["cached_per_s"],
-    "token_hit_rate": lambda r: r["hit_rate"]["tokens"],
-    "nvme_read_gbps": lambda r: r["bandwidth_gbps"].get("nvme", {}).get("read"),
-    "nvme_write_gbps": lambda r: r["bandwidth_gbps"].get("nvme", {}).get("write"),
-    "nvme_read_p95_ms": lambda r: r["latency_ms"].get("nvme", {}).get("read", {}).get("p95"),
-    "nvme_read_p99_ms": lambda r: r["latency_ms"].get("nvme", {}).get("read", {}).get("p99"),
-    "request_e2e_p99_ms": lambda r: r.get("request_latency_ms", {}).get("e2e", {}).get("p99"),
+
+def _storage_gbps(r: Results, direction: str) -> float | None:
+    bw = r.bandwidth_gbps.get(r.bottom)
+    return getattr(bw, direction) if bw is not None else None
+
+
+def _request(r: Results, kind: str, pct: str) -> float | None:
+    s = r.request_latency_ms.get(kind)
+    return getattr(s, pct) if s is not None else None
+
+
+HEADLINES = {  # storage_*: the bottom tier, the storage under test
+    "requests_per_s": lambda r: r.requests.per_s,
+    "cached_tokens_per_s": lambda r: r.tokens.cached_per_s,
+    "token_hit_rate": lambda r: r.hit_rate.tokens,
+    "storage_read_gbps": lambda r: _storage_gbps(r, "read"),
+    "storage_write_gbps": lambda r: _storage_gbps(r, "write"),
+    "storage_read_p95_ms": lambda r: r.latency(r.bottom, "read", "p95"),
+    "storage_read_p99_ms": lambda r: r.latency(r.bottom, "read", "p99"),
+    "request_e2e_p99_ms": lambda r: _request(r, "e2e", "p99"),
 }
 
 
-def summarize(trials: list[dict]) -> dict:
+def summarize(trials: list[Results]) -> dict:
     """Median and spread of every headline number over the trials (None values left out)."""
     out = {}
     for name, get in HEADLINES.items():
@@ -41,7 +53,7 @@ def summarize(trials: list[dict]) -> dict:
     return out
 
 
-def median_trial(trials: list[dict]) -> int:
+def median_trial(trials: list[Results]) -> int:
     """Index of the trial whose cached tokens/s is the median (lower middle for an even count)."""
     order = sorted(range(len(trials)), key=lambda i: HEADLINES["cached_tokens_per_s"](trials[i]) or 0)
     return order[(len(order) - 1) // 2]

@@ -1,0 +1,18 @@
+"""The composition root: the only code that knows every stage and the concrete tiers.
+
+    cli.py          sub-commands (run, report, compare, policies, validate, clean) and their flags
+    pipeline.py     one run: prepare -> warm-up -> measure -> results -> report; trials
+    compose.py      settings -> geometry, storage site, tier stack (from the tier registry), memory budget
+    traffic.py      which traffic source runs (synthetic, semantic, trace replay) and how it arrives
+    roles.py        load control and disaggregated roles: QoS, autoscaler, prefill/decode handoff
+    budget.py       the memory budget checked before anything is allocated
+    distributed.py  MPI ranks: agree, broadcast, gather
+    trials.py       the median and spread of N trials
+    submission.py   MLPerf-style submission rules, package and validation
+    policies.py     the `policies` sub-command: one run per eviction policy
+    outfolder.py    the report folder: reserved before the run, written atomically after
+    leftovers.py    markers of running data directories; `clean`
+
+The data flows one way below this package (sources -> scheduler -> lifecycle -> cache -> tiers,
+recorder beside, report at the end); nothing below imports it.
+"""
