@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from time import monotonic_ns as now_ns
 
 import numpy as np
@@ -36,18 +37,30 @@ class WorkerBuffers:
         return self.block[:nbytes] if not self.fake_io else np.empty(nbytes, dtype=np.uint8)
 
 
+@dataclass(frozen=True)
+class LifecycleOptions:
+    """How requests become block I/O: the block geometry, the hash chain's root, verification, reuse."""
+
+    block_tokens: int                     # 0: whole-request objects
+    bytes_per_token: int
+    root: bytes                           # chain root: model, dtype and TP name the blocks
+    verify: str = "checksum"              # off | stamps | checksum | full
+    fake_io: bool = False                 # every tier is the null tier: no payload is built or checked
+    generation_ms_per_token: float = 0.0  # modelled decode time (0: none)
+    rag_chunk: bool = False               # RAG documents cached chunk by chunk (position-free)
+
+
 class Lifecycle:
     """Turns requests into plans and executes them."""
 
-    def __init__(self, cache, payloads, recorder, block_tokens: int, bytes_per_token: int, root: bytes,
-                 verify: str, fake_io: bool, generation_ms_per_token: float, rag_chunk: bool = False,
-                 handoff=None, semantic=None):
+    def __init__(self, cache, payloads, recorder, options: LifecycleOptions, *, handoff=None, semantic=None):
+        o = options
         self.cache, self.payloads, self.recorder = cache, payloads, recorder
-        self.block_tokens, self.bytes_per_token = block_tokens, bytes_per_token
-        self.planner = Planner(block_tokens, root, rag_chunk)
-        self.verify = "off" if fake_io else verify
-        self.fake_io = fake_io
-        self.gen_s_per_token = generation_ms_per_token / 1000.0
+        self.block_tokens, self.bytes_per_token = o.block_tokens, o.bytes_per_token
+        self.planner = Planner(o.block_tokens, o.root, o.rag_chunk)
+        self.verify = "off" if o.fake_io else o.verify
+        self.fake_io = o.fake_io
+        self.gen_s_per_token = o.generation_ms_per_token / 1000.0
         self.handoff = handoff  # a HandoffStore: a prefill node publishes into it, a decode node loads from it
         self.semantic = semantic  # a SemanticReuse: donor discovery, when --semantic is on
 

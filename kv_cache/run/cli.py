@@ -36,9 +36,9 @@ def _add_setting_flags(p: argparse.ArgumentParser) -> None:
                 continue
             name, meta = flag_name(dotted, f), f.metadata
             text = meta["help"] + (f" [default: {f.default}]" if not isinstance(f.default, bool) else "")
-            if typ is bool and f.default:
+            if typ is bool and f.default:  # the flag turns the feature off: say so before what the feature is
                 group.add_argument("--no-" + name[2:], dest=dotted, action="store_false",
-                                   default=argparse.SUPPRESS, help=text)
+                                   default=argparse.SUPPRESS, help=f"Turn off (on by default): {text}")
             elif typ is bool:
                 group.add_argument(name, dest=dotted, action="store_true", default=argparse.SUPPRESS, help=text)
             else:

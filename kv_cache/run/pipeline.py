@@ -20,7 +20,7 @@ from kv_cache.cache.hashing import chain_root
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import analyse
-from kv_cache.lifecycle.executor import Lifecycle
+from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.recorder.iotrace import IOTraceWriter
 from kv_cache.recorder.merge import merge_ranks
@@ -115,8 +115,7 @@ def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: Built, quie
     slots = [(t.name, t.slot_bytes) for t in b.tiers]
 
     def tick(runner) -> None:
-        levels = {"queue_depth": runner._queue.qsize(), "in_flight": runner._in_flight,
-                  "users_active": getattr(runner, "active_users", 0)}
+        levels = runner.levels()
         levels.update({f"{name}_used_bytes": used * size for (name, size), used in zip(slots, cache.used)})
         now = time.monotonic_ns()
         recorder.gauge(levels, now)
@@ -287,10 +286,10 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
                                               time.monotonic_ns(), b.tiers[-1].name)
         cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder, b.gds)
         fake = all(FAKE_IO in t.flags for t in b.tiers)
-        life = Lifecycle(cache, payloads, recorder, s.model.block_tokens, b.geo.bytes_per_token,
-                         chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify, fake,
-                         s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk", b.handoff,
-                         semantic_reuse(s, recorder))
+        options = LifecycleOptions(s.model.block_tokens, b.geo.bytes_per_token,
+                                   chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify,
+                                   fake, s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk")
+        life = Lifecycle(cache, payloads, recorder, options, handoff=b.handoff, semantic=semantic_reuse(s, recorder))
         limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
         total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
                                                                             traffic.analysis_total or limit)

@@ -52,6 +52,15 @@ class Traffic:
     notes: list[str] = field(default_factory=list)
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """The arrival seed of an MPI rank. seed + rank made rank 1 of seed 42 replay rank 0 of seed 43; a hash of
+    (seed, rank) is independent per rank. Rank 0 (every single-process run) keeps the seed itself, so a
+    one-process schedule is what it always was."""
+    if rank == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1, np.uint64)[0] >> 1)
+
+
 def _trace_format(s: Settings) -> tuple[list[str], str]:
     """The files --trace names and their format (--trace-format, or detected from the first file)."""
     files = trace_files(s.trace.path)
@@ -69,7 +78,7 @@ def _user_traffic(source: str, arrival: str, users, rate: float, seed: int, rank
     elif arrival == "closed":
         t.users = users()
     else:  # one shared request stream, dealt to the ranks in turn
-        t.arrivals = poisson_arrivals(every_nth(synthetic_builds(users(None)), size, rank), rate, seed + rank)
+        t.arrivals = poisson_arrivals(every_nth(synthetic_builds(users(None)), size, rank), rate, rank_seed(seed, rank))
     return t
 
 
@@ -155,7 +164,7 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
         t.arrivals = trace_arrivals(trace, vocab, s.trace.speedup, cycles)
     else:
         trace = partition(trace, owns)
-        t.arrivals = poisson_arrivals(trace_builds(trace, vocab, cycles), rate, seed + rank)
+        t.arrivals = poisson_arrivals(trace_builds(trace, vocab, cycles), rate, rank_seed(seed, rank))
     passes = cycles or 1
     hashed = trace.fmt in ("mooncake", "bailian") and s.model.block_tokens > 0
     t.analysis_items = itertools.chain.from_iterable(

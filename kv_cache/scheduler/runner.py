@@ -64,6 +64,14 @@ class _Runner:
         self._stop = threading.Event()
         self.outcome = RunOutcome()
 
+    def levels(self) -> dict[str, int]:
+        """The gauges the dispatcher samples each tick: requests queued, in flight (queued + running), users."""
+        return {"queue_depth": self._queue.qsize(), "in_flight": self._in_flight, "users_active": self.active_users}
+
+    @property
+    def active_users(self) -> int:
+        return 0  # open loop: no closed-loop user is active
+
     def _worker(self, state) -> None:
         while True:
             req = self._queue.get()

@@ -73,10 +73,15 @@ def register(name: str, level: int, bottom: bool = False):
     return wrap
 
 
-def kinds() -> list[TierKind]:
+def kinds_by_name() -> dict[str, TierKind]:
+    """Every registered kind (importing the media modules registers them)."""
     for module in MEDIA:
         importlib.import_module(module)
-    return sorted(KINDS.values(), key=lambda k: k.level)
+    return dict(KINDS)
+
+
+def kinds() -> list[TierKind]:
+    return sorted(kinds_by_name().values(), key=lambda k: k.level)
 
 
 def build_stack(ctx: StackContext) -> tuple[list, list[str]]:

@@ -5,7 +5,7 @@ import pytest
 
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
-from kv_cache.lifecycle.executor import Lifecycle, WorkerBuffers
+from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions, WorkerBuffers
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.cpu import CpuTier
@@ -26,7 +26,7 @@ def rig(tmp_path):
     pool = PayloadPool(seed=1, span_bytes=1 << 20)
 
     def life(block_tokens=BT):
-        return Lifecycle(cache, pool, rec, block_tokens, BPT, chain_root("test"), "full", False, 0.0)
+        return Lifecycle(cache, pool, rec, LifecycleOptions(block_tokens, BPT, chain_root("test"), "full"))
 
     yield life, cache, rec, WorkerBuffers(64 * BLOCK, False)
     for t in tiers:

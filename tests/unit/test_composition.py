@@ -1,0 +1,104 @@
+"""The composition root's seams: the tier registry, capability hooks, per-rank seeds, runner gauges, flags."""
+
+import numpy as np
+import pytest
+
+from kv_cache.buffers import aligned_buffer
+from kv_cache.cache.cache import BlockCache
+from kv_cache.config import resolve
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.run.compose import build_tiers, geometry
+from kv_cache.run.traffic import rank_seed
+from kv_cache.tiers import registry
+from kv_cache.tiers.base import PINS_HOST, PRECONDITIONS, SlottedTier
+from kv_cache.tiers.registry import StackContext, build_stack
+
+MiB = 2**20
+
+
+class ObjectStoreTier(SlottedTier):
+    """A stand-in for a new bottom medium: bytes in a dict, as a remote object store would keep them."""
+
+    name = "objectstore"
+
+    def __init__(self, capacity_bytes: int, slot_bytes: int):
+        super().__init__(capacity_bytes // slot_bytes, slot_bytes)
+        self.objects: dict[int, bytes] = {}
+        self.description = "objects in a dict"
+
+    def put(self, key, buf):
+        self.slots.alloc(key, len(buf))
+        self.objects[key] = bytes(buf)
+
+    def get(self, key, out):
+        out[: len(self.objects[key])] = np.frombuffer(self.objects[key], np.uint8)
+
+    def delete(self, key):
+        self.slots.release(key)
+        del self.objects[key]
+
+
+def test_a_new_bottom_tier_is_one_registration(monkeypatch):
+    kinds = {k: v for k, v in registry.kinds_by_name().items() if k != "nvme"}
+    monkeypatch.setattr(registry, "KINDS", kinds)
+    monkeypatch.setattr(registry, "MEDIA", ())
+    registry.register("objectstore", level=2, bottom=True)(lambda ctx: (ObjectStoreTier(8 * MiB, ctx.slot_bytes), ""))
+    s = resolve(None, [], {"tiers.cpu_mem_gb": 0.004, "tiers.gpu": "off", "model.block_tokens": 16,
+                           "model.name": "llama8b"})
+    geo = geometry(s)
+    tiers, _ = build_tiers(s, geo, None)
+    assert [t.name for t in tiers] == ["cpu", "objectstore"]
+    cache = BlockCache(tiers, "lru", True, Recorder())
+    assert cache.verifiable == [False, True]  # no storage site: the cpu kind gives the null tier; ours real bytes
+    data = np.arange(4096, dtype=np.uint32).view(np.uint8)
+    tiers[-1].put(7, data)
+    out = np.zeros_like(data)
+    tiers[-1].get(7, out)
+    assert (out == data).all()
+
+
+def test_tiers_declare_optional_hooks_with_flags():
+    s = resolve(None, [], {"tiers.gpu": "simulated", "tiers.gpu_mem_gb": 0.01, "tiers.cpu_mem_gb": 0.004,
+                           "model.block_tokens": 16, "model.name": "llama8b"})
+    tiers, _ = build_tiers(s, geometry(s), None)
+    assert [t.name for t in tiers] == ["gpu", "cpu", "nvme"]
+    buf = aligned_buffer(4096)
+    for t in tiers:  # the NULL hooks: callable on every tier, doing nothing where the flag is absent
+        assert PINS_HOST not in t.flags and PRECONDITIONS not in t.flags
+        t.pin_host(buf)
+        assert t.adopt(1) is None
+        with pytest.raises(NotImplementedError):
+            t.precondition(1)
+
+
+def test_a_refused_tier_releases_the_ones_built_before_it(monkeypatch):
+    closed = []
+
+    class Probe(ObjectStoreTier):
+        def close(self, remove=True):
+            closed.append(self.name)
+
+    def refuse(ctx):
+        raise RuntimeError("no room")
+    monkeypatch.setattr(registry, "KINDS", {})
+    monkeypatch.setattr(registry, "MEDIA", ())
+    registry.register("a", level=0)(lambda ctx: (Probe(4 * MiB, MiB), ""))
+    registry.register("b", level=1)(refuse)
+    with pytest.raises(RuntimeError):
+        build_stack(StackContext(None, MiB, MiB, 1, None))
+    assert closed == ["objectstore"]
+
+
+def test_rank_seeds_are_independent_and_rank_0_keeps_the_seed():
+    assert rank_seed(42, 0) == 42
+    assert rank_seed(42, 1) != rank_seed(43, 0)  # seed + rank made these the same schedule
+    assert len({rank_seed(42, r) for r in range(64)}) == 64
+    assert rank_seed(42, 3) == rank_seed(42, 3)
+
+
+def test_negative_flags_say_they_turn_the_feature_off():
+    from kv_cache.run.cli import run_parser
+
+    helps = {a.option_strings[0]: a.help for a in run_parser()._actions if a.option_strings}
+    for flag in ("--no-telemetry", "--no-promote"):
+        assert helps[flag].startswith("Turn off"), (flag, helps[flag])
