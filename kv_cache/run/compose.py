@@ -42,6 +42,22 @@ class Geometry:
 
 
 
+@dataclass
+class RunContext:
+    """What the composition root built for one run and hands down: sizes, the storage site, the tier stack."""
+
+    geo: Geometry
+    site: StorageSite | None
+    tiers: list
+    notes: list[str]
+    budget: object
+    workers: int
+    handoff: object = None  # the HandoffStore of a prefill or decode node
+    role_done: bool = False
+    gds: object = None      # the GdsLink of --gds
+
+
+
 def geometry(s: Settings) -> Geometry:
     model = find_model(s.model.name, s.models)
     bpt = model.bytes_per_token(s.model.kv_dtype, s.model.tp)

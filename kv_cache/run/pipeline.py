@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kv_cache import __version__, signals
+from kv_cache import signals
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
 from kv_cache.config import Settings
@@ -33,8 +32,7 @@ from kv_cache.report.live import LiveLine
 from kv_cache.run import outfolder
 from kv_cache.run.budget import check_fits, peak_rss_bytes
 from kv_cache.run.compose import (
-    Geometry,
-    StorageSite,
+    RunContext,
     build_tiers,
     gds_link,
     geometry,
@@ -45,6 +43,7 @@ from kv_cache.run.compose import (
     worker_state,
     workers,
 )
+from kv_cache.run.describe import banner, run_info, warnings_of
 from kv_cache.run.distributed import Dist
 from kv_cache.run.leftovers import set_state
 from kv_cache.run.roles import autoscaler, check_options, check_traffic, finish_role, open_handoff, qos_policy
@@ -52,31 +51,19 @@ from kv_cache.run.submission import RULES, rule_violations, validate, write_pack
 from kv_cache.run.traffic import Traffic, build_traffic
 from kv_cache.run.trials import median_trial, summarize
 from kv_cache.run.trials import table as trial_table
-from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner, RunOutcome
-from kv_cache.tiers.base import FAKE_IO, PRECONDITIONS, SIMULATED
+from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner
+from kv_cache.tiers.base import FAKE_IO, PRECONDITIONS
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # interrupted: 128 + the signal (130 for Ctrl-C)
 ANALYSIS_LIMIT = 100_000  # requests analysed before the run at most
 
-
-@dataclass
-class Built:
-    geo: Geometry
-    site: StorageSite | None
-    tiers: list
-    notes: list[str]
-    budget: object
-    workers: int
-    handoff: object = None  # the HandoffStore of a prefill or decode node
-    role_done: bool = False
-    gds: object = None      # the GdsLink of --gds
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
 
 
-def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0, join: bool = False) -> Built:
+def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0, join: bool = False) -> RunContext:
     geo = geometry(s)
     n = workers(s)
     gpu, gpu_note = open_gpu(s)
@@ -93,10 +80,10 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
         raise
     gds_note = f"GDS path: {gds.mode}" if gds else ""
     notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_note) if x]
-    return Built(geo, site, tiers, notes, budget, n, handoff, gds=gds)
+    return RunContext(geo, site, tiers, notes, budget, n, handoff, gds=gds)
 
 
-def _close(b: Built, remove: bool) -> None:
+def _close(b: RunContext, remove: bool) -> None:
     if b.handoff is not None and not b.role_done:  # the run failed: end the manifest, leave no folder behind
         b.handoff.abandon(remove)
     if b.gds is not None:
@@ -109,7 +96,7 @@ def _close(b: Built, remove: bool) -> None:
         set_state(b.site.data_dir, "kept")  # on purpose (--keep-data): not a killed run's leftover
 
 
-def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: Built, quiet: bool, tele: Telemetry | None):
+def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: RunContext, quiet: bool, tele: Telemetry | None):
     """The dispatcher's tick: sample the gauges of the time series (and telemetry), and draw the live line."""
     live = None if quiet else LiveLine(recorder, s.run.warmup_s + s.run.duration_s, b.tiers[-1].name)
     slots = [(t.name, t.slot_bytes) for t in b.tiers]
@@ -128,64 +115,10 @@ def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: Built, quie
     return tick
 
 
-def _describe(traffic: Traffic, analysis: dict) -> list[str]:
-    p, o, th = analysis["prompt_tokens"], analysis["output_tokens"], analysis["theoretical_hit_rate"]
-    src = traffic.source if traffic.trace is None else f"{traffic.source} trace ({traffic.trace.log.detected})"
-    lines = [f"  traffic: {src}, arrival {traffic.arrival}, {analysis['requests_total'] or 'unbounded'} requests"]
-    if traffic.trace is not None:
-        skipped = traffic.trace.log.skipped
-        if skipped:
-            lines.append("  trace records skipped: " + ", ".join(f"{k} {v}" for k, v in skipped.items()))
-        lines += [f"    {e}" for e in traffic.trace.log.examples[:3]]
-        if traffic.trace.tokenizer:
-            lines.append(f"  tokenizer: {traffic.trace.tokenizer}")
-    if p["count"]:
-        lines.append(f"  prompt tokens p50 {p['p50']:,.0f} / p90 {p['p90']:,.0f} / max {p['max']:,}; output tokens "
-                     f"p50 {o['p50']:,.0f} / max {o['max']:,}; theoretical hit rate (infinite cache) "
-                     f"{th['tokens']:.1%}" if th["tokens"] is not None else "")
-    return lines + [f"  note: {n}" for n in traffic.notes]
 
 
-def _run_info(s: Settings, b: Built, run_id: str, outcome: RunOutcome, dist: Dist) -> dict:
-    site = b.site
-    return {
-        "rank": dist.rank, "ranks": dist.size, "hosts": [dist.host], "wall_offset_ns": dist.wall_offset_ns,
-        "tool_version": __version__, "run_id": run_id, "host": socket.gethostname(),
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - (time.monotonic_ns()
-                                     - outcome.start_ns) / 1e9)),
-        "model": b.geo.model.name, "kv_dtype": s.model.kv_dtype, "tp": s.model.tp,
-        "bytes_per_token": b.geo.bytes_per_token, "block_tokens": s.model.block_tokens,
-        "block_bytes": b.geo.block_bytes, "slot_bytes": b.geo.slot_bytes, "users": s.workload.users,
-        "workers": b.workers, "seed": s.run.seed, "warmup_s": s.run.warmup_s,
-        "io_engine": site.engine if site else "null", "io_engine_requested": s.tiers.io_engine,
-        "io_engine_note": site.engine_note if site else "", "nvme_layout": s.tiers.nvme_layout,
-        "cache_dir": site.cache_dir if site else None, "fs_type": site.fs_type if site else None,
-        "tiers": {t.name: {"capacity_bytes": t.capacity_bytes, "description": t.description,
-                           "simulated": SIMULATED in t.flags, "null": FAKE_IO in t.flags}
-                  for t in b.tiers + ([b.handoff.blocks] if b.handoff is not None else [])},
-        "bottom_tier": b.tiers[-1].name,
-        "gds": None if b.gds is None else {"mode": b.gds.mode, "demoted_blocks": b.gds.demoted,
-                                           "loaded_blocks": b.gds.loaded},
-        "notes": b.notes, "partial": outcome.partial, "stopped_reason": outcome.stopped_reason,
-        "fault": outcome.fault,
-    }
 
-
-def _warnings(results: Results) -> list[str]:
-    out = []
-    moved = results.bytes.get(results.bottom)
-    if results.requests.completed and not (moved and (moved.read or moved.write)):
-        out.append(f"the {results.bottom} tier saw no traffic in the window: the numbers describe memory tiers "
-                   f"only; raise --users or lower --cpu-mem-gb.")
-    if results.verification.failures:
-        out.append(f"{results.verification.failures} blocks read back wrong (stamp mismatch): the storage "
-                   f"returned torn, stale or foreign data.")
-    if results.run.partial:
-        out.append(f"partial results: the run stopped early ({results.run.stopped_reason}).")
-    return out
-
-
-def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Traffic, PayloadPool | None, Built]:
+def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Traffic, PayloadPool | None, RunContext]:
     """Everything that can refuse the run, agreed on by all ranks before any of them measures."""
     error, b = None, None
     shared = s.tiers.shared_storage and dist.active
@@ -274,64 +207,93 @@ def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> i
     return dist.bcast(max(statuses))
 
 
+@dataclass
+class Stages:
+    """The stages of one run, wired from the settings: recorder, cache, lifecycle, scheduler."""
+
+    recorder: Recorder
+    cache: BlockCache
+    life: Lifecycle
+    analysis: dict
+    runner: ClosedLoopRunner | OpenLoopRunner
+    progress: object
+    scaler: object
+    tele: Telemetry | None
+
+
+def _io_trace_path(s: Settings, dist: Dist) -> str:
+    if not dist.active:
+        return s.run.io_trace
+    zst = ".zst" if s.run.io_trace.endswith(".zst") else ""
+    return f"{s.run.io_trace.removesuffix('.zst')}.rank{dist.rank}{zst}"
+
+
+def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool | None, dist: Dist) -> Stages:
+    recorder = Recorder()
+    if s.run.io_trace:
+        recorder.io_trace = IOTraceWriter(_io_trace_path(s, dist), time.monotonic_ns(), b.tiers[-1].name)
+    cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder, b.gds)
+    fake = all(FAKE_IO in t.flags for t in b.tiers)
+    options = LifecycleOptions(s.model.block_tokens, b.geo.bytes_per_token,
+                               chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify,
+                               fake, s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk")
+    life = Lifecycle(cache, payloads, recorder, options, handoff=b.handoff, semantic=semantic_reuse(s, recorder))
+    limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
+    total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
+                                                                        traffic.analysis_total or limit)
+    analysis = analyse(traffic.analysis_items, life, limit, total)
+    tele = Telemetry(b.site.cache_dir if b.site else None) if s.run.telemetry else None
+    progress = _progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0, tele)
+    args = (b.workers, life.execute, worker_state(b.tiers, b.geo.max_object_bytes, fake), recorder, progress,
+            dist if dist.active else None)
+    scaler = autoscaler(s, traffic.users, recorder)
+    pace = s.schedule.admission == "paced" and scaler is None  # the autoscaler sets the users itself
+    runner = ClosedLoopRunner(traffic.users, *args, qos=qos_policy(s), controller=scaler, pace=pace) \
+        if traffic.users is not None else OpenLoopRunner(traffic.arrivals, *args, qos=qos_policy(s))
+    return Stages(recorder, cache, life, analysis, runner, progress, scaler, tele)
+
+
+def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: Stages, run_id: str) -> Results:
+    """Precondition, the barrier, warm-up + window, the role's end, then the Results of this process."""
+    for line in banner(s, b, traffic, st.analysis, dist):
+        say(line)
+    precondition = _precondition(s, b, say) if s.tiers.precondition else None
+    dist.barrier()  # every rank starts its clock together
+    outcome = st.runner.run(s.run.warmup_s, s.run.duration_s, s.run.max_requests)
+    st.progress.close()
+    role = finish_role(b.handoff, s, say)
+    b.role_done = True
+    trace = st.recorder.io_trace
+    if trace is not None:
+        trace.close()
+        job = trace.fio_job(b.site.cache_dir if b.site else ".", b.site.engine if b.site else "null",
+                            b.workers, s.run.duration_s, b.tiers[-1].capacity_bytes)
+        say(f"  I/O trace: {trace.rows:,} operations in {trace.path}; fio job: {job}")
+    results = build_results(st.recorder.snapshot(), run_info(s, b, run_id, outcome, dist), s.to_dict(), {
+        "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop,
+                     "users_started": outcome.users_started, "users_paced": outcome.users_paced},
+        "memory": {"peak_rss_bytes": peak_rss_bytes(),
+                   "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
+        "occupancy": st.cache.occupancy(),
+        "shared_storage": {"enabled": s.tiers.shared_storage, "adopted_blocks": st.cache.adopted},
+        "precondition": precondition,
+        "autoscale": st.scaler.to_dict() if st.scaler is not None else None,
+        "role": role,
+        "workload": {"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
+                     "trace": traffic.trace.log.to_dict() if traffic.trace else None,
+                     "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **st.analysis}})
+    if st.tele is not None:
+        moved = results.bytes.get(results.bottom)
+        results.telemetry = st.tele.summary(None if moved is None else {"read": moved.read, "write": moved.write})
+        st.tele.close()
+    return results
+
+
 def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tuple[int, Results | None]:
     """One measured run into report_dir; (exit status, merged results on rank 0)."""
     traffic, payloads, b = _prepare(s, run_id, dist, report_dir)
     try:
-        recorder = Recorder()
-        if s.run.io_trace:
-            recorder.io_trace = IOTraceWriter(s.run.io_trace if not dist.active else
-                                              f"{s.run.io_trace.removesuffix('.zst')}.rank{dist.rank}"
-                                              + (".zst" if s.run.io_trace.endswith(".zst") else ""),
-                                              time.monotonic_ns(), b.tiers[-1].name)
-        cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder, b.gds)
-        fake = all(FAKE_IO in t.flags for t in b.tiers)
-        options = LifecycleOptions(s.model.block_tokens, b.geo.bytes_per_token,
-                                   chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify,
-                                   fake, s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk")
-        life = Lifecycle(cache, payloads, recorder, options, handoff=b.handoff, semantic=semantic_reuse(s, recorder))
-        limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
-        total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
-                                                                            traffic.analysis_total or limit)
-        analysis = analyse(traffic.analysis_items, life, limit, total)
-        tele = Telemetry(b.site.cache_dir if b.site else None) if s.run.telemetry else None
-        progress = _progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0, tele)
-        args = (b.workers, life.execute, worker_state(b.tiers, b.geo.max_object_bytes, fake), recorder, progress,
-                dist if dist.active else None)
-        scaler = autoscaler(s, traffic.users, recorder)
-        pace = s.schedule.admission == "paced" and scaler is None  # the autoscaler sets the users itself
-        runner = ClosedLoopRunner(traffic.users, *args, qos=qos_policy(s), controller=scaler, pace=pace) \
-            if traffic.users is not None else OpenLoopRunner(traffic.arrivals, *args, qos=qos_policy(s))
-        for line in _banner(s, b, traffic, analysis, dist):
-            say(line)
-        precondition = _precondition(s, b, say) if s.tiers.precondition else None
-        dist.barrier()  # every rank starts its clock together
-        outcome = runner.run(s.run.warmup_s, s.run.duration_s, s.run.max_requests)
-        progress.close()
-        role = finish_role(b.handoff, s, say)
-        b.role_done = True
-        if recorder.io_trace is not None:
-            recorder.io_trace.close()
-            job = recorder.io_trace.fio_job(b.site.cache_dir if b.site else ".", b.site.engine if b.site else "null",
-                                            b.workers, s.run.duration_s, b.tiers[-1].capacity_bytes)
-            say(f"  I/O trace: {recorder.io_trace.rows:,} operations in {recorder.io_trace.path}; fio job: {job}")
-        results = build_results(recorder.snapshot(), _run_info(s, b, run_id, outcome, dist), s.to_dict(), {
-            "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop,
-                         "users_started": outcome.users_started, "users_paced": outcome.users_paced},
-            "memory": {"peak_rss_bytes": peak_rss_bytes(),
-                       "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
-            "occupancy": cache.occupancy(),
-            "shared_storage": {"enabled": s.tiers.shared_storage, "adopted_blocks": cache.adopted},
-            "precondition": precondition,
-            "autoscale": scaler.to_dict() if scaler is not None else None,
-            "role": role,
-            "workload": {"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
-                         "trace": traffic.trace.log.to_dict() if traffic.trace else None,
-                         "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **analysis}})
-        if tele is not None:
-            moved = results.bytes.get(results.bottom)
-            results.telemetry = tele.summary(None if moved is None else {"read": moved.read, "write": moved.write})
-            tele.close()
+        results = _measure(s, say, dist, b, traffic, _stages(s, b, traffic, payloads, dist), run_id)
     finally:  # a shared namespace is removed by rank 0 alone, once every rank is done with it
         shared = s.tiers.shared_storage and dist.active
         with signals.deferred():  # a signal now must not leave the data directory half removed
@@ -343,7 +305,7 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
     merged = None
     if dist.rank == 0:
         merged = results if not dist.active else merge_ranks(gathered)
-        merged.warnings = _warnings(merged)
+        merged.warnings = warnings_of(merged)
         extra = {f"rank-{r.run.rank}.json": r for r in gathered} if dist.active else {}
         written, failed = outfolder.write_results(merged, report_dir, extra)
         say(render(merged, str(written / "results.json")))
@@ -352,7 +314,7 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
     return dist.bcast(status), merged
 
 
-def _precondition(s: Settings, b: Built, say) -> dict | None:
+def _precondition(s: Settings, b: RunContext, say) -> dict | None:
     """Write the NVMe tier's space before the clock starts; nothing here enters a statistic."""
     bottom = b.tiers[-1]
     if PRECONDITIONS not in bottom.flags:
@@ -377,13 +339,3 @@ def _status_of(results: Results) -> int:
     if results.run.stopped_reason == "interrupted":
         return signals.exit_status(EXIT_INTERRUPTED)
     return EXIT_FAILED if results.run.fault or results.verification.failures else EXIT_OK
-
-
-def _banner(s: Settings, b: Built, traffic: Traffic, analysis: dict, dist: Dist) -> list[str]:
-    lines = [f"  tier {t.name}: {t.capacity_bytes / 2**30:.2f} GiB, {t.description}" for t in b.tiers]
-    lines += [f"  note: {n}" for n in b.notes] + _describe(traffic, analysis)
-    who = f"{len(traffic.users)} users" if traffic.users is not None else f"open loop ({traffic.arrival})"
-    ranks = f" on each of {dist.size} MPI ranks (rank 0 shown)" if dist.active else ""
-    lines.append(f"  running: {s.run.warmup_s:g} s warm-up + {s.run.duration_s:g} s measured, {who}, "
-                 f"{b.workers} workers{ranks} (Ctrl-C stops cleanly)")
-    return lines

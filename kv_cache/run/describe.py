@@ -1,0 +1,82 @@
+"""What a run says about itself: the banner before the clock, the run section of the Results, warnings."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from kv_cache import __version__
+from kv_cache.config import Settings
+from kv_cache.recorder.schema import Results
+from kv_cache.run.compose import RunContext
+from kv_cache.run.distributed import Dist
+from kv_cache.run.traffic import Traffic
+from kv_cache.scheduler.runner import RunOutcome
+from kv_cache.tiers.base import FAKE_IO, SIMULATED
+
+
+def _describe(traffic: Traffic, analysis: dict) -> list[str]:
+    p, o, th = analysis["prompt_tokens"], analysis["output_tokens"], analysis["theoretical_hit_rate"]
+    src = traffic.source if traffic.trace is None else f"{traffic.source} trace ({traffic.trace.log.detected})"
+    lines = [f"  traffic: {src}, arrival {traffic.arrival}, {analysis['requests_total'] or 'unbounded'} requests"]
+    if traffic.trace is not None:
+        skipped = traffic.trace.log.skipped
+        if skipped:
+            lines.append("  trace records skipped: " + ", ".join(f"{k} {v}" for k, v in skipped.items()))
+        lines += [f"    {e}" for e in traffic.trace.log.examples[:3]]
+        if traffic.trace.tokenizer:
+            lines.append(f"  tokenizer: {traffic.trace.tokenizer}")
+    if p["count"]:
+        lines.append(f"  prompt tokens p50 {p['p50']:,.0f} / p90 {p['p90']:,.0f} / max {p['max']:,}; output tokens "
+                     f"p50 {o['p50']:,.0f} / max {o['max']:,}; theoretical hit rate (infinite cache) "
+                     f"{th['tokens']:.1%}" if th["tokens"] is not None else "")
+    return lines + [f"  note: {n}" for n in traffic.notes]
+
+
+def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist: Dist) -> dict:
+    site = b.site
+    return {
+        "rank": dist.rank, "ranks": dist.size, "hosts": [dist.host], "wall_offset_ns": dist.wall_offset_ns,
+        "tool_version": __version__, "run_id": run_id, "host": socket.gethostname(),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - (time.monotonic_ns()
+                                     - outcome.start_ns) / 1e9)),
+        "model": b.geo.model.name, "kv_dtype": s.model.kv_dtype, "tp": s.model.tp,
+        "bytes_per_token": b.geo.bytes_per_token, "block_tokens": s.model.block_tokens,
+        "block_bytes": b.geo.block_bytes, "slot_bytes": b.geo.slot_bytes, "users": s.workload.users,
+        "workers": b.workers, "seed": s.run.seed, "warmup_s": s.run.warmup_s,
+        "io_engine": site.engine if site else "null", "io_engine_requested": s.tiers.io_engine,
+        "io_engine_note": site.engine_note if site else "", "nvme_layout": s.tiers.nvme_layout,
+        "cache_dir": site.cache_dir if site else None, "fs_type": site.fs_type if site else None,
+        "tiers": {t.name: {"capacity_bytes": t.capacity_bytes, "description": t.description,
+                           "simulated": SIMULATED in t.flags, "null": FAKE_IO in t.flags}
+                  for t in b.tiers + ([b.handoff.blocks] if b.handoff is not None else [])},
+        "bottom_tier": b.tiers[-1].name,
+        "gds": None if b.gds is None else {"mode": b.gds.mode, "demoted_blocks": b.gds.demoted,
+                                           "loaded_blocks": b.gds.loaded},
+        "notes": b.notes, "partial": outcome.partial, "stopped_reason": outcome.stopped_reason,
+        "fault": outcome.fault,
+    }
+
+
+def warnings_of(results: Results) -> list[str]:
+    out = []
+    moved = results.bytes.get(results.bottom)
+    if results.requests.completed and not (moved and (moved.read or moved.write)):
+        out.append(f"the {results.bottom} tier saw no traffic in the window: the numbers describe memory tiers "
+                   f"only; raise --users or lower --cpu-mem-gb.")
+    if results.verification.failures:
+        out.append(f"{results.verification.failures} blocks read back wrong (stamp mismatch): the storage "
+                   f"returned torn, stale or foreign data.")
+    if results.run.partial:
+        out.append(f"partial results: the run stopped early ({results.run.stopped_reason}).")
+    return out
+
+
+def banner(s: Settings, b: RunContext, traffic: Traffic, analysis: dict, dist: Dist) -> list[str]:
+    lines = [f"  tier {t.name}: {t.capacity_bytes / 2**30:.2f} GiB, {t.description}" for t in b.tiers]
+    lines += [f"  note: {n}" for n in b.notes] + _describe(traffic, analysis)
+    who = f"{len(traffic.users)} users" if traffic.users is not None else f"open loop ({traffic.arrival})"
+    ranks = f" on each of {dist.size} MPI ranks (rank 0 shown)" if dist.active else ""
+    lines.append(f"  running: {s.run.warmup_s:g} s warm-up + {s.run.duration_s:g} s measured, {who}, "
+                 f"{b.workers} workers{ranks} (Ctrl-C stops cleanly)")
+    return lines
