@@ -63,7 +63,8 @@ def merge_ranks(ranks: list[Results]) -> Results:
                       for t, info in runs[0]["tiers"].items()})
     extra = {
         "requests": {k: sum(r["requests"].get(k, 0) for r in results) for k in ("issued", "dropped_at_stop",
-                                                                         "users_started", "users_paced")},
+                                                                         "users_started", "users_paced",
+                                                                         "held_for_previous_turn")},
         "memory": {"peak_rss_bytes": max(r["memory"]["peak_rss_bytes"] for r in results),
                    "budget_bytes": max(r["memory"]["budget_bytes"] for r in results), "per_rank": True},
         "occupancy": _sum_dicts([r["occupancy"] for r in results]),

@@ -205,6 +205,11 @@ class Recorder:
         if self._second(done_ns) is not None:
             record(self._shard().hist(("request", "handoff", "all")), max(latency_ns, 1))
 
+    def turn_wait(self, due_ns: int, wait_ns: int) -> None:
+        """Open loop: how long a session's turn was held after its arrival for the previous turn's answer."""
+        if self._second(due_ns) is not None:
+            record(self._shard().hist(("request", "turn_wait", "all")), max(wait_ns, 1))
+
     def lookup(self, stage: str, start_ns: int, dur_ns: int) -> None:
         """One step of a semantic donor lookup (embed, search, align): CPU time, not block I/O."""
         if self._second(start_ns) is not None:

@@ -19,8 +19,9 @@ from kv_cache.recorder.slas import judge, overall
 
 # Per-request latencies, ms from the intended start: storage (sum of the request's block operations),
 # queue (waiting for a worker), ttft (storage part of time-to-first-token), e2e, handoff (decode node:
-# prefill complete -> decode loaded).
-REQUEST_LATENCIES = ("storage", "queue", "ttft", "e2e", "handoff")
+# prefill complete -> decode loaded), turn_wait (open loop: a session's turn held after its arrival until the
+# previous turn's answer).
+REQUEST_LATENCIES = ("storage", "queue", "ttft", "e2e", "handoff", "turn_wait")
 
 
 def _rate(num: float, den: float) -> float | None:

@@ -112,6 +112,7 @@ class Requests:
     dropped_at_stop: int = 0
     users_started: int = 0
     users_paced: int = 0
+    held_for_previous_turn: int = 0  # open loop: turns that arrived before their session's previous answer
 
 
 @dataclass

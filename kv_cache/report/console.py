@@ -34,6 +34,8 @@ def tier_label(results: Results, tier: str) -> str:
 def header(results: Results) -> list[str]:
     run = results.run
     state = "complete" if not run.partial else f"PARTIAL ({run.stopped_reason})"
+    if not results.requests.completed and not run.partial:
+        state = "NOTHING MEASURED"
     size = run.block_bytes / MiB if run.block_tokens else None
     block = f"block {run.block_tokens} tokens = {size:.2f} MiB" if size else "whole-request objects"
     lines = [f"kv-cache-bench {run.tool_version}  run {run.run_id}  [{state}]",
@@ -97,7 +99,7 @@ def traffic_section(results: Results) -> list[str]:
     lines = ["",
              f"Requests   {req.completed:,} completed ({req.per_s:.2f}/s), {req.issued:,} issued, "
              f"{req.dropped_at_stop:,} queued at stop (dropped)",
-             *_pacing(results),
+             *_pacing(results), *_turn_order(results),
              f"  storage time per request {pcts('storage')}",
              f"  queue wait               {pcts('queue')}",
              f"  storage part of TTFT     {pcts('ttft')}",
@@ -163,6 +165,16 @@ def _pacing(results: Results) -> list[str]:
     return [f"  users: {req.users_started:,} of {users:,} started; {req.users_paced:,} waited for a short queue "
             f"before their first request (--admission paced: started conversations go on; their latency counts "
             f"from admission)"]
+
+
+def _turn_order(results: Results) -> list[str]:
+    held = results.requests.held_for_previous_turn
+    wait = results.request_latency_ms.get("turn_wait")
+    if not held:
+        return []
+    pct = f": held p50 {_ms(wait.p50)} / p99 {_ms(wait.p99)} ms" if wait is not None and wait.count else ""
+    return [f"  {held:,} turns arrived before their session's previous answer and waited for it (a turn's prompt "
+            f"holds that answer); their latency counts from the answer{pct}"]
 
 
 def render(results: Results, results_path: str | None = None) -> str:

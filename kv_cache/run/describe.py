@@ -58,8 +58,19 @@ def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist:
     }
 
 
+def nothing_measured(results: Results) -> str:
+    """Why no request completed in the window, or '' when some did (or the run was cut short)."""
+    if results.requests.completed or results.run.partial:
+        return ""
+    if results.run.stopped_reason == "trace_end":
+        return (f"nothing was measured: the trace ran out {results.run.duration_s:.1f} s into the window, before "
+                f"any request completed in it (the warm-up took the rest); lower --warmup or --trace-speedup")
+    return (f"nothing was measured: no request completed in the {results.run.duration_s:.1f} s window; raise "
+            f"--duration or lower the load")
+
+
 def warnings_of(results: Results) -> list[str]:
-    out = []
+    out = [why] if (why := nothing_measured(results)) else []
     moved = results.bytes.get(results.bottom)
     if results.requests.completed and not (moved and (moved.read or moved.write)):
         out.append(f"the {results.bottom} tier saw no traffic in the window: the numbers describe memory tiers "

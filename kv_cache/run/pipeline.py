@@ -43,7 +43,7 @@ from kv_cache.run.compose import (
     worker_state,
     workers,
 )
-from kv_cache.run.describe import banner, run_info, warnings_of
+from kv_cache.run.describe import banner, nothing_measured, run_info, warnings_of
 from kv_cache.run.distributed import Dist
 from kv_cache.run.leftovers import set_state
 from kv_cache.run.roles import autoscaler, check_options, check_traffic, finish_role, open_handoff, qos_policy
@@ -271,7 +271,8 @@ def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: 
         say(f"  I/O trace: {trace.rows:,} operations in {trace.path}; fio job: {job}")
     results = build_results(st.recorder.snapshot(), run_info(s, b, run_id, outcome, dist), s.to_dict(), {
         "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop,
-                     "users_started": outcome.users_started, "users_paced": outcome.users_paced},
+                     "users_started": outcome.users_started, "users_paced": outcome.users_paced,
+                     "held_for_previous_turn": outcome.held_for_turn},
         "memory": {"peak_rss_bytes": peak_rss_bytes(),
                    "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
         "occupancy": st.cache.occupancy(),
@@ -338,4 +339,5 @@ def _silent(*_args, **_kw) -> None:
 def _status_of(results: Results) -> int:
     if results.run.stopped_reason == "interrupted":
         return signals.exit_status(EXIT_INTERRUPTED)
-    return EXIT_FAILED if results.run.fault or results.verification.failures else EXIT_OK
+    failed = results.run.fault or results.verification.failures or nothing_measured(results)
+    return EXIT_FAILED if failed else EXIT_OK

@@ -27,6 +27,7 @@ from kv_cache.sources.replay import (
     synthetic_builds,
     trace_arrivals,
     trace_builds,
+    trace_span_s,
 )
 from kv_cache.sources.semantic import make_semantic_users
 from kv_cache.sources.synthetic import SystemPrompts, make_users
@@ -160,6 +161,7 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
         mine = {id(r) for u in t.users for r in u.records}  # this rank's records, in trace order
         trace = TraceSet(trace.fmt, [r for r in trace.records if id(r) in mine], trace.log, trace.tokenizer)
     elif arrival == "trace":
+        _check_trace_fills_the_window(s, trace, cycles)
         trace = partition(trace, owns)
         t.arrivals = trace_arrivals(trace, vocab, s.trace.speedup, cycles)
     else:
@@ -173,6 +175,17 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
     if cycles == 0:
         t.notes.append("analysis: one pass of the trace (--replay-cycles 0 repeats it until the duration ends)")
     return t
+
+
+def _check_trace_fills_the_window(s: Settings, trace, cycles: int) -> None:
+    """A trace that arrives wholly inside the warm-up would measure nothing: refuse it before any byte moves."""
+    span = trace_span_s(trace, s.trace.speedup, cycles)
+    if span is None or span >= s.run.warmup_s or not trace.timestamped:
+        return
+    raise UserError(f"trace {s.trace.path}: its {len(trace.records):,} requests arrive over {span:.2f} s at "
+                    f"--trace-speedup {s.trace.speedup:g}, all inside the {s.run.warmup_s:g} s warm-up, so nothing "
+                    f"would be measured; lower --warmup (e.g. --warmup 0), lower --trace-speedup, or raise "
+                    f"--replay-cycles (0 repeats the trace until --duration ends).")
 
 
 def semantic_texts(s: Settings):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import queue
 import threading
+from collections import deque
 from dataclasses import dataclass
 from time import monotonic_ns as now_ns
 
@@ -39,6 +40,7 @@ class RunOutcome:
     dropped_at_stop: int = 0
     users_started: int = 0   # closed loop: users whose first request was issued
     users_paced: int = 0     # of them, those whose first request waited for a short queue (pacing)
+    held_for_turn: int = 0   # open loop: turns that arrived before their session's previous answer, held
     fault: str = ""
     start_ns: int = 0
     end_ns: int = 0
@@ -109,7 +111,17 @@ class _Runner:
         with self._cond:
             self._in_flight += 1
             self.outcome.issued += 1
+            if self._hold(req):
+                return
         self._queue.put(req)
+
+    def _hold(self, req) -> bool:
+        """Under the lock: keep a request back (open loop: its session's previous turn is unanswered)."""
+        return False
+
+    def _held(self) -> int:
+        """Under the lock: requests kept back at the stop (dropped with the queue)."""
+        return 0
 
     def _stop_check(self, now: int, measure_at: int, deadline: int, max_requests: int, exhausted: bool) -> bool:
         """Under the lock: open the window when due; True (reason set) when issuing must stop."""
@@ -196,6 +208,7 @@ class _Runner:
             if req is not None:
                 dropped += 1
         with self._cond:
+            dropped += self._held()
             self._in_flight -= dropped
         self.outcome.dropped_at_stop = dropped
         for _ in threads:
@@ -293,6 +306,36 @@ class OpenLoopRunner(_Runner):
     def __init__(self, arrivals, *args, **kw):
         super().__init__(*args, **kw)
         self.arrivals = arrivals
+        # NOTE: a turn's prompt holds the previous answer, so no server can start it before that answer
+        # exists: a turn that arrives while its session's previous turn is queued or running waits here,
+        # and its intended start becomes the later of its arrival and that answer (the wait is recorded).
+        self._answering: set[int] = set()                    # sessions with a turn queued or running
+        self._waiting: dict[int, deque] = {}                  # session -> turns held, in arrival order
+
+    def _hold(self, req) -> bool:
+        if req.session < 0:
+            return False
+        if req.session not in self._answering:
+            self._answering.add(req.session)
+            return False
+        self._waiting.setdefault(req.session, deque()).append(req)
+        self.outcome.held_for_turn += 1
+        return True
+
+    def _after(self, req, done_ns: int) -> None:
+        held = self._waiting.get(req.session)
+        if not held:
+            self._answering.discard(req.session)
+            return
+        nxt = held.popleft()
+        if not held:
+            del self._waiting[req.session]
+        self.recorder.turn_wait(nxt.intended_ns, done_ns - nxt.intended_ns)
+        nxt.intended_ns = max(nxt.intended_ns, done_ns)
+        self._queue.put(nxt)
+
+    def _held(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
 
     def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:
         if hasattr(self.arrivals, "start"):  # a live source stamps its offsets from our start

@@ -106,6 +106,15 @@ def trace_arrivals(trace: TraceSet, vocab: int, speedup: float, replay_cycles: i
             yield (r.arrival_s - first + shift) / speedup, _builder(r, vocab)
 
 
+def trace_span_s(trace: TraceSet, speedup: float, replay_cycles: int) -> float | None:
+    """Seconds from the first arrival to the last at this speed-up (None: it repeats until the run ends)."""
+    if not replay_cycles or not trace.timestamped or not trace.records:
+        return None
+    span = trace.records[-1].arrival_s - trace.records[0].arrival_s
+    gap = span / max(len(trace.records) - 1, 1)
+    return ((replay_cycles - 1) * (span + gap) + span) / speedup
+
+
 def poisson_arrivals(builds: Iterator[Callable[[], Request]], rate: float, seed: int) -> Iterator[Arrival]:
     """Open-loop arrivals at `rate` per second with exponential gaps (seeded)."""
     rng = np.random.default_rng([seed, 0x9015])

@@ -27,5 +27,6 @@ def results(recorder: Recorder | None = None, tiers=("cpu", "nvme")):
         r = Recorder()
         r.start_measuring(1)
         r.op(tiers[-1], "read", "load", 2 * S // 10, 1000, 2 << 20)
+        r.request(S // 10, S // 10 + 500, 3 * S // 10, 1000, {"tokens.prompt": 32, "tokens.cached": 16})
         r.stop_measuring(2 * S)
     return build_results(r.snapshot(), run_info(tiers), Settings().to_dict(), dict(EXTRA))
