@@ -16,6 +16,7 @@ from kv_cache.recorder.recorder import Snapshot
 from kv_cache.recorder.schema import SCHEMA_VERSION, Results
 from kv_cache.recorder.semantic_metrics import semantic_section
 from kv_cache.recorder.slas import judge, overall
+from kv_cache.recorder.verdict import load_verdict
 
 # Per-request latencies, ms from the intended start: storage (sum of the request's block operations),
 # queue (waiting for a worker), ttft (storage part of time-to-first-token), e2e, handoff (decode node:
@@ -134,13 +135,21 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
     by_source_prompt = _prefixed(c, "tokens.prompt_by_source.")
     by_source_cached = _prefixed(c, "tokens.cached_by_source.")
     series = timeseries(snap, tiers)
+    requests = {"completed": c.get("requests.completed", 0), "per_s": c.get("requests.completed", 0) / window,
+                "issued_in_window": c.get("requests.issued_in_window", 0),
+                "warmup_completed": c.get("warmup.requests", 0), **extra.get("requests", {})}
+    # every issued request is accounted for: completed before or in the window, dropped at the stop, or still
+    # in flight (0 after the drain)
+    requests["in_flight_at_end"] = (requests.get("issued", 0) - requests["warmup_completed"] - requests["completed"]
+                                    - requests.get("dropped_at_stop", 0))
+    request_latency = {k: summary_ms(snap.hists[("request", k, "all")]) for k in REQUEST_LATENCIES
+                       if ("request", k, "all") in snap.hists}
     return Results.from_dict({
         "schema_version": SCHEMA_VERSION,
         "run": {**run_info, "duration_s": window},
         "latency_ms": latency,
         "latency_ms_by_phase": latency_by_phase,
-        "request_latency_ms": {k: summary_ms(snap.hists[("request", k, "all")]) for k in REQUEST_LATENCIES
-                               if ("request", k, "all") in snap.hists},
+        "request_latency_ms": request_latency,
         "qos": qos_section(snap, settings),
         "semantic": semantic_section(snap, settings, tiers),
         "bandwidth_gbps": {t: {d: c.get(f"bytes.{t}.{d}", 0) / window / 1e9 for d in ("read", "write")}
@@ -148,8 +157,10 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
         "bytes": {t: {d: c.get(f"bytes.{t}.{d}", 0) for d in ("read", "write")} for t in tiers},
         "blocks": {t: {d: c.get(f"blocks.{t}.{d}", 0) for d in ("read", "write")} for t in tiers},
         "ops": {t: _prefixed(c, f"ops.{t}.") for t in tiers},
-        "requests": {"completed": c.get("requests.completed", 0),
-                     "per_s": c.get("requests.completed", 0) / window, **extra.get("requests", {})},
+        "requests": requests,
+        "load": load_verdict(requests["issued_in_window"], requests["completed"], window,
+                             request_latency.get("queue", {}).get("p50"), request_latency.get("storage", {}).get("p50"),
+                             run_info["workers"], series),
         "tokens": {"prompt": prompt, "cached": cached, "generated": c.get("tokens.generated", 0),
                    "per_s": prompt / window, "cached_per_s": cached / window,
                    "generated_per_s": c.get("tokens.generated", 0) / window,

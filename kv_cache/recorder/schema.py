@@ -113,6 +113,9 @@ class Requests:
     users_started: int = 0
     users_paced: int = 0
     held_for_previous_turn: int = 0  # open loop: turns that arrived before their session's previous answer
+    issued_in_window: int = 0        # offered load: requests that arrived (were due) inside the window
+    warmup_completed: int = 0        # completed before the window opened
+    in_flight_at_end: int = 0        # issued - warm-up - completed - dropped: 0 after a full drain
 
 
 @dataclass
@@ -192,6 +195,7 @@ class Results:
     blocks: dict[str, ReadWrite]
     ops: dict[str, dict[str, int]]
     requests: Requests
+    load: dict | None            # what decided the numbers: {kind: storage | queue | users, rates, waits, advice}
     tokens: Tokens
     hit_rate: HitRate
     blocks_write_skipped: int

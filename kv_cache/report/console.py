@@ -9,7 +9,7 @@ from __future__ import annotations
 from kv_cache.recorder.schema import Results
 from kv_cache.report.load_control import sections
 from kv_cache.report.semantic import semantic_section
-from kv_cache.report.table import format_table
+from kv_cache.report.table import format_table, pct_ms
 from kv_cache.report.table import ms as _ms
 
 OP_ORDER = ("read", "donor_read", "write", "promote", "demote", "evict")
@@ -22,6 +22,17 @@ def _pct(v) -> str:
 
 def _table(rows: list[list[str]]) -> list[str]:
     return format_table(rows, 2, "  ")
+
+
+SOURCES = ("system", "history", "user", "rag", "rag_chunk", "trace_hash", "template")  # the order shown
+
+
+def source_order(results: Results) -> list[str]:
+    """The sources of this traffic in one fixed order: those the pre-run analysis saw and those the run
+    measured, so a source without hits in this run shows 'n/a' instead of vanishing."""
+    theory = (results.workload.get("theoretical_hit_rate") or {}).get("by_source") or {}
+    seen = set(theory) | set(results.hit_rate.by_source) | set(results.tokens.prompt_by_source)
+    return [s for s in SOURCES if s in seen] + sorted(seen - set(SOURCES))
 
 
 def tier_label(results: Results, tier: str) -> str:
@@ -41,7 +52,7 @@ def header(results: Results) -> list[str]:
     lines = [f"kv-cache-bench {run.tool_version}  run {run.run_id}  [{state}]",
              f"  model {run.model} ({run.kv_dtype}, tp {run.tp}, {run.bytes_per_token:,} B/token), "
              f"{block}; {run.users} users, {run.workers} workers, seed {run.seed}, "
-             f"window {run.duration_s:.1f} s after {run.warmup_s:g} s warm-up"]
+             f"window {run.duration_s:.1f} s{_drain(results)} after {run.warmup_s:g} s warm-up"]
     if run.ranks > 1:
         spread = (results.rank_spread or {}).get(results.bottom, {})
         detail = ", ".join(f"{d} {v['min']:.3f}-{v['max']:.3f} GB/s" for d, v in spread.items()
@@ -63,11 +74,12 @@ def latency_section(results: Results) -> list[str]:
     for tier, ops in results.latency_ms.items():
         for op in sorted(ops, key=lambda o: OP_ORDER.index(o) if o in OP_ORDER else 99):
             s = ops[op]
-            rows.append([tier_label(results, tier), op, f"{s.count:,}", *(_ms(getattr(s, k)) for k in
-                         ("p50", "p90", "p95", "p99", "p999", "max"))])
+            rows.append([tier_label(results, tier), op, f"{s.count:,}", *(pct_ms(s, k) for k in
+                         ("p50", "p90", "p95", "p99", "p999")), _ms(s.max)])
     if len(rows) == 1:
         return ["", "Per-block latency: no block operation in the measurement window."]
-    return ["", f"Per-block latency, ms ({unit}; demote/promote = whole move into the tier named)"] + _table(rows)
+    return (["", f"Per-block latency, ms ({unit}; demote/promote = whole move into the tier named; '-': fewer "
+                 f"samples than the percentile needs, e.g. 1,000 for p99.9)"] + _table(rows))
 
 
 def bandwidth_section(results: Results) -> list[str]:
@@ -90,15 +102,18 @@ def traffic_section(results: Results) -> list[str]:
 
     def pcts(name):
         s = lat.get(name)
-        return "-" if not s or not s.count else f"p50 {_ms(s.p50)} / p95 {_ms(s.p95)} / p99 {_ms(s.p99)} ms"
+        return "-" if not s or not s.count else (f"p50 {pct_ms(s, 'p50')} / p95 {pct_ms(s, 'p95')} / p99 "
+                                                  f"{pct_ms(s, 'p99')} ms ({s.count:,} requests)")
 
     cached_tiers = ", ".join(f"{t} {n:,}" for t, n in tok.cached_by_tier.items() if n)
-    sources = ", ".join(f"{k} {_pct(v)}" for k, v in sorted(hit.by_source.items()))
+    sources = ", ".join(f"{k} {_pct(hit.by_source.get(k))}" for k in source_order(results))
     ver = results.verification
     mem = results.memory
     lines = ["",
-             f"Requests   {req.completed:,} completed ({req.per_s:.2f}/s), {req.issued:,} issued, "
-             f"{req.dropped_at_stop:,} queued at stop (dropped)",
+             f"Requests   {req.issued:,} issued = {req.warmup_completed:,} completed in warm-up + {req.completed:,} "
+             f"completed in the window ({req.per_s:.2f}/s) + {req.dropped_at_stop:,} queued at stop (dropped) + "
+             f"{req.in_flight_at_end:,} in flight",
+             *_verdict(results),
              *_pacing(results), *_turn_order(results),
              f"  storage time per request {pcts('storage')}",
              f"  queue wait               {pcts('queue')}",
@@ -147,7 +162,7 @@ def _theoretical(results: Results) -> str:
     th = results.workload.get("theoretical_hit_rate")
     if not th:
         return "n/a"
-    sources = ", ".join(f"{k} {_pct(v)}" for k, v in sorted(th["by_source"].items()))
+    sources = ", ".join(f"{k} {_pct(th['by_source'].get(k))}" for k in source_order(results))
     achieved = results.hit_rate.tokens
     steady = ""
     if th["tokens"] and achieved is not None:  # how far the cache is from the traffic's steady state
@@ -165,6 +180,24 @@ def _pacing(results: Results) -> list[str]:
     return [f"  users: {req.users_started:,} of {users:,} started; {req.users_paced:,} waited for a short queue "
             f"before their first request (--admission paced: started conversations go on; their latency counts "
             f"from admission)"]
+
+
+def _drain(results: Results) -> str:
+    """The window runs until the requests in flight at --duration have finished: say by how much."""
+    asked = results.settings.get("run", {}).get("duration_s")
+    extra = results.run.duration_s - asked if asked else 0.0
+    return f" (--duration {asked:g} + {extra:.1f} s drain of the requests in flight)" if extra >= 0.05 else ""
+
+
+def _verdict(results: Results) -> list[str]:
+    v = results.load
+    if not v:
+        return []
+    kind = {"queue": "QUEUE-BOUND", "users": "bound by the users' pace", "storage": "storage-bound"}[v["kind"]]
+    wait = (f"; queue wait p50 {_ms(v['queue_wait_p50_ms'])} ms vs storage time p50 {_ms(v['storage_p50_ms'])} "
+            f"ms per request")
+    return [f"  load: {kind}: offered {v['offered_per_s']:.2f} req/s, served {v['served_per_s']:.2f} req/s"
+            f"{wait}: {v['advice']}"]
 
 
 def _turn_order(results: Results) -> list[str]:

@@ -17,3 +17,14 @@ def format_table(rows: list[list[str]], text_columns: int = 2, indent: str = "")
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return [indent + line.rstrip() for line in lines]
+
+
+# A percentile is shown only from enough samples: p needs 1 / (1 - p) of them (p99 100, p99.9 1,000).
+NEEDED = {"p50": 2, "p90": 10, "p95": 20, "p99": 100, "p999": 1000}
+
+
+def pct_ms(summary, key: str) -> str:
+    """One percentile of a Latency summary in ms, or '-' from too few samples to support it."""
+    if summary is None or summary.count < NEEDED.get(key, 1):
+        return "-"
+    return ms(getattr(summary, key))

@@ -108,6 +108,7 @@ class _Runner:
         req.intended_ns = due_ns
         if self.qos is not None:
             req.qos = self.qos.classify(req.user_id, req.seq)
+        self.recorder.count("requests.issued_in_window", start_ns=due_ns)  # the offered load, window only
         with self._cond:
             self._in_flight += 1
             self.outcome.issued += 1
