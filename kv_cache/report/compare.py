@@ -51,6 +51,29 @@ def _fmt(v) -> str:
     return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
 
 
+# Settings that do not change what is measured: where the report goes, how much is printed or traced.
+NOT_MEASURED = ("run.output_dir", "run.run_id", "run.quiet", "run.keep_data", "run.io_trace", "run.telemetry",
+                "run.trials", "run.submission")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and k != "models":
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def setting_differences(runs: list[tuple[str, Results]]) -> list[str]:
+    """The settings (as each run resolved them) that differ between the runs and change the numbers."""
+    flats = [_flat(r.settings) for _, r in runs]
+    keys = sorted(set().union(*flats) - set(NOT_MEASURED))
+    return [f"{k}: " + " | ".join(str(f.get(k, "-")) for f in flats) for k in keys
+            if len({repr(f.get(k)) for f in flats}) > 1]
+
+
 def comparison_table(runs: list[tuple[str, Results]]) -> str:
     header = ["measure", ""] + [name for name, _ in runs] + [f"{name} / {runs[0][0]}" for name, _ in runs[1:]]
     rows = [header]
@@ -64,7 +87,12 @@ def comparison_table(runs: list[tuple[str, Results]]) -> str:
     engine = ["io engine", ""] + [r.run.io_engine for _, r in runs] + [""] * (len(runs) - 1)
     model = ["model", ""] + [r.run.model for _, r in runs] + [""] * (len(runs) - 1)
     storage = ["storage tier", ""] + [r.bottom for _, r in runs] + [""] * (len(runs) - 1)
-    return "\n".join(format_table(rows + [model, engine, storage]))
+    lines = format_table(rows + [model, engine, storage])
+    diff = setting_differences(runs)
+    if diff:
+        lines += ["", f"note: these runs differ in {len(diff)} setting(s) that change the numbers (values in run "
+                      f"order; compare like with like, or read the ratios knowing it):"] + [f"  {d}" for d in diff]
+    return "\n".join(lines)
 
 
 def comparison_plots(runs: list[tuple[str, Results]], folder: Path) -> list[Path]:

@@ -27,7 +27,23 @@ from kv_cache.recorder.schema import Results, SchemaError
 SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean")
 
 
-def _add_setting_flags(p: argparse.ArgumentParser) -> None:
+# The flags a first run needs; --help shows these, --help-all every setting.
+COMMON = {"run.duration_s", "run.warmup_s", "run.max_requests", "run.seed", "run.output_dir", "run.run_id",
+          "run.quiet", "model.name", "model.block_tokens", "tiers.gpu", "tiers.gpu_mem_gb", "tiers.cpu_mem_gb",
+          "tiers.nvme_gb", "tiers.cache_dir", "tiers.io_engine", "tiers.null_io", "cache.policy", "workload.users",
+          "schedule.workers", "schedule.arrival", "trace.path", "trace.speedup"}
+SUBCOMMAND_HELP = """sub-commands (kv_cache_benchmark.py COMMAND --help for each):
+  (none)    run the benchmark with the flags below
+  report    re-render the summary (and --plots) of a run folder or results.json
+  compare   headline numbers of several runs side by side, ratios to the first
+  policies  one request sequence through several eviction policies, compared
+  validate  check a submission package (--submission) against its manifest and rules
+  clean     remove what killed runs left in the cache and report folders
+
+--help-all lists every setting's flag (config.yaml documents each key too)."""
+
+
+def _add_setting_flags(p: argparse.ArgumentParser, full: bool = True) -> None:
     for section in ("run", "model", "tiers", "cache", "workload", "schedule", "trace", "rag", "qos", "autoscale",
                     "disagg", "semantic"):
         group = p.add_argument_group(f"{section} settings (config.yaml section '{section}')")
@@ -36,9 +52,11 @@ def _add_setting_flags(p: argparse.ArgumentParser) -> None:
                 continue
             name, meta = flag_name(dotted, f), f.metadata
             text = meta["help"] + (f" [default: {f.default}]" if not isinstance(f.default, bool) else "")
+            if not full and dotted not in COMMON:
+                text = argparse.SUPPRESS  # still accepted: --help-all shows it
             if typ is bool and f.default:  # the flag turns the feature off: say so before what the feature is
-                group.add_argument("--no-" + name[2:], dest=dotted, action="store_false",
-                                   default=argparse.SUPPRESS, help=f"Turn off (on by default): {text}")
+                group.add_argument("--no-" + name[2:], dest=dotted, action="store_false", default=argparse.SUPPRESS,
+                                   help=text if text == argparse.SUPPRESS else f"Turn off (on by default): {text}")
             elif typ is bool:
                 group.add_argument(name, dest=dotted, action="store_true", default=argparse.SUPPRESS, help=text)
             else:
@@ -47,20 +65,29 @@ def _add_setting_flags(p: argparse.ArgumentParser) -> None:
                                    choices=meta.get("choices"), metavar=metavar)
 
 
-def run_parser() -> argparse.ArgumentParser:
+def run_parser(full: bool = True) -> argparse.ArgumentParser:
+    """The run's flags; full=False hides all but the common ones from --help (every flag is still accepted)."""
     p = argparse.ArgumentParser(prog="kv_cache_benchmark.py",
-                                description="Block-level KV-cache storage benchmark (GPU / CPU / NVMe tiers).")
+                                description="Block-level KV-cache storage benchmark (GPU / CPU / NVMe tiers).",
+                                epilog=SUBCOMMAND_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"kv-cache-bench {__version__}")
+    p.add_argument("--help-all", action="store_true", help="Show every setting's flag and exit.")
     p.add_argument("--config", help="YAML settings file (default: the repository's config.yaml).")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="Override any setting, e.g. --set profiles.chatbot.think_time_s=0.1,0.2 (repeatable).")
     p.add_argument("--list-models", action="store_true", help="Print the model table and exit.")
-    _add_setting_flags(p)
+    _add_setting_flags(p, full)
+    if not full:  # group titles with no visible flag would print empty sections
+        p._action_groups = [g for g in p._action_groups
+                            if any(a.help != argparse.SUPPRESS for a in g._group_actions)]
     return p
 
 
 def _cmd_run(argv: list[str]) -> int:
-    args = vars(run_parser().parse_args(argv))
+    args = vars(run_parser(full="--help-all" in argv).parse_args(argv))
+    if args.pop("help_all"):
+        run_parser().print_help()
+        return 0
     config, sets, list_models = args.pop("config"), args.pop("set"), args.pop("list_models")
     settings = resolve(config, sets, args)
     if list_models:
@@ -90,7 +117,7 @@ def _cmd_policies(argv: list[str]) -> int:
     if unknown or not names:
         raise UserError(f"--policies: unknown policy '{(unknown or [''])[0]}'; known: {', '.join(POLICIES)}.")
     ms = args.pop("prefill_ms_per_token")
-    config, sets, _ = args.pop("config"), args.pop("set"), args.pop("list_models")
+    config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
     settings = resolve(config, sets, args)
     if not settings.run.max_requests:
         raise UserError("policies replays a fixed sequence: give its length with --max-requests N.")

@@ -11,7 +11,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from kv_cache.config import Settings
+from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.donors import store_bytes
 from kv_cache.lifecycle.executor import WorkerBuffers
@@ -56,6 +56,19 @@ class RunContext:
     role_done: bool = False
     gds: object = None      # the GdsLink of --gds
 
+
+
+def resolved(s: Settings, b: RunContext) -> Settings:
+    """The settings as the run ran them: what 0 or empty chose (workers, cache directory, the bottom tier's
+    size) written in, so settings.yaml given back to --config repeats this run and not a new choice."""
+    if not s.schedule.workers:
+        s = replace(s, "schedule.workers", b.workers)
+    if b.site is not None:
+        if not s.tiers.cache_dir:
+            s = replace(s, "tiers.cache_dir", b.site.cache_dir)
+        if not s.tiers.nvme_gb:  # a whole number of slots: GiB as a float is exact here (a power of 2)
+            s = replace(s, "tiers.nvme_gb", b.tiers[-1].capacity_bytes / GiB)
+    return s
 
 
 def geometry(s: Settings) -> Geometry:

@@ -38,6 +38,7 @@ from kv_cache.run.compose import (
     geometry,
     memory_budget,
     open_gpu,
+    resolved,
     semantic_reuse,
     storage_site,
     worker_state,
@@ -269,7 +270,7 @@ def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: 
         job = trace.fio_job(b.site.cache_dir if b.site else ".", b.site.engine if b.site else "null",
                             b.workers, s.run.duration_s, b.tiers[-1].capacity_bytes)
         say(f"  I/O trace: {trace.rows:,} operations in {trace.path}; fio job: {job}")
-    results = build_results(st.recorder.snapshot(), run_info(s, b, run_id, outcome, dist), s.to_dict(), {
+    results = build_results(st.recorder.snapshot(), run_info(s, b, run_id, outcome, dist), resolved(s, b).to_dict(), {
         "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop,
                      "users_started": outcome.users_started, "users_paced": outcome.users_paced,
                      "held_for_previous_turn": outcome.held_for_turn},

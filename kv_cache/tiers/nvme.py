@@ -275,6 +275,11 @@ def build(ctx: StackContext) -> tuple[SlottedTier, str]:
     if site is None:
         cap = capacity_of(s.nvme_gb, slot) if s.nvme_gb else NVME_AUTO_MAX
         return NullTier("nvme", max(cap, slot), slot), ""
-    return NvmeTier(site.data_dir, capacity(s, site, slot, ctx.max_object_bytes), slot, site.engine, s.nvme_layout,
-                    int(s.slab_file_gb * GiB), site.engine_note, s.shared_storage, ctx.writer), ""
+    cap = capacity(s, site, slot, ctx.max_object_bytes)
+    note = "" if s.nvme_gb else (f"nvme tier size chosen: {cap / GiB:.2f} GiB = {NVME_AUTO_FRACTION:.0%} of the "
+                                 f"{shutil.disk_usage(site.cache_dir).free / GiB:.1f} GiB free in {site.cache_dir} "
+                                 f"(at most {NVME_AUTO_MAX / GiB:.0f} GiB); it changes with the free space: "
+                                 f"--nvme-gb fixes it (settings.yaml records it)")
+    return NvmeTier(site.data_dir, cap, slot, site.engine, s.nvme_layout, int(s.slab_file_gb * GiB), site.engine_note,
+                    s.shared_storage, ctx.writer), note
 
