@@ -1,0 +1,58 @@
+"""Issue 18: what the run will write is said first, settings.yaml repeats the run, compare warns, help helps."""
+
+import yaml
+from conftest import run_cli
+from results_fixture import results
+
+from kv_cache.config import Settings, replace
+from kv_cache.report.compare import setting_differences
+from kv_cache.run.compose import RunContext, geometry, resolved
+from kv_cache.tiers.registry import StorageSite
+
+
+def test_the_run_says_what_it_writes_and_settings_yaml_repeats_it(small_run):
+    r = run_cli(small_run("a", "--workers", "0", "--duration", "0.5", "--warmup", "0", quiet=False))
+    assert r.returncode == 0, r.stderr
+    assert "writes: about" in r.stdout and "MiB of new KV per request" in r.stdout
+    folder = small_run.out / "a"
+    saved = yaml.safe_load((folder / "settings.yaml").read_text())
+    assert saved["schedule"]["workers"] >= 4  # 0 resolved to what ran
+    assert saved["tiers"]["cache_dir"] == str(small_run.cache.resolve())
+    again = run_cli(["--config", str(folder / "settings.yaml"), "--run-id", "b", "--duration", "0.5", "--quiet"])
+    assert again.returncode == 0, again.stderr
+    assert small_run.results("b")["run"]["workers"] == saved["schedule"]["workers"]
+
+
+def test_an_automatic_tier_size_is_recorded_exactly():
+    s = replace(Settings(), "tiers.nvme_gb", 0.0)
+    geo = geometry(s)
+
+    class Bottom:
+        capacity_bytes = 1234 * geo.slot_bytes
+
+    site = StorageSite("/c", "/c/d", "ext4", "/", "direct")
+    out = resolved(s, RunContext(geo, site, [Bottom()], [], None, 6))
+    assert int(out.tiers.nvme_gb * 2**30) == Bottom.capacity_bytes
+    assert (out.schedule.workers, out.tiers.cache_dir) == (6, "/c")
+    no_site = resolved(replace(s, "schedule.workers", 3), RunContext(geo, None, [Bottom()], [], None, 6))
+    assert (no_site.tiers.nvme_gb, no_site.schedule.workers) == (0, 3)
+
+
+def test_compare_names_the_settings_that_differ_and_ignores_the_others():
+    a, b = results(), results()
+    b.settings = {**b.settings, "tiers": {**b.settings["tiers"], "io_engine": "mmap"},
+                  "run": {**b.settings["run"], "output_dir": "elsewhere", "run_id": "x"}}
+    assert setting_differences([("a", a), ("b", b)]) == ["tiers.io_engine: direct | mmap"]
+
+
+def test_short_help_lists_subcommands_and_the_full_list_is_behind_help_all():
+    short, full = run_cli(["--help"]), run_cli(["--help-all"])
+    assert short.returncode == full.returncode == 0
+    assert len(short.stdout.splitlines()) < 150 < len(full.stdout.splitlines())
+    for sub in ("report", "compare", "policies", "validate", "clean", "--help-all"):
+        assert sub in short.stdout
+    assert "--semantic-threshold" in full.stdout and "--semantic-threshold" not in short.stdout
+    assert "--users" in short.stdout and "--cache-dir" in short.stdout
+    for flag in ("--no-promote", "--no-semantic-context-gate", "--no-semantic-multi-donor", "--no-telemetry"):
+        text = full.stdout.split("\n  " + flag, 1)[1][:200]  # its help entry, not the usage line
+        assert "Turn off" in " ".join(text.split()), flag
