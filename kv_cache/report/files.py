@@ -33,6 +33,24 @@ def write_settings(results: Results, folder: Path) -> Path:
     return path
 
 
+def _significant(v: float, digits: int) -> float:
+    return float(f"{v:.{digits}g}")
+
+
+def csv_value(column: str, v) -> str:
+    """A time-series cell at the precision it has: per-second latencies come from histograms at one
+    significant figure (buckets up to 6.25 % wide), so two significant digits; rates and ratios at 4."""
+    if v is None:
+        return ""
+    if isinstance(v, bool) or isinstance(v, int):
+        return str(v)
+    if column.endswith("_ms"):
+        return f"{_significant(v, 2):g}"
+    if column.endswith("_bytes"):
+        return str(round(v))
+    return f"{v:.4f}".rstrip("0").rstrip(".") if abs(v) < 1000 else f"{v:.1f}"
+
+
 def write_timeseries(results: Results, folder: Path) -> Path:
     path = folder / "timeseries.csv"
     rows = results.timeseries
@@ -41,7 +59,7 @@ def write_timeseries(results: Results, folder: Path) -> Path:
         w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         for row in rows:
-            w.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
+            w.writerow({k: csv_value(k, row.get(k)) for k in columns})
     return path
 
 

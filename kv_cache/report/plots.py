@@ -17,9 +17,9 @@ import numpy as np
 
 from kv_cache.recorder.histogram import decode, merged
 from kv_cache.recorder.schema import Results
-from kv_cache.report.console import tier_label
+from kv_cache.report.console import source_order, tier_label
 from kv_cache.report.figure import save
-from kv_cache.report.plots_control import autoscale_curve, qos_attainment
+from kv_cache.report.plots_control import draw_autoscale, draw_qos
 
 PCTS = (50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 99.99, 100.0)
 
@@ -32,31 +32,50 @@ def _nines(p: float) -> float:
     return -np.log10(max(1.0 - p / 100.0, 1e-5))
 
 
-def latency_percentiles(results: Results, folder: Path) -> Path | None:
+def supported(p: float, count: int) -> bool:
+    """A percentile is drawn only from enough samples: p needs 1 / (1 - p) of them (max: any)."""
+    return p >= 100.0 or count >= 1.0 / (1.0 - p / 100.0)
+
+
+def latency_curves(results: Results) -> dict[tuple[str, str], tuple[list[float], list[float], int]]:
+    """(tier, op) -> (percentiles, ms, samples) of the block operations of the run's tiers only (request,
+    QoS and donor-lookup latencies are per request, not per block), at the percentiles their count supports."""
     groups: dict[tuple[str, str], list] = {}
     for key, text in results.snapshot["histograms"].items():
         tier, op, _phase = key.split("/")
-        if tier != "request":
+        if tier in results.run.tiers:
             groups.setdefault((tier, op), []).append(decode(text))
-    curves = {k: merged(v) for k, v in groups.items()}
-    curves = {k: h for k, h in curves.items() if h.get_total_count()}
+    out = {}
+    for k, hs in sorted(groups.items()):
+        h = merged(hs)
+        n = h.get_total_count()
+        pcts = [p for p in PCTS if supported(p, n)]
+        if n:
+            out[k] = (pcts, [max(h.get_value_at_percentile(p), 1) / 1e6 for p in pcts], n)
+    return out
+
+
+def draw_latency(results: Results):
+    curves = latency_curves(results)
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(10, 6))
-    x = [_nines(p) for p in PCTS]
-    for (tier, op), h in sorted(curves.items()):
-        y = [max(h.get_value_at_percentile(p), 1) / 1e6 for p in PCTS]
-        ax.plot(x, y, marker="o", label=f"{_label(results, tier)} {op} (n={h.get_total_count():,})")
+    for i, ((tier, op), (pcts, ms, n)) in enumerate(curves.items()):
+        color = f"C{i % 10}"
+        line = [(p, v) for p, v in zip(pcts, ms) if p < 100]  # supported percentiles, joined
+        ax.plot([_nines(p) for p, _ in line], [v for _, v in line], marker="o", color=color,
+                label=f"{_label(results, tier)} {op} (n={n:,})")
+        ax.scatter([_nines(100.0)], [ms[-1]], marker="x", color=color)  # the max: one sample, not a curve
     ax.set_yscale("log")
-    ax.set_xticks(x, [f"p{p:g}" if p < 100 else "max" for p in PCTS])
+    ax.set_xticks([_nines(p) for p in PCTS], [f"p{p:g}" if p < 100 else "max" for p in PCTS])
     ax.set_ylabel("latency per block operation (ms, log scale)")
-    ax.set_xlabel("percentile")
+    ax.set_xlabel("percentile (a curve stops where its sample count cannot support the next one; x: max)")
     run = results.run
     size = f"{run.block_bytes / 2**20:.2f} MiB blocks" if run.block_tokens else "whole-request objects"
-    ax.set_title(f"Per-block latency percentiles — {run.model}, {size}")
+    ax.set_title(f"Per-block latency percentiles — {run.model}, {size} (request latencies: see the summary)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    return save(fig, folder, "latency_percentiles.png")
+    return fig
 
 
 def _full_seconds(results: Results) -> list[dict]:
@@ -65,15 +84,22 @@ def _full_seconds(results: Results) -> list[dict]:
     return [r for r in results.timeseries if r["t_s"] < whole]
 
 
-def _size(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
-
-
 def _series(rows: list[dict], key: str) -> np.ndarray:
     return np.array([np.nan if r.get(key) is None else r.get(key, 0) for r in rows], dtype=float)
 
 
-def throughput(results: Results, folder: Path) -> Path | None:
+SMOOTH_S = 5  # requests per second jump 0/1/2 at low rates: a moving mean over this many seconds reads
+
+
+def moving_mean(values: np.ndarray, window: int = SMOOTH_S) -> np.ndarray:
+    """Trailing mean over up to `window` seconds (shorter at the start)."""
+    out = np.empty_like(values, dtype=float)
+    for i in range(len(values)):
+        out[i] = np.nanmean(values[max(0, i - window + 1):i + 1])
+    return out
+
+
+def draw_throughput(results: Results):
     rows = _full_seconds(results)
     if not rows:
         return None
@@ -86,65 +112,93 @@ def throughput(results: Results, folder: Path) -> Path | None:
     ax1.set_title("Bandwidth per tier and direction (demotions included)")
     ax1.grid(alpha=0.3)
     ax1.legend(fontsize=8, ncol=2)
-    ax2.plot(t, _series(rows, "requests"), label="requests completed / s")
+    req = _series(rows, "requests")
+    ax2.bar(t, req, width=0.9, color="C0", alpha=0.25, label="requests completed in each second")
+    ax2.plot(t, moving_mean(req), color="C0", lw=2, label=f"requests / s ({SMOOTH_S} s moving mean)")
     ax2.set_ylabel("requests / s")
+    ax2.set_ylim(bottom=0)
     ax2b = ax2.twinx()
     ax2b.plot(t, _series(rows, "ops"), color="tab:gray", alpha=0.6, label="block operations / s")
     ax2b.set_ylabel("block operations / s")
+    ax2b.set_ylim(bottom=0)
     ax2.set_xlabel("seconds into the measurement window")
     ax2.set_title("Throughput")
     ax2.grid(alpha=0.3)
     lines = ax2.get_legend_handles_labels()[0] + ax2b.get_legend_handles_labels()[0]
     ax2.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="upper left")
-    return save(fig, folder, "throughput.png")
+    return fig
 
 
-def occupancy(results: Results, folder: Path) -> Path | None:
+def draw_occupancy(results: Results):
     rows = _full_seconds(results)
     if not rows or not any("queue_depth" in r for r in rows):
         return None
     t = _series(rows, "t_s")
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    for tier, info in results.run.tiers.items():
-        used = _series(rows, f"{tier}_used_bytes") / 2**30
-        ax1.plot(t, used, label=f"{_label(results, tier)} (capacity {_size(info.capacity_bytes)})")
-    ax1.set_ylabel("GiB held")
+    for tier, info in results.run.tiers.items():  # % of each tier's own capacity: a small tier stays visible
+        used = _series(rows, f"{tier}_used_bytes")
+        ax1.plot(t, 100 * used / max(info.capacity_bytes, 1),
+                 label=f"{_label(results, tier)} (capacity {_size(info.capacity_bytes)})")
+    ax1.set_ylabel("% of the tier's capacity held")
+    ax1.set_ylim(0, 105)
     ax1.set_title("Tier occupancy")
     ax1.grid(alpha=0.3)
     ax1.legend(fontsize=8)
-    ax2.plot(t, _series(rows, "queue_depth"), label="requests queued")
-    ax2.plot(t, _series(rows, "in_flight"), label="requests in flight (queued + running)")
+    queued, flying = _series(rows, "queue_depth"), _series(rows, "in_flight")
+    ax2.step(t, queued, where="post", label="requests queued")
+    ax2.step(t, flying, where="post", label="requests in flight (queued + running)")
+    top = np.nanmax(np.concatenate([queued, flying])) if len(t) else 0
+    ax2.set_ylim(0, max(5.0, 1.15 * (top if np.isfinite(top) else 0)))  # a change of 1 must not fill the axis
     ax2.set_xlabel("seconds into the measurement window")
     ax2.set_ylabel("requests")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
-    return save(fig, folder, "occupancy.png")
+    return fig
 
 
-def hit_rate(results: Results, folder: Path) -> Path | None:
-    achieved = {k: v for k, v in results.hit_rate.by_source.items() if v is not None}
-    theory = (results.workload.get("theoretical_hit_rate") or {}).get("by_source", {})
-    sources = sorted(set(achieved) | {k for k, v in theory.items() if v is not None})
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
+
+
+def _annotate(ax, xs, values) -> None:
+    """The value over each bar; 'n/a' where there is none, so 0 % and missing never look alike."""
+    for x, v in zip(xs, values):
+        ax.text(x, (100 * v if v is not None else 0) + 1.5, "n/a" if v is None else f"{100 * v:.1f}%",
+                ha="center", va="bottom", fontsize=7)
+
+
+def draw_hit_rate(results: Results):
+    theory_all = results.workload.get("theoretical_hit_rate") or {}
+    theory = theory_all.get("by_source") or {}
+    sources = source_order(results)
     if not sources:
         return None
     x = np.arange(len(sources) + 1)
-    labels = ["all (tokens)"] + sources
-    a = [results.hit_rate.tokens or 0] + [achieved.get(s) or 0 for s in sources]
-    th_all = (results.workload.get("theoretical_hit_rate") or {}).get("tokens")
-    b = [th_all or 0] + [theory.get(s) or 0 for s in sources]
+    a = [results.hit_rate.tokens] + [results.hit_rate.by_source.get(s) for s in sources]
+    b = [theory_all.get("tokens")] + [theory.get(s) for s in sources]
     fig, ax = plt.subplots(figsize=(10, 5))
-    ax.bar(x - 0.2, [100 * v for v in a], 0.4, label="achieved (this run)")
-    ax.bar(x + 0.2, [100 * v for v in b], 0.4, label="theoretical (infinite cache)")
-    ax.set_xticks(x, labels)
+    ax.bar(x - 0.2, [100 * (v or 0) for v in a], 0.4, label="achieved (this run)")
+    ax.bar(x + 0.2, [100 * (v or 0) for v in b], 0.4, label="theoretical (infinite cache)")
+    _annotate(ax, x - 0.2, a)
+    _annotate(ax, x + 0.2, b)
+    ax.set_xticks(x, ["all (tokens)"] + sources)
     ax.set_ylabel("token hit rate (%)")
-    ax.set_ylim(0, 105)
-    ax.set_title("Hit rate by source: achieved vs an infinite cache")
+    ax.set_ylim(0, 112)
+    ax.set_title("Hit rate by source: achieved vs an infinite cache (n/a: no prompt token of that source)")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend()
-    return save(fig, folder, "hit_rate.png")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return fig
+
+
+DRAWINGS = (("latency_percentiles.png", draw_latency), ("throughput.png", draw_throughput),
+            ("occupancy.png", draw_occupancy), ("hit_rate.png", draw_hit_rate),
+            ("qos_attainment.png", draw_qos), ("autoscale_curve.png", draw_autoscale))
 
 
 def make_plots(results: Results, folder: Path) -> list[Path]:
-    made = [f(results, folder) for f in (latency_percentiles, throughput, occupancy, hit_rate, qos_attainment,
-                                         autoscale_curve)]
-    return [p for p in made if p is not None]
+    made = []
+    for name, draw in DRAWINGS:
+        fig = draw(results)
+        if fig is not None:
+            made.append(save(fig, folder, name))
+    return made

@@ -8,45 +8,45 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 
 from kv_cache.recorder.schema import Results
-from kv_cache.report.figure import save
 
 
-def qos_attainment(results: Results, folder: Path) -> Path | None:
+def draw_qos(results: Results):
     q = results.qos
     classes = {n: c for n, c in (q or {}).get("classes", {}).items() if c["requests"]}
     if not classes:
         return None
     names = list(classes)
     x = np.arange(len(names))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.5))
     for i, (pct, shift) in enumerate((("p95", -0.2), ("p99", 0.2))):
-        ax1.bar(x + shift, [classes[n]["ttft_ms"][pct] for n in names], 0.4, label=f"TTFT {pct} (measured)",
-                color=f"C{i}")
-        ax1.scatter(x + shift, [classes[n]["targets_ms"][f"ttft_{pct}"] for n in names], marker="_", s=600,
-                    color="k", zorder=3, label="target" if pct == "p95" else None)
+        ax1.bar(x + shift, [classes[n]["ttft_ms"][pct] or np.nan for n in names], 0.4,
+                label=f"TTFT {pct} (measured)", color=f"C{i}")
+        # the target as a line across its bar, as wide as the bar: visible at any scale
+        ax1.hlines([classes[n]["targets_ms"][f"ttft_{pct}"] for n in names], x + shift - 0.2, x + shift + 0.2,
+                   colors="k", linewidth=2.5, zorder=3, label=f"{pct} target")
     ax1.set_xticks(x, names)
     ax1.set_yscale("log")
     ax1.set_ylabel("storage part of TTFT (ms, log)")
-    ax1.set_title("Storage TTFT against the SLA targets")
-    ax1.legend(fontsize=8)
-    ax2.bar(x, [100 * classes[n]["attainment"] for n in names],
-            color=["C2" if classes[n]["met"] else "C3" for n in names])
+    ax1.set_title("Storage TTFT against the SLA targets (black: target)")
+    ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.1), ncol=2)
+    attained = [classes[n]["attainment"] for n in names]
+    ax2.bar(x, [100 * (a or 0) for a in attained], color=["C2" if classes[n]["met"] else "C3" for n in names])
+    for xi, a in zip(x, attained):  # the value on every bar: a 0 % bar has no height but its label
+        ax2.text(xi, 100 * (a or 0) + 1.5, "n/a" if a is None else f"{100 * a:.1f}%", ha="center", fontsize=9)
     ax2.axhline(100 * q["attainment_goal"], color="k", ls="--", lw=1, label=f"goal {q['attainment_goal']:.0%}")
     ax2.set_xticks(x, names)
-    ax2.set_ylim(0, 105)
+    ax2.set_ylim(0, 112)
     ax2.set_ylabel("requests within the p95 target (%)")
-    ax2.set_title("Attainment (green: every target met)")
-    ax2.legend(fontsize=8)
-    return save(fig, folder, "qos_attainment.png")
+    ax2.set_title("Attainment (green: every target met, red: not)")
+    ax2.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.1))
+    return fig
 
 
-def autoscale_curve(results: Results, folder: Path) -> Path | None:
+def draw_autoscale(results: Results):
     a = results.autoscale
     if not a or not a["curve"]:
         return None
@@ -75,4 +75,4 @@ def autoscale_curve(results: Results, folder: Path) -> Path | None:
     ax2.set_title("Latency per step (green: SLAs met, red: not)")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
-    return save(fig, folder, "autoscale_curve.png")
+    return fig

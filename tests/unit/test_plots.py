@@ -1,0 +1,71 @@
+"""Issue 18: plots a storage engineer would show a customer, and a time series at the precision it has."""
+
+import numpy as np
+from results_fixture import S, results
+
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.report.files import csv_value
+from kv_cache.report.plots import draw_hit_rate, draw_latency, draw_occupancy, draw_throughput, latency_curves
+from kv_cache.report.plots_control import draw_qos
+
+
+def _busy_results():
+    r = Recorder()
+    r.start_measuring(1)
+    for i in range(150):
+        r.op("nvme", "read", "load", S // 10 + i, 1_000_000 + 1000 * i, 2 << 20)
+    r.op("cpu", "write", "prefill", S // 10, 50_000, 2 << 20)
+    for i in range(15):  # per-request latencies: never on the per-block plot
+        r.request(S // 10, S // 10 + 10, S // 5 + i, 1000, {"tokens.prompt": 10}, ttft_ns=S // 5, qos="interactive")
+    r.gauge({"queue_depth": 1, "in_flight": 2, "cpu_used_bytes": 2 << 20, "nvme_used_bytes": 6 << 20}, S // 2)
+    r.stop_measuring(3 * S)
+    return results(r)
+
+
+def test_the_per_block_plot_holds_block_operations_at_supported_percentiles_only():
+    curves = latency_curves(_busy_results())
+    assert set(curves) == {("nvme", "read"), ("cpu", "write")}  # no request, qos.* or semantic curve
+    pcts, _, n = curves[("nvme", "read")]
+    assert n == 150 and pcts == [50.0, 75.0, 90.0, 95.0, 99.0, 100.0]  # p99.9 needs 1,000 samples
+    assert curves[("cpu", "write")][0] == [100.0]  # one sample: its max only
+    assert draw_latency(_busy_results()) is not None
+
+
+def test_qos_targets_are_bars_wide_and_a_zero_attainment_is_labelled():
+    res = _busy_results()
+    res.qos["classes"]["interactive"]["attainment"] = 0.0
+    fig = draw_qos(res)
+    ax1, ax2 = fig.axes
+    segments = [s for c in ax1.collections for s in c.get_segments()]
+    assert segments and all(abs((s[1][0] - s[0][0]) - 0.4) < 1e-9 for s in segments)  # as wide as a bar
+    assert "0.0%" in [t.get_text() for t in ax2.texts]
+    assert ax2.get_legend()._bbox_to_anchor is not None  # the legend sits outside the bars
+
+
+def test_occupancy_in_percent_of_each_tier_and_a_queue_axis_that_does_not_magnify_one_request():
+    res = _busy_results()
+    res.timeseries = [{"t_s": t, "queue_depth": 1 + t % 2, "in_flight": 2, "cpu_used_bytes": 2 << 20,
+                       "nvme_used_bytes": 6 << 20} for t in range(3)]
+    ax1, ax2 = draw_occupancy(res).axes
+    cpu = ax1.get_lines()[0].get_ydata()
+    assert np.allclose(cpu, 100 * (2 << 20) / res.run.tiers["cpu"].capacity_bytes)
+    assert ax1.get_ylim() == (0, 105) and ax2.get_ylim()[1] >= 5
+
+
+def test_requests_per_second_are_smoothed_and_hit_rates_are_labelled():
+    res = _busy_results()
+    res.timeseries = [{"t_s": t, "requests": t % 3, "ops": 5} for t in range(3)]
+    labels = [ln.get_label() for ln in draw_throughput(res).axes[1].get_lines()]
+    assert any("moving mean" in x for x in labels)
+    res.workload = {"theoretical_hit_rate": {"tokens": 0.5, "by_source": {"system": 1.0, "user": 0.0}}}
+    res.hit_rate.by_source = {"user": 0.0}
+    texts = [t.get_text() for t in draw_hit_rate(res).axes[0].texts]
+    assert "n/a" in texts and "0.0%" in texts and "100.0%" in texts
+
+
+def test_timeseries_values_at_the_precision_they_have():
+    assert csv_value("nvme_read_p99_ms", 1048.575) == "1000"
+    assert csv_value("nvme_read_p50_ms", 0.0123456) == "0.012"
+    assert csv_value("nvme_read_gbps", 0.597734121) == "0.5977"
+    assert csv_value("host_mem_used_bytes", 953323520.0) == "953323520"
+    assert csv_value("hit_rate", None) == "" and csv_value("requests", 3) == "3"
