@@ -4,7 +4,7 @@ node's own figures and steady-state detection (pure functions of the Results).""
 from __future__ import annotations
 
 from kv_cache.recorder.schema import Latency, ReadWrite, Results
-from kv_cache.report.table import format_table
+from kv_cache.report.table import format_table, pct_ms
 from kv_cache.report.table import ms as _ms
 
 
@@ -20,8 +20,9 @@ def qos_section(results: Results) -> list[str]:
              "attained", "met"]]
     for name, c in q["classes"].items():
         t, lat, e2e = c["targets_ms"], c["ttft_ms"], c["e2e_ms"]
-        rows.append([name, str(c["priority"]), f"{c['requests']:,}", _ms(lat["p95"]), _ms(t["ttft_p95"]),
-                     _ms(lat["p99"]), _ms(t["ttft_p99"]), _ms(e2e["p95"]), _ms(t["e2e_p95"]),
+        lat, e2e = Latency(**lat), Latency(**e2e)  # '-' where the class has too few requests for the percentile
+        rows.append([name, str(c["priority"]), f"{c['requests']:,}", pct_ms(lat, "p95"), _ms(t["ttft_p95"]),
+                     pct_ms(lat, "p99"), _ms(t["ttft_p99"]), pct_ms(e2e, "p95"), _ms(t["e2e_p95"]),
                      "-" if c["attainment"] is None else f"{c['attainment']:.1%}", _yes(c["met"])])
     return (["", f"QoS (storage part of TTFT = queue wait + prefix load + prefill write, ms; attained = share within "
                  f"the p95 target, goal {q['attainment_goal']:.0%}; e2e p99 judged too): all met: "
