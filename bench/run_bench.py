@@ -10,6 +10,8 @@
 5. Semantic donor lookup per request with 10,000 donors vs the 5 ms target (semantic_bench.py).
 6. Block verification per mode (checksum, full, stamps) vs numpy memcpy (verify_bench.py).
 7. Evictions per second per policy on a 100,000-slot tier vs a 1,000-slot one (policy_bench.py).
+8. The whole program vs fio at 80 MiB, 2 MiB and 512 KiB blocks: device GB/s, per-block p50/p95/p99 vs
+   fio's clat, CPU seconds per GiB (e2e_bench.py; --e2e-sizes '' skips it).
 
 Every figure is a median over --rounds; ratios are ours / the limit, measured in the same
 run. Results go to bench/out/bench.json and a Markdown table on stdout.
@@ -32,7 +34,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpu_bench import gpu_round  # noqa: E402 - beside this file
+from e2e_bench import defaults as e2e_defaults  # noqa: E402 - beside this file
+from e2e_bench import e2e_round  # noqa: E402
+from e2e_bench import table as e2e_table  # noqa: E402
+from gpu_bench import gpu_round  # noqa: E402
 from gpu_bench import lines as gpu_lines  # noqa: E402
 from policy_bench import lines as policy_lines  # noqa: E402
 from policy_bench import policy_round  # noqa: E402
@@ -227,6 +232,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per NVMe phase (after 1 s ramp)")
     p.add_argument("--null-seconds", type=float, default=5.0)
+    p.add_argument("--e2e-sizes", default="80M,2M,512K", help="block sizes of the whole-program vs fio rows")
     a = p.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     block = int(a.block_mib * MiB) // 4096 * 4096
@@ -251,7 +257,8 @@ def main() -> int:
               "null": {w: null_rate(w, a.null_seconds) for w in (1, 2, 4)},
               "gpu": gpu_round(block, max(8, min(blocks, int(8 * GiB // block)))),
               "semantic": semantic_round(), "verify": verify_round(block),
-              "policies": policy_round()}
+              "policies": policy_round(),
+              "e2e": e2e_round(e2e_defaults(dir=a.dir, sizes=a.e2e_sizes, workers=a.threads))}
     n, f, c = result["nvme_tier"], result["fio"], result["cpu"]
     lines = ["| measure | ours | limit | ratio |", "|---|---|---|---|"]
     if f:
@@ -272,6 +279,9 @@ def main() -> int:
     lines += verify_lines(result["verify"])
     lines += policy_lines(result["policies"])
     lines.append("\n(median over rounds, min-max in brackets; ratio = ours / limit)")
+    if result["e2e"]:
+        lines += ["", "The whole program vs fio (same block size, read/write mix, concurrency; one run each):", "",
+                  e2e_table(result["e2e"])]
     print("\n".join(lines))
     out = REPO / "bench" / "out"
     out.mkdir(exist_ok=True)

@@ -148,9 +148,13 @@ class Recorder:
 
     def start_measuring(self, now_ns: int | None = None) -> None:
         self.measure_start_ns = now_ns or time.monotonic_ns()
+        self._cpu_start = time.process_time()  # every thread of this process: the generator's own cost
 
     def stop_measuring(self, now_ns: int | None = None) -> None:
         self.measure_end_ns = now_ns or time.monotonic_ns()
+        start = getattr(self, "_cpu_start", None)
+        if start is not None:  # a counter, so ranks' CPU time adds up in a merge
+            self.count("process.cpu_us", int((time.process_time() - start) * 1e6))
 
     def _second(self, start_ns: int) -> int | None:
         """Index of the measured second start_ns falls in, or None during warm-up."""

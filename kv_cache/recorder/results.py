@@ -124,6 +124,12 @@ def steady_state(rows: list[dict], tolerance: float, window: int) -> dict | None
     return out
 
 
+def _cpu(c: dict, tiers: list[str]) -> dict:
+    cpu_s = c.get("process.cpu_us", 0) / 1e6
+    moved = sum(c.get(f"bytes.{t}.{d}", 0) for t in tiers for d in ("read", "write"))
+    return {"process_s": cpu_s, "per_gib_moved": cpu_s / (moved / 2**30) if moved else None}
+
+
 def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -> Results:
     """Assemble the Results (see schema.py and the README)."""
     c = snap.counters
@@ -179,6 +185,7 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
                          "blocks_discarded": c.get("verification.blocks_discarded", 0),
                          "scope": "whole run, warm-up included"},
         "warmup": {"ops": c.get("warmup.ops", 0), "requests": c.get("warmup.requests", 0)},
+        "cpu": _cpu(c, tiers),
         "timeseries": series,
         "steady_state": steady_state(series, settings["run"]["steady_tolerance"], settings["run"]["steady_window_s"]),
         "mlperf_compatible": {

@@ -172,6 +172,14 @@ class MlperfCompatible:
 
 
 @dataclass
+class Cpu:
+    """CPU time of the benchmark's process(es) in the window (all threads, user + system)."""
+
+    process_s: float = 0.0
+    per_gib_moved: float | None = None  # CPU seconds per GiB read or written in any tier
+
+
+@dataclass
 class Memory:
     peak_rss_bytes: int
     budget_bytes: int
@@ -206,6 +214,7 @@ class Results:
     steady_state: dict | None
     mlperf_compatible: MlperfCompatible
     memory: Memory
+    cpu: Cpu
     occupancy: dict
     workload: dict
     role: dict | None

@@ -129,7 +129,9 @@ def traffic_section(results: Results) -> list[str]:
              + (f" ({ver.failures_in_warmup:,} in warm-up; {ver.blocks_discarded:,} blocks "
                 f"discarded from the cache)  <-- DATA ERRORS" if ver.failures else "")
              + " (whole run, warm-up included)",
-             f"Memory     peak RSS {mem.peak_rss_bytes / GiB:.2f} GiB, budget {mem.budget_bytes / GiB:.2f} GiB"]
+             f"Memory     peak RSS {mem.peak_rss_bytes / GiB:.2f} GiB, budget {mem.budget_bytes / GiB:.2f} GiB; CPU "
+             f"{results.cpu.process_s:.2f} s in the window (all threads)"
+             + (f" = {results.cpu.per_gib_moved:.3f} s per GiB moved" if results.cpu.per_gib_moved else "")]
     m = results.mlperf_compatible
     lines.append(f"MLPerf table names: cached tokens/s {m.cached_tokens_per_s:,.0f}; storage read "
                  f"{m.storage_read_gbps:.3f} GB/s, write {m.storage_write_gbps:.3f} GB/s; storage read p95 "

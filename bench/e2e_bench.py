@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""The whole program against fio on the same directory: does the storage, or the generator, decide?
+
+For each block size, one run of kv_cache_benchmark.py (cache tier off, so every block goes to the
+storage tier) and one fio job with the same block size, the run's read/write mix, the same
+concurrency (numjobs = workers x processes), psync with O_DIRECT, time-based. Reported side by side:
+
+- device GB/s as the block layer saw it (/proc/diskstats of the directory's device; the run's
+  telemetry for ours, a diskstats delta around fio's timed part for fio);
+- per-block p50 / p95 / p99 of reads and writes (ours) against fio's completion latency (clat);
+- CPU seconds per GiB moved: the run's process CPU time in its window (every thread) against
+  fio's usr + sys time of its jobs. Kernel threads (a loop device's worker) are in neither.
+
+Point it at the device under test with --dir. To see the generator's own ceiling, use a fast and
+steady device: a RAM-backed loop device (as root):
+
+    truncate -s 8G /dev/shm/kv.img && LOOP=$(losetup -f --show /dev/shm/kv.img)
+    mkfs.ext4 -q $LOOP && mkdir -p /mnt/kvloop && mount $LOOP /mnt/kvloop
+    python bench/e2e_bench.py --dir /mnt/kvloop
+    umount /mnt/kvloop && losetup -d $LOOP && rm /dev/shm/kv.img
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from kv_cache.recorder.telemetry import disk_of  # noqa: E402
+
+GiB = 2**30
+# (label, model, block tokens): 80 MiB (llama70b, 256 tokens), 2 MiB (llama8b, 16), 512 KiB (llama8b, 4)
+SIZES = {"80M": ("llama70b", 256, 80 << 20), "2M": ("llama8b", 16, 2 << 20), "512K": ("llama8b", 4, 512 << 10)}
+
+
+def diskstats(device: str | None) -> tuple[int, int] | None:
+    """(read bytes, written bytes) of a block device so far."""
+    if device is None:
+        return None
+    for line in Path("/proc/diskstats").read_text().splitlines():
+        f = line.split()
+        if f[2] == device:
+            return int(f[5]) * 512, int(f[9]) * 512
+    return None
+
+
+def ours(args, label: str, out: Path) -> dict:
+    model, tokens, block = SIZES[label]
+    run_id = f"e2e-{label}-{int(time.time())}"
+    cmd = [sys.executable, str(REPO / "kv_cache_benchmark.py"), "--model", model, "--block-tokens", str(tokens),
+           "--cpu-mem-gb", "0", "--gpu", "off", "--cache-dir", args.dir, "--nvme-gb", str(args.nvme_gb),
+           "--workers", str(args.workers), "--duration", str(args.duration), "--warmup", str(args.warmup),
+           "--users", str(args.users), "--output-dir", str(out), "--run-id", run_id, "--quiet",
+           *(["--processes", str(args.processes)] if args.processes > 1 else []), *args.extra]
+    subprocess.run(cmd, check=True)
+    r = json.loads((out / run_id / "results.json").read_text())
+    bottom = r["run"]["bottom_tier"]
+    lat = r["latency_ms"].get(bottom, {})
+    disk = (r.get("telemetry") or {}).get("disk") or {}
+    window = r["run"]["duration_s"]
+    moved = r["bytes"][bottom]["read"] + r["bytes"][bottom]["write"]
+    dev = disk.get("read_bytes", 0) + disk.get("write_bytes", 0)
+    return {"gbps": (dev or moved) / window / 1e9, "device_observed": bool(dev),
+            "read_fraction": r["bytes"][bottom]["read"] / moved if moved else 0.0,
+            "read": {k: lat.get("read", {}).get(k) for k in ("p50", "p95", "p99")},
+            "write": {k: lat.get("write", {}).get(k) for k in ("p50", "p95", "p99")},
+            "cpu_s_per_gib": r["cpu"]["process_s"] / (dev or moved) * GiB if (dev or moved) else None,
+            "workers": r["run"]["workers"], "ranks": r["run"]["ranks"]}
+
+
+def fio(args, label: str, read_fraction: float, jobs: int) -> dict | None:
+    if shutil.which("fio") is None:
+        return None
+    block = SIZES[label][2]
+    work = tempfile.mkdtemp(prefix="e2e-fio-", dir=args.dir)
+    size = max(block, int(args.nvme_gb * GiB) // jobs // block * block)
+    base = ["fio", "--name=kv", f"--directory={work}", f"--bs={block}", "--direct=1", "--ioengine=psync",
+            f"--numjobs={jobs}", f"--size={size}", "--rw=randrw", f"--rwmixread={round(100 * read_fraction)}"]
+    device = disk_of(args.dir)
+    try:
+        subprocess.run(base + ["--create_only=1"], check=True, capture_output=True)  # layout: not timed
+        before, t0 = diskstats(device), time.monotonic()
+        res = subprocess.run(base + ["--time_based", f"--runtime={args.duration}", "--output-format=json"],
+                             check=True, capture_output=True, text=True)
+        elapsed, after = time.monotonic() - t0, diskstats(device)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    jobs_out = json.loads(res.stdout)["jobs"]
+    moved = sum(j[d]["io_bytes"] for j in jobs_out for d in ("read", "write"))
+    runtime = max(j["job_runtime"] for j in jobs_out) / 1e3
+    cpu_s = sum((j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] / 1e3 for j in jobs_out)
+    dev = (after[0] - before[0] + after[1] - before[1]) if before and after else 0
+
+    def clat(d: str) -> dict:
+        pcts = {}
+        for j in jobs_out:  # the worst job's percentile: fio's per-job clat (jobs see the same device)
+            p = j[d]["clat_ns"].get("percentile", {})
+            for k, key in (("p50", "50.000000"), ("p95", "95.000000"), ("p99", "99.000000")):
+                if key in p:
+                    pcts[k] = max(pcts.get(k, 0.0), p[key] / 1e6)
+        return pcts
+
+    return {"gbps": (dev / elapsed if dev else moved / runtime) / 1e9, "device_observed": bool(dev),
+            "read": clat("read"), "write": clat("write"), "cpu_s_per_gib": cpu_s / (moved / GiB) if moved else None}
+
+
+def ratio(a, b) -> str:
+    return f"{a / b:.2f}" if a is not None and b else "-"
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| block | ours GB/s | fio GB/s | ratio | read p95 ours / fio ms | write p95 ours / fio ms | "
+            "p95 ratio (worse) | CPU-s/GiB ours / fio | CPU ratio |\n|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        o, f = r["ours"], r["fio"] or {}
+        p95 = [ratio(o[d].get("p95"), f.get(d, {}).get("p95")) for d in ("read", "write")]
+        worst = max((float(x) for x in p95 if x != "-"), default=None)
+        lines.append(f"| {r['label']} | {o['gbps']:.2f} | {f.get('gbps', 0):.2f} | {ratio(o['gbps'], f.get('gbps'))} | "
+                     f"{o['read']['p95'] or 0:.2f} / {f.get('read', {}).get('p95', 0):.2f} | "
+                     f"{o['write']['p95'] or 0:.2f} / {f.get('write', {}).get('p95', 0):.2f} | "
+                     f"{'-' if worst is None else f'{worst:.2f}'} | {o['cpu_s_per_gib'] or 0:.3f} / "
+                     f"{f.get('cpu_s_per_gib') or 0:.3f} | {ratio(o['cpu_s_per_gib'], f.get('cpu_s_per_gib'))} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", default=str(REPO / "reports" / "cache"), help="The directory under test.")
+    p.add_argument("--sizes", default="80M,2M,512K", help=f"Block sizes among {', '.join(SIZES)}.")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--processes", type=int, default=1)
+    p.add_argument("--users", type=int, default=200)
+    p.add_argument("--duration", type=float, default=12.0)
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--nvme-gb", type=float, default=4.0)
+    p.add_argument("--out", default=str(REPO / "bench" / "out"))
+    p.add_argument("extra", nargs="*", help="More flags for kv_cache_benchmark.py (after --).")
+    args = p.parse_args()
+    rows = e2e_round(args)
+    print(table(rows))
+    return 0
+
+
+def e2e_round(args) -> list[dict]:
+    """One run of ours and one of fio per block size; rows also written to <out>/e2e.json."""
+    os.makedirs(args.dir, exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for label in [s for s in args.sizes.split(",") if s]:
+        o = ours(args, label, out / "e2e-runs")
+        rows.append({"label": label, "ours": o, "fio": fio(args, label, o["read_fraction"], o["workers"] * o["ranks"])})
+        shutil.rmtree(out / "e2e-runs", ignore_errors=True)  # the report folders: only the figures are kept
+    (out / "e2e.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def defaults(**over) -> argparse.Namespace:
+    """The command line's defaults, for make bench (run_bench.py)."""
+    ns = argparse.Namespace(dir=str(REPO / "reports" / "cache"), sizes="80M,2M,512K", workers=4, processes=1,
+                            users=200, duration=12.0, warmup=3.0, nvme_gb=4.0, out=str(REPO / "bench" / "out"),
+                            extra=[])
+    vars(ns).update(over)
+    return ns
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
