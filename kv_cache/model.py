@@ -57,6 +57,8 @@ BUILTIN = (
     _gqa("llama3.1-8b", 32, 8, 128, ("llama8b",)),
     _gqa("llama3.1-70b", 80, 8, 128, ("llama70b", "llama3.1-70b-instruct")),
     _gqa("llama3.1-405b", 126, 8, 128, ("llama405b",)),
+    _gqa("llama2-7b", 32, 32, 128, ("llama7b",), "multi-head attention: 32 KV heads"),
+    _gqa("tiny-1b", 12, 4, 128, ("tinyllama-1.1b",), "MLPerf's reference test model"),
     _gqa("mistral-7b", 32, 8, 128, ("mistral7b",), "v0.1's 4096-token sliding window not modelled"),
     _gqa("qwen2.5-7b", 28, 4, 128),
     _gqa("qwen2.5-72b", 80, 8, 128),

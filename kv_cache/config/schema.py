@@ -129,6 +129,9 @@ class WorkloadSettings:
     max_turns: int = key(50, "A conversation ends after this many turns.", lo=1)
     generation_ms_per_token: float = key(0.0, "Simulated generation time per output token (0: storage stress).",
                                          lo=0.0)
+    decode_writes: bool = key(True, "Write the KV of generated tokens (decode blocks) after each request; off: "
+                                    "prompt (prefill) blocks only, as a prefill-only node (MLPerf's "
+                                    "--prefill-only).")
     vocab_size: int = key(128256, "Token ids are drawn from [0, vocab_size).", lo=2, hi=1 << 31)
 
 

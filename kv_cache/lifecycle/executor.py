@@ -48,6 +48,7 @@ class LifecycleOptions:
     fake_io: bool = False                 # every tier is the null tier: no payload is built or checked
     generation_ms_per_token: float = 0.0  # modelled decode time (0: none)
     rag_chunk: bool = False               # RAG documents cached chunk by chunk (position-free)
+    decode: bool = True                   # write the generated tokens' blocks too (off: a prefill-only node)
 
 
 class Lifecycle:
@@ -57,7 +58,7 @@ class Lifecycle:
         o = options
         self.cache, self.payloads, self.recorder = cache, payloads, recorder
         self.block_tokens, self.bytes_per_token = o.block_tokens, o.bytes_per_token
-        self.planner = Planner(o.block_tokens, o.root, o.rag_chunk)
+        self.planner = Planner(o.block_tokens, o.root, o.rag_chunk, o.decode)
         self.verify = "off" if o.fake_io else o.verify
         self.fake_io = o.fake_io
         self.gen_s_per_token = o.generation_ms_per_token / 1000.0

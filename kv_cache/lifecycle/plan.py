@@ -79,11 +79,12 @@ class KVPlan:
 class Planner:
     """Request -> KVPlan for one model identity (root) and block size."""
 
-    def __init__(self, block_tokens: int, root: bytes, rag_chunk: bool = False):
-        self.block_tokens, self.root, self.rag_chunk = block_tokens, root, rag_chunk
+    def __init__(self, block_tokens: int, root: bytes, rag_chunk: bool = False, decode: bool = True):
+        self.block_tokens, self.root, self.rag_chunk, self.decode = block_tokens, root, rag_chunk, decode
 
     def plan(self, req: Request) -> KVPlan:
-        seq = np.concatenate([req.prompt_tokens, req.output_tokens])
+        # decode off (a prefill-only node): the plan holds the prompt's blocks only, nothing is appended
+        seq = np.concatenate([req.prompt_tokens, req.output_tokens]) if self.decode else req.prompt_tokens
         if self.block_tokens == 0:
             return self._whole(req, seq)
         if self.rag_chunk and req.docs:

@@ -84,6 +84,11 @@ def run_parser(full: bool = True) -> argparse.ArgumentParser:
 
 
 def _cmd_run(argv: list[str]) -> int:
+    from kv_cache.run import mlperf
+
+    reference = mlperf.translate(argv) if mlperf.speaks_reference(argv) else None
+    if reference is not None:
+        argv = reference.argv
     args = vars(run_parser(full="--help-all" in argv).parse_args(argv))
     if args.pop("help_all"):
         run_parser().print_help()
@@ -99,7 +104,16 @@ def _cmd_run(argv: list[str]) -> int:
     from kv_cache.run.pipeline import execute
 
     say = (lambda *a, **k: None) if settings.run.quiet else print
-    return execute(settings, say)
+    if reference is not None:
+        say("MLPerf reference command line, run here as: " + " ".join(reference.argv))
+        for note in reference.notes:
+            say(f"  note: {note}")
+    status = execute(settings, say)
+    if reference is not None and reference.output:
+        folder = Path(settings.run.output_dir) / settings.run.run_id
+        if (folder / "results.json").exists():
+            say(f"MLPerf fields: {mlperf.write_output(reference.output, folder, reference.profile)}")
+    return status
 
 
 def _cmd_policies(argv: list[str]) -> int:

@@ -237,7 +237,8 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
     fake = all(FAKE_IO in t.flags for t in b.tiers)
     options = LifecycleOptions(s.model.block_tokens, b.geo.bytes_per_token,
                                chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify,
-                               fake, s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk")
+                               fake, s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk",
+                               s.workload.decode_writes)
     life = Lifecycle(cache, payloads, recorder, options, handoff=b.handoff, semantic=semantic_reuse(s, recorder))
     limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
     total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,

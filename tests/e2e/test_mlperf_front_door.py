@@ -1,0 +1,151 @@
+"""Issue 19: the MLPerf reference's command lines run here, map to our settings, and --output writes its fields."""
+
+import json
+
+import pytest
+from conftest import SMALL, run_cli
+from helpers import assert_clean_error
+
+from kv_cache.config import resolve
+from kv_cache.run.mlperf import speaks_reference, translate
+
+FIELDS = ("decode_bytes_read_gb", "avg_throughput_tokens_per_sec", "storage_read_bandwidth_gbps",
+          "storage_write_bandwidth_gbps", "nvme_read_device_p95_ms", "nvme_write_device_p95_ms",
+          "end_to_end_latency_p95_ms", "cache_hit_rate", "autoscaling_stats", "qos_stats")
+
+
+def settings_of(*argv):
+    """Our Settings for a reference command line (what cli._cmd_run resolves)."""
+    t = translate(list(argv))
+    sets = [t.argv[i + 1] for i, a in enumerate(t.argv) if a == "--set"]
+    return resolve(None, sets, {}), t
+
+
+# Their four documented tests, shortened (duration, users, sizes) and pointed at the test's folders.
+TESTS = {
+    "storage_baseline": ["--model", "llama3.1-8b", "--num-users", "8", "--duration", "2", "--gpu-mem-gb", "0",
+                         "--cpu-mem-gb", "0", "--max-concurrent-allocs", "16", "--generation-mode", "none"],
+    "production_three_tier": ["--model", "llama3.1-8b", "--num-users", "8", "--duration", "2", "--gpu-mem-gb", "0.05",
+                              "--cpu-mem-gb", "0.03", "--generation-mode", "fast"],
+    "qos_autoscaler": ["--model", "llama3.1-8b", "--num-users", "8", "--duration", "3", "--gpu-mem-gb", "0",
+                       "--cpu-mem-gb", "0.03", "--enable-autoscaling", "--autoscaler-mode", "qos",
+                       "--generation-mode", "none"],
+    "capacity_autoscaler_70b": ["--model", "llama3.1-70b-instruct", "--num-users", "8", "--duration", "3",
+                                "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.03", "--enable-autoscaling",
+                                "--autoscaler-mode", "capacity", "--generation-mode", "none"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TESTS))
+def test_their_documented_tests_run_and_write_their_fields(name, tmp_path):
+    out = tmp_path / f"{name}.json"
+    steps = ["--set", "autoscale.step_s=0.5", "--set", "autoscale.cooldown_s=0.1", "--set",
+             "autoscale.start_users=2", "--set", "autoscale.step_users=2"] if "autoscaler" in name else []
+    r = run_cli([*TESTS[name], "--cache-dir", str(tmp_path), "--storage-capacity-gb", "0.25", "--seed", "42",
+                 "--output", str(out), "--config", str(SMALL), "--block-tokens", "16",
+                 "--output-dir", str(tmp_path / "reports"), *steps], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "MLPerf reference command line, run here as:" in r.stdout
+    data = json.loads(out.read_text())
+    for f in FIELDS:
+        assert f in data, f
+    assert data["requests_completed"] > 0 and data["storage_write_bandwidth_gbps"] > 0
+    assert data["seed"] == 42 and (tmp_path / "reports" / data["results_json"]).exists()
+    if "autoscaler" in name:
+        assert data["autoscaling_stats"] and data["autoscaling_stats"][0]["mode"] in ("qos", "capacity")
+
+
+MAPPED = [  # (their flags, our key, expected value)
+    (["--num-users", "37"], "workload.users", 37),
+    (["--gpu-mem-gb", "8", "--num-gpus", "2"], "tiers.gpu_mem_gb", 16.0),
+    (["--num-gpus", "2"], "tiers.gpus", 2),
+    (["--tensor-parallel", "2"], "model.tp", 2),
+    (["--gpu-mem-gb", "0"], "tiers.gpu", "off"),
+    (["--generation-mode", "none"], "workload.generation_ms_per_token", 0.0),
+    (["--generation-mode", "fast"], "workload.generation_ms_per_token", 2.0),
+    (["--generation-mode", "realistic"], "workload.generation_ms_per_token", 30.0),
+    (["--disable-multi-turn"], "workload.max_turns", 1),
+    (["--disable-prefix-caching"], "workload.num_system_prompts", 0),
+    (["--enable-rag"], "rag.enabled", True),
+    (["--rag-num-docs", "25"], "rag.num_documents", 25),
+    (["--enable-autoscaling"], "autoscale.mode", "qos"),
+    (["--enable-autoscaling", "--autoscaler-mode", "capacity"], "autoscale.mode", "capacity"),
+    (["--use-burst-trace", "--burst-trace-path", "b.csv"], "trace.path", "b.csv"),
+    (["--use-burst-trace"], "trace.format", "burstgpt"),
+    (["--dataset-path", "s.json", "--use-burst-trace"], "trace.path", "s.json"),
+    (["--dataset-path", "s.json", "--max-conversations", "50"], "trace.max_conversations", 50),
+    (["--max-concurrent-allocs", "16"], "schedule.workers", 16),
+    (["--request-rate", "5"], "schedule.request_rate", 5.0),
+    (["--request-rate", "5"], "schedule.arrival", "poisson"),
+    (["--storage-capacity-gb", "3"], "tiers.nvme_gb", 3.0),
+    (["--precondition-size-gb", "9", "--storage-capacity-gb", "3"], "tiers.precondition_passes", 3),
+    (["--precondition-size-gb", "9"], "tiers.precondition", True),
+    (["--prefill-only"], "workload.decode_writes", False),
+    (["--prefill-only", "--handoff-dir", "/tmp"], "disagg.role", "prefill"),
+    (["--decode-only", "--handoff-dir", "/tmp"], "disagg.role", "decode"),
+    (["--io-trace-log", "t.csv.zst"], "run.io_trace", "t.csv.zst"),
+    (["--num-users", "5"], "run.warmup_s", 0.0),  # the reference measures from the start
+    (["--num-users", "5"], "model.name", "llama3.1-8b"),  # its default model
+    (["--num-users", "5", "--warmup", "2"], "run.warmup_s", 2.0),  # our flag given: kept
+]
+
+
+@pytest.mark.parametrize("flags, dotted, want", MAPPED, ids=[" ".join(m[0]) for m in MAPPED])
+def test_every_mapped_flag_changes_what_it_should(flags, dotted, want):
+    assert speaks_reference(flags)
+    s, t = settings_of(*flags)
+    section, name = dotted.split(".")
+    if "--warmup" in flags:  # our own flag: it stays a flag, parsed by our parser after translation
+        assert "--warmup" in t.argv
+        return
+    assert getattr(getattr(s, section), name) == want
+
+
+def test_flags_shared_by_name_pass_through_and_ours_alone_are_not_translated():
+    assert not speaks_reference(["--model", "llama70b", "--users", "20", "--duration", "5"])
+    t = translate(["--num-users", "3", "--duration", "7", "--cpu-mem-gb", "2", "--seed", "9"])
+    assert t.argv[:6] == ["--duration", "7", "--cpu-mem-gb", "2", "--seed", "9"]
+    assert "tiers.cpu_mem_gb=32.0" not in " ".join(t.argv)  # their default only when the flag is left out
+
+
+@pytest.mark.parametrize("flag", ["--xlsx-output", "--validation-trace", "--enable-latency-tracing",
+                                  "--target-saturation", "--precondition-threads"])
+def test_an_unmapped_flag_is_refused_by_name(flag, tmp_path):
+    r = run_cli(["--num-users", "2", flag, "x", "--duration", "1"], timeout=60)
+    assert_clean_error(r, flag, "not supported here")
+
+
+def test_decode_only_without_a_prefill_node_says_how(tmp_path):
+    assert_clean_error(run_cli(["--decode-only", "--num-users", "2"], timeout=60), "--decode-only", "--handoff-dir")
+
+
+def test_their_config_file_maps_known_keys_and_names_the_rest(tmp_path):
+    cfg = tmp_path / "ref.yaml"
+    cfg.write_text("user_templates:\n  chatbot: {context_range: [100, 200], generation_range: [10, 20],"
+                   " think_time_range: [0.1, 0.2]}\n"
+                   "qos_profiles:\n  interactive: {target_latency_p95_ms: 60, target_latency_p99_ms: 120, priority: 3,"
+                   " target_latency_p999_ms: 150}\n"
+                   "qos_distribution: {interactive_probability: 0.2, responsive_threshold: 0.6}\n"
+                   "eviction: {max_recursion_depth: 10}\n")
+    s, t = settings_of("--config", str(cfg))
+    assert s.profiles.chatbot.context_tokens == (100, 200) and s.profiles.chatbot.output_tokens == (10, 20)
+    assert s.qos.interactive.e2e_p95_ms == 60 and s.qos.interactive.e2e_p99_ms == 120
+    assert s.qos.mix == "interactive=0.2,responsive=0.4,batch=0.4"
+    note = next(n for n in t.notes if "not applied here" in n)
+    assert "eviction.max_recursion_depth" in note and "qos_profiles.interactive.target_latency_p999_ms" in note
+    assert "user_templates" not in note and "qos_distribution" not in note
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("user_templates: {}\nfoo: {a: 1}\n")
+    with pytest.raises(Exception, match="'foo'"):
+        translate(["--config", str(bad)])
+
+
+@pytest.mark.parametrize("name, bytes_per_token", [("tiny-1b", 24_576), ("mistral-7b", 131_072),
+                                                   ("llama2-7b", 524_288), ("llama3.1-8b", 131_072),
+                                                   ("llama3.1-70b-instruct", 327_680), ("deepseek-v3", 70_272),
+                                                   ("qwen3-32b", 262_144), ("gpt-oss-120b", 73_728),
+                                                   ("gpt-oss-20b", 49_152)])
+def test_their_model_names_resolve_with_their_bytes_per_token(name, bytes_per_token):
+    from kv_cache.model import find_model
+
+    assert find_model(name).bytes_per_token("fp16") == bytes_per_token
