@@ -33,7 +33,7 @@ import numpy as np
 
 from kv_cache.cache.chains import CORRUPT, DROPPING, READY, Entry, PrefixStructure
 from kv_cache.cache.policies import make_policy
-from kv_cache.tiers.base import FAKE_IO, SHARED, SIMULATED
+from kv_cache.tiers.base import FAKE_IO, IO_UNITS, SHARED, SIMULATED
 
 MOVING = "moving"
 
@@ -165,6 +165,7 @@ class BlockCache(PrefixStructure):
             else:
                 self.recorder.op(self.names[mv.dst], "demote", "evict", start, dur, e.nbytes, e.key)
                 self.recorder.add_bytes(src.name, "read", start, e.nbytes)
+                self._io_units(mv.dst, "demote", "evict", start)
             with self._cond:
                 self.leaving[mv.src] -= mv.leaving_slots  # its slots are physically free now
                 if mv.dst is None:
@@ -272,6 +273,11 @@ class BlockCache(PrefixStructure):
         if e.state == CORRUPT and not e.pins and self.index.get(e.key) is e:
             self._drop(e)
 
+    def _io_units(self, t: int, op: str, phase: str, start: int) -> None:
+        """A tier that cut the block into timed I/Os (--io-unit layer): their latencies beside the block's."""
+        if IO_UNITS in self.tiers[t].flags:
+            self.recorder.io_units(self.names[t], op, phase, start, self.tiers[t].io_times())
+
     def read(self, e: Entry, out: np.ndarray, phase: str, op: str = "read") -> int:
         """Read a pinned block into out; return the tier index it came from (op: read, donor_read)."""
         t = e.tier
@@ -282,6 +288,7 @@ class BlockCache(PrefixStructure):
         else:
             self.tiers[t].get(e.key, out[: e.nbytes])
         self.recorder.op(self.names[t], op, phase, start, now_ns() - start, e.nbytes, e.key)
+        self._io_units(t, op, phase, start)
         if gds:
             self.gds.to_host(land, out[: e.nbytes])  # untimed: only to verify the stamps
         return t
@@ -361,6 +368,7 @@ class BlockCache(PrefixStructure):
             start = now_ns()
             self.tiers[e.tier].put(e.key, buf[: e.nbytes])
             self.recorder.op(self.names[e.tier], "write", phase, start, now_ns() - start, e.nbytes, e.key)
+            self._io_units(e.tier, "write", phase, start)
         except BaseException:
             self.abort(res)
             raise

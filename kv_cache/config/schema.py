@@ -93,6 +93,11 @@ class TierSettings:
     nvme_layout: str = key("slab", "slab: preallocated files of fixed slots; file-per-block: one file per "
                                    "block, created and unlinked.", choices=("slab", "file-per-block"))
     slab_file_gb: float = key(4.0, "Size of one slab file in GiB (slab layout).", lo=0.001)
+    io_unit: str = key("block", "How an engine moves a block to and from the NVMe tier: block (one I/O per block) "
+                                "or layer (one I/O per layer group, as layer-wise offloading engines do; each I/O's "
+                                "latency is recorded beside the block's, as <op>_io).", "--io-unit",
+                       choices=("block", "layer"))
+    layers_per_io: int = key(1, "With --io-unit layer: layers moved by one I/O.", lo=1, hi=1024)
     allow_tmpfs: bool = key(False, "Accept a cache directory on tmpfs/ramfs (then the NVMe tier measures RAM).")
     precondition: bool = key(False, "Before measuring, write the NVMe tier's space sequentially (SNIA habit), "
                                     "showing each pass's bandwidth; not part of any statistic.")

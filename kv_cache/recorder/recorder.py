@@ -195,6 +195,15 @@ class Recorder:
             shard.series[(sec, f"bytes.{tier}.{direction}")] += nbytes
         shard.series[(sec, "ops")] += 1
 
+    def io_units(self, tier: str, op: str, phase: str, start_ns: int, times: list[tuple[int, int]]) -> None:
+        """The I/Os one block operation was cut into (--io-unit layer): their latencies as <op>_io; their
+        bytes are the block's, already counted by op()."""
+        if self._second(start_ns) is None:
+            return
+        h = self._shard().hist((tier, f"{op}_io", phase))
+        for ns, _nbytes in times:
+            record(h, max(ns, 1))
+
     def add_bytes(self, tier: str, direction: str, start_ns: int, nbytes: int) -> None:
         """Bytes moved as part of another op (the source side of a demotion)."""
         sec = self._second(start_ns)

@@ -12,7 +12,7 @@ from kv_cache.report.semantic import semantic_section
 from kv_cache.report.table import format_table, pct_ms
 from kv_cache.report.table import ms as _ms
 
-OP_ORDER = ("read", "donor_read", "write", "promote", "demote", "evict")
+OP_ORDER = ("read", "read_io", "donor_read", "write", "write_io", "promote", "demote", "demote_io", "evict")
 MiB, GiB = 2**20, 2**30
 
 

@@ -188,6 +188,14 @@ def gds_link(s: Settings, tiers: list, backend, geo: Geometry) -> GdsLink | None
     return open_link(tiers, backend, workers(s) + 1, geo.max_object_bytes)
 
 
+def io_unit_bytes(s: Settings, geo: Geometry) -> int:
+    """--io-unit layer: a block's bytes over its layer groups, rounded up to 4 KiB (O_DIRECT's alignment)."""
+    if s.tiers.io_unit != "layer" or not geo.block_bytes:
+        return 0
+    groups = max(1, -(-geo.model.layers // s.tiers.layers_per_io))
+    return -(-geo.block_bytes // groups // 4096) * 4096
+
+
 def semantic_reuse(s: Settings, recorder) -> SemanticReuse | None:
     """Donor discovery for --semantic: the embedder named by --semantic-embedder and an empty donor store."""
     if not s.semantic.enabled:
@@ -218,5 +226,6 @@ def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None,
     fill(key, out) rebuilds a block's payload; a simulated tier uses it to hand back real bytes.
     gpu: the device backend of a real GPU tier (see open_gpu), or None.
     """
-    ctx = StackContext(s.tiers, geo.slot_bytes, geo.max_object_bytes, workers(s) + 1, site, fill, writer, gpu)
+    ctx = StackContext(s.tiers, geo.slot_bytes, geo.max_object_bytes, workers(s) + 1, site, fill, writer, gpu,
+                       io_unit_bytes(s, geo))
     return build_stack(ctx)

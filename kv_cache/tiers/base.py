@@ -23,6 +23,7 @@ SIMULATED = "simulated"            # timing comes from a model, not a device
 SHARED = "shared"                  # other processes write and evict blocks here too (hook: adopt)
 PINS_HOST = "pins_host"            # registers host buffers for direct DMA (hook: pin_host)
 PRECONDITIONS = "preconditions"    # can write its whole space before the run (hook: precondition)
+IO_UNITS = "io_units"              # moves a block as several timed I/Os (hook: io_times)
 
 
 @runtime_checkable
@@ -82,6 +83,10 @@ class SlottedTier:
     # Optional hooks: a tier that has the capability overrides the hook and declares the flag.
     def pin_host(self, arr: np.ndarray) -> None:
         """PINS_HOST: register a host buffer for direct DMA; nothing to do elsewhere."""
+
+    def io_times(self) -> list[tuple[int, int]]:
+        """IO_UNITS: (ns, bytes) of each I/O of this thread's last put or get; none elsewhere."""
+        return []
 
     def adopt(self, key: int) -> int | None:
         """SHARED: take over a block another process published here (its bytes), or None."""

@@ -25,9 +25,9 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import BlockVanished, RunFault, UserError
-from kv_cache.tiers.base import DIRECT_IO, NEEDS_ALIGNMENT, PRECONDITIONS, SHARED, SlottedTier
+from kv_cache.tiers.base import DIRECT_IO, IO_UNITS, NEEDS_ALIGNMENT, PRECONDITIONS, SHARED, SlottedTier
 from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.posix_io import drop_cached, pread_all, pwrite_all
+from kv_cache.tiers.posix_io import CHUNK, drop_cached, pread_all, pwrite_all
 from kv_cache.tiers.registry import GiB, StackContext, StorageSite, capacity_of, register
 from kv_cache.tiers.slots import runs
 
@@ -64,7 +64,7 @@ class NvmeTier(SlottedTier):
 
     def __init__(self, directory: str, capacity_bytes: int, slot_bytes: int, engine: str,
                  layout: str = "slab", slab_file_bytes: int = 4 << 30, engine_note: str = "", shared: bool = False,
-                 writer: str = "0"):
+                 writer: str = "0", io_unit_bytes: int = 0):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
         if shared:
             layout = "file-per-block"  # other processes must find blocks by name
@@ -75,12 +75,18 @@ class NvmeTier(SlottedTier):
         self.flags = frozenset({NEEDS_ALIGNMENT, PRECONDITIONS} | ({DIRECT_IO} if engine == "direct" else set())
                                | ({SHARED} if shared else set()))
         self.per_file = max(1, slab_file_bytes // slot_bytes)
+        # --io-unit layer: every block moves as I/Os of at most io_unit_bytes, each timed (io_times)
+        self.unit = io_unit_bytes or CHUNK
+        if io_unit_bytes:
+            self.flags = self.flags | {IO_UNITS}
+        self._ios = threading.local()
         self.slabs: list[_Slab] = []
         if layout == "slab":
             self._make_slabs()
         note = f" ({engine_note})" if engine_note else ""
+        unit = f", one I/O per {io_unit_bytes / 2**10:,.0f} KiB (layer group)" if io_unit_bytes else ""
         self.description = (f"{engine}{note}, {layout} in {directory}{' (shared by every rank)' if shared else ''}, "
-                            f"{self.num_slots} slots of {slot_bytes / 2**20:.2f} MiB")
+                            f"{self.num_slots} slots of {slot_bytes / 2**20:.2f} MiB{unit}")
 
     def _make_slabs(self) -> None:
         left = self.num_slots
@@ -100,7 +106,7 @@ class NvmeTier(SlottedTier):
             np.copyto(slab.view[off:off + data.size], data)
             slab.mm.flush(off, data.size)  # msync: the write is on the device when put returns
             return
-        pwrite_all(slab.fd, data, off, slab.path)
+        pwrite_all(slab.fd, data, off, slab.path, self.unit, self._times())
         if self.engine == "buffered":
             os.fdatasync(slab.fd)
             drop_cached(slab.fd, off, data.size)
@@ -113,7 +119,7 @@ class NvmeTier(SlottedTier):
             return
         if self.engine == "buffered":
             drop_cached(slab.fd, off, out.size)
-        pread_all(slab.fd, out, off, slab.path)
+        pread_all(slab.fd, out, off, slab.path, self.unit, self._times())
 
     # ---------------------------------------------------------------- file-per-block layout
 
@@ -130,7 +136,7 @@ class NvmeTier(SlottedTier):
         except OSError as e:
             raise RunFault(f"cannot create {path}: {e.strerror}.") from None
         try:
-            pwrite_all(fd, data, 0, path)
+            pwrite_all(fd, data, 0, path, self.unit, self._times())
             if self.engine == "buffered":
                 os.fdatasync(fd)
                 drop_cached(fd, 0, data.size)
@@ -148,13 +154,20 @@ class NvmeTier(SlottedTier):
         try:
             if self.engine == "buffered":
                 drop_cached(fd, 0, out.size)
-            pread_all(fd, out, 0, path)
+            pread_all(fd, out, 0, path, self.unit, self._times())
         finally:
             os.close(fd)
 
     # ---------------------------------------------------------------- tier protocol
 
+    def _times(self) -> list | None:
+        return self._ios.times if IO_UNITS in self.flags else None
+
+    def io_times(self) -> list[tuple[int, int]]:
+        return getattr(self._ios, "times", [])
+
     def put(self, key: int, buf: np.ndarray) -> None:
+        self._ios.times = []
         slots = self.slots.alloc(key, buf.size)
         try:
             if self.layout == "file-per-block":
@@ -175,6 +188,7 @@ class NvmeTier(SlottedTier):
             return None
 
     def get(self, key: int, out: np.ndarray) -> None:
+        self._ios.times = []
         if SHARED in self.flags and key not in self.slots:  # another rank's block: its size is out's
             self._file_read(key, out)
             return
@@ -281,5 +295,5 @@ def build(ctx: StackContext) -> tuple[SlottedTier, str]:
                                  f"(at most {NVME_AUTO_MAX / GiB:.0f} GiB); it changes with the free space: "
                                  f"--nvme-gb fixes it (settings.yaml records it)")
     return NvmeTier(site.data_dir, cap, slot, site.engine, s.nvme_layout, int(s.slab_file_gb * GiB), site.engine_note,
-                    s.shared_storage, ctx.writer), note
+                    s.shared_storage, ctx.writer, ctx.io_unit_bytes), note
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 import numpy as np
 
@@ -23,12 +24,17 @@ def _fault(what: str, path: str, e: OSError) -> RunFault:
     return RunFault(f"{what} of {path} failed: {e.strerror} (errno {e.errno}).")
 
 
-def _transfer_all(syscall, what: str, fd: int, buf: np.ndarray, offset: int, path: str) -> None:
+def _transfer_all(syscall, what: str, fd: int, buf: np.ndarray, offset: int, path: str, unit: int = CHUNK,
+                  times: list | None = None) -> None:
+    """unit: the most one call moves (an engine's I/O unit); times: gets (ns, bytes) of every call."""
     view = memoryview(buf).cast("B")
     done, total = 0, len(view)
     try:
         while done < total:
-            n = syscall(fd, [view[done:done + min(CHUNK, total - done)]], offset + done)
+            start = time.monotonic_ns()
+            n = syscall(fd, [view[done:done + min(unit, CHUNK, total - done)]], offset + done)
+            if times is not None:
+                times.append((time.monotonic_ns() - start, n))
             if n <= 0:
                 raise OSError(errno.EIO, f"unexpected end of file at byte {offset + done}" if what == "read"
                               else "write moved no byte")
@@ -37,14 +43,16 @@ def _transfer_all(syscall, what: str, fd: int, buf: np.ndarray, offset: int, pat
         raise _fault(what, path, e) from None
 
 
-def pwrite_all(fd: int, buf: np.ndarray, offset: int, path: str = "") -> None:
-    """Write all of buf at offset, however many calls it takes."""
-    _transfer_all(os.pwritev, "write", fd, buf, offset, path)
+def pwrite_all(fd: int, buf: np.ndarray, offset: int, path: str = "", unit: int = CHUNK,
+               times: list | None = None) -> None:
+    """Write all of buf at offset, however many calls it takes (at most unit bytes each)."""
+    _transfer_all(os.pwritev, "write", fd, buf, offset, path, unit, times)
 
 
-def pread_all(fd: int, out: np.ndarray, offset: int, path: str = "") -> None:
-    """Fill all of out from offset, however many calls it takes."""
-    _transfer_all(os.preadv, "read", fd, out, offset, path)
+def pread_all(fd: int, out: np.ndarray, offset: int, path: str = "", unit: int = CHUNK,
+              times: list | None = None) -> None:
+    """Fill all of out from offset, however many calls it takes (at most unit bytes each)."""
+    _transfer_all(os.preadv, "read", fd, out, offset, path, unit, times)
 
 
 def drop_cached(fd: int, offset: int, nbytes: int) -> None:

@@ -46,6 +46,7 @@ class StackContext:
     fill: Callable | None = None  # fill(key, out) rebuilds a payload (a simulated tier hands back real bytes)
     writer: str = "r0"          # this process's name in a shared namespace
     gpu: object = None          # the device backend of a real GPU tier, or None
+    io_unit_bytes: int = 0      # --io-unit layer: the most one I/O of the bottom tier moves (0: a whole block)
 
     @property
     def null_io(self) -> bool:

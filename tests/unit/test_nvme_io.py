@@ -121,3 +121,37 @@ def test_preallocation_failure_is_a_clear_error_and_leaves_no_file(small_tmpfs):
     with pytest.raises(UserError, match="cannot preallocate"):
         NvmeTier(str(d), 32 * SLOT, SLOT, "buffered", slab_file_bytes=32 * SLOT)
     assert os.listdir(d) == [], "a failed preallocation left its file behind"
+
+
+@pytest.mark.parametrize("engine, layout", [("direct", "slab"), ("buffered", "slab"), ("direct", "file-per-block")])
+def test_io_unit_layer_moves_a_block_as_timed_layer_ios(tmp_path, direct_ok, engine, layout):
+    """--io-unit layer: a block is one put/get of several I/Os of the unit's size, each timed; the bytes are the
+    same as moved whole."""
+    unit = 64 << 10
+    (tmp_path / "d").mkdir()
+    (tmp_path / "w").mkdir()
+    tier = NvmeTier(str(tmp_path / "d"), 8 * SLOT, SLOT, engine, layout, io_unit_bytes=unit)
+    whole = NvmeTier(str(tmp_path / "w"), 8 * SLOT, SLOT, engine, layout)
+    data = aligned_buffer(SLOT + SLOT // 2)  # a block over two slots: runs cut at slot boundaries too
+    PayloadPool(seed=3).fill(11, data)
+    tier.put(11, data)
+    writes = tier.io_times()
+    assert len(writes) == data.size // unit and all(n == unit for _, n in writes) and all(ns > 0 for ns, _ in writes)
+    out = aligned_buffer(data.size)
+    tier.get(11, out)
+    assert (out == data).all() and len(tier.io_times()) == data.size // unit
+    whole.put(11, data)
+    assert whole.io_times() == [] and "one I/O per 64 KiB" in tier.description
+    tier.close()
+    whole.close()
+
+
+def test_io_unit_bytes_follow_the_model_layers():
+    from kv_cache.config import resolve
+    from kv_cache.run.compose import geometry, io_unit_bytes
+
+    s = resolve(None, [], {"model.name": "llama70b", "tiers.io_unit": "layer"})  # 80 MiB blocks, 80 layers
+    assert io_unit_bytes(s, geometry(s)) == 1 << 20
+    s = resolve(None, [], {"model.name": "llama70b", "tiers.io_unit": "layer", "tiers.layers_per_io": 8})
+    assert io_unit_bytes(s, geometry(s)) == 8 << 20
+    assert io_unit_bytes(resolve(None, [], {"model.name": "llama70b"}), geometry(s)) == 0
