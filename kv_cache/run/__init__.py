@@ -5,6 +5,8 @@
     compose.py      settings -> geometry, storage site, tier stack (from the tier registry), memory budget
     traffic.py      which traffic source runs (synthetic, semantic, trace replay) and how it arrives
     roles.py        load control and disaggregated roles: QoS, autoscaler, prefill/decode handoff
+    describe.py     what a run says about itself: the banner, the run section of the Results, warnings
+    mlperf.py       the MLPerf reference's command lines and config keys translated; its --output fields
     budget.py       the memory budget checked before anything is allocated
     distributed.py  MPI ranks: agree, broadcast, gather
     trials.py       the median and spread of N trials
