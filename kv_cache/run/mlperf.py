@@ -72,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 REFERENCE_FLAGS = {a.option_strings[0] for a in _parser()._actions}
+# ours too, by the same name: alone they do not make a reference command line
+SHARED_FLAGS = {"--gpu-mem-gb", "--request-rate", "--max-conversations"}
 
 
 @dataclass
@@ -87,7 +89,7 @@ class Translation:
 def speaks_reference(argv: list[str]) -> bool:
     """True when the command line uses a flag only the reference has, or --config names a reference file."""
     flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-    if flags & REFERENCE_FLAGS:
+    if flags & (REFERENCE_FLAGS - SHARED_FLAGS):
         return True
     config = _value_of(argv, "--config")
     return bool(config) and Path(config).is_file() and _is_reference_config(read_config_file(Path(config)))

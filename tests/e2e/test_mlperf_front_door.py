@@ -60,7 +60,7 @@ MAPPED = [  # (their flags, our key, expected value)
     (["--gpu-mem-gb", "8", "--num-gpus", "2"], "tiers.gpu_mem_gb", 16.0),
     (["--num-gpus", "2"], "tiers.gpus", 2),
     (["--tensor-parallel", "2"], "model.tp", 2),
-    (["--gpu-mem-gb", "0"], "tiers.gpu", "off"),
+    (["--gpu-mem-gb", "0", "--num-users", "3"], "tiers.gpu", "off"),
     (["--generation-mode", "none"], "workload.generation_ms_per_token", 0.0),
     (["--generation-mode", "fast"], "workload.generation_ms_per_token", 2.0),
     (["--generation-mode", "realistic"], "workload.generation_ms_per_token", 30.0),
@@ -75,8 +75,8 @@ MAPPED = [  # (their flags, our key, expected value)
     (["--dataset-path", "s.json", "--use-burst-trace"], "trace.path", "s.json"),
     (["--dataset-path", "s.json", "--max-conversations", "50"], "trace.max_conversations", 50),
     (["--max-concurrent-allocs", "16"], "schedule.workers", 16),
-    (["--request-rate", "5"], "schedule.request_rate", 5.0),
-    (["--request-rate", "5"], "schedule.arrival", "poisson"),
+    (["--request-rate", "5", "--num-users", "3"], "schedule.request_rate", 5.0),
+    (["--request-rate", "5", "--num-users", "3"], "schedule.arrival", "poisson"),
     (["--storage-capacity-gb", "3"], "tiers.nvme_gb", 3.0),
     (["--precondition-size-gb", "9", "--storage-capacity-gb", "3"], "tiers.precondition_passes", 3),
     (["--precondition-size-gb", "9"], "tiers.precondition", True),
@@ -102,7 +102,13 @@ def test_every_mapped_flag_changes_what_it_should(flags, dotted, want):
 
 
 def test_flags_shared_by_name_pass_through_and_ours_alone_are_not_translated():
-    assert not speaks_reference(["--model", "llama70b", "--users", "20", "--duration", "5"])
+    from kv_cache.run.cli import run_parser
+    from kv_cache.run.mlperf import REFERENCE_FLAGS, SHARED_FLAGS
+
+    ours = {o for a in run_parser()._actions for o in a.option_strings}
+    assert REFERENCE_FLAGS & ours == SHARED_FLAGS  # every other reference flag is theirs alone
+    assert not speaks_reference(["--model", "llama70b", "--users", "20", "--duration", "5", "--gpu-mem-gb", "1",
+                                 "--request-rate", "3"])
     t = translate(["--num-users", "3", "--duration", "7", "--cpu-mem-gb", "2", "--seed", "9"])
     assert t.argv[:6] == ["--duration", "7", "--cpu-mem-gb", "2", "--seed", "9"]
     assert "tiers.cpu_mem_gb=32.0" not in " ".join(t.argv)  # their default only when the flag is left out
