@@ -9,7 +9,7 @@
 A shared leaf: every stage may read settings; this package imports nothing of the stages.
 """
 
-from kv_cache.config.keys import coerce, key, parse_mix
+from kv_cache.config.keys import PREFIXED_SECTIONS, coerce, flag_name, is_flag_key, key, parse_mix
 from kv_cache.config.load_control import (
     QOS_CLASSES,
     SEMANTIC_MIX,
@@ -20,7 +20,6 @@ from kv_cache.config.load_control import (
     SemanticSettings,
 )
 from kv_cache.config.schema import (
-    PREFIXED_SECTIONS,
     REPO_CONFIG,
     CacheSettings,
     ModelSettings,
@@ -34,8 +33,6 @@ from kv_cache.config.schema import (
     TraceSettings,
     WorkloadSettings,
     default_dict,
-    flag_name,
-    is_flag_key,
     iter_keys,
     read_config_file,
     replace,

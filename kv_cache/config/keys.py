@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing
 from dataclasses import field
@@ -112,3 +113,18 @@ def parse_mix(text: str, known: tuple[str, ...], setting: str) -> dict[str, floa
     if total <= 0:
         raise UserError(f"{setting}: at least one name needs a positive weight.")
     return {k: v / total for k, v in weights.items()}
+
+
+# Their flags carry the section's name: --autoscale-step-s, --semantic-threshold.
+PREFIXED_SECTIONS = ("qos", "autoscale", "disagg", "semantic")
+
+
+def flag_name(dotted: str, f: dataclasses.Field) -> str:
+    section, leaf = dotted.split(".")[0], dotted.split(".")[-1]
+    prefix = f"{section}-" if section in PREFIXED_SECTIONS else ""
+    return f.metadata.get("flag") or "--" + (prefix + leaf).replace("_", "-")
+
+
+def is_flag_key(dotted: str, typ) -> bool:
+    """Keys that get a dedicated CLI flag (nested profiles and models go through --set)."""
+    return dotted.count(".") == 1 and typ is not dict

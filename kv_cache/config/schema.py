@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from kv_cache.config.keys import coerce, key
+from kv_cache.config.keys import coerce, flag_name, key
 from kv_cache.config.load_control import AutoscaleSettings, QosSettings, RoleSettings, SemanticSettings
 from kv_cache.errors import UserError
 
@@ -387,18 +387,3 @@ def replace(settings: Settings, dotted: str, value) -> Settings:
     section, name = dotted.split(".")
     sec = dataclasses.replace(getattr(settings, section), **{name: value})
     return dataclasses.replace(settings, **{section: sec})
-
-
-# Their flags carry the section's name: --autoscale-step-s, --semantic-threshold.
-PREFIXED_SECTIONS = ("qos", "autoscale", "disagg", "semantic")
-
-
-def flag_name(dotted: str, f: dataclasses.Field) -> str:
-    section, leaf = dotted.split(".")[0], dotted.split(".")[-1]
-    prefix = f"{section}-" if section in PREFIXED_SECTIONS else ""
-    return f.metadata.get("flag") or "--" + (prefix + leaf).replace("_", "-")
-
-
-def is_flag_key(dotted: str, typ) -> bool:
-    """Keys that get a dedicated CLI flag (nested profiles and models go through --set)."""
-    return dotted.count(".") == 1 and typ is not dict

@@ -13,13 +13,14 @@ The flags the reference shares with us by name and meaning (--model, --duration,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kv_cache.config import read_config_file
+from kv_cache.config import Settings, read_config_file
 from kv_cache.errors import UserError
 from kv_cache.recorder.schema import Results
 
@@ -225,12 +226,13 @@ def _roles(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
 REFERENCE_SECTIONS = {"user_templates", "generation_timing", "qos_profiles", "qos_distribution", "eviction",
                       "gpu_backend", "prefix_cache", "rag", "conversation", "autoscaler", "decode", "sharegpt",
                       "saturation_detection", "validation_limits", "model_configs"}
-OUR_SECTIONS = {"run", "model", "tiers", "cache", "workload", "schedule", "trace", "qos", "autoscale", "disagg",
-                "semantic", "profiles", "models"}
+OUR_SECTIONS = {f.name for f in dataclasses.fields(Settings)}
 
 
 def _is_reference_config(data: dict) -> bool:
-    return bool(set(data) & (REFERENCE_SECTIONS - OUR_SECTIONS))
+    """Sections only the reference has, and none only ours has (rag is in both)."""
+    keys = set(data)
+    return bool(keys & (REFERENCE_SECTIONS - OUR_SECTIONS)) and not keys & (OUR_SECTIONS - REFERENCE_SECTIONS)
 
 
 def _config(rest: list[str], sets: dict, notes: list[str]) -> None:

@@ -155,3 +155,11 @@ def test_their_model_names_resolve_with_their_bytes_per_token(name, bytes_per_to
     from kv_cache.model import find_model
 
     assert find_model(name).bytes_per_token("fp16") == bytes_per_token
+
+
+def test_our_own_settings_file_is_never_read_as_theirs():
+    from kv_cache.run.mlperf import _is_reference_config
+
+    assert not _is_reference_config({"run": {}, "rag": {}, "autoscale": {}})  # a settings.yaml of ours
+    assert not _is_reference_config({"rag": {"enabled": True}})  # rag alone is in both schemas: ours
+    assert _is_reference_config({"rag": {}, "eviction": {}, "user_templates": {}})
