@@ -33,6 +33,8 @@ class RunSettings:
     duration_s: float = key(60.0, "Seconds of measurement after the warm-up.", "--duration", lo=0.1)
     warmup_s: float = key(5.0, "Seconds at the start excluded from statistics.", "--warmup", lo=0.0)
     max_requests: int = key(0, "Stop after issuing this many requests (0: no limit, the duration decides).", lo=0)
+    processes: int = key(1, "Run as this many processes on this host (mpirun, launched for you): each with its "
+                            "--workers threads and its own part of the users; results merged exactly.", lo=1, hi=256)
     output_dir: str = key("reports", "Folder under which reports/<run-id>/ is written.")
     run_id: str = key("", "Name of the run folder (empty: a UTC timestamp).")
     keep_data: bool = key(False, "Keep the NVMe tier's data files after the run (default: removed).")

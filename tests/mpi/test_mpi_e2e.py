@@ -110,3 +110,19 @@ def test_a_fault_during_the_run_stops_every_rank(tmp_path):
     ranks = [json.loads((tmp_path / "f" / f"rank-{i}.json").read_text()) for i in (0, 1)]
     assert ranks[1]["run"]["stopped_reason"] == "fault"
     assert ranks[0]["run"]["stopped_reason"] == "peer_fault" and "rank 1 on" in ranks[0]["run"]["fault"]
+
+
+def test_processes_launches_the_ranks_for_the_user(tmp_path):
+    """--processes 2: the same command as two ranks on this host, no mpirun to type; one merged result."""
+    from conftest import run_cli
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    r = run_cli(["--config", str(SMALL), "--output-dir", str(tmp_path), "--cache-dir", str(cache), "--run-id", "p",
+                 "--processes", "2", "--duration", "1.5", "--warmup", "0.3"], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "running as 2 processes" in r.stdout
+    res = json.loads((tmp_path / "p" / "results.json").read_text())
+    assert res["run"]["ranks"] == 2 and res["requests"]["completed"] > 0
+    assert len(res["ranks_detail"]) == 2 and res["cpu"]["process_s"] > 0
+    assert os.listdir(cache) == []
