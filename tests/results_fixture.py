@@ -11,7 +11,7 @@ def run_info(tiers=("cpu", "nvme")) -> dict:
     return {"rank": 0, "ranks": 1, "hosts": ["h"], "wall_offset_ns": 0, "tool_version": "0", "run_id": "r",
             "host": "h", "started_utc": "2026-01-01T00:00:00Z", "model": "llama8b", "kv_dtype": "fp16", "tp": 1,
             "bytes_per_token": 131072, "block_tokens": 16, "block_bytes": 2 << 20, "slot_bytes": 2 << 20,
-            "users": 1, "workers": 1, "seed": 1, "warmup_s": 0.0, "io_engine": "direct",
+            "users": 1, "workers": 1, "workers_probe": None, "seed": 1, "warmup_s": 0.0, "io_engine": "direct",
             "io_engine_requested": "direct", "io_engine_note": "", "nvme_layout": "slab", "cache_dir": "/x",
             "fs_type": "ext4", "tiers": {t: {"capacity_bytes": 8 << 20, "description": t} for t in tiers},
             "bottom_tier": tiers[-1], "gds": None, "notes": [], "partial": False, "stopped_reason": "duration",

@@ -144,8 +144,9 @@ class WorkloadSettings:
 
 @dataclass(frozen=True)
 class ScheduleSettings:
-    workers: int = key(0, "Worker threads issuing block I/O (0: 2 per CPU core, at least 4, at most 16).",
-                       lo=0, hi=4096)
+    workers: int = key(0, "Worker threads issuing block I/O (0: auto: before the run, step the storage tier's "
+                          "concurrency 1, 2, 4, ... until its bandwidth grows < 10 %, and say what it chose; 2 per "
+                          "CPU core, 4 to 16, for null or simulated storage and MPI ranks).", lo=0, hi=4096)
     arrival: str = key("auto", "When requests arrive: closed (users wait for answers and think), poisson (open "
                                "loop at --request-rate), trace (trace timestamps / --trace-speedup); auto: trace "
                                "for timestamped traces, closed otherwise; sequence: the traffic's requests in one "

@@ -86,6 +86,7 @@ class RunInfo:
     slot_bytes: int
     users: int
     workers: int
+    workers_probe: list[dict] | None  # --workers 0: each concurrency step of the probe (threads, GB/s)
     seed: int
     warmup_s: float
     io_engine: str

@@ -38,6 +38,11 @@ class MemoryBudget:
                 "donor_store": self.donor_store_bytes, "total": self.total_bytes}
 
 
+def fits(budget: MemoryBudget, available: int | None = None) -> bool:
+    available = psutil.virtual_memory().available if available is None else available
+    return budget.total_bytes <= int(available * HEADROOM)
+
+
 def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available: int | None = None) -> None:
     """Raise UserError with the numbers and a suggestion when the budget exceeds available memory."""
     available = psutil.virtual_memory().available if available is None else available

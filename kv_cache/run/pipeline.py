@@ -16,7 +16,7 @@ from pathlib import Path
 from kv_cache import signals
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
-from kv_cache.config import Settings
+from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import analyse
 from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions
@@ -34,6 +34,8 @@ from kv_cache.run.budget import check_fits, peak_rss_bytes
 from kv_cache.run.compose import (
     RunContext,
     build_tiers,
+    choose_workers,
+    default_workers,
     gds_link,
     geometry,
     memory_budget,
@@ -41,8 +43,8 @@ from kv_cache.run.compose import (
     resolved,
     semantic_reuse,
     storage_site,
+    worker_ceiling,
     worker_state,
-    workers,
 )
 from kv_cache.run.describe import banner, nothing_measured, run_info, warnings_of
 from kv_cache.run.distributed import Dist
@@ -64,24 +66,31 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
 
 
-def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0, join: bool = False) -> RunContext:
+def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0, join: bool = False,
+           probe: bool = True) -> RunContext:
+    """probe: --workers 0 may step the storage tier's concurrency (not under MPI: ranks would probe each other)."""
+    if not probe and not s.schedule.workers:
+        s = replace(s, "schedule.workers", default_workers())
     geo = geometry(s)
-    n = workers(s)
     gpu, gpu_note = open_gpu(s)
-    budget = memory_budget(s, geo, gpu)
-    check_fits(budget, n, geo.max_object_bytes)
+    ceiling = worker_ceiling(s, geo, gpu)
+    sized = replace(s, "schedule.workers", ceiling)  # buffers, lanes and the budget for the most threads
+    budget = memory_budget(sized, geo, gpu)
+    check_fits(budget, ceiling, geo.max_object_bytes)
     site = None if s.tiers.null_io else storage_site(s, run_id, join)
+    fill = payloads.fill if payloads else None
     try:
-        tiers, notes = build_tiers(s, geo, site, payloads.fill if payloads else None, f"r{rank}", gpu)
-        gds = gds_link(s, tiers, gpu, geo)
+        tiers, notes = build_tiers(sized, geo, site, fill, f"r{rank}", gpu)
+        gds = gds_link(sized, tiers, gpu, geo)
         handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes)
+        n, steps, probe_note = choose_workers(s, tiers, geo, ceiling, fill)
     except BaseException:
         if site:
             shutil.rmtree(site.data_dir, ignore_errors=True)
         raise
     gds_note = f"GDS path: {gds.mode}" if gds else ""
-    notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_note) if x]
-    return RunContext(geo, site, tiers, notes, budget, n, handoff, gds=gds)
+    notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_note, probe_note) if x]
+    return RunContext(geo, site, tiers, notes, budget, n, handoff, probe=steps, gds=gds)
 
 
 def _close(b: RunContext, remove: bool) -> None:
@@ -130,14 +139,15 @@ def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Tr
         qos_policy(s)  # a bad --qos-mix is refused here, before any data is written
         payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
         if not shared:
-            b = _build(s, f"{run_id}-r{dist.rank}" if dist.active else run_id, payloads, dist.rank)
+            b = _build(s, f"{run_id}-r{dist.rank}" if dist.active else run_id, payloads, dist.rank,
+                       probe=not dist.active)
         elif dist.rank == 0:  # rank 0 makes the shared namespace; the others join it
-            b = _build(s, run_id, payloads, 0)
+            b = _build(s, run_id, payloads, 0, probe=False)
     except UserError as e:
         error = str(e)
     if shared and dist.bcast(error is None and b is not None) and dist.rank and error is None:
         try:
-            b = _build(s, run_id, payloads, dist.rank, join=True)
+            b = _build(s, run_id, payloads, dist.rank, join=True, probe=False)
         except UserError as e:
             error = str(e)
     try:
