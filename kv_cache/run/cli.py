@@ -51,7 +51,8 @@ def _add_setting_flags(p: argparse.ArgumentParser, full: bool = True) -> None:
             if not dotted.startswith(section + ".") or not is_flag_key(dotted, typ):
                 continue
             name, meta = flag_name(dotted, f), f.metadata
-            text = meta["help"] + (f" [default: {f.default}]" if not isinstance(f.default, bool) else "")
+            text = meta["help"].replace("%", "%%")  # argparse %-formats help texts
+            text += f" [default: {f.default}]" if not isinstance(f.default, bool) else ""
             if not full and dotted not in COMMON:
                 text = argparse.SUPPRESS  # still accepted: --help-all shows it
             if typ is bool and f.default:  # the flag turns the feature off: say so before what the feature is
