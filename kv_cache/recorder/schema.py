@@ -239,6 +239,16 @@ class Results:
         s = self.latency_ms.get(tier, {}).get(op)
         return getattr(s, pct) if s is not None else None
 
+    def storage_gbps(self, direction: str) -> float | None:
+        """The storage (bottom) tier's read or write GB/s, or None when it moved nothing."""
+        bw = self.bandwidth_gbps.get(self.bottom)
+        return getattr(bw, direction) if bw is not None else None
+
+    def request(self, kind: str, pct: str) -> float | None:
+        """A per-request latency percentile (storage, queue, ttft, e2e, ...), or None without samples."""
+        s = self.request_latency_ms.get(kind)
+        return getattr(s, pct) if s is not None else None
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

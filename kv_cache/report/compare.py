@@ -21,27 +21,19 @@ def _top(op: str, pct: str):
     return lambda r: r.latency(next(iter(r.run.tiers)), op, pct) if len(r.run.tiers) > 1 else None
 
 
-def _storage_gbps(direction: str):
-    return lambda r: getattr(r.bandwidth_gbps[r.bottom], direction) if r.bottom in r.bandwidth_gbps else None
-
-
-def _req(kind: str, pct: str):
-    return lambda r: getattr(r.request_latency_ms[kind], pct) if kind in r.request_latency_ms else None
-
-
 HEADLINES = (  # (name, getter, higher is better); storage = the bottom tier
     ("requests / s", lambda r: r.requests.per_s, True),
     ("cached tokens / s", lambda r: r.tokens.cached_per_s, True),
     ("token hit rate", lambda r: r.hit_rate.tokens, True),
-    ("storage read GB/s", _storage_gbps("read"), True),
-    ("storage write GB/s", _storage_gbps("write"), True),
+    ("storage read GB/s", lambda r: r.storage_gbps("read"), True),
+    ("storage write GB/s", lambda r: r.storage_gbps("write"), True),
     ("storage read p50 ms", _storage("read", "p50"), False),
     ("storage read p99 ms", _storage("read", "p99"), False),
     ("storage demote p99 ms", _storage("demote", "p99"), False),
     ("top tier write p99 ms", _top("write", "p99"), False),
-    ("request storage p95 ms", _req("storage", "p95"), False),
-    ("request e2e p99 ms", _req("e2e", "p99"), False),
-    ("queue wait p95 ms", _req("queue", "p95"), False),
+    ("request storage p95 ms", lambda r: r.request("storage", "p95"), False),
+    ("request e2e p99 ms", lambda r: r.request("e2e", "p99"), False),
+    ("queue wait p95 ms", lambda r: r.request("queue", "p95"), False),
 )
 
 

@@ -42,7 +42,7 @@ def csv_value(column: str, v) -> str:
     significant figure (buckets up to 6.25 % wide), so two significant digits; rates and ratios at 4."""
     if v is None:
         return ""
-    if isinstance(v, bool) or isinstance(v, int):
+    if isinstance(v, int):  # bool too
         return str(v)
     if column.endswith("_ms"):
         return f"{_significant(v, 2):g}"

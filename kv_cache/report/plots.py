@@ -20,21 +20,13 @@ from kv_cache.recorder.schema import Results
 from kv_cache.report.console import source_order, tier_label
 from kv_cache.report.figure import save
 from kv_cache.report.plots_control import draw_autoscale, draw_qos
+from kv_cache.report.table import supported
 
 PCTS = (50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 99.99, 100.0)
 
 
-def _label(results: Results, tier: str) -> str:
-    return tier_label(results, tier)
-
-
 def _nines(p: float) -> float:
     return -np.log10(max(1.0 - p / 100.0, 1e-5))
-
-
-def supported(p: float, count: int) -> bool:
-    """A percentile is drawn only from enough samples: p needs 1 / (1 - p) of them (max: any)."""
-    return p >= 100.0 or count >= 1.0 / (1.0 - p / 100.0)
 
 
 def latency_curves(results: Results) -> dict[tuple[str, str], tuple[list[float], list[float], int]]:
@@ -64,7 +56,7 @@ def draw_latency(results: Results):
         color = f"C{i % 10}"
         line = [(p, v) for p, v in zip(pcts, ms) if p < 100]  # supported percentiles, joined
         ax.plot([_nines(p) for p, _ in line], [v for _, v in line], marker="o", color=color,
-                label=f"{_label(results, tier)} {op} (n={n:,})")
+                label=f"{tier_label(results, tier)} {op} (n={n:,})")
         ax.scatter([_nines(100.0)], [ms[-1]], marker="x", color=color)  # the max: one sample, not a curve
     ax.set_yscale("log")
     ax.set_xticks([_nines(p) for p in PCTS], [f"p{p:g}" if p < 100 else "max" for p in PCTS])
@@ -107,7 +99,7 @@ def draw_throughput(results: Results):
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
     for tier in results.run.tiers:
         for d, style in (("read", "-"), ("write", "--")):
-            ax1.plot(t, _series(rows, f"{tier}_{d}_gbps"), style, label=f"{_label(results, tier)} {d}")
+            ax1.plot(t, _series(rows, f"{tier}_{d}_gbps"), style, label=f"{tier_label(results, tier)} {d}")
     ax1.set_ylabel("GB/s")
     ax1.set_title("Bandwidth per tier and direction (demotions included)")
     ax1.grid(alpha=0.3)
@@ -138,7 +130,7 @@ def draw_occupancy(results: Results):
     for tier, info in results.run.tiers.items():  # % of each tier's own capacity: a small tier stays visible
         used = _series(rows, f"{tier}_used_bytes")
         ax1.plot(t, 100 * used / max(info.capacity_bytes, 1),
-                 label=f"{_label(results, tier)} (capacity {_size(info.capacity_bytes)})")
+                 label=f"{tier_label(results, tier)} (capacity {_size(info.capacity_bytes)})")
     ax1.set_ylabel("% of the tier's capacity held")
     ax1.set_ylim(0, 105)
     ax1.set_title("Tier occupancy")

@@ -14,26 +14,15 @@ import statistics
 from kv_cache.recorder.schema import Results
 from kv_cache.report.table import format_table
 
-
-def _storage_gbps(r: Results, direction: str) -> float | None:
-    bw = r.bandwidth_gbps.get(r.bottom)
-    return getattr(bw, direction) if bw is not None else None
-
-
-def _request(r: Results, kind: str, pct: str) -> float | None:
-    s = r.request_latency_ms.get(kind)
-    return getattr(s, pct) if s is not None else None
-
-
 HEADLINES = {  # storage_*: the bottom tier, the storage under test
     "requests_per_s": lambda r: r.requests.per_s,
     "cached_tokens_per_s": lambda r: r.tokens.cached_per_s,
     "token_hit_rate": lambda r: r.hit_rate.tokens,
-    "storage_read_gbps": lambda r: _storage_gbps(r, "read"),
-    "storage_write_gbps": lambda r: _storage_gbps(r, "write"),
+    "storage_read_gbps": lambda r: r.storage_gbps("read"),
+    "storage_write_gbps": lambda r: r.storage_gbps("write"),
     "storage_read_p95_ms": lambda r: r.latency(r.bottom, "read", "p95"),
     "storage_read_p99_ms": lambda r: r.latency(r.bottom, "read", "p99"),
-    "request_e2e_p99_ms": lambda r: _request(r, "e2e", "p99"),
+    "request_e2e_p99_ms": lambda r: r.request("e2e", "p99"),
 }
 
 
