@@ -163,11 +163,16 @@ class NvmeTier(SlottedTier):
     def _times(self) -> list | None:
         return self._ios.times if IO_UNITS in self.flags else None
 
+    def _new_times(self) -> None:
+        """--io-unit layer: this thread's next put or get records its I/Os afresh (nothing to do otherwise)."""
+        if IO_UNITS in self.flags:
+            self._ios.times = []
+
     def io_times(self) -> list[tuple[int, int]]:
         return getattr(self._ios, "times", [])
 
     def put(self, key: int, buf: np.ndarray) -> None:
-        self._ios.times = []
+        self._new_times()
         slots = self.slots.alloc(key, buf.size)
         try:
             if self.layout == "file-per-block":
@@ -188,7 +193,7 @@ class NvmeTier(SlottedTier):
             return None
 
     def get(self, key: int, out: np.ndarray) -> None:
-        self._ios.times = []
+        self._new_times()
         if SHARED in self.flags and key not in self.slots:  # another rank's block: its size is out's
             self._file_read(key, out)
             return
@@ -265,9 +270,8 @@ class NvmeTier(SlottedTier):
 NVME_AUTO_FRACTION, NVME_AUTO_MAX = 0.25, 64 * GiB  # --nvme-gb 0: a quarter of the free space, at most 64 GiB
 
 
-def capacity(s, site: StorageSite, slot: int, max_object_bytes: int) -> int:
+def capacity(s, site: StorageSite, slot: int, max_object_bytes: int, free: int) -> int:
     """The tier's bytes: --nvme-gb, or a quarter of the free space; refused when it holds no object."""
-    free = shutil.disk_usage(site.cache_dir).free
     if s.nvme_gb:
         want = int(s.nvme_gb * GiB)
         if want > free:
@@ -282,16 +286,17 @@ def capacity(s, site: StorageSite, slot: int, max_object_bytes: int) -> int:
     return want // slot * slot
 
 
-@register("nvme", level=2, bottom=True)
+@register("nvme", level=2)
 def build(ctx: StackContext) -> tuple[SlottedTier, str]:
     """The storage under test; under --null-io the null tier of --nvme-gb (the policies' and hit rates' tests)."""
     s, slot, site = ctx.settings, ctx.slot_bytes, ctx.site
     if site is None:
         cap = capacity_of(s.nvme_gb, slot) if s.nvme_gb else NVME_AUTO_MAX
         return NullTier("nvme", max(cap, slot), slot), ""
-    cap = capacity(s, site, slot, ctx.max_object_bytes)
+    free = shutil.disk_usage(site.cache_dir).free
+    cap = capacity(s, site, slot, ctx.max_object_bytes, free)
     note = "" if s.nvme_gb else (f"nvme tier size chosen: {cap / GiB:.2f} GiB = {NVME_AUTO_FRACTION:.0%} of the "
-                                 f"{shutil.disk_usage(site.cache_dir).free / GiB:.1f} GiB free in {site.cache_dir} "
+                                 f"{free / GiB:.1f} GiB free in {site.cache_dir} "
                                  f"(at most {NVME_AUTO_MAX / GiB:.0f} GiB); it changes with the free space: "
                                  f"--nvme-gb fixes it (settings.yaml records it)")
     return NvmeTier(site.data_dir, cap, slot, site.engine, s.nvme_layout, int(s.slab_file_gb * GiB), site.engine_note,

@@ -31,9 +31,12 @@ def _transfer_all(syscall, what: str, fd: int, buf: np.ndarray, offset: int, pat
     done, total = 0, len(view)
     try:
         while done < total:
-            start = time.monotonic_ns()
-            n = syscall(fd, [view[done:done + min(unit, CHUNK, total - done)]], offset + done)
-            if times is not None:
+            piece = [view[done:done + min(unit, CHUNK, total - done)]]
+            if times is None:  # the common case: no clock reads around the system call
+                n = syscall(fd, piece, offset + done)
+            else:
+                start = time.monotonic_ns()
+                n = syscall(fd, piece, offset + done)
                 times.append((time.monotonic_ns() - start, n))
             if n <= 0:
                 raise OSError(errno.EIO, f"unexpected end of file at byte {offset + done}" if what == "read"

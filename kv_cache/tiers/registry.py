@@ -60,16 +60,15 @@ class TierKind:
     name: str
     level: int
     build: Callable[[StackContext], tuple[object | None, str]]
-    bottom: bool = False  # the storage under test: always present (the null tier stands in under --null-io)
 
 
 KINDS: dict[str, TierKind] = {}
 
 
-def register(name: str, level: int, bottom: bool = False):
-    """Decorator of a tier module's builder."""
+def register(name: str, level: int):
+    """Decorator of a tier module's builder; the highest level is the bottom tier, the storage under test."""
     def wrap(build):
-        KINDS[name] = TierKind(name, level, build, bottom)
+        KINDS[name] = TierKind(name, level, build)
         return build
     return wrap
 

@@ -42,7 +42,7 @@ def test_a_new_bottom_tier_is_one_registration(monkeypatch):
     kinds = {k: v for k, v in registry.kinds_by_name().items() if k != "nvme"}
     monkeypatch.setattr(registry, "KINDS", kinds)
     monkeypatch.setattr(registry, "MEDIA", ())
-    registry.register("objectstore", level=2, bottom=True)(lambda ctx: (ObjectStoreTier(8 * MiB, ctx.slot_bytes), ""))
+    registry.register("objectstore", level=2)(lambda ctx: (ObjectStoreTier(8 * MiB, ctx.slot_bytes), ""))
     s = resolve(None, [], {"tiers.cpu_mem_gb": 0.004, "tiers.gpu": "off", "model.block_tokens": 16,
                            "model.name": "llama8b"})
     geo = geometry(s)
