@@ -1,8 +1,8 @@
 """Building a run from settings: geometry, cache directory, tiers, memory budget.
 
-With run.py this is the composition root: the only code that knows the
-concrete tier classes. Everything a user can get wrong here ends in one
-UserError sentence before any data is written.
+Part of the composition root (run/): it hands the tier registry a StackContext
+and gets the stack back; the concrete tier classes stay in tiers/. Everything a
+user can get wrong here ends in one UserError sentence before any data is written.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from kv_cache.config import Settings, replace
-from kv_cache.errors import UserError
+from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.donors import store_bytes
 from kv_cache.lifecycle.executor import WorkerBuffers
 from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
@@ -112,7 +112,11 @@ def choose_workers(s: Settings, tiers: list, geo: Geometry, ceiling: int, fill) 
     bottom = tiers[-1]
     if s.schedule.workers or bottom.flags & {FAKE_IO, SIMULATED}:
         return workers(s), [], ""
-    saturated, steps = concurrency(bottom, geo.max_object_bytes, ceiling, fill=fill)
+    try:
+        saturated, steps = concurrency(bottom, geo.max_object_bytes, ceiling, fill=fill)
+    except RunFault as e:  # before the clock: a sentence, not a traceback
+        raise UserError(f"--workers 0 (auto) probes the {bottom.name} tier before the run, and it failed: {e} "
+                        f"Fix the device, or pass --workers N to skip the probe.") from None
     # a worker also spends time outside the device (payload, checksum, bookkeeping): twice the device's
     # concurrency keeps it busy; never fewer than the fixed default
     chosen = max(default_workers(), min(ceiling, 2 * saturated))

@@ -22,16 +22,20 @@ def _step(tier, bufs: list, seconds: float) -> float:
     moved = [0] * len(bufs)
     start = threading.Barrier(len(bufs) + 1)
     stop_at = [0.0]
+    errors: list[BaseException] = []
 
     def run(i: int) -> None:
         key, buf = PROBE_KEY + i, bufs[i]
         start.wait()
-        while time.monotonic() < stop_at[0]:
-            if tier.contains(key):
-                tier.delete(key)
-            tier.put(key, buf)
-            tier.get(key, buf)
-            moved[i] += 2 * buf.size
+        try:
+            while time.monotonic() < stop_at[0]:
+                if tier.contains(key):
+                    tier.delete(key)
+                tier.put(key, buf)
+                tier.get(key, buf)
+                moved[i] += 2 * buf.size
+        except BaseException as e:  # a device fault is the caller's to report, not a thread's traceback
+            errors.append(e)
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(bufs))]
     for t in threads:
@@ -45,6 +49,8 @@ def _step(tier, bufs: list, seconds: float) -> float:
     for i in range(len(bufs)):
         if tier.contains(PROBE_KEY + i):
             tier.delete(PROBE_KEY + i)
+    if errors:
+        raise errors[0]
     return sum(moved) / elapsed / 1e9
 
 
@@ -53,10 +59,7 @@ def concurrency(tier, nbytes: int, ceiling: int, seconds: float = 0.5, gain: flo
     """(threads chosen, [(threads, GB/s) per step]) for the tier at one object of nbytes per thread."""
     room = tier.num_slots // max(tier.slots_for(nbytes), 1)
     ceiling = max(1, min(ceiling, room))
-    bufs = [aligned_buffer(nbytes)[:nbytes] for _ in range(ceiling)]
-    for i, b in enumerate(bufs):  # real payloads: a compressing device must not be flattered by zeros
-        if fill is not None:
-            fill(PROBE_KEY + i, b)
+    bufs: list = []  # made as the steps need them: a search that stops early never allocates the ceiling's
     counts, k = [], 1
     while k < ceiling:
         counts.append(k)
@@ -66,6 +69,11 @@ def concurrency(tier, nbytes: int, ceiling: int, seconds: float = 0.5, gain: flo
     flat = 0
     for k in counts:
         best = max((g for _, g in steps), default=0.0)
+        while len(bufs) < k:
+            buf = aligned_buffer(nbytes)[:nbytes]
+            if fill is not None:  # real payloads: a compressing device must not be flattered by zeros
+                fill(PROBE_KEY + len(bufs), buf)
+            bufs.append(buf)
         steps.append((k, _step(tier, bufs[:k], seconds)))
         flat = flat + 1 if best and steps[-1][1] < best * (1 + gain) else 0
         if flat == patience:  # `patience` doublings in a row added less than `gain`: the device is saturated

@@ -3,6 +3,11 @@
 import threading
 import time
 
+import pytest
+
+from kv_cache.config import resolve
+from kv_cache.errors import RunFault, UserError
+from kv_cache.run.compose import choose_workers, geometry
 from kv_cache.tiers.base import SlottedTier
 from kv_cache.tiers.probe import concurrency
 
@@ -50,3 +55,16 @@ def test_the_probe_stops_at_its_ceiling_and_within_the_tier():
     small.num_slots = 3  # room for 3 objects only
     chosen, steps = concurrency(small, 1 << 16, 32, seconds=0.1)
     assert max(k for k, _ in steps) == 3
+
+
+class FullDevice(QueueDepthTier):
+    def put(self, key, buf):
+        raise RunFault("disk full while writing /x: No space left on device; free space or lower --nvme-gb.")
+
+
+def test_a_device_fault_in_the_probe_is_one_sentence_before_the_run():
+    with pytest.raises(RunFault, match="disk full"):  # not swallowed by a probe thread
+        concurrency(FullDevice(4), 1 << 16, 8, seconds=0.05)
+    s = resolve(None, [], {"model.name": "llama8b", "model.block_tokens": 4})
+    with pytest.raises(UserError, match="--workers 0 .* failed: disk full.*--workers N"):
+        choose_workers(s, [FullDevice(4)], geometry(s), 8, None)
