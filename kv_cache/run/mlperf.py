@@ -125,7 +125,7 @@ def translate(argv: list[str]) -> Translation:
     if ns.log_level:
         notes.append(f"--log-level {ns.log_level}: there are no log levels here; the summary is printed, "
                      f"--quiet prints nothing but errors")
-    argv_out = [a for a in rest]
+    argv_out = list(rest)
     for dotted, value in sets.items():
         argv_out += ["--set", f"{dotted}={json.dumps(value)}"]  # JSON is YAML: --set parses it back
     if ns.output and not _value_of(rest, "--run-id"):  # --output reads the run's folder: name it
@@ -249,12 +249,22 @@ def _config(rest: list[str], sets: dict, notes: list[str]) -> None:
     i = rest.index("--config") if "--config" in rest else next(i for i, a in enumerate(rest) if
                                                                a.startswith("--config="))
     del rest[i:i + (2 if rest[i] == "--config" else 1)]  # read here; our own defaults stay the base
-    unused = []
+    unused = _qos_mix(data.pop("qos_distribution", None) or {}, sets)
     for section, body in data.items():
         for k, v in (body or {}).items():
             unused += [f"{section}.{k}{'.' + sub if sub else ''}" for sub in _config_key(section, k, v, sets)]
     if unused:
         notes.append(f"config {path}: not applied here (no equivalent, or fixed by design): {', '.join(unused)}")
+
+
+def _qos_mix(body: dict, sets: dict) -> list[str]:
+    """qos_distribution -> qos.mix; a key it leaves out takes the reference's default (0.15, cumulative 0.50)."""
+    if not body:
+        return []
+    a = body.get("interactive_probability", 0.15)
+    b = body.get("responsive_threshold", 0.50)
+    sets["qos.mix"] = f"interactive={a:g},responsive={b - a:g},batch={1 - b:g}"
+    return [f"qos_distribution.{k}" for k in sorted(set(body) - {"interactive_probability", "responsive_threshold"})]
 
 
 _TEMPLATE = {"context_range": "context_tokens", "generation_range": "output_tokens",
@@ -277,14 +287,6 @@ def _config_key(section: str, k: str, v, sets: dict) -> list[str]:
         # the reference judges end-to-end latency against its p95 target; p99.9 / p99.99 are not judged here
         names = {"target_latency_p95_ms": "e2e_p95_ms", "target_latency_p99_ms": "e2e_p99_ms", "priority": "priority"}
         return _nested(v, names, f"qos.{k}", sets)
-    if section == "qos_distribution" and k in ("interactive_probability", "responsive_threshold"):
-        sets.setdefault("_qos", {})[k] = v
-        q = sets["_qos"]
-        if len(q) == 2:
-            a, b = q.pop("interactive_probability"), q.pop("responsive_threshold")
-            del sets["_qos"]
-            sets["qos.mix"] = f"interactive={a:g},responsive={b - a:g},batch={1 - b:g}"
-        return []
     simple = {("conversation", "max_turns_per_conv"): "workload.max_turns",
               ("conversation", "end_conversation_probability"): "workload.end_probability",
               ("rag", "top_k_chunks"): "rag.top_k", ("rag", "request_probability"): "rag.request_probability"}

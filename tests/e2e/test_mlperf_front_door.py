@@ -163,3 +163,10 @@ def test_our_own_settings_file_is_never_read_as_theirs():
     assert not _is_reference_config({"run": {}, "rag": {}, "autoscale": {}})  # a settings.yaml of ours
     assert not _is_reference_config({"rag": {"enabled": True}})  # rag alone is in both schemas: ours
     assert _is_reference_config({"rag": {}, "eviction": {}, "user_templates": {}})
+
+
+def test_a_qos_distribution_with_one_key_takes_the_reference_default_for_the_other(tmp_path):
+    cfg = tmp_path / "ref.yaml"
+    cfg.write_text("qos_distribution: {interactive_probability: 0.3}\n")
+    s, _ = settings_of("--config", str(cfg))
+    assert s.qos.mix == "interactive=0.3,responsive=0.2,batch=0.5"
