@@ -33,7 +33,7 @@ import numpy as np
 
 from kv_cache.cache.chains import CORRUPT, DROPPING, READY, Entry, PrefixStructure
 from kv_cache.cache.policies import make_policy
-from kv_cache.tiers.base import FAKE_IO, IO_UNITS, SHARED, SIMULATED
+from kv_cache.tiers.base import IO_UNITS, SHARED, moves_real_bytes
 
 MOVING = "moving"
 
@@ -68,7 +68,7 @@ class BlockCache(PrefixStructure):
         self.gds = gds  # a GdsLink: NVMe <-> HBM without the host bounce (--gds)
         self.names = [t.name for t in tiers]
         # a read can be checked only where real bytes came back (not from the null or a simulated tier)
-        self.verifiable = [t.flags.isdisjoint({FAKE_IO, SIMULATED}) for t in tiers]
+        self.verifiable = [moves_real_bytes(t) for t in tiers]
         self.policies = [make_policy(policy) for _ in tiers]
         self.promote_enabled = promote
         self.recorder = recorder

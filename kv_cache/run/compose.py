@@ -21,7 +21,7 @@ from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.model import ModelSpec, find_model, slot_bytes
 from kv_cache.run.budget import MemoryBudget, fits
 from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
-from kv_cache.tiers.base import FAKE_IO, SIMULATED
+from kv_cache.tiers.base import moves_real_bytes
 from kv_cache.tiers.devices import open_cupy
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct, refuse_system_dir
 from kv_cache.tiers.gds import GdsLink, open_link
@@ -110,7 +110,7 @@ def worker_ceiling(s: Settings, geo: Geometry, gpu=None) -> int:
 def choose_workers(s: Settings, tiers: list, geo: Geometry, ceiling: int, fill) -> tuple[int, list, str]:
     """--workers 0 on a real storage tier: (threads, the probe's steps, the line that says why)."""
     bottom = tiers[-1]
-    if s.schedule.workers or bottom.flags & {FAKE_IO, SIMULATED}:
+    if s.schedule.workers or not moves_real_bytes(bottom):
         return workers(s), [], ""
     try:
         saturated, steps = concurrency(bottom, geo.max_object_bytes, ceiling, fill=fill)

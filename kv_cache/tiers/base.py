@@ -26,6 +26,12 @@ PRECONDITIONS = "preconditions"    # can write its whole space before the run (h
 IO_UNITS = "io_units"              # moves a block as several timed I/Os (hook: io_times)
 
 
+def moves_real_bytes(tier) -> bool:
+    """Bytes really go to a device and come back (neither the null tier nor a simulated one): its reads can be
+    verified and its speed probed."""
+    return tier.flags.isdisjoint({FAKE_IO, SIMULATED})
+
+
 @runtime_checkable
 class Tier(Protocol):
     """What every tier implements."""
