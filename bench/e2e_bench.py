@@ -57,7 +57,8 @@ def ours(args, label: str, out: Path) -> dict:
     model, tokens, block = SIZES[label]
     run_id = f"e2e-{label}-{int(time.time())}"
     cmd = [sys.executable, str(REPO / "kv_cache_benchmark.py"), "--model", model, "--block-tokens", str(tokens),
-           "--cpu-mem-gb", "0", "--gpu", "off", "--cache-dir", args.dir, "--nvme-gb", str(args.nvme_gb),
+           "--cpu-mem-gb", "0", "--gpu", "off", "--cache-dir", args.dir,
+           "--nvme-gb", f"{args.nvme_gb / args.processes:g}",  # per rank: the same bytes in all as with one
            "--workers", str(args.workers), "--duration", str(args.duration), "--warmup", str(args.warmup),
            "--users", str(args.users), "--output-dir", str(out), "--run-id", run_id, "--quiet",
            *(["--processes", str(args.processes)] if args.processes > 1 else []), *args.extra]

@@ -1,6 +1,6 @@
 """Cost of verifying a block read back, per mode, against the memory copy that moving the block costs.
 
-Each mode is timed on pre-filled blocks of the bench's block size: ``checksum`` (CRC32C of the whole
+Each mode is timed on pre-filled blocks of the bench's block size: ``checksum`` (XXH3-64 of the whole
 block, the default; a write also takes one), ``full`` (every byte compared with the regenerated
 payload), ``stamps`` (16 bytes of each 4 KiB page). Figures: GB/s verified on 1 thread and on all
 cores' threads at once (the generator's workers are threads: a mode that holds the GIL does not

@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import NewType
 
 import numpy as np
 
-
-class BlockKey(int):
-    """A block's 64-bit chained hash; a distinct type so keys are never confused with counts."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return f"BlockKey({int(self):016x})"
+# A block's 64-bit chained hash: a distinct type for type checkers, a plain int at run time (keys are
+# dict keys on every block operation: an int subclass costs a constructor call per key and slower lookups).
+BlockKey = NewType("BlockKey", int)
 
 
 # Span labels: where the tokens of a prompt come from.

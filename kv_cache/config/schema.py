@@ -52,7 +52,7 @@ class RunSettings:
                                        "steady_window_s seconds whose requests/s stay within this fraction of their "
                                        "mean marks steady state (0: off).", "--steady-state", lo=0.0, hi=1.0)
     steady_window_s: int = key(10, "Length of the steady-state detection window, seconds.", lo=2, hi=3600)
-    verify: str = key("checksum", "Check every block read: checksum (CRC32C of the whole block taken at write, "
+    verify: str = key("checksum", "Check every block read: checksum (XXH3-64 of the whole block taken at write, "
                                   "checked at read: any changed byte is caught), full (every byte compared with "
                                   "the payload), stamps (only each 4 KiB page's 16-byte stamp: misplaced, stale or "
                                   "torn pages, not corrupted bytes), off.",

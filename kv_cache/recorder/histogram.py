@@ -15,6 +15,7 @@ EXECUTIVE SUMMARY
 
 from __future__ import annotations
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
 
 LOWEST_NS = 1
@@ -46,6 +47,25 @@ def decode_second(text: str) -> HdrHistogram:
 
 def record(hist: HdrHistogram, value_ns: int) -> None:
     hist.record_value(min(max(int(value_ns), LOWEST_NS), HIGHEST_NS))
+
+
+def record_many(hist: HdrHistogram, values, lowest: int = LOWEST_NS, highest: int = HIGHEST_NS) -> None:
+    """Record every value (clamped to [lowest, highest]) at once: the same buckets, count, min and max as one
+    record_value() each, computed in numpy (hdrh's record_value is Python: a few µs per value, paid on every
+    block operation otherwise)."""
+    v = np.clip(np.asarray(values, dtype=np.int64), lowest, highest)
+    if not v.size:
+        return
+    # bit length of (v | sub_bucket_mask): frexp's exponent, exact for values below 2^53
+    bits = np.frexp((v | hist.sub_bucket_mask).astype(np.float64))[1].astype(np.int64)
+    bucket = bits - hist.unit_magnitude - (hist.sub_bucket_half_count_magnitude + 1)
+    sub_bucket = v >> (bucket + hist.unit_magnitude)
+    index = ((bucket + 1) << hist.sub_bucket_half_count_magnitude) + sub_bucket - hist.sub_bucket_half_count
+    counts = np.ctypeslib.as_array(hist.counts)
+    counts += np.bincount(index, minlength=counts.size).astype(counts.dtype)
+    hist.total_count += int(v.size)
+    hist.min_value = min(hist.min_value, int(v.min()))
+    hist.max_value = max(hist.max_value, int(v.max()))
 
 
 def merged(hists) -> HdrHistogram:

@@ -17,6 +17,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kv_cache.recorder.histogram import (
     SECOND_HIGHEST_US,
     decode,
@@ -26,6 +28,7 @@ from kv_cache.recorder.histogram import (
     new_histogram,
     new_second_histogram,
     record,
+    record_many,
 )
 
 # Which byte direction an op moves into the tier it is recorded under.
@@ -33,13 +36,33 @@ OP_DIRECTION = {"read": "read", "donor_read": "read", "write": "write", "demote"
                 "evict": None}
 
 
+_OP_NAMES: dict[tuple[str, str], tuple[str, str | None, str | None]] = {}
+
+
+def _op_names(tier: str, op: str) -> tuple[str, str | None, str | None]:
+    """The counter names of (tier, op), made once (not three f-strings per block operation)."""
+    d = OP_DIRECTION[op]
+    names = _OP_NAMES[(tier, op)] = (f"ops.{tier}.{op}", *((f"bytes.{tier}.{d}", f"blocks.{tier}.{d}") if d
+                                                          else (None, None)))
+    return names
+
+
+FOLD_AT = 512  # block latencies a thread buffers before folding them into its histograms in one numpy pass
+
+
 class _Shard:
-    __slots__ = ("hists", "counters", "series")
+    """One thread's numbers. Block latencies wait in ``pending`` ((tier, op, phase, second) -> ns) until a fold:
+    every FOLD_AT values, and before anyone reads (snapshot, live percentiles): the lock guards only that."""
+
+    __slots__ = ("hists", "counters", "series", "pending", "npending", "lock")
 
     def __init__(self) -> None:
         self.hists: dict[tuple, object] = {}
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.series: defaultdict[tuple[int, str], int] = defaultdict(int)
+        self.pending: dict[tuple, list[int]] = {}
+        self.npending = 0
+        self.lock = threading.Lock()
 
     def hist(self, key: tuple):
         h = self.hists.get(key)
@@ -179,30 +202,52 @@ class Recorder:
         if sec is None:
             shard.counters["warmup.ops"] += 1
             return
-        record(shard.hist((tier, op, phase)), dur_ns)
-        if op != "evict":  # per-second read / write latency; demotions and promotions write into the tier
-            kind = "read" if OP_DIRECTION[op] == "read" else "write"
-            with self._second_lock:
-                h = self._second_hists.get((sec, tier, kind))
-                if h is None:
-                    h = self._second_hists[(sec, tier, kind)] = new_second_histogram()
-                h.record_value(min(max(dur_ns // 1000, 1), SECOND_HIGHEST_US))
-        direction = OP_DIRECTION[op]
-        shard.counters[f"ops.{tier}.{op}"] += 1
-        if direction:
-            shard.counters[f"bytes.{tier}.{direction}"] += nbytes
-            shard.counters[f"blocks.{tier}.{direction}"] += 1
-            shard.series[(sec, f"bytes.{tier}.{direction}")] += nbytes
+        with shard.lock:  # uncontended but for a reader's fold
+            waiting = shard.pending.get((tier, op, phase, sec))
+            if waiting is None:
+                waiting = shard.pending[(tier, op, phase, sec)] = []
+            waiting.append(dur_ns)
+            shard.npending += 1
+            if shard.npending >= FOLD_AT:
+                self._fold(shard)
+        names = _OP_NAMES.get((tier, op)) or _op_names(tier, op)
+        shard.counters[names[0]] += 1
+        if names[1]:
+            shard.counters[names[1]] += nbytes
+            shard.counters[names[2]] += 1
+            shard.series[(sec, names[1])] += nbytes
         shard.series[(sec, "ops")] += 1
+
+    def _fold(self, shard: _Shard) -> None:
+        """shard.lock held: its pending latencies into its histograms and the per-second read / write ones
+        (evictions have none: demotions and promotions write into the tier)."""
+        pending, shard.pending, shard.npending = shard.pending, {}, 0
+        seconds: dict[tuple, list[int]] = {}
+        for (tier, op, phase, sec), values in pending.items():
+            record_many(shard.hist((tier, op, phase)), values)
+            if op != "evict":
+                seconds.setdefault((sec, tier, "read" if OP_DIRECTION[op] == "read" else "write"), []).extend(values)
+        with self._second_lock:
+            for key, values in seconds.items():
+                h = self._second_hists.get(key)
+                if h is None:
+                    h = self._second_hists[key] = new_second_histogram()
+                record_many(h, np.asarray(values) // 1000, 1, SECOND_HIGHEST_US)
+
+    def _fold_all(self) -> list[_Shard]:
+        with self._lock:
+            shards = list(self._shards)
+        for shard in shards:
+            with shard.lock:
+                self._fold(shard)
+        return shards
 
     def io_units(self, tier: str, op: str, phase: str, start_ns: int, times: list[tuple[int, int]]) -> None:
         """The I/Os one block operation was cut into (--io-unit layer): their latencies as <op>_io; their
         bytes are the block's, already counted by op()."""
         if self._second(start_ns) is None:
             return
-        h = self._shard().hist((tier, f"{op}_io", phase))
-        for ns, _nbytes in times:
-            record(h, max(ns, 1))
+        record_many(self._shard().hist((tier, f"{op}_io", phase)), [ns for ns, _nbytes in times])
 
     def add_bytes(self, tier: str, direction: str, start_ns: int, nbytes: int) -> None:
         """Bytes moved as part of another op (the source side of a demotion)."""
@@ -244,6 +289,7 @@ class Recorder:
     def recent_percentile(self, tier: str, op: str, pct: float) -> float | None:
         """pct of the last complete second's (tier, op) latencies in ms, or None (live progress)."""
         sec = self._second(time.monotonic_ns())
+        self._fold_all()
         with self._second_lock:
             h = self._second_hists.get((sec - 1, tier, op)) if sec else None
             return h.get_value_at_percentile(pct) / 1e3 if h is not None and h.get_total_count() else None
@@ -306,8 +352,7 @@ class Recorder:
         return dict(out)
 
     def snapshot(self) -> Snapshot:
-        with self._lock:
-            shards = list(self._shards)
+        shards = self._fold_all()
         hists: dict[tuple, list] = defaultdict(list)
         counters: defaultdict[str, int] = defaultdict(int)
         series: dict[int, dict[str, int]] = defaultdict(dict)

@@ -53,3 +53,14 @@ def test_whole_sequence_key_covers_every_token():
     u[-1] += 1
     assert prefix_key(t, ROOT) != prefix_key(u, ROOT)
     assert prefix_key(t, ROOT) == prefix_key(t.copy(), ROOT)
+
+
+def test_block_keys_are_each_digests_first_eight_bytes():
+    """block_keys folds the digests with numpy: the same keys as to_key() of each digest, any block size."""
+    from kv_cache.cache.hashing import block_digests, to_key
+
+    tokens = np.arange(1001, dtype=np.int32)
+    for bt in (1, 4, 16, 1000, 1001, 2000):
+        digests = block_digests(tokens, bt, ROOT)
+        assert block_keys(tokens, bt, ROOT) == [to_key(d) for d in digests]
+        assert len(digests) == 1001 // bt

@@ -85,7 +85,7 @@ def _corrupt_one(rng, data: np.ndarray) -> None:
 
 
 def test_checksum_catches_every_changed_byte_and_stamps_do_not(pool):
-    """fio's verify=crc32c standard: any changed byte of a read block is caught by the default mode.
+    """fio's verify=xxhash standard: any changed byte of a read block is caught by the default mode.
     The stamps mode (16 bytes of each 4 KiB page) misses almost all of them: this test fails for it."""
     from kv_cache.lifecycle.payload import block_digest
 

@@ -74,3 +74,95 @@ def test_rates_over_empty_denominators_are_null():
     assert all(c["attainment"] is None and c["met"] is None for c in res.qos["classes"].values())
     assert res.qos["all_met"] is None
     assert (res.bandwidth_gbps["cpu"].read, res.bandwidth_gbps["cpu"].write) == (0.0, 0.0)
+
+
+def test_bulk_recording_lands_in_the_same_buckets_as_one_value_at_a_time():
+    """record_many (numpy) against hdrh's own record_value: same counts per bucket, total, min and max,
+    values clamped alike (0 and negatives to 1 ns, above an hour to an hour), bucket edges included."""
+    import numpy as np
+
+    from kv_cache.recorder.histogram import (
+        SECOND_HIGHEST_US,
+        encode,
+        new_histogram,
+        new_second_histogram,
+        record,
+        record_many,
+    )
+
+    rng = np.random.default_rng(3)
+    edges = [0, -7, 1, 2, 1023, 1024, 1025, 2047, 2048, 2**40 - 1, 2**40, 3_600 * S, 10**15]
+    values = np.concatenate([rng.integers(1, 10**6, 3000), rng.integers(1, 3_600 * S, 3000), edges])
+    one, bulk = new_histogram(), new_histogram()
+    for v in values:
+        record(one, int(v))
+    record_many(bulk, values)
+    assert encode(bulk) == encode(one)
+    assert (bulk.get_total_count(), bulk.get_min_value(), bulk.get_max_value()) == \
+        (one.get_total_count(), one.get_min_value(), one.get_max_value())
+    one, bulk = new_second_histogram(), new_second_histogram()
+    micros = rng.integers(1, 10**8, 2000)
+    for v in micros:
+        one.record_value(int(v))
+    record_many(bulk, micros, 1, SECOND_HIGHEST_US)
+    assert encode(bulk) == encode(one)
+
+
+def test_buffered_block_latencies_are_all_in_every_read():
+    """Block latencies wait in a thread's buffer until FOLD_AT of them: a snapshot or a live percentile taken
+    before that still sees every one (a read that skipped the fold would miss them)."""
+    from kv_cache.recorder.recorder import FOLD_AT
+
+    r = Recorder()
+    r.start_measuring(1)
+    for i in range(FOLD_AT // 2):
+        r.op("nvme", "read", "load", 2 + i, 1_000_000 + i, 4096)
+    assert r.recent_percentile("nvme", "read", 50.0) is None  # second 0 is still running
+    snap = r.snapshot()
+    assert snap.hists[("nvme", "read", "load")].get_total_count() == FOLD_AT // 2
+    assert snap.second_hists[(0, "nvme", "read")].get_total_count() == FOLD_AT // 2
+    r.op("nvme", "write", "prefill", 2, 2_000_000, 4096)
+    r.op("nvme", "evict", "evict", 2, 5_000, 4096)
+    snap = r.snapshot()
+    assert snap.hists[("nvme", "write", "prefill")].get_total_count() == 1
+    assert snap.hists[("nvme", "evict", "evict")].get_total_count() == 1
+    assert snap.second_hists[(0, "nvme", "write")].get_total_count() == 1  # evictions have no per-second row
+    assert snap.hists[("nvme", "read", "load")].get_total_count() == FOLD_AT // 2  # folded once, not twice
+
+
+def test_buffered_latencies_from_many_threads_add_up_exactly_with_a_reader_folding_meanwhile():
+    from kv_cache.recorder.recorder import FOLD_AT
+
+    r = Recorder()
+    r.start_measuring(1)
+    per_thread = FOLD_AT * 12 + 17
+    done = threading.Event()
+
+    def work():
+        for i in range(per_thread):
+            r.op("cpu", "write", "decode", 2, 1000 + i, 8)
+
+    def read():
+        while not done.is_set():
+            r.recent_percentile("cpu", "write", 50.0)  # folds every thread's buffer, as the live line does
+
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes: a fold without the lock loses values
+    try:
+        reader = threading.Thread(target=read)
+        reader.start()
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        done.set()
+        reader.join()
+    finally:
+        sys.setswitchinterval(interval)
+    snap = r.snapshot()
+    assert snap.hists[("cpu", "write", "decode")].get_total_count() == 4 * per_thread
+    assert snap.second_hists[(0, "cpu", "write")].get_total_count() == 4 * per_thread
+    assert snap.counters["ops.cpu.write"] == 4 * per_thread
