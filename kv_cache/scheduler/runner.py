@@ -222,7 +222,6 @@ class _Runner:
                     self.outcome.stopped_reason = "interrupted"
 
 
-PACE_RETRY_NS = 20_000_000  # a paced user looks at the queue again after 20 ms
 
 
 class ClosedLoopRunner(_Runner):
@@ -241,6 +240,7 @@ class ClosedLoopRunner(_Runner):
         self.pace = pace
         self._started: set[int] = set()
         self._paced: set[int] = set()
+        self._held_first: deque[int] = deque()  # paced users waiting for room in the queue, first come first
         self.users = {u.user_id: u for u in users}
         self._order = list(self.users)
         self._active = set(self._order)
@@ -278,18 +278,24 @@ class ClosedLoopRunner(_Runner):
                 if self._stop_check(now, measure_at, deadline, max_requests, self._left == 0):
                     return
                 capped = max_requests and self.outcome.issued >= max_requests
-                if capped or not self._heap or self._heap[0][0] > now:
-                    self._wait(now, self._heap[0][0] if self._heap and not capped else deadline, measure_at,
-                               deadline)
-                    continue
-                due, uid = heapq.heappop(self._heap)
+                room = not capped and self._queue.qsize() < self.num_workers
+                if self._held_first and room:  # a paced user enters now: its latency counts from here
+                    due, uid = now, self._held_first.popleft()
+                else:
+                    if capped or not self._heap or self._heap[0][0] > now:
+                        self._wait(now, self._heap[0][0] if self._heap and not capped else deadline, measure_at,
+                                   deadline)
+                        continue
+                    due, uid = heapq.heappop(self._heap)
                 if uid not in self._active:
                     self._parked.add(uid)
                     continue
                 if uid not in self._started:
-                    if self.pace and self._queue.qsize() >= self.num_workers:
+                    if self.pace and not room:
+                        # NOTE: held until a worker finishes (its completion wakes this loop), not retried on a
+                        # timer: 200 users polling every 20 ms held the GIL the workers need (issue 16)
                         self._paced.add(uid)
-                        heapq.heappush(self._heap, (now + PACE_RETRY_NS, uid))
+                        self._held_first.append(uid)
                         continue
                     self._started.add(uid)
                     self.outcome.users_started, self.outcome.users_paced = len(self._started), len(self._paced)
