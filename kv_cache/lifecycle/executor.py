@@ -191,8 +191,8 @@ class Lifecycle:
         """Read the cached prompt blocks; return (storage ns, indices of the blocks that hit)."""
         hits = self._pin(plan)
         counts["blocks.lookup"] = plan.num_prompt_blocks
-        storage_ns = 0
-        for n, (i, e) in enumerate(hits):
+        storage_ns, tiers = 0, []  # the tier each hit was read from
+        for n, (_, e) in enumerate(hits):
             try:
                 got = self._read(e, bufs, "read")
             except BaseException:
@@ -204,12 +204,10 @@ class Lifecycle:
                 hits = hits[:n]
                 break
             storage_ns += got[0]
-            name = self.cache.names[got[1]]
-            for label, tokens in plan.cached_by_source(req, i):
-                _add(counts, "tokens.cached", tokens)
-                _add(counts, f"tokens.cached_by_tier.{name}", tokens)
-                _add(counts, f"tokens.cached_by_source.{label}", tokens)
+            tiers.append(got[1])
         counts["blocks.hit"] = len(hits)
+        for label, tokens in plan.cached_split(req, [i for i, _ in hits], [self.cache.names[t] for t in tiers]):
+            _add(counts, label, tokens)
         return storage_ns, {i for i, _ in hits}
 
     def _donor_load(self, reads: dict[int, tuple[int, ...]], bufs: WorkerBuffers, counts: dict) -> tuple[int, set]:

@@ -104,3 +104,35 @@ def test_hit_tokens_by_source_split_blocks_that_straddle_two_spans():
     by = out["theoretical_hit_rate"]["by_source"]
     assert by == {SYSTEM: 0.5, HISTORY: 0.5, USER: 0.5}, by
     assert out["counts"]["cached_by_source"] == {SYSTEM: 24, HISTORY: 32, USER: 8}
+
+
+def test_hit_accounting_in_one_pass_equals_block_by_block():
+    """cached_split's one-pass split of a hit prefix over the sources (the hot path) gives the same counters
+    as adding every block's own split; a prefix that is not [0, k) or spans that stop short of the prompt take
+    the block-by-block path. Random prompts, spans and hit counts."""
+    from collections import Counter
+
+    from kv_cache.lifecycle.plan import Planner
+
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        bt = int(rng.integers(1, 40))
+        n = int(rng.integers(bt, 600))
+        cuts = sorted(set(int(c) for c in rng.integers(1, n, int(rng.integers(0, 4)))))
+        ends = cuts + [n] if rng.random() < 0.9 else cuts + [n - 1] if n - 1 > (cuts[-1] if cuts else 0) else [n]
+        labels = [SYSTEM, HISTORY, USER, "rag"]
+        spans = tuple((e, labels[j % 4]) for j, e in enumerate(ends))
+        req = Request(1, 0, 0, np.arange(n, dtype=np.int32), np.arange(5, dtype=np.int32), spans)
+        plan = Planner(bt, chain_root("t")).plan(req)
+        k = int(rng.integers(0, plan.num_prompt_blocks + 1))
+        hits = list(range(k)) if rng.random() < 0.8 else sorted(rng.choice(plan.num_prompt_blocks, k, replace=False))
+        tiers = [["gpu", "cpu", "nvme"][int(t)] for t in rng.integers(0, 3, len(hits))]
+        expected = Counter()
+        for i, name in zip(hits, tiers):
+            for label, tokens in plan.cached_by_source(req, int(i)):
+                expected.update({"tokens.cached": tokens, f"tokens.cached_by_tier.{name}": tokens,
+                                 f"tokens.cached_by_source.{label}": tokens})
+        got = Counter()
+        for name, tokens in plan.cached_split(req, [int(i) for i in hits], tiers):
+            got[name] += tokens
+        assert +got == +expected, (bt, n, spans, hits)
