@@ -55,11 +55,15 @@ class PayloadPool:
     def nbytes(self) -> int:
         return self.pool.size
 
+    def _offset(self, key: int, segment: int) -> int:
+        """Pool offset of a segment of key's payload."""
+        mixed = ((int(key) + segment * 0x632BE59BD9B4E019) * 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF
+        return (mixed >> 40) % self.num_offsets * PAGE
+
     def _segments(self, key: int, nbytes: int):
         """(start in block, pool offset, length) of each segment of key's payload."""
         for i, at in enumerate(range(0, nbytes, SEGMENT_BYTES)):
-            mixed = ((int(key) + i * 0x632BE59BD9B4E019) * 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF
-            yield at, (mixed >> 40) % self.num_offsets * PAGE, min(SEGMENT_BYTES, nbytes - at)
+            yield at, self._offset(key, i), min(SEGMENT_BYTES, nbytes - at)
 
     def _tags(self, pages: int) -> np.ndarray:
         tags = self._page_tags.get(pages)
@@ -76,8 +80,12 @@ class PayloadPool:
 
     def fill(self, key: int, out: np.ndarray) -> None:
         """Write key's payload into out (length a multiple of 4 KiB)."""
-        for at, off, n in self._segments(key, out.size):
-            np.copyto(out[at:at + n], self.pool[off:off + n])
+        if out.size <= SEGMENT_BYTES:  # one segment: no generator on the hot path
+            off = self._offset(key, 0)
+            np.copyto(out, self.pool[off:off + out.size])
+        else:
+            for at, off, n in self._segments(key, out.size):
+                np.copyto(out[at:at + n], self.pool[off:off + n])
         words = out.view(np.uint64).reshape(-1, WORDS_PER_PAGE)
         stamps = self._stamps(words.shape[0]).copy()  # (key, tag) rows, written in one strided pass
         stamps[:, 0] = key
