@@ -93,7 +93,7 @@ class BlockCache(PrefixStructure):
         return self.tiers[t].num_slots - self.used[t] - self.leaving[t]
 
     def _victims(self, t: int, deficit: int) -> list[Entry] | None:
-        """Unpinned ready blocks of tier t in policy order covering deficit slots, or None."""
+        """Unpinned ready blocks of tier t in policy order covering deficit slots (out of the policy), or None."""
         victims, got = [], 0
         order = self.policies[t].candidates()
         try:
@@ -102,8 +102,8 @@ class BlockCache(PrefixStructure):
                 if e.state == READY and e.pins == 0:
                     victims.append(e)
                     got += self._slots(t, e.nbytes)
-                    if got >= deficit:
-                        return victims
+                    if got >= deficit:  # out of the policy before close(), which then has none to put back
+                        return [self._unplaced(v) or v for v in victims]
         finally:
             order.close()  # the policy puts back what was looked at
         return None
@@ -129,7 +129,6 @@ class BlockCache(PrefixStructure):
             e.state = MOVING
             self.used[t] -= size
             self.leaving[t] += size - owed
-            self._unplaced(e)
             deeper = self._reserve(t + 1, e.nbytes) if t + 1 < len(self.tiers) else None
             if deeper is not None:
                 moves.extend(deeper)

@@ -190,3 +190,15 @@ def test_a_corrupt_block_held_by_another_reader_is_freed_by_the_last_one():
     assert_consistent(cache)
     write(cache, 1)
     assert read(cache, [1]) == 1
+
+
+def test_an_evicted_block_leaves_no_stale_entry_in_its_policy():
+    """A victim leaves the policy before the policy puts back what the cache looked at: after a thousand
+    evictions the LRU heap holds exactly the tier's blocks (putting victims back first left one stale entry per
+    eviction, up to twice the tier, walked past on every later eviction)."""
+    cache, _ = make_cache(1, 100, False)
+    for key in range(1, 1200):
+        write(cache, key)
+    for policy in cache.policies:
+        assert len(policy._heap) == len(policy._live)
+    assert_cache_consistent(cache)
