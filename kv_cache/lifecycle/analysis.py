@@ -62,11 +62,11 @@ def analyse(items, lifecycle, limit: int = 100_000, total: int | None = None) ->
         prompt_total += plen
         for label, n in spans.items():
             by_source_prompt[label] = by_source_prompt.get(label, 0) + n
-        for i in hits:
-            parts = plan.cached_by_source(req, i) if req is not None else [(labels[i], min(tokens[i], plen))]
-            for label, t in parts:
-                cached += t
-                by_source_cached[label] = by_source_cached.get(label, 0) + t
+        parts = plan.hit_tokens(req, hits)[1].items() if req is not None else \
+            [(labels[i], min(tokens[i], plen)) for i in hits]
+        for label, t in parts:
+            cached += t
+            by_source_cached[label] = by_source_cached.get(label, 0) + t
     n = len(prompts)
     return {
         "requests_analysed": n, "requests_total": total if total is not None else n,

@@ -206,8 +206,12 @@ class Lifecycle:
             storage_ns += got[0]
             tiers.append(got[1])
         counts["blocks.hit"] = len(hits)
-        for label, tokens in plan.cached_split(req, [i for i, _ in hits], [self.cache.names[t] for t in tiers]):
-            _add(counts, label, tokens)
+        per_block, by_source = plan.hit_tokens(req, [i for i, _ in hits])
+        for t, tokens in zip(tiers, per_block):
+            _add(counts, f"tokens.cached_by_tier.{self.cache.names[t]}", tokens)
+        for label, tokens in by_source.items():
+            _add(counts, "tokens.cached", tokens)
+            _add(counts, f"tokens.cached_by_source.{label}", tokens)
         return storage_ns, {i for i, _ in hits}
 
     def _donor_load(self, reads: dict[int, tuple[int, ...]], bufs: WorkerBuffers, counts: dict) -> tuple[int, set]:

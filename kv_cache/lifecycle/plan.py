@@ -54,25 +54,24 @@ class KVPlan:
             return req.tokens_by_label(i * bt, min((i + 1) * bt, req.num_prompt_tokens))
         return [(self.labels[i], min(bt, req.num_prompt_tokens))]
 
-    def cached_split(self, req: Request, hits: list[int], tiers: list[str]) -> list[tuple[str, int]]:
-        """Counter increments for the hit blocks (tiers: the tier each came from): tokens.cached, by tier and
-        by source. A chained prefix [0, k) whose spans cover the prompt is split over the sources in one pass
-        (each of its blocks holds block_tokens prompt tokens); anything else block by block."""
-        out = []
+    def hit_tokens(self, req: Request, hits: list[int]) -> tuple[list[int], dict[str, int]]:
+        """The prompt tokens each hit block brings, and all of them by source. A chained prefix [0, k) whose
+        spans cover the prompt is split over the sources in one pass (each of its blocks holds block_tokens
+        prompt tokens); anything else block by block (cached_by_source)."""
+        by_source: dict[str, int] = {}
         bt = self.tokens_per_key[0] if self.tokens_per_key else 0
-        whole = (self.chained and len(self.groups) == 1 and req.spans and req.spans[-1][0] >= req.num_prompt_tokens
-                 and hits == list(range(len(hits))))
-        if whole:
-            for name in tiers:
-                out.append((f"tokens.cached_by_tier.{name}", bt))
+        if (self.chained and len(self.groups) == 1 and req.spans and req.spans[-1][0] >= req.num_prompt_tokens
+                and hits == list(range(len(hits)))):
             for label, tokens in req.tokens_by_label(0, min(len(hits) * bt, req.num_prompt_tokens)):
-                out += [("tokens.cached", tokens), (f"tokens.cached_by_source.{label}", tokens)]
-            return out
-        for i, name in zip(hits, tiers):
-            for label, tokens in self.cached_by_source(req, i):
-                out += [("tokens.cached", tokens), (f"tokens.cached_by_tier.{name}", tokens),
-                        (f"tokens.cached_by_source.{label}", tokens)]
-        return out
+                by_source[label] = by_source.get(label, 0) + tokens
+            return [bt] * len(hits), by_source
+        per_block = []
+        for i in hits:
+            parts = self.cached_by_source(req, i)
+            per_block.append(sum(t for _, t in parts))
+            for label, tokens in parts:
+                by_source[label] = by_source.get(label, 0) + tokens
+        return per_block, by_source
 
     def parent(self, i: int) -> BlockKey | None:
         """The block a lookup must hit before it can reach block i; None where a lookup starts (a group's

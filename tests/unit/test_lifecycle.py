@@ -107,9 +107,10 @@ def test_hit_tokens_by_source_split_blocks_that_straddle_two_spans():
 
 
 def test_hit_accounting_in_one_pass_equals_block_by_block():
-    """cached_split's one-pass split of a hit prefix over the sources (the hot path) gives the same counters
-    as adding every block's own split; a prefix that is not [0, k) or spans that stop short of the prompt take
-    the block-by-block path. Random prompts, spans and hit counts."""
+    """hit_tokens' one-pass split of a hit prefix over the sources (the hot path, in every request and in the
+    pre-run analysis) gives each block's tokens and the by-source totals that adding every block's own split
+    gives; a prefix that is not [0, k) or spans that stop short of the prompt take the block-by-block path.
+    Random prompts, spans and hit counts."""
     from collections import Counter
 
     from kv_cache.lifecycle.plan import Planner
@@ -126,13 +127,14 @@ def test_hit_accounting_in_one_pass_equals_block_by_block():
         plan = Planner(bt, chain_root("t")).plan(req)
         k = int(rng.integers(0, plan.num_prompt_blocks + 1))
         hits = list(range(k)) if rng.random() < 0.8 else sorted(rng.choice(plan.num_prompt_blocks, k, replace=False))
-        tiers = [["gpu", "cpu", "nvme"][int(t)] for t in rng.integers(0, 3, len(hits))]
-        expected = Counter()
-        for i, name in zip(hits, tiers):
-            for label, tokens in plan.cached_by_source(req, int(i)):
-                expected.update({"tokens.cached": tokens, f"tokens.cached_by_tier.{name}": tokens,
-                                 f"tokens.cached_by_source.{label}": tokens})
-        got = Counter()
-        for name, tokens in plan.cached_split(req, [int(i) for i in hits], tiers):
-            got[name] += tokens
-        assert +got == +expected, (bt, n, spans, hits)
+        hits = [int(i) for i in hits]
+        by_source = Counter()
+        expected_blocks = []
+        for i in hits:
+            parts = plan.cached_by_source(req, i)
+            expected_blocks.append(sum(t for _, t in parts))
+            for label, tokens in parts:
+                by_source[label] += tokens
+        got_blocks, got_source = plan.hit_tokens(req, hits)
+        assert got_blocks == expected_blocks, (bt, n, spans, hits)
+        assert +Counter(got_source) == +by_source, (bt, n, spans, hits)
