@@ -60,10 +60,12 @@ class PayloadPool:
         mixed = ((int(key) + segment * 0x632BE59BD9B4E019) * 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF
         return (mixed >> 40) % self.num_offsets * PAGE
 
-    def _segments(self, key: int, nbytes: int):
+    def _segments(self, key: int, nbytes: int) -> list[tuple[int, int, int]]:
         """(start in block, pool offset, length) of each segment of key's payload."""
-        for i, at in enumerate(range(0, nbytes, SEGMENT_BYTES)):
-            yield at, self._offset(key, i), min(SEGMENT_BYTES, nbytes - at)
+        if nbytes <= SEGMENT_BYTES:  # one segment: the hot path of every block written
+            return [(0, self._offset(key, 0), nbytes)]
+        return [(at, self._offset(key, i), min(SEGMENT_BYTES, nbytes - at))
+                for i, at in enumerate(range(0, nbytes, SEGMENT_BYTES))]
 
     def _tags(self, pages: int) -> np.ndarray:
         tags = self._page_tags.get(pages)
@@ -80,12 +82,8 @@ class PayloadPool:
 
     def fill(self, key: int, out: np.ndarray) -> None:
         """Write key's payload into out (length a multiple of 4 KiB)."""
-        if out.size <= SEGMENT_BYTES:  # one segment: no generator on the hot path
-            off = self._offset(key, 0)
-            np.copyto(out, self.pool[off:off + out.size])
-        else:
-            for at, off, n in self._segments(key, out.size):
-                np.copyto(out[at:at + n], self.pool[off:off + n])
+        for at, off, n in self._segments(key, out.size):
+            np.copyto(out[at:at + n], self.pool[off:off + n])
         words = out.view(np.uint64).reshape(-1, WORDS_PER_PAGE)
         stamps = self._stamps(words.shape[0]).copy()  # (key, tag) rows, written in one strided pass
         stamps[:, 0] = key

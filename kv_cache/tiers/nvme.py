@@ -178,9 +178,6 @@ class NvmeTier(SlottedTier):
             if self.layout == "file-per-block":
                 self._file_write(key, buf)
                 return
-            if len(slots) == 1:  # a block: one slot, one run (no generator on the hot path)
-                self._slab_write(*self._slab_at(slots[0]), buf)
-                return
             for first, pos, length in runs(slots, buf.size, self.slot_bytes, self.per_file):
                 slab, off = self._slab_at(first)
                 self._slab_write(slab, off, buf[pos:pos + length])
@@ -203,9 +200,6 @@ class NvmeTier(SlottedTier):
         slots, nbytes = self.slots.lookup(key)
         if self.layout == "file-per-block":
             self._file_read(key, out[:nbytes])
-            return
-        if len(slots) == 1:
-            self._slab_read(*self._slab_at(slots[0]), out[:nbytes])
             return
         for first, pos, length in runs(slots, nbytes, self.slot_bytes, self.per_file):
             slab, off = self._slab_at(first)

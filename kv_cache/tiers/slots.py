@@ -65,11 +65,14 @@ class SlotMap:
             return list(self._slots)
 
 
-def runs(slots: list[int], nbytes: int, slot_bytes: int, per_file: int = 0):
-    """Yield (first_slot, byte_offset_in_object, length) for each run of consecutive slots.
+def runs(slots: list[int], nbytes: int, slot_bytes: int, per_file: int = 0) -> list[tuple[int, int, int]]:
+    """(first_slot, byte_offset_in_object, length) of each run of consecutive slots.
 
     With per_file > 0 a run never crosses a file boundary of per_file slots.
     """
+    if len(slots) == 1:  # a block: one slot, one run (the hot path of every block operation)
+        return [(slots[0], 0, nbytes)]
+    out = []
     start = prev = slots[0]
     pos = 0
     for s in slots[1:] + [None]:
@@ -78,7 +81,8 @@ def runs(slots: list[int], nbytes: int, slot_bytes: int, per_file: int = 0):
             prev = s
             continue
         length = min((prev - start + 1) * slot_bytes, nbytes - pos)
-        yield start, pos, length
+        out.append((start, pos, length))
         pos += length
         if s is not None:
             start = prev = s
+    return out
