@@ -222,8 +222,6 @@ class _Runner:
                     self.outcome.stopped_reason = "interrupted"
 
 
-
-
 class ClosedLoopRunner(_Runner):
     """Users that ask, wait for the answer, think and ask again.
 
