@@ -114,8 +114,8 @@ def fio(args, label: str, read_fraction: float, jobs: int) -> dict | None:
             "read": clat("read"), "write": clat("write"), "cpu_s_per_gib": cpu_s / (moved / GiB) if moved else None}
 
 
-def ratio(a, b) -> str:
-    return f"{a / b:.2f}" if a is not None and b else "-"
+def shown(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def table(rows: list[dict]) -> str:
@@ -126,19 +126,17 @@ def table(rows: list[dict]) -> str:
     lines = [head]
     for r in rows:
         o, f = r["ours"], r["fio"] or {}
-        p95 = [ratio(o[d].get("p95"), f.get(d, {}).get("p95")) for d in ("read", "write")]
-        worst = max((float(x) for x in p95 if x != "-"), default=None)
-        lines.append(f"| {r['label']} | {o['gbps']:.2f} | {f.get('gbps', 0):.2f} | {ratio(o['gbps'], f.get('gbps'))} | "
+        lines.append(f"| {r['label']} | {o['gbps']:.2f} | {f.get('gbps', 0):.2f} | {shown(bandwidth_ratio(r))} | "
                      f"{o['read']['p95'] or 0:.2f} / {f.get('read', {}).get('p95', 0):.2f} | "
                      f"{o['write']['p95'] or 0:.2f} / {f.get('write', {}).get('p95', 0):.2f} | "
-                     f"{'-' if worst is None else f'{worst:.2f}'} | {o['cpu_s_per_gib'] or 0:.3f} / "
-                     f"{f.get('cpu_s_per_gib') or 0:.3f} | {ratio(o['cpu_s_per_gib'], f.get('cpu_s_per_gib'))} | "
+                     f"{shown(p95_ratio(r))} | {o['cpu_s_per_gib'] or 0:.3f} / "
+                     f"{f.get('cpu_s_per_gib') or 0:.3f} | {shown(cpu_ratio(r))} | "
                      f"{spread(r.get('rounds') or [r])} |")
     return "\n".join(lines)
 
 
-def bandwidth_ratio(r: dict) -> float:
-    return r["ours"]["gbps"] / r["fio"]["gbps"] if r["fio"] and r["fio"]["gbps"] else 0.0
+def bandwidth_ratio(r: dict) -> float | None:
+    return r["ours"]["gbps"] / r["fio"]["gbps"] if r["fio"] and r["fio"]["gbps"] else None
 
 
 def p95_ratio(r: dict) -> float | None:
@@ -194,7 +192,8 @@ def e2e_round(args) -> list[dict]:
             o = ours(args, label, out / "e2e-runs")
             rounds.append({"ours": o, "fio": fio(args, label, o["read_fraction"], o["workers"] * o["ranks"])})
             shutil.rmtree(out / "e2e-runs", ignore_errors=True)  # the report folders: only the figures are kept
-        median = sorted(rounds, key=bandwidth_ratio)[(len(rounds) - 1) // 2]  # a real round, not a mix of rounds
+        # the median round is a real round, not a mix of rounds' figures
+        median = sorted(rounds, key=lambda r: bandwidth_ratio(r) or 0.0)[(len(rounds) - 1) // 2]
         rows.append({"label": label, **median, "rounds": rounds})
     (out / "e2e.json").write_text(json.dumps(rows, indent=1))
     return rows
