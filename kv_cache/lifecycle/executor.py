@@ -254,14 +254,16 @@ class Lifecycle:
             if res is None:
                 _add(counts, "blocks.write_skipped", 1)
                 continue
-            data = bufs.view(nbytes)
-            if not self.fake_io:
-                self.payloads.fill(key, data)
+            data, held = (bufs.view(nbytes), None) if self.fake_io else self.payloads.lend(key, bufs.view(nbytes))
+            try:
                 if self.verify == "checksum":  # kept in the index: every later read of the block is checked
                     res.entry.digest = block_digest(data)
-            start = now_ns()
-            self.cache.commit_write(res, data, phase, bufs.scratch)
-            storage_ns += now_ns() - start
+                start = now_ns()
+                self.cache.commit_write(res, data, phase, bufs.scratch)
+                storage_ns += now_ns() - start
+            finally:
+                if held:
+                    self.payloads.give_back(held)
         return storage_ns
 
 

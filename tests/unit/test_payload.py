@@ -1,6 +1,8 @@
 """Payloads: unique per 4 KiB page, incompressible, and checked on read."""
 
 import lzma
+import threading
+import time
 import zlib
 
 import numpy as np
@@ -109,3 +111,43 @@ def test_checksum_without_a_recorded_digest_compares_every_byte(pool):
     assert pool.check(77, b, "checksum", None)
     b[5000] ^= 1
     assert not pool.check(77, b, "checksum", None)
+
+
+def test_a_lent_payload_is_the_filled_payload_without_a_copy(pool):
+    out = aligned_buffer(256 * 1024)
+    view, held = pool.lend(9, out)
+    try:
+        assert np.shares_memory(view, pool.pool) and not np.shares_memory(view, out)  # no copy was made
+        assert view.ctypes.data % PAGE == 0  # O_DIRECT writes from it
+        assert np.array_equal(view, block(pool, 9))
+    finally:
+        pool.give_back(held)
+    big = aligned_buffer(SEGMENT_BYTES + PAGE)
+    view, held = pool.lend(9, big)  # segments apart in the pool: filled into out, nothing held
+    assert view is big and not held and np.array_equal(big, block(pool, 9, big.size))
+
+
+def test_lent_payloads_that_overlap_in_the_pool_never_change_under_each_other():
+    """Two writers whose payloads share pool pages: each must see only its own stamps until it gives back."""
+    small = PayloadPool(seed=4, span_bytes=64 * 1024)  # 16 start offsets: 1 MiB payloads always overlap
+    nbytes = 1 << 20
+    expected = {k: block(small, k, nbytes).copy() for k in range(8)}
+    bad = []
+
+    def writer(keys):
+        out = aligned_buffer(nbytes)
+        for k in keys:
+            view, held = small.lend(k, out)
+            try:
+                time.sleep(0.0005)  # the write's I/O: another writer runs meanwhile
+                if not np.array_equal(view, expected[k]):
+                    bad.append(k)
+            finally:
+                small.give_back(held)
+
+    threads = [threading.Thread(target=writer, args=([t, t + 4] * 50,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
