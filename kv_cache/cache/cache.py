@@ -82,7 +82,8 @@ class BlockCache(PrefixStructure):
         self.leaving = [0] * len(tiers)  # slots of chosen victims still physically there, owed to nobody
         self.bottom = len(tiers) - 1
         self._trash: list = []  # blocks dropped by a cascade, to delete from their tier outside the lock
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # `with self._lock`: C, where the Condition's enter / exit are Python
+        self._cond, self._waiting = threading.Condition(self._lock), 0  # readers waiting for a move (_wait)
 
     # ------------------------------------------------------------------ placement (lock held)
 
@@ -165,7 +166,7 @@ class BlockCache(PrefixStructure):
                 self.recorder.op(self.names[mv.dst], "demote", "evict", start, dur, e.nbytes, e.key)
                 self.recorder.add_bytes(src.name, "read", start, e.nbytes)
                 self._io_units(mv.dst, "demote", "evict", start)
-            with self._cond:
+            with self._lock:
                 self.leaving[mv.src] -= mv.leaving_slots  # its slots are physically free now
                 if mv.dst is None:
                     del self.index[e.key]
@@ -176,12 +177,12 @@ class BlockCache(PrefixStructure):
                     self._placed(e)
                     if self._orphaned(e):  # its parent left while it moved: it goes too
                         self._drop_now(e)
-                self._cond.notify_all()
+                self._wake()
             self._empty_trash()
 
     def _forget(self, e: Entry, mv: Move, src_accounted: bool) -> None:
         """A move failed mid-way: drop the block from the index, both tiers and their accounting."""
-        with self._cond:
+        with self._lock:
             if self.index.get(e.key) is e:
                 del self.index[e.key]
                 self._gone(e)
@@ -194,7 +195,7 @@ class BlockCache(PrefixStructure):
                     self.tiers[mv.dst].delete(e.key)
             if self.tiers[mv.src].contains(e.key):
                 self.tiers[mv.src].delete(e.key)
-            self._cond.notify_all()
+            self._wake()
         self._empty_trash()
 
     # ------------------------------------------------------------------ reads
@@ -202,11 +203,11 @@ class BlockCache(PrefixStructure):
     def pin_prefix(self, keys) -> list[Entry]:
         """Pin and return the entries of the longest cached prefix of keys."""
         hits: list[Entry] = []
-        with self._cond:
+        with self._lock:
             for k in keys:
                 e = self.index.get(k)
                 while e is not None and e.state == MOVING:
-                    self._cond.wait()
+                    self._wait()
                     e = self.index.get(k)
                 if e is None and self.shared is not None:
                     e = self._adopt(k)
@@ -231,7 +232,7 @@ class BlockCache(PrefixStructure):
         NOTE: two ranks that write the same block before either sees the other's both hold it as
         their own; when one evicts it, the other's copy vanishes too, and its accounting goes with it.
         """
-        with self._cond:
+        with self._lock:
             e.pins -= 1
             if self.index.get(e.key) is not e:
                 return
@@ -242,11 +243,11 @@ class BlockCache(PrefixStructure):
                     self.used[e.tier] -= self._slots(e.tier, e.nbytes)
                     self._unplaced(e)
                     self.tiers[e.tier].release(e.key)
-            self._cond.notify_all()
+            self._wake()
         self._empty_trash()
 
     def unpin(self, entries) -> None:
-        with self._cond:
+        with self._lock:
             for e in entries:
                 e.pins -= 1
                 self._drop_corrupt(e)
@@ -258,13 +259,13 @@ class BlockCache(PrefixStructure):
         NOTE: it stays in the index (state CORRUPT, a miss for every lookup) until its last pin goes,
         so that a rewrite of the same key cannot meet the corrupt copy's slots in the tier.
         """
-        with self._cond:
+        with self._lock:
             e.pins -= 1
             if self.index.get(e.key) is e and e.state != CORRUPT:
                 self._unplaced(e)
                 e.state = CORRUPT
             self._drop_corrupt(e)
-            self._cond.notify_all()
+            self._wake()
         self._empty_trash()
 
     def _drop_corrupt(self, e: Entry) -> None:
@@ -294,7 +295,7 @@ class BlockCache(PrefixStructure):
 
     def release(self, e: Entry, data: np.ndarray, scratch: np.ndarray) -> None:
         """Unpin a block that was read into data, promoting it to the top tier if due."""
-        with self._cond:
+        with self._lock:
             src = e.tier
             moves = None
             if self.promote_enabled and src > 0 and e.pins == 1 and e.state == READY:
@@ -321,7 +322,7 @@ class BlockCache(PrefixStructure):
         except BaseException:
             self._forget(e, move, src_accounted=e.remote)
             raise
-        with self._cond:
+        with self._lock:
             if not e.remote:
                 self.used[src] -= self._slots(src, e.nbytes)
             self._child_moved(e, src, 0)
@@ -329,7 +330,7 @@ class BlockCache(PrefixStructure):
             self._placed(e)
             if self._orphaned(e):
                 self._drop_now(e)
-            self._cond.notify_all()
+            self._wake()
         self._empty_trash()
 
     # ------------------------------------------------------------------ writes
@@ -338,7 +339,7 @@ class BlockCache(PrefixStructure):
         """Reserve room for a new block in the highest tier that can make it; None if the block is
         already cached or being written, no tier can take it, or its parent (the block before it in
         its chain) is not cached: no lookup could ever reach it, so no engine would store it."""
-        with self._cond:
+        with self._lock:
             if key in self.index:
                 return None
             p = self.index.get(parent) if parent is not None else None
@@ -371,12 +372,12 @@ class BlockCache(PrefixStructure):
         except BaseException:
             self.abort(res)
             raise
-        with self._cond:
+        with self._lock:
             e.state = READY
             self._placed(e)
             if self._orphaned(e):  # its parent left while it was written: unreachable, dropped
                 self._drop_now(e)
-            self._cond.notify_all()
+            self._wake()
         self._empty_trash()
 
     def _drop_now(self, e) -> None:
@@ -388,12 +389,12 @@ class BlockCache(PrefixStructure):
     def abort(self, res: Reservation) -> None:
         """Give back a reservation whose block will not be written."""
         e = res.entry
-        with self._cond:
+        with self._lock:
             if self.index.get(e.key) is e:
                 del self.index[e.key]
                 self._gone(e)
                 self.used[e.tier] -= self._slots(e.tier, e.nbytes)
-            self._cond.notify_all()
+            self._wake()
         self._empty_trash()
 
     # ------------------------------------------------------------------ accounting

@@ -103,28 +103,42 @@ class PrefixStructure:
         p = e.parent
         return p is not None and self.index.get(p.key) is not p
 
+    def _wait(self) -> None:
+        """Lock held: wait for a move to finish (counted, so that _wake skips notify_all when none waits)."""
+        self._waiting += 1
+        try:
+            self._cond.wait()
+        finally:
+            self._waiting -= 1
+
+    def _wake(self) -> None:
+        """Lock held: wake the readers waiting for a move, if any (nearly every commit, move and release
+        calls this, and usually nobody waits)."""
+        if self._waiting:
+            self._cond.notify_all()
+
     def _empty_trash(self) -> None:
         """Delete the bytes of dropped blocks (outside the lock: a tier's delete may be I/O), then free
         their slots and keys."""
         if not self._trash:  # NOTE: read without the lock; whoever appends empties it after its own call
             return
-        with self._cond:
+        with self._lock:
             trash, self._trash = self._trash, []
         for e in trash:
             if not e.remote and self.tiers[e.tier].contains(e.key):
                 self.tiers[e.tier].delete(e.key)
-        with self._cond:
+        with self._lock:
             for e in trash:
                 if self.index.get(e.key) is e:
                     del self.index[e.key]
                     if not e.remote:
                         self.used[e.tier] -= self._slots(e.tier, e.nbytes)
-            self._cond.notify_all()
+            self._wake()
 
     def occupancy(self) -> dict[str, dict[str, int]]:
         """Per tier: blocks, bytes of blocks, reserved slots, and the blocks and bytes no lookup can reach
         any more (an ancestor is gone from the cache: dead)."""
-        with self._cond:
+        with self._lock:
             out = {n: {"blocks": 0, "bytes": 0, "slots_accounted": self.used[i], "dead_blocks": 0, "dead_bytes": 0}
                    for i, n in enumerate(self.names)}
             reachable: dict[int, bool] = {}

@@ -1,5 +1,7 @@
 """Tiny-pool scenarios: exact keys, tiers and eviction order after each step (vLLM-style)."""
 
+import threading
+
 import numpy as np
 import pytest
 from helpers import assert_cache_consistent
@@ -202,3 +204,20 @@ def test_an_evicted_block_leaves_no_stale_entry_in_its_policy():
     for policy in cache.policies:
         assert len(policy._heap) == len(policy._live)
     assert_cache_consistent(cache)
+
+
+def test_a_reader_that_meets_a_moving_block_waits_for_the_move_and_then_hits():
+    cache, _ = make_cache()
+    write(cache, 1)
+    write(cache, 2)
+    res = cache.reserve_write(3, SLOT, "user")  # block 1 is chosen to make room: MOVING until its demotion runs
+    assert [m.entry.key for m in res.moves] == [1]
+    got = []
+    reader = threading.Thread(target=lambda: got.append(read(cache, [1])), daemon=True)
+    reader.start()
+    reader.join(0.2)
+    assert reader.is_alive() and not got  # waiting for the move, not served a half-moved block
+    cache.commit_write(res, BUF, "prefill", BUF)  # runs the demotion: the reader must be woken
+    reader.join(5)
+    assert got == [1]
+    assert_consistent(cache)

@@ -63,6 +63,32 @@ def test_writes_and_reads_loop_over_short_transfers(tmp_path, monkeypatch, direc
     assert np.array_equal(out, data)
 
 
+def test_a_block_moved_short_by_the_kernel_is_finished_where_it_stopped(tmp_path, monkeypatch):
+    """The one-call path of a block: a transfer the kernel cuts short goes on from its end, once."""
+    real_write, real_read, calls = os.pwritev, os.preadv, []
+
+    def short(real):
+        def call(fd, bufs, offset):
+            view = memoryview(bufs[0]).cast("B")[: 3 * 4096]  # at most 3 pages per call
+            calls.append(offset)
+            return real(fd, [view], offset)
+        return call
+
+    data = aligned_buffer(8 * 4096)
+    data[:] = np.random.default_rng(2).integers(0, 256, data.size, dtype=np.uint8)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        monkeypatch.setattr(os, "pwritev", short(real_write))
+        posix_io.pwrite_all(fd, data, 4096)
+        monkeypatch.setattr(os, "preadv", short(real_read))
+        out = aligned_buffer(data.size)
+        posix_io.pread_all(fd, out, 4096)
+    finally:
+        os.close(fd)
+    assert np.array_equal(out, data)
+    assert calls == [4096, 4 * 4096, 7 * 4096] * 2  # 3 + 3 + 2 pages each way: nothing moved twice
+
+
 def test_reading_past_the_end_is_a_fault(tmp_path):
     (tmp_path / "f").write_bytes(b"x" * 4096)
     fd = os.open(tmp_path / "f", os.O_RDONLY)
