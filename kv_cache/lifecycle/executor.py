@@ -16,7 +16,7 @@ from time import monotonic_ns as now_ns
 
 import numpy as np
 
-from kv_cache.buffers import aligned_buffer
+from kv_cache.buffers import HUGE, aligned_buffer
 from kv_cache.errors import BlockVanished
 from kv_cache.lifecycle.payload import block_digest
 from kv_cache.lifecycle.plan import KVPlan, Planner
@@ -24,11 +24,16 @@ from kv_cache.model import slot_bytes
 from kv_cache.types import Handoff, Request
 
 
+def buffer_bytes(max_object_bytes: int) -> int:
+    """A worker buffer's size: its largest object, and at least a huge page (O_DIRECT pins one page, not 512)."""
+    return max(max_object_bytes, HUGE)
+
+
 class WorkerBuffers:
     """One worker's page-aligned, pre-touched buffers: one for its block, one for moves."""
 
     def __init__(self, max_object_bytes: int, fake_io: bool):
-        size = 4096 if fake_io else max_object_bytes
+        size = 4096 if fake_io else buffer_bytes(max_object_bytes)
         self.block = aligned_buffer(size)
         self.scratch = aligned_buffer(size)
         self.fake_io = fake_io

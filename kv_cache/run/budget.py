@@ -1,7 +1,7 @@
 """Memory budget: computed before the run, refused with the numbers when it does not fit.
 
-budget = CPU tier + staging (workers x 2 buffers x largest object: one for the
-request's block, one for waterfall moves) + payload pool + the donor store
+budget = CPU tier + staging (workers x 2 buffers x largest object, at least
+2 MiB each: one for the request's block, one for waterfall moves) + payload pool + the donor store
 when --semantic is on (its bound: every donor at the longest prompt) + a
 fixed allowance for the interpreter, histograms and queues.
 """

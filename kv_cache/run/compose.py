@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from kv_cache.config import Settings, replace
 from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.donors import store_bytes
-from kv_cache.lifecycle.executor import WorkerBuffers
+from kv_cache.lifecycle.executor import WorkerBuffers, buffer_bytes
 from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
 from kv_cache.lifecycle.semantic import SemanticReuse
 from kv_cache.lifecycle.sketch import ShingleSketch
@@ -132,7 +132,7 @@ def memory_budget(s: Settings, geo: Geometry, gpu=None) -> MemoryBudget:
     """gpu: the GPU backend when a real GPU tier will be built (its lanes' pinned staging is host memory)."""
     fake = s.tiers.null_io
     cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
-    staging = 0 if fake else workers(s) * 2 * geo.max_object_bytes
+    staging = 0 if fake else workers(s) * 2 * buffer_bytes(geo.max_object_bytes)
     if gpu is not None:
         staging += (workers(s) + 1) * geo.max_object_bytes
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES

@@ -19,7 +19,7 @@ from kv_cache.cache.hashing import chain_root
 from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import analyse
-from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions
+from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions, buffer_bytes
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.recorder.iotrace import IOTraceWriter
 from kv_cache.recorder.merge import merge_ranks
@@ -76,7 +76,7 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
     ceiling = worker_ceiling(s, geo, gpu)
     sized = replace(s, "schedule.workers", ceiling)  # buffers, lanes and the budget for the most threads
     budget = memory_budget(sized, geo, gpu)
-    check_fits(budget, ceiling, geo.max_object_bytes)
+    check_fits(budget, ceiling, buffer_bytes(geo.max_object_bytes))
     site = None if s.tiers.null_io else storage_site(s, run_id, join)
     fill = payloads.fill if payloads else None
     try:

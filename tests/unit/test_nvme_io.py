@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,6 +38,28 @@ def test_aligned_buffers_are_page_aligned():
     for n in (1, 4096, 5000, 3 << 20):
         b = aligned_buffer(n)
         assert is_aligned(b) and b.size >= n
+
+
+def _huge_kib(addr: int) -> int:
+    """AnonHugePages of the mapping holding addr (from /proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    return 0
+
+
+def test_large_buffers_sit_on_huge_pages():
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.exists() or "[never]" in mode.read_text():
+        pytest.skip("transparent huge pages are off on this machine")
+    b = aligned_buffer(8 << 20)
+    assert b.ctypes.data % (2 << 20) == 0 and b.size == 8 << 20 and not b.any()
+    assert _huge_kib(b.ctypes.data) >= 4096  # most of it: the kernel may fall back for a page or two
 
 
 def test_misaligned_buffer_fails_clearly_under_o_direct(tmp_path, direct_ok):
