@@ -10,8 +10,8 @@ array uses (its size is printed; a window larger than the pool could see
 repeats across blocks, never within one page).
 
 Verification modes (``--verify``):
-- ``checksum`` (default): an XXH3-64 hash of the whole block, taken when it
-  is written and kept in the cache's index, is checked on every read. A
+- ``checksum`` (default): an XXH3-64 hash of the whole block, taken just after
+  it is written and kept in the cache's index, is checked on every read. A
   changed block passes with probability 2^-64 (fio's ``verify=xxhash``
   family). XXH3 runs at 30+ GB/s per core from memory and releases the GIL;
   it replaced CRC32C (~16 GB/s), whose cost at write and at read was the

@@ -6,7 +6,7 @@ import pytest
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
 from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions, WorkerBuffers
-from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.lifecycle.payload import PayloadPool, block_digest
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.cpu import CpuTier
 from kv_cache.tiers.nvme import NvmeTier
@@ -138,3 +138,22 @@ def test_hit_accounting_in_one_pass_equals_block_by_block():
         got_blocks, got_source = plan.hit_tokens(req, hits)
         assert got_blocks == expected_blocks, (bt, n, spans, hits)
         assert +Counter(got_source) == +by_source, (bt, n, spans, hits)
+
+
+def test_checksum_mode_keeps_each_written_blocks_checksum_and_catches_a_change(rig):
+    """--verify checksum: the writer records the XXH3-64 of the bytes it wrote (taken after the write), so reads
+    check it instead of comparing every byte, and a changed byte is still caught."""
+    _, cache, rec, bufs = rig
+    pool = PayloadPool(seed=1, span_bytes=1 << 20)
+    lc = Lifecycle(cache, pool, rec, LifecycleOptions(BT, BPT, chain_root("test"), "checksum"))
+    lc.execute(request(tokens(64, 5), tokens(1, 6), ((64, USER),)), bufs)
+    entries = list(cache.index.values())
+    assert len(entries) == 4
+    for e in entries:
+        expected = np.empty(e.nbytes, np.uint8)
+        pool.fill(e.key, expected)
+        assert e.digest == block_digest(expected)
+    victim = entries[0]
+    victim.digest ^= 1  # as if its bytes had changed since the write
+    lc.execute(request(tokens(64, 5), tokens(1, 7), ((64, USER),), seq=2), bufs)
+    assert rec.counters()["verification.failures"] == 1
