@@ -53,10 +53,11 @@ def diskstats(device: str | None) -> tuple[int, int] | None:
     return None
 
 
-def ours(args, label: str, out: Path) -> dict:
+def ours(args, label: str, out: Path, repo: Path = REPO) -> dict:
+    """One run of the program in checkout repo (this one unless told) at block size label: its figures."""
     model, tokens, block = SIZES[label]
     run_id = f"e2e-{label}-{int(time.time())}"
-    cmd = [sys.executable, str(REPO / "kv_cache_benchmark.py"), "--model", model, "--block-tokens", str(tokens),
+    cmd = [sys.executable, str(repo / "kv_cache_benchmark.py"), "--model", model, "--block-tokens", str(tokens),
            "--cpu-mem-gb", "0", "--gpu", "off", "--cache-dir", args.dir,
            "--nvme-gb", f"{args.nvme_gb / args.processes:g}",  # per rank: the same bytes in all as with one
            "--workers", str(args.workers), "--duration", str(args.duration), "--warmup", str(args.warmup),
