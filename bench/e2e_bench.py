@@ -161,20 +161,25 @@ def spread(rounds: list[dict]) -> str:
     return f"{len(rounds)}: " + ", ".join(parts)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ours(): where the program runs and how (shared with paired_bench.py)."""
     p.add_argument("--dir", default=str(REPO / "reports" / "cache"), help="The directory under test.")
-    p.add_argument("--sizes", default="80M,2M,512K", help=f"Block sizes among {', '.join(SIZES)}.")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--processes", type=int, default=1)
     p.add_argument("--users", type=int, default=200)
     p.add_argument("--duration", type=float, default=12.0)
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--nvme-gb", type=float, default=4.0)
+    p.add_argument("extra", nargs="*", help="More flags for kv_cache_benchmark.py (after --).")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    run_arguments(p)
+    p.add_argument("--sizes", default="80M,2M,512K", help=f"Block sizes among {', '.join(SIZES)}.")
     p.add_argument("--rounds", type=int, default=1, help="Runs of ours and fio per size, alternating (the VM is "
                                                            "noisy: the table shows the median round and the range).")
     p.add_argument("--out", default=str(REPO / "bench" / "out"))
-    p.add_argument("extra", nargs="*", help="More flags for kv_cache_benchmark.py (after --).")
     args = p.parse_args()
     rows = e2e_round(args)
     print(table(rows))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,18 +27,11 @@ import e2e_bench  # noqa: E402
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", required=True, help="The other checkout (a git worktree of the commit to compare).")
-    p.add_argument("--dir", default=str(e2e_bench.REPO / "reports" / "cache"), help="The directory under test.")
+    e2e_bench.run_arguments(p)
     p.add_argument("--size", default="512K", choices=sorted(e2e_bench.SIZES))
     p.add_argument("--rounds", type=int, default=3, help="Pairs of runs (base then this).")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--users", type=int, default=200)
-    p.add_argument("--duration", type=float, default=12.0)
-    p.add_argument("--warmup", type=float, default=3.0)
-    p.add_argument("--nvme-gb", type=float, default=4.0)
     p.add_argument("--out", default=str(e2e_bench.REPO / "bench" / "out" / "paired-runs"))
-    p.add_argument("extra", nargs="*", help="More flags for kv_cache_benchmark.py (after --).")
     args = p.parse_args()
-    args.processes = 1
     checkouts = {"base": Path(args.base).resolve(), "this": e2e_bench.REPO}
     for name, repo in checkouts.items():
         if not (repo / "kv_cache_benchmark.py").is_file():
@@ -50,8 +44,14 @@ def main() -> int:
     out = Path(args.out)
     for i in range(max(1, args.rounds)):
         for name, repo in checkouts.items():
-            o = e2e_bench.ours(args, args.size, out, repo)
-            shutil.rmtree(out, ignore_errors=True)  # the report folders: only the figures are kept
+            try:
+                o = e2e_bench.ours(args, args.size, out, repo)
+            except subprocess.CalledProcessError as e:
+                print(f"paired_bench: the run in {repo} ({name}) exited {e.returncode}; its own message is above.",
+                      file=sys.stderr)
+                return 1
+            finally:
+                shutil.rmtree(out, ignore_errors=True)  # the report folders: only the figures are kept
             print(f"| {i + 1} | {name} | {o['gbps']:.2f} | {o['cpu_s_per_gib']:.3f} | "
                   f"{o['read']['p95'] or 0:.2f} / {o['write']['p95'] or 0:.2f} |", flush=True)
     return 0

@@ -28,16 +28,12 @@ def _transfer_all(syscall, what: str, fd: int, buf: np.ndarray, offset: int, pat
                   times: list | None = None) -> None:
     """unit: the most one call moves (an engine's I/O unit); times: gets (ns, bytes) of every call."""
     total, done = buf.nbytes, 0
-    if times is None and total <= min(unit, CHUNK):  # one call, the hot path of every block: no view to cut
-        try:
-            done = syscall(fd, [buf], offset)
-        except OSError as e:
-            raise _fault(what, path, e) from None
-        if done == total:
-            return
-        done = max(done, 0)  # short (rare): the loop below moves the rest
-    view = memoryview(buf).cast("B")
     try:
+        if times is None and total <= min(unit, CHUNK):  # one call, the hot path of every block: no view to cut
+            done = syscall(fd, [buf], offset)
+            if done == total:
+                return
+        view = memoryview(buf).cast("B")  # a short first call (rare) or several: the loop moves the rest
         while done < total:
             piece = [view[done:done + min(unit, CHUNK, total - done)]]
             if times is None:  # the common case: no clock reads around the system call
