@@ -103,10 +103,13 @@ def all_models(extra: dict | None = None) -> list[ModelSpec]:
 def find_model(name: str, extra: dict | None = None) -> ModelSpec:
     """Look a model up by name or alias; an unknown name lists the valid ones."""
     models = all_models(extra)
-    wanted = name.lower()
     for m in models:
-        if wanted == m.name.lower() or wanted in (a.lower() for a in m.aliases):
+        if name == m.name or name in m.aliases:
             return m
+    # Names are exact, as the reference's --model choices are: a case slip is named, not silently mapped
+    near = [n for m in models for n in (m.name, *m.aliases) if n.lower() == name.lower()]
+    if near:
+        raise UserError(f"unknown model '{name}': model names are case-sensitive; did you mean '{near[0]}'?")
     names = ", ".join(m.name for m in models)
     raise UserError(f"unknown model '{name}'; valid models: {names} (aliases in --list-models).")
 

@@ -30,6 +30,7 @@ class Interrupted(KeyboardInterrupt):
 class _State:
     first: int | None = None   # the first signal received: it decides the exit status
     deferred = 0               # > 0: record signals, raise nothing
+    quiet = 0                  # > 0: a deferred signal is not announced (nothing is being finished yet)
 
 
 _state = _State()
@@ -39,7 +40,7 @@ def _handler(signum, _frame) -> None:
     if _state.first is None:
         _state.first = signum
     if _state.deferred:
-        if signum != _state.first or getattr(_state, "told", False):
+        if signum != _state.first or getattr(_state, "told", False) or _state.quiet:
             return
         _state.told = True
         print(f"kv_cache_benchmark.py: {signal.Signals(signum).name} received: finishing, results are being "
@@ -58,13 +59,22 @@ def install() -> None:
 
 
 @contextmanager
-def deferred():
-    """Within: a handled signal is remembered, never raised (results are being finished)."""
+def deferred(quiet: bool = False):
+    """Within: a handled signal is remembered, never raised (results are being finished; quiet: a step that must
+    not be cut in half, such as reserving the report folder, said nothing about)."""
     _state.deferred += 1
+    _state.quiet += quiet
     try:
         yield
     finally:
         _state.deferred -= 1
+        _state.quiet -= quiet
+
+
+def raise_pending() -> None:
+    """Raise Interrupted now if a signal was remembered while nothing could be stopped."""
+    if _state.first is not None and not _state.deferred:
+        raise Interrupted(_state.first)
 
 
 def defer() -> None:

@@ -1,8 +1,8 @@
 """Settings: the one typed schema (config.yaml + --set + flags merged into one validated object).
 
     keys.py          key(): a field with its help text, bounds and choices; coercion; name=weight mixes
-    schema.py        the sections (run, model, tiers, cache, workload, schedule, trace, rag, profiles),
-                     loading, merging, validation, flag names
+    schema.py        the sections (run, model, tiers, cache, workload, schedule, trace, rag, profiles)
+    load.py          walking the schema; reading, merging and validating config file, --set and flags
     load_control.py  the sections of load control (QoS, autoscaler, roles) and semantic reuse
     doc.py           config.yaml and the settings reference, rendered from the schema
 
@@ -10,6 +10,7 @@ A shared leaf: every stage may read settings; this package imports nothing of th
 """
 
 from kv_cache.config.keys import PREFIXED_SECTIONS, coerce, flag_name, is_flag_key, key, parse_mix
+from kv_cache.config.load import default_dict, iter_keys, read_config_file, replace, resolve
 from kv_cache.config.load_control import (
     QOS_CLASSES,
     SEMANTIC_MIX,
@@ -32,11 +33,6 @@ from kv_cache.config.schema import (
     TierSettings,
     TraceSettings,
     WorkloadSettings,
-    default_dict,
-    iter_keys,
-    read_config_file,
-    replace,
-    resolve,
 )
 
 __all__ = [

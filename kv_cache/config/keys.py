@@ -9,6 +9,13 @@ from dataclasses import field
 
 from kv_cache.errors import UserError
 
+# Upper bounds of every number a user can give: what a machine and a day can hold. A value past them is a typo,
+# not a run (a 1e30 s duration never ends, a 1e30 GiB tier never finishes allocating its bookkeeping).
+DAY_S = 86_400            # durations, waits, think times: a day
+MAX_TOKENS = 1 << 24      # token counts: 16.7 M, beyond any model's context
+MAX_GIB = 1 << 20         # capacities: 1 PiB
+MAX_COUNT = 1_000_000_000  # counts of requests, conversations, cycles
+
 
 def coerce(name: str, typ, value, meta: dict, where: str):
     """Return value converted to typ, or raise UserError naming the key."""

@@ -1,6 +1,6 @@
 """Settings sections of load control (QoS classes, the autoscaler, disaggregated roles) and semantic reuse.
 
-Part of the one schema of config.py (which imports these sections); kept
+Part of the one schema of schema.py (which imports these sections); kept
 apart only to keep files small.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kv_cache.config.keys import key
+from kv_cache.config.keys import DAY_S, MAX_GIB, MAX_TOKENS, key
 
 QOS_CLASSES = ("interactive", "responsive", "batch")
 
@@ -17,11 +17,12 @@ QOS_CLASSES = ("interactive", "responsive", "batch")
 class QosClass:
     priority: int = key(1, "Order when every worker is busy: a higher priority is served first.", lo=0, hi=100)
     ttft_p95_ms: float = key(1000.0, "SLA: p95 of the storage part of time-to-first-token (queue wait + cached "
-                                     "prefix load + prefill write), ms.", lo=0.001)
-    ttft_p99_ms: float = key(5000.0, "SLA: p99 of the storage part of time-to-first-token, ms.", lo=0.001)
+                                     "prefix load + prefill write), ms.", lo=0.001, hi=DAY_S * 1e3)
+    ttft_p99_ms: float = key(5000.0, "SLA: p99 of the storage part of time-to-first-token, ms.", lo=0.001,
+                             hi=DAY_S * 1e3)
     e2e_p95_ms: float = key(10000.0, "SLA: p95 of end-to-end request time (decode writes and any modelled "
-                                     "generation time included), ms.", lo=0.001)
-    e2e_p99_ms: float = key(20000.0, "SLA: p99 of end-to-end request time, ms.", lo=0.001)
+                                     "generation time included), ms.", lo=0.001, hi=DAY_S * 1e3)
+    e2e_p99_ms: float = key(20000.0, "SLA: p99 of end-to-end request time, ms.", lo=0.001, hi=DAY_S * 1e3)
 
 
 def _qos_class(priority, t95, t99, e95, e99):
@@ -50,19 +51,20 @@ class AutoscaleSettings:
     mode: str = key("off", "Change the number of active users during the run: qos finds the largest count whose "
                            "SLAs hold, capacity the count of peak throughput (closed loop only).", "--autoscale",
                     choices=("off", "qos", "capacity"))
-    start_users: int = key(10, "Active users in the first step (at most --users, the pool).", lo=1)
+    start_users: int = key(10, "Active users in the first step (at most --users, the pool).", lo=1,
+                           hi=1_000_000)
     step_users: int = key(10, "Users added per step (growth add), or the first step's size (growth double).",
-                          lo=1)
+                          lo=1, hi=1_000_000)
     growth: str = key("add", "Step schedule: add step_users each step, or double the count.",
                       choices=("add", "double"))
-    step_s: float = key(10.0, "Measurement window of one step, seconds.", lo=0.1)
+    step_s: float = key(10.0, "Measurement window of one step, seconds.", lo=0.1, hi=DAY_S)
     cooldown_s: float = key(2.0, "Seconds after each change before the step's window opens (not measured).",
-                            lo=0.0)
+                            lo=0.0, hi=DAY_S)
     min_gain: float = key(0.05, "capacity: a step must raise throughput (prompt tokens/s) by this fraction to "
                                 "count as a gain.", lo=0.0, hi=10.0)
     patience: int = key(2, "capacity: stop after this many steps in a row without gain.", lo=1, hi=100)
     resolution: int = key(2, "qos: after the first failing step, bisect (removing users) until good and bad "
-                             "counts are this close.", lo=1)
+                             "counts are this close.", lo=1, hi=1_000_000)
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,11 @@ class RoleSettings:
                                "(prefill makes kvbench-handoff/ in it and removes it at the end).",
                            "--handoff-dir")
     handoff_gb: float = key(8.0, "Space of published blocks in GiB; beyond it the prefill node removes the oldest "
-                                 "(a decode node that comes too late counts them missing).", lo=0.001)
+                                 "(a decode node that comes too late counts them missing).", lo=0.001,
+                                 hi=MAX_GIB)
     wait_s: float = key(60.0, "decode: give up when no prefill node publishes anything for this long; prefill: "
-                              "wait this long at the end for decode nodes to finish reading.", lo=0.0)
+                              "wait this long at the end for decode nodes to finish reading.", lo=0.0,
+                              hi=DAY_S)
 
 
 SEMANTIC_MIX = ("exact_repeat=1,instruction_variant=1,same_evidence_new_task=1,leading_evidence_new_task=1,"
@@ -95,12 +99,13 @@ class SemanticSettings:
     doc_tokens: tuple[int, int] = key((2048, 16384), "Built-in corpus: document length range; lengths fall in bands "
                                                      "of 1/8, 1/4, 1/2, 3/4 and all of the maximum (weights "
                                                      "1/2/3/3/3), at least the minimum (about; measured after "
-                                                     "tokenizing).", lo=16)
+                                                     "tokenizing).", lo=16, hi=MAX_TOKENS)
     embedder: str = key("sketch", "Donor search embedding: sketch (signed hashing of 3-token shingles, numpy, the "
                                   "same in every process) or minilm (all-MiniLM-L6-v2 on the prompt's text; the "
                                   "embed extra).", choices=("sketch", "minilm"))
-    threshold: float = key(0.60, "Cosine similarity a donor needs to be a candidate (SemBlend's 0.60).", lo=-1.0,
-                           hi=1.0)
+    threshold: float = key(0.60, "Cosine similarity a donor needs to be a candidate (SemBlend's 0.60; from 0: a "
+                                 "negative threshold would take unrelated and opposite prompts as donors).",
+                           lo=0.0, hi=1.0)
     top_k: int = key(5, "Candidates aligned per request.", lo=1, hi=1000)
     min_reuse: float = key(0.50, "Accept donors only if they cover this share of the blocks the exact prefix "
                                  "cache missed.", lo=0.0, hi=1.0)

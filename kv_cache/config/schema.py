@@ -12,16 +12,11 @@ the repository, or ``--config FILE``) < ``--set section.key=value`` < flags.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from kv_cache.config.keys import coerce, flag_name, key
+from kv_cache.config.keys import DAY_S, MAX_COUNT, MAX_GIB, MAX_TOKENS, key
 from kv_cache.config.load_control import AutoscaleSettings, QosSettings, RoleSettings, SemanticSettings
-from kv_cache.errors import UserError
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config.yaml"
 
@@ -30,9 +25,12 @@ REPO_CONFIG = Path(__file__).resolve().parents[2] / "config.yaml"
 class RunSettings:
     seed: int = key(42, "Seed of every random choice: the same seed gives the same request schedule.", lo=0,
                     hi=2**63 - 1)
-    duration_s: float = key(60.0, "Seconds of measurement after the warm-up.", "--duration", lo=0.1)
-    warmup_s: float = key(5.0, "Seconds at the start excluded from statistics.", "--warmup", lo=0.0)
-    max_requests: int = key(0, "Stop after issuing this many requests (0: no limit, the duration decides).", lo=0)
+    duration_s: float = key(60.0, "Seconds of measurement after the warm-up (at most a day).", "--duration",
+                       lo=0.1, hi=DAY_S)
+    warmup_s: float = key(5.0, "Seconds at the start excluded from statistics (at most a day).", "--warmup",
+                     lo=0.0, hi=DAY_S)
+    max_requests: int = key(0, "Stop after issuing this many requests (0: no limit, the duration decides).", lo=0,
+                        hi=MAX_COUNT)
     processes: int = key(1, "Run as this many processes on this host (mpirun, launched for you): each with its "
                             "--workers threads and its own part of the users; results merged exactly.", lo=1, hi=256)
     output_dir: str = key("reports", "Folder under which reports/<run-id>/ is written.")
@@ -76,17 +74,17 @@ class TierSettings:
                            "(a device is required), simulated (capacity + bandwidth model, labelled simulated), off.",
                    choices=("auto", "real", "simulated", "off"))
     gpu_mem_gb: float = key(16.0, "GPU tier capacity in GiB, over all its GPUs (refused if more than their free "
-                                  "HBM).", lo=0.0)
+                                  "HBM).", lo=0.0, hi=MAX_GIB)
     gpus: int = key(1, "GPUs the tier spreads its blocks over (0: every device CuPy sees).", lo=0, hi=64)
     gpu_sim_gbps: float = key(25.0, "Bandwidth model of the simulated GPU tier, GB/s per transfer "
-                                    "(PCIe 5 x16 host copies reach about 25).", lo=0.001)
+                                    "(PCIe 5 x16 host copies reach about 25).", lo=0.001, hi=1e5)
     gds: bool = key(False, "GPUDirect Storage (the gds extra, kvikio): NVMe reads land in HBM and GPU -> NVMe "
                            "demotions skip host memory; the output says whether cuFile ran or kvikio fell back "
                            "to POSIX I/O. Needs a real GPU tier and the direct engine with slabs.", "--gds")
-    cpu_mem_gb: float = key(4.0, "CPU tier capacity in GiB (0 turns the tier off).", lo=0.0)
+    cpu_mem_gb: float = key(4.0, "CPU tier capacity in GiB (0 turns the tier off).", lo=0.0, hi=MAX_GIB)
     nvme_gb: float = key(0.0, "NVMe tier capacity in GiB (0: a quarter of the free space, at most 64 GiB; with "
                                   "--null-io 0 means 64 GiB).",
-                         lo=0.0)
+                         lo=0.0, hi=MAX_GIB)
     cache_dir: str = key("", "Directory for the NVMe tier's files (empty: reports/cache). A run "
                              "makes its own subdirectory there and removes it at the end.")
     io_engine: str = key("direct", "How the NVMe tier moves bytes: direct (O_DIRECT), mmap (msync, "
@@ -94,7 +92,7 @@ class TierSettings:
                          choices=("direct", "mmap", "buffered"))
     nvme_layout: str = key("slab", "slab: preallocated files of fixed slots; file-per-block: one file per "
                                    "block, created and unlinked.", choices=("slab", "file-per-block"))
-    slab_file_gb: float = key(4.0, "Size of one slab file in GiB (slab layout).", lo=0.001)
+    slab_file_gb: float = key(4.0, "Size of one slab file in GiB (slab layout).", lo=0.001, hi=1024.0)
     io_unit: str = key("block", "How an engine moves a block to and from the NVMe tier: block (one I/O per block) "
                                 "or layer (one I/O per layer group, as layer-wise offloading engines do; each I/O's "
                                 "latency is recorded beside the block's, as <op>_io).", "--io-unit",
@@ -129,13 +127,14 @@ class WorkloadSettings:
     profile_mix: str = key("chatbot=1,coding=1,document=1", "Weights of the user profiles, name=weight,...")
     num_system_prompts: int = key(4, "Shared system prompts; every conversation starts with one of them.",
                                   lo=0, hi=100_000)
-    system_prompt_tokens: tuple[int, int] = key((512, 2048), "Range of system prompt lengths in tokens.", lo=0)
+    system_prompt_tokens: tuple[int, int] = key((512, 2048), "Range of system prompt lengths in tokens.", lo=0,
+                                           hi=MAX_TOKENS)
     system_prompt_zipf: float = key(0.0, "Zipf exponent of system-prompt popularity: prompt i is chosen with weight "
                                          "1/(i+1)^s (0: uniform).", lo=0.0, hi=10.0)
     end_probability: float = key(0.2, "Chance that a conversation ends after a turn.", lo=0.0, hi=1.0)
-    max_turns: int = key(50, "A conversation ends after this many turns.", lo=1)
-    generation_ms_per_token: float = key(0.0, "Simulated generation time per output token (0: storage stress).",
-                                         lo=0.0)
+    max_turns: int = key(50, "A conversation ends after this many turns.", lo=1, hi=1_000_000)
+    generation_ms_per_token: float = key(0.0, "Simulated generation time per output token (0: storage stress; at "
+                                                "most 10 s).", lo=0.0, hi=10_000.0)
     decode_writes: bool = key(True, "Write the KV of generated tokens (decode blocks) after each request; off: "
                                     "prompt (prefill) blocks only, as a prefill-only node (MLPerf's "
                                     "--prefill-only).")
@@ -160,7 +159,8 @@ class ScheduleSettings:
     request_rate: float = key(0.0, "Requests per second of the poisson arrival process (at most 100,000: one "
                                    "process issues a few thousand at best; more is a typo).", lo=0.0, hi=1e5)
     think_time_s: tuple[float, float] = key((0.1, 0.5), "Think-time range of closed-loop users replaying a trace "
-                                                        "(synthetic users take theirs from their profile).", lo=0.0)
+                                                        "(synthetic users take theirs from their profile).", lo=0.0,
+                                        hi=DAY_S)
 
 
 @dataclass(frozen=True)
@@ -168,22 +168,25 @@ class TraceSettings:
     path: str = key("", "Trace file, directory or glob (empty: synthetic users).", "--trace")
     format: str = key("auto", "Trace format (auto: detected from the first record, and said).", "--trace-format",
                       choices=("auto", "sharegpt", "burstgpt", "azure", "mooncake", "bailian"))
-    replay_cycles: int = key(1, "Times the trace is replayed (0: until the duration ends).", lo=0)
+    replay_cycles: int = key(1, "Times the trace is replayed (0: until the duration ends).", lo=0,
+                             hi=MAX_COUNT)
     speedup: float = key(1.0, "Trace time runs this many times faster (timestamps / speedup).", "--trace-speedup",
-                         lo=1e-6)
+                         lo=1e-6, hi=1e6)
     strict: bool = key(False, "Stop at the first malformed record instead of skipping and counting it.")
     tokenizer: str = key("auto", "Text to tokens: tiktoken (cl100k, offline; the tokenize extra), fallback "
                                  "(deterministic estimate), auto (tiktoken when installed).",
                          choices=("auto", "tiktoken", "fallback"))
     first_turn_only: bool = key(False, "ShareGPT: only each conversation's first turn (vLLM's benchmark mode).")
-    min_prompt_tokens: int = key(1, "ShareGPT: drop turns whose prompt is shorter.", lo=1)
+    min_prompt_tokens: int = key(1, "ShareGPT: drop turns whose prompt is shorter.", lo=1, hi=MAX_TOKENS)
     max_prompt_tokens: int = key(0, "ShareGPT: end a conversation at a turn whose prompt is longer (0: no limit).",
-                                 lo=0)
-    max_output_tokens: int = key(0, "ShareGPT: cut longer answers to this many tokens (0: no limit).", lo=0)
-    max_conversations: int = key(0, "ShareGPT: use at most this many conversations (0: all).", lo=0)
+                                 lo=0, hi=MAX_TOKENS)
+    max_output_tokens: int = key(0, "ShareGPT: cut longer answers to this many tokens (0: no limit).", lo=0,
+                                 hi=MAX_TOKENS)
+    max_conversations: int = key(0, "ShareGPT: use at most this many conversations (0: all).", lo=0,
+                                 hi=MAX_COUNT)
     shuffle: bool = key(True, "ShareGPT: shuffle conversations with the seed (--no-shuffle: file order).")
     missing_answer_tokens: int = key(128, "ShareGPT: answer length for a message with no answer in the file "
-                                          "(0: drop such messages).", lo=0)
+                                          "(0: drop such messages).", lo=0, hi=MAX_TOKENS)
     model_filter: str = key("", "BurstGPT: keep only rows of this Model (e.g. GPT-4).", "--trace-model")
     log_type: str = key("", "BurstGPT: keep only rows of this Log Type (Conversation log, API log).",
                         "--trace-log-type")
@@ -198,7 +201,8 @@ class RagSettings:
                                      lo=0.0, hi=1.0)
     num_documents: int = key(1000, "Documents in the corpus.", lo=1, hi=10_000_000)
     document_tokens: tuple[int, int] = key((512, 4096), "Document length range in tokens (each is then cut at "
-                                                        "block boundaries: padded to whole blocks).", lo=1)
+                                                        "block boundaries: padded to whole blocks).", lo=1,
+                                            hi=MAX_TOKENS)
     top_k: int = key(4, "Documents retrieved per request.", "--rag-top-k", lo=1, hi=1000)
     zipf: float = key(1.0, "Zipf exponent of document popularity (document i has weight 1/(i+1)^s).", "--rag-zipf",
                       lo=0.0, hi=10.0)
@@ -210,11 +214,15 @@ class RagSettings:
 
 @dataclass(frozen=True)
 class Profile:
-    context_tokens: tuple[int, int] = key((512, 4096), "First-turn context length range (tokens).", lo=1)
-    message_tokens: tuple[int, int] = key((32, 256), "Length range of each later user message.", lo=1)
-    output_tokens: tuple[int, int] = key((50, 200), "Answer length range (tokens).", lo=1)
-    think_time_s: tuple[float, float] = key((0.1, 0.5), "Pause between an answer and the next question.", lo=0.0)
-    max_context_tokens: int = key(16384, "A conversation ends before its prompt would exceed this.", lo=1)
+    context_tokens: tuple[int, int] = key((512, 4096), "First-turn context length range (tokens).", lo=1,
+                                            hi=MAX_TOKENS)
+    message_tokens: tuple[int, int] = key((32, 256), "Length range of each later user message.", lo=1,
+                                            hi=MAX_TOKENS)
+    output_tokens: tuple[int, int] = key((50, 200), "Answer length range (tokens).", lo=1, hi=MAX_TOKENS)
+    think_time_s: tuple[float, float] = key((0.1, 0.5), "Pause between an answer and the next question.", lo=0.0,
+                                          hi=DAY_S)
+    max_context_tokens: int = key(16384, "A conversation ends before its prompt would exceed this.", lo=1,
+                                hi=MAX_TOKENS)
 
 
 def _profile(ctx, msg, out, think, max_ctx):
@@ -253,140 +261,3 @@ class Settings:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-# --------------------------------------------------------------------------- walking the schema
-
-def _hints(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def iter_keys(cls=Settings, prefix: str = ""):
-    """Yield (dotted name, field, type) for every leaf key of the schema."""
-    hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        typ = hints[f.name]
-        name = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(typ):
-            yield from iter_keys(typ, name + ".")
-        else:
-            yield name, f, typ
-
-
-def default_dict() -> dict:
-    return _to_plain(Settings().to_dict())
-
-
-def _to_plain(obj):
-    if isinstance(obj, dict):
-        return {k: _to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, tuple):
-        return [_to_plain(v) for v in obj]
-    return obj
-
-
-def _build(cls, data: dict, where: str, prefix: str = "", origins: dict | None = None):
-    """Build dataclass cls from a plain mapping, refusing unknown keys.
-
-    origins: dotted key -> the flag or --set that gave its value (errors name it, not the file).
-    """
-    origins = origins or {}
-    if not isinstance(data, dict):
-        raise UserError(f"{where}: section {prefix.rstrip('.') or '(top)'} must be a mapping, got {data!r}.")
-    hints = _hints(cls)
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        known = ", ".join(prefix + n for n in names)
-        raise UserError(f"{where}: unknown key '{prefix}{unknown[0]}' (known here: {known}).")
-    kwargs = {}
-    for fname, value in data.items():
-        typ = hints[fname]
-        if dataclasses.is_dataclass(typ):
-            kwargs[fname] = _build(typ, value, where, f"{prefix}{fname}.", origins)
-        else:
-            dotted = prefix + fname
-            kwargs[fname] = coerce(dotted, typ, value, dict(names[fname].metadata), origins.get(dotted, where))
-    return cls(**kwargs)
-
-
-def _deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "models":
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-def _set_dotted(tree: dict, dotted: str, value) -> None:
-    parts = dotted.split(".")
-    node = tree
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise UserError(f"--set {dotted}: '{p}' is not a section.")
-    node[parts[-1]] = value
-
-
-def read_config_file(path: Path) -> dict:
-    """Read a YAML settings file; a missing or malformed file is a UserError."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"config file {path} does not exist; pass an existing file to --config.") from None
-    except IsADirectoryError:
-        raise UserError(f"config file {path} is a directory; pass a YAML file to --config.") from None
-    except OSError as e:
-        raise UserError(f"config file {path} cannot be read ({e.strerror}).") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"config file {path} is not UTF-8 text (byte {e.start}); pass a YAML file to "
-                        f"--config.") from None
-    if "\x00" in text:
-        raise UserError(f"config file {path} holds NUL bytes (a binary file?); pass a YAML file to --config.")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f":{mark.line + 1}" if mark else ""
-        raise UserError(f"config file {path}{at} is not valid YAML ({getattr(e, 'problem', e)}).") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}.")
-    return data
-
-
-def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any]) -> Settings:
-    """Merge defaults < config file < --set < flags into one validated Settings."""
-    tree = default_dict()
-    path = Path(config_path) if config_path else (REPO_CONFIG if REPO_CONFIG.exists() else None)
-    if path is not None:
-        tree = _deep_merge(tree, read_config_file(path))
-    where = f"config file {path}" if path else "settings"
-    origins: dict[str, str] = {}
-    for item in sets:
-        if "=" not in item:
-            raise UserError(f"--set {item}: expected section.key=value.")
-        dotted, value = item.split("=", 1)
-        dotted = dotted.strip()
-        try:
-            parsed = yaml.safe_load(value) if value else ""
-        except yaml.YAMLError as e:
-            raise UserError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', e)}); quote it "
-                            f"or write it as in config.yaml.") from None
-        _set_dotted(tree, dotted, parsed)
-        origins[dotted] = f"--set {dotted}"
-    fields = {d: f for d, f, _ in iter_keys(Settings)}
-    for dotted, value in flags.items():
-        _set_dotted(tree, dotted, value)
-        origins[dotted] = flag_name(dotted, fields[dotted]) if dotted in fields else f"--{dotted}"
-    return _build(Settings, tree, where, origins=origins)
-
-
-def replace(settings: Settings, dotted: str, value) -> Settings:
-    """Return settings with one key changed (used by the runner's resolved defaults)."""
-    section, name = dotted.split(".")
-    sec = dataclasses.replace(getattr(settings, section), **{name: value})
-    return dataclasses.replace(settings, **{section: sec})

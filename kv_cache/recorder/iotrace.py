@@ -29,11 +29,14 @@ class IOTraceWriter:
             if self.path.suffix == ".zst":
                 import zstandard
 
-                self._raw = open(self.path, "wb")
+                self._raw = open(self.path, "xb")
                 self._zst = zstandard.ZstdCompressor(level=3).stream_writer(self._raw)
                 self._file = io.TextIOWrapper(self._zst, encoding="utf-8", newline="")
             else:
-                self._file = open(self.path, "w", newline="", encoding="utf-8")
+                self._file = open(self.path, "x", newline="", encoding="utf-8")
+        except FileExistsError:
+            raise UserError(f"--io-trace {path} exists; pass a new file name (a trace is never written over an "
+                            f"existing file).") from None
         except OSError as e:
             raise UserError(f"--io-trace {path}: cannot write there ({e.strerror}).") from None
         self._csv = csv.writer(self._file)

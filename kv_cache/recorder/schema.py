@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import operator
 import sys
 import types
@@ -302,9 +303,56 @@ def _load(tp, value, where: str):
             raise SchemaError(f"{where} is not an object")
         return {k: _load(vt, v, f"{where}.{k}") for k, v in value.items()}
     if origin is list:
+        if not isinstance(value, list):
+            raise SchemaError(f"{where} is not an array")
         (vt,) = typing.get_args(tp) or (Any,)
         return [_load(vt, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin in (Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _load(option, value, where)
+            except SchemaError:
+                continue
+        raise SchemaError(f"{where} is none of {' | '.join(_name(a) for a in typing.get_args(tp))}: {value!r:.40}")
+    return _scalar(tp, value, where)
+
+
+def _name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _scalar(tp, value, where: str):
+    """A leaf value of the type the schema says, a number finite and within 64 bits (a file with Infinity or
+    10^400 in it was not written by this tool)."""
+    if tp is Any or tp in (dict, list):  # a plain JSON value: its numbers are still checked
+        _plain_numbers(value, where)
+        return value
+    ok = {bool: lambda v: isinstance(v, bool),
+          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda v: isinstance(v, str)}.get(tp)
+    if ok is None or not ok(value):
+        raise SchemaError(f"{where} is {_kind(value)} where the schema needs {_JSON.get(tp, _name(tp))}")
+    _plain_numbers(value, where)
     return value
+
+
+def _kind(value) -> str:
+    return "null" if value is None else _JSON.get(type(value), type(value).__name__) + f" {value!r:.40}"
+
+
+def _plain_numbers(value, where: str) -> None:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, float) and not math.isfinite(value) or isinstance(value, (int, float)) \
+            and abs(value) >= 2**63:
+        raise SchemaError(f"{where} is {value!r}, not a finite number within 64 bits")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _plain_numbers(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _plain_numbers(v, f"{where}[{i}]")
 
 
 _JSON = {int: "integer", float: "number", str: "string", bool: "boolean", dict: "object", list: "array"}

@@ -65,13 +65,18 @@ def draw_autoscale(results: Results):
     ax1.legend(loc="upper left", fontsize=8)
     t.legend(loc="lower right", fontsize=8)
     ax1.set_title(f"Autoscaler ({a['mode']}): load and throughput per step")
-    ax2.plot(u, [steps[i]["ttft_p95_ms"] or np.nan for i in order], "k-", alpha=0.4)
+    ttft = [steps[i]["ttft_p95_ms"] for i in order]
+    ax2.plot(u, [v or np.nan for v in ttft], "k-", alpha=0.4)
     for i in order:
         p = steps[i]
         ax2.scatter(p["users"], p["ttft_p95_ms"] or np.nan, color="C2" if p["sla_met"] else "C3", zorder=3)
     ax2.set_xlabel("active users")
-    ax2.set_ylabel("storage TTFT p95, worst class (ms, log)")
-    ax2.set_yscale("log")
+    if any(v for v in ttft):  # a log axis needs one positive value; a step without a TTFT has none
+        ax2.set_ylabel("storage TTFT p95, worst class (ms, log)")
+        ax2.set_yscale("log")
+    else:
+        ax2.set_ylabel("storage TTFT p95, worst class (ms)")
+        ax2.text(0.5, 0.5, "no step measured a TTFT", transform=ax2.transAxes, ha="center")
     ax2.set_title("Latency per step (green: SLAs met, red: not)")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)

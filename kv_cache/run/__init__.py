@@ -6,7 +6,8 @@
     traffic.py      which traffic source runs (synthetic, semantic, trace replay) and how it arrives
     roles.py        load control and disaggregated roles: QoS, autoscaler, prefill/decode handoff
     describe.py     what a run says about itself: the banner, the run section of the Results, warnings
-    mlperf.py       the MLPerf reference's command lines and config keys translated; its --output fields
+    mlperf.py       the MLPerf reference's command lines and config keys translated
+    mlperf_output.py  its --output FILE: the fields its result tables read, by our measurement rules
     budget.py       the memory budget checked before anything is allocated
     distributed.py  MPI ranks: agree, broadcast, gather
     trials.py       the median and spread of N trials

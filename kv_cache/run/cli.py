@@ -15,16 +15,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import typing
 from pathlib import Path
 
-from kv_cache import __version__, signals
+from kv_cache import __version__, runlog, signals
 from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, resolve
 from kv_cache.errors import UserError
+from kv_cache.inputs import read_text
 from kv_cache.recorder.schema import Results, SchemaError
+from kv_cache.run.args import Parser
+from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 
 SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean")
+DEBUG = "--debug"  # any sub-command: print an internal error's traceback (it is always kept in a log file)
 
 
 # The flags a first run needs; --help shows these, --help-all every setting.
@@ -40,10 +45,11 @@ SUBCOMMAND_HELP = """sub-commands (kv_cache_benchmark.py COMMAND --help for each
   validate  check a submission package (--submission) against its manifest and rules
   clean     remove what killed runs left in the cache and report folders
 
---help-all lists every setting's flag (config.yaml documents each key too)."""
+--help-all lists every setting's flag (config.yaml documents each key too). --debug, with any sub-command,
+prints the traceback of an internal error on stderr (it is always kept in the run's run.log)."""
 
 
-def _add_setting_flags(p: argparse.ArgumentParser, full: bool = True) -> None:
+def _add_setting_flags(p: Parser, full: bool = True) -> None:
     for section in ("run", "model", "tiers", "cache", "workload", "schedule", "trace", "rag", "qos", "autoscale",
                     "disagg", "semantic"):
         group = p.add_argument_group(f"{section} settings (config.yaml section '{section}')")
@@ -66,9 +72,9 @@ def _add_setting_flags(p: argparse.ArgumentParser, full: bool = True) -> None:
                                    choices=meta.get("choices"), metavar=metavar)
 
 
-def run_parser(full: bool = True) -> argparse.ArgumentParser:
+def run_parser(full: bool = True) -> Parser:
     """The run's flags; full=False hides all but the common ones from --help (every flag is still accepted)."""
-    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py",
+    p = Parser(prog="kv_cache_benchmark.py",
                                 description="Block-level KV-cache storage benchmark (GPU / CPU / NVMe tiers).",
                                 epilog=SUBCOMMAND_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"kv-cache-bench {__version__}")
@@ -86,6 +92,7 @@ def run_parser(full: bool = True) -> argparse.ArgumentParser:
 
 def _cmd_run(argv: list[str]) -> int:
     from kv_cache.run import mlperf
+    from kv_cache.run.mlperf_output import write_output
 
     reference = mlperf.translate(argv) if mlperf.speaks_reference(argv) else None
     if reference is not None:
@@ -95,7 +102,7 @@ def _cmd_run(argv: list[str]) -> int:
         run_parser().print_help()
         return 0
     config, sets, list_models = args.pop("config"), args.pop("set"), args.pop("list_models")
-    settings = resolve(config, sets, args)
+    settings = resolve(config, sets, args, reference.origins if reference is not None else None)
     if list_models:
         from kv_cache.report.models_table import list_models_table
 
@@ -118,7 +125,7 @@ def _cmd_run(argv: list[str]) -> int:
     if reference is not None and reference.output:
         folder = Path(settings.run.output_dir) / settings.run.run_id
         if (folder / "results.json").exists():
-            say(f"MLPerf fields: {mlperf.write_output(reference.output, folder, reference.profile)}")
+            say(f"MLPerf fields: {write_output(reference.output, folder, reference.profile)}")
     return status
 
 
@@ -146,17 +153,24 @@ def _cmd_policies(argv: list[str]) -> int:
     return compare_policies(settings, names, ms, print)
 
 
+RESULTS_LIMIT = 1 << 30  # a day's run with per-second histograms stays far below
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows (a results file holds finite numbers)")
+
+
 def load_results(arg: str) -> tuple[Path, Results]:
-    """A results.json (or the run folder holding it), read and checked."""
+    """A results.json (or the run folder holding it), read and checked against the schema, value types too."""
     path = Path(arg)
     if path.is_dir():
         path = path / "results.json"
+    fix = "pass a run folder under reports/ or its results.json"
+    text = read_text(str(path), "results file", RESULTS_LIMIT, fix)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist; pass a run folder under reports/ or its results.json.") from None
-    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise UserError(f"{path} is not a readable results file ({e}).") from None
+        data = json.loads(text, parse_constant=_no_constant)
+    except ValueError as e:  # JSONDecodeError too
+        raise UserError(f"{path} is not a readable results file ({e}); {fix}.") from None
     if not isinstance(data, dict) or "schema_version" not in data:
         raise UserError(f"{path} is not a kv-cache-bench results file (no schema_version).")
     try:
@@ -165,17 +179,8 @@ def load_results(arg: str) -> tuple[Path, Results]:
         raise UserError(f"{path} is an incomplete or damaged results file ({e}); re-run or restore it.") from None
 
 
-def _rendered(path: Path, draw):
-    """draw() over a results file that passed load_results; a deeper defect is one sentence too."""
-    try:
-        return draw()
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-        raise UserError(f"{path} is an incomplete or damaged results file ({type(e).__name__}: {e}); re-run "
-                        f"or restore it.") from None
-
-
 def _cmd_report(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py report", description="Re-render a results.json.")
+    p = Parser(prog="kv_cache_benchmark.py report", description="Re-render a results.json.")
     p.add_argument("results", help="A results.json file or the run folder holding it.")
     p.add_argument("--plots", action="store_true", help="Also rewrite the report folder's files and plots.")
     args = p.parse_args(argv)
@@ -185,13 +190,13 @@ def _cmd_report(argv: list[str]) -> int:
     if args.plots:
         from kv_cache.report.files import write_report
 
-        _rendered(path, lambda: write_report(data, path.parent))
-    print(_rendered(path, lambda: render(data, str(path))))
+        write_report(data, path.parent)
+    print(render(data, str(path)))
     return 0
 
 
 def _cmd_compare(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py compare",
+    p = Parser(prog="kv_cache_benchmark.py compare",
                                 description="Headline numbers of several runs side by side, ratios to the first.")
     p.add_argument("runs", nargs="+", help="Run folders (or results.json files); the first is the baseline.")
     p.add_argument("--output", help="Folder for the comparison plots (default reports/compare-<time>).")
@@ -201,9 +206,7 @@ def _cmd_compare(argv: list[str]) -> int:
     import time
 
     out = Path(args.output or Path("reports") / time.strftime("compare-%Y%m%dT%H%M%SZ", time.gmtime()))
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--output {out} is a file; the comparison writes plots into a folder: pass a new or "
-                        f"existing folder.")
+    _plot_folder(out)
     runs, paths = [], []
     for arg in args.runs:
         path, data = load_results(arg)
@@ -211,14 +214,33 @@ def _cmd_compare(argv: list[str]) -> int:
         paths.append(path)
     from kv_cache.report.compare import comparison_plots, comparison_table
 
-    print(_rendered(paths[0], lambda: comparison_table(runs)))
-    for plot in _rendered(paths[0], lambda: comparison_plots(runs, out)):
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--output {out}: cannot make the folder ({e.strerror}); pass a writable folder.") from None
+    print(comparison_table(runs))
+    for plot in comparison_plots(runs, out):
         print(f"plot: {plot}")
     return 0
 
 
+def _plot_folder(out: Path) -> None:
+    """compare --output: refused before anything is read if it cannot become a folder of plots (made after)."""
+    refuse_system_dir(str(out), "--output", FILES)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output {out} is a file; the comparison writes plots into a folder: pass a new or "
+                        f"existing folder.")
+    top = out.absolute()
+    while not top.exists():
+        top = top.parent
+    if not top.is_dir():
+        raise UserError(f"--output {out}: {top} is a file in its path; pass a folder.")
+    if not os.access(top, os.W_OK | os.X_OK):
+        raise UserError(f"--output {out}: {top} is not writable; pass a writable folder.")
+
+
 def _cmd_validate(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py validate",
+    p = Parser(prog="kv_cache_benchmark.py validate",
                                 description="Check a submission package against its rules and checksums.")
     p.add_argument("package", help="The run folder written by --submission.")
     folder = Path(p.parse_args(argv).package)
@@ -237,7 +259,7 @@ def _cmd_validate(argv: list[str]) -> int:
 
 
 def _cmd_clean(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="kv_cache_benchmark.py clean",
+    p = Parser(prog="kv_cache_benchmark.py clean",
                                 description="Remove the folders that killed runs (SIGKILL, a crashed host) left: "
                                             "only folders carrying this program's marker whose run is gone.")
     p.add_argument("--cache-dir", default=str(Path("reports") / "cache"),
@@ -261,6 +283,8 @@ def _cmd_clean(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    runlog.set_debug(DEBUG in argv)  # any sub-command: an internal error's traceback on stderr too
+    argv = [a for a in argv if a != DEBUG]
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     signals.install()  # SIGTERM and SIGHUP stop a run as Ctrl-C does
@@ -276,3 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kv_cache_benchmark.py: {signals.name()} received before the measurement started; nothing was "
               f"measured and temporary data was removed.", file=sys.stderr)
         return signals.exit_status()
+    except Exception as e:  # a bug of ours, not the user's: one line, the traceback in a log file
+        print(f"kv_cache_benchmark.py: {runlog.internal('internal error', e)}; please report it with that file"
+              f"{'' if runlog.debugging() else ' (--debug prints it)'}.", file=sys.stderr)
+        return 1
+    finally:
+        runlog.close()

@@ -19,14 +19,14 @@ from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
 from kv_cache.lifecycle.semantic import SemanticReuse
 from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.model import ModelSpec, find_model, slot_bytes
-from kv_cache.run.budget import MemoryBudget, fits
+from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, fits
 from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
 from kv_cache.tiers.base import moves_real_bytes
 from kv_cache.tiers.devices import open_cupy
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct, refuse_system_dir
 from kv_cache.tiers.gds import GdsLink, open_link
 from kv_cache.tiers.probe import concurrency
-from kv_cache.tiers.registry import StackContext, StorageSite, build_stack
+from kv_cache.tiers.registry import StackContext, StorageSite, build_stack, most_blocks
 
 GiB = 2**30
 WHOLE_REQUEST_SLOT_BYTES = 16 << 20  # slot size of every tier in whole-request mode
@@ -136,7 +136,8 @@ def memory_budget(s: Settings, geo: Geometry, gpu=None) -> MemoryBudget:
     if gpu is not None:
         staging += (workers(s) + 1) * geo.max_object_bytes
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
-    return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s))
+    return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s),
+                        bookkeeping_bytes=most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES)
 
 
 def _donor_store_bytes(s: Settings) -> int:

@@ -5,7 +5,7 @@ parsed: each flag maps to the setting with the same meaning; where the meaning c
 line says what the run does here instead. The reference's defaults apply to what its flags leave out
 (100 users, realistic generation, 32 GiB CPU tier, no warm-up). Its config.yaml is read too: keys that map
 onto ours are applied, the others are named and not applied. ``--output FILE`` writes, after the run, a
-JSON with the fields its result tables read, computed by our measurement rules (see ``reference_output``).
+JSON with the fields its result tables read, computed by our measurement rules (mlperf_output.py).
 The flags the reference shares with us by name and meaning (--model, --duration, --cpu-mem-gb, --cache-dir,
 --seed, --max-requests, --trace-speedup, --replay-cycles, --precondition) pass through unchanged.
 """
@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kv_cache.config import Settings, read_config_file
+from kv_cache.config import Settings, flag_name, iter_keys, read_config_file
 from kv_cache.errors import UserError
-from kv_cache.recorder.schema import Results
+from kv_cache.run.args import Parser
 
 GENERATION_MS = {"none": 0.0, "fast": 2.0, "realistic": 30.0}  # the reference's sleep per output token
 DEFAULTS = {"model.name": "llama3.1-8b", "workload.users": 100, "workload.generation_ms_per_token": 30.0,
@@ -39,11 +39,22 @@ REFUSED = {  # reference flags with no honest equivalent here: one sentence each
 }
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+def _amount(text: str) -> float:
+    """A finite number >= 0: NaN passes every comparison and would reach the arithmetic of a size."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _parser() -> Parser:
+    p = Parser(prog="kv_cache_benchmark.py", add_help=False, allow_abbrev=False)
     add = p.add_argument
     add("--num-users", type=int)
-    add("--gpu-mem-gb", type=float)
+    add("--gpu-mem-gb", type=_amount)
     add("--num-gpus", type=int)
     add("--tensor-parallel", type=int)
     add("--generation-mode", choices=tuple(GENERATION_MS))
@@ -60,12 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--max-conversations", type=int)
     add("--output")
     add("--max-concurrent-allocs", type=int)
-    add("--request-rate", type=float)
-    add("--precondition-size-gb", type=float)
+    add("--request-rate", type=_amount)
+    add("--precondition-size-gb", type=_amount)
     add("--prefill-only", action="store_true")
     add("--decode-only", action="store_true")
     add("--io-trace-log")
-    add("--storage-capacity-gb", type=float)
+    add("--storage-capacity-gb", type=_amount)
     add("--log-level")
     for flag in REFUSED:
         add(flag, nargs="?")
@@ -79,12 +90,32 @@ SHARED_FLAGS = {"--gpu-mem-gb", "--request-rate", "--max-conversations"}
 
 @dataclass
 class Translation:
-    """Our command line for a reference one, the lines that say what differs, and --output's file."""
+    """Our command line for a reference one, the lines that say what differs, and --output's file; origins: our
+    key -> what the user typed for it (a reference flag, a key of its config file), for error messages."""
 
     argv: list[str]
     notes: list[str] = field(default_factory=list)
     output: str | None = None
     profile: str = "latency"
+    origins: dict[str, str] = field(default_factory=dict)
+
+
+class Sets(dict):
+    """Our settings (dotted key -> value) and, for each, what the user typed that set it."""
+
+    def __init__(self):
+        super().__init__()
+        self.origin: dict[str, str] = {}
+        self.source = ""  # while a config file is applied: its name, the origin of what it sets
+
+    def __setitem__(self, dotted: str, value) -> None:
+        super().__setitem__(dotted, value)
+        if self.source:
+            self.origin[dotted] = self.source
+
+    def put(self, dotted: str, value, origin: str) -> None:
+        super().__setitem__(dotted, value)
+        self.origin[dotted] = origin
 
 
 def speaks_reference(argv: list[str]) -> bool:
@@ -111,17 +142,24 @@ def translate(argv: list[str]) -> Translation:
     for flag, why in REFUSED.items():
         if getattr(ns, flag[2:].replace("-", "_")) is not None or flag in argv:
             raise UserError(f"{flag} (MLPerf reference) is not supported here: {why}; drop it.")
-    sets: dict[str, object] = {}
-    notes: list[str] = []
+    sets, notes = Sets(), []
     given = {a.split("=", 1)[0] for a in rest if a.startswith("--")}
     _config(rest, sets, notes)
     _load(ns, sets, notes)
     _tiers(ns, sets, notes, given)
     _traffic(ns, sets, notes)
     _roles(ns, rest, sets, notes)
+    _refuse_twice(sets, rest)
+    idle = [k for k in sets if k.startswith("rag.") and k != "rag.enabled"] if not sets.get("rag.enabled") else []
+    if idle:  # the reference ignores its RAG keys (config or flags) while RAG is off: here they would refuse the run
+        notes.append(f"{', '.join(sorted({sets.origin[k] for k in idle}))}: not applied, RAG is off (--enable-rag "
+                     f"turns it on)")
+    for k in idle:
+        del sets[k]
+        sets.origin.pop(k)
     for dotted, value in DEFAULTS.items():  # the reference's defaults for what its command line left out
         if dotted not in sets and not given & _OUR_FLAGS.get(dotted, set()):
-            sets[dotted] = value
+            sets.put(dotted, value, f"the MLPerf reference's default {dotted}")
     if ns.log_level:
         notes.append(f"--log-level {ns.log_level}: there are no log levels here; the summary is printed, "
                      f"--quiet prints nothing but errors")
@@ -130,7 +168,18 @@ def translate(argv: list[str]) -> Translation:
         argv_out += ["--set", f"{dotted}={json.dumps(value)}"]  # JSON is YAML: --set parses it back
     if ns.output and not _value_of(rest, "--run-id"):  # --output reads the run's folder: name it
         argv_out += ["--run-id", f"{Path(ns.output).stem or 'mlperf'}-{time.strftime('%Y%m%dT%H%M%S')}"]
-    return Translation(argv_out, notes, ns.output, ns.performance_profile or "latency")
+    return Translation(argv_out, notes, ns.output, ns.performance_profile or "latency", sets.origin)
+
+
+def _refuse_twice(sets: Sets, rest: list[str]) -> None:
+    """A reference flag and our own flag (or --set) for the same setting: neither may win silently."""
+    fields = {d: f for d, f, _ in iter_keys(Settings)}
+    for dotted, origin in sets.origin.items():
+        ours = flag_name(dotted, fields[dotted]) if dotted in fields else None
+        typed = [a for a in rest if ours and (a == ours or a.startswith(ours + "="))] or \
+                [f"--set {a.split('=')[0]}" for a in rest if a.split("=")[0] == dotted]
+        if typed:
+            raise UserError(f"{origin} and {typed[0]} both set {dotted}; give one of them.")
 
 
 _OUR_FLAGS = {"model.name": {"--model"}, "workload.users": {"--users"}, "workload.generation_ms_per_token": set(),
@@ -139,27 +188,28 @@ _OUR_FLAGS = {"model.name": {"--model"}, "workload.users": {"--users"}, "workloa
 
 def _load(ns, sets: dict, notes: list[str]) -> None:
     if ns.num_users is not None:
-        sets["workload.users"] = ns.num_users
+        sets.put("workload.users", ns.num_users, "--num-users")
     if ns.generation_mode is not None:
-        sets["workload.generation_ms_per_token"] = GENERATION_MS[ns.generation_mode]
+        sets.put("workload.generation_ms_per_token", GENERATION_MS[ns.generation_mode], "--generation-mode")
     if ns.disable_multi_turn:
-        sets["workload.max_turns"] = 1
+        sets.put("workload.max_turns", 1, "--disable-multi-turn")
     if ns.disable_prefix_caching:
-        sets["workload.num_system_prompts"] = 0
+        sets.put("workload.num_system_prompts", 0, "--disable-prefix-caching")
     if ns.enable_rag:
-        sets["rag.enabled"] = True
+        sets.put("rag.enabled", True, "--enable-rag")
     if ns.rag_num_docs is not None:
-        sets["rag.num_documents"] = ns.rag_num_docs
+        sets.put("rag.num_documents", ns.rag_num_docs, "--rag-num-docs")
     if ns.enable_autoscaling:
-        sets["autoscale.mode"] = ns.autoscaler_mode or "qos"
+        sets.put("autoscale.mode", ns.autoscaler_mode or "qos", "--enable-autoscaling")
         notes.append("--enable-autoscaling: the autoscaler really activates and parks users, in steps of "
                      "autoscale.step_s seconds (the reference samples every 10 s and never applies its count)")
     if ns.max_concurrent_allocs:
-        sets["schedule.workers"] = ns.max_concurrent_allocs
+        sets.put("schedule.workers", ns.max_concurrent_allocs, "--max-concurrent-allocs")
         notes.append(f"--max-concurrent-allocs {ns.max_concurrent_allocs}: here {ns.max_concurrent_allocs} worker "
                      f"threads issue all block I/O (the reference bounds only allocation and writes)")
     if ns.request_rate:
-        sets["schedule.arrival"], sets["schedule.request_rate"] = "poisson", ns.request_rate
+        sets.put("schedule.arrival", "poisson", "--request-rate")
+        sets.put("schedule.request_rate", ns.request_rate, "--request-rate")
         notes.append(f"--request-rate {ns.request_rate:g}: Poisson arrivals at that mean rate (the reference sleeps "
                      f"1/rate between ShareGPT requests)")
     if ns.performance_profile:
@@ -170,36 +220,40 @@ def _load(ns, sets: dict, notes: list[str]) -> None:
 def _tiers(ns, sets: dict, notes: list[str], given: set[str]) -> None:
     gpus = ns.num_gpus or 1
     if ns.num_gpus is not None:
-        sets["tiers.gpus"] = ns.num_gpus
+        sets.put("tiers.gpus", ns.num_gpus, "--num-gpus")
     if ns.gpu_mem_gb is not None:  # the reference's budget is per GPU; ours is over all of them
-        sets["tiers.gpu_mem_gb"] = ns.gpu_mem_gb * gpus
         if ns.gpu_mem_gb == 0:
-            sets["tiers.gpu"] = "off"
+            sets.put("tiers.gpu", "off", "--gpu-mem-gb")
+        else:
+            sets.put("tiers.gpu_mem_gb", ns.gpu_mem_gb * gpus, "--gpu-mem-gb")
     if ns.tensor_parallel is not None:
-        sets["model.tp"] = ns.tensor_parallel
+        sets.put("model.tp", ns.tensor_parallel, "--tensor-parallel")
     if ns.storage_capacity_gb:
-        sets["tiers.nvme_gb"] = ns.storage_capacity_gb
+        sets.put("tiers.nvme_gb", ns.storage_capacity_gb, "--storage-capacity-gb")
     if ns.precondition_size_gb:
         cap = ns.storage_capacity_gb
         passes = max(1, math.ceil(ns.precondition_size_gb / cap)) if cap else 2
-        sets["tiers.precondition"], sets["tiers.precondition_passes"] = True, passes
+        sets.put("tiers.precondition", True, "--precondition-size-gb")
+        sets.put("tiers.precondition_passes", passes, "--precondition-size-gb")
         notes.append(f"--precondition-size-gb {ns.precondition_size_gb:g}: {passes} pass(es) over the storage tier"
                      + ("" if cap else " (its size is chosen at start: the reference's default of 2 x capacity)"))
     if ns.io_trace_log:
-        sets["run.io_trace"] = ns.io_trace_log
+        sets.put("run.io_trace", ns.io_trace_log, "--io-trace-log")
         notes.append("--io-trace-log: every block operation is logged as measured on the real tiers (the reference "
                      "replaces every tier by a null backend; add --null-io for that)")
 
 
 def _traffic(ns, sets: dict, notes: list[str]) -> None:
     if ns.dataset_path:  # ShareGPT wins over the burst trace, as in the reference
-        sets["trace.path"], sets["trace.format"] = ns.dataset_path, "sharegpt"
-        sets["trace.max_conversations"] = ns.max_conversations if ns.max_conversations is not None else 500
+        sets.put("trace.path", ns.dataset_path, "--dataset-path")
+        sets.put("trace.format", "sharegpt", "--dataset-path")
+        sets.put("trace.max_conversations", ns.max_conversations if ns.max_conversations is not None else 500,
+                 "--max-conversations" if ns.max_conversations is not None else "--dataset-path")
     elif ns.use_burst_trace:
-        sets["trace.path"] = ns.burst_trace_path or "BurstGPT/data/BurstGPT_1.csv"
-        sets["trace.format"] = "burstgpt"
+        sets.put("trace.path", ns.burst_trace_path or "BurstGPT/data/BurstGPT_1.csv", "--use-burst-trace")
+        sets.put("trace.format", "burstgpt", "--use-burst-trace")
     elif ns.max_conversations is not None:
-        sets["trace.max_conversations"] = ns.max_conversations
+        sets.put("trace.max_conversations", ns.max_conversations, "--max-conversations")
 
 
 def _roles(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
@@ -208,9 +262,9 @@ def _roles(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
     handoff = _value_of(rest, "--handoff-dir")
     if ns.prefill_only:
         if handoff:
-            sets["disagg.role"] = "prefill"
+            sets.put("disagg.role", "prefill", "--prefill-only")
         else:
-            sets["workload.decode_writes"] = False
+            sets.put("workload.decode_writes", False, "--prefill-only")
             notes.append("--prefill-only: requests write their prompt blocks and no decode blocks; with "
                          "--handoff-dir DIR this node also publishes them for a --decode-only node")
     if ns.decode_only:
@@ -218,7 +272,7 @@ def _roles(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
             raise UserError("--decode-only: a decode node here reads the blocks a prefill node published (the "
                             "reference reads entries it wrote itself before the clock); run a --prefill-only "
                             "node with --handoff-dir DIR and give this one the same --handoff-dir.")
-        sets["disagg.role"] = "decode"
+        sets.put("disagg.role", "decode", "--decode-only")
 
 
 # ---------------------------------------------------------------------------- the reference's config.yaml
@@ -235,7 +289,7 @@ def _is_reference_config(data: dict) -> bool:
     return bool(keys & (REFERENCE_SECTIONS - OUR_SECTIONS)) and not keys & (OUR_SECTIONS - REFERENCE_SECTIONS)
 
 
-def _config(rest: list[str], sets: dict, notes: list[str]) -> None:
+def _config(rest: list[str], sets: Sets, notes: list[str]) -> None:
     path = _value_of(rest, "--config")
     if not path:
         return
@@ -249,10 +303,13 @@ def _config(rest: list[str], sets: dict, notes: list[str]) -> None:
     i = rest.index("--config") if "--config" in rest else next(i for i, a in enumerate(rest) if
                                                                a.startswith("--config="))
     del rest[i:i + (2 if rest[i] == "--config" else 1)]  # read here; our own defaults stay the base
+    sets.source = f"config file {path}: qos_distribution"
     unused = _qos_mix(data.pop("qos_distribution", None) or {}, sets)
     for section, body in data.items():
         for k, v in (body or {}).items():
+            sets.source = f"config file {path}: {section}.{k}"
             unused += [f"{section}.{k}{'.' + sub if sub else ''}" for sub in _config_key(section, k, v, sets)]
+    sets.source = ""
     if unused:
         notes.append(f"config {path}: not applied here (no equivalent, or fixed by design): {', '.join(unused)}")
 
@@ -297,90 +354,3 @@ def _config_key(section: str, k: str, v, sets: dict) -> list[str]:
         sets["rag.zipf"] = 1.0 if v == "zipfian" else 0.0
         return []
     return [""]
-
-
-# ---------------------------------------------------------------------------- --output FILE
-
-GB = 2**30  # the reference's "gb" fields are GiB (bytes / 1024^3)
-
-
-def reference_output(r: Results, profile: str) -> dict:
-    """The fields the reference's result tables read, computed by our rules (README: "MLPerf front door")."""
-    bottom, window = r.bottom, r.run.duration_s
-    moved = r.bytes.get(bottom)
-    e2e = r.request_latency_ms.get("e2e")
-    q = r.qos or {}
-    read_p95, write_p95 = r.latency(bottom, "read", "p95"), r.latency(bottom, "write", "p95")
-    summary = {
-        "total_requests": r.requests.completed, "elapsed_time": window,
-        "avg_throughput_tokens_per_sec": r.tokens.generated / window if window else None,
-        "cached_tokens_per_sec": r.tokens.cached_per_s, "requests_per_second": r.requests.per_s,
-        "end_to_end_latency_ms": {"mean": e2e.mean, "p50": e2e.p50, "p95": e2e.p95, "p99": e2e.p99} if e2e else None,
-        "cache_stats": {"cache_hit_rate": r.hit_rate.blocks, "token_hit_rate": r.hit_rate.tokens,
-                        "storage_read_bandwidth_gbps": r.storage_gbps("read") or 0.0,
-                        "storage_write_bandwidth_gbps": r.storage_gbps("write") or 0.0,
-                        "tier_storage_kv_bytes_read_gb": (moved.read if moved else 0) / GB,
-                        "tier_storage_kv_bytes_written_gb": (moved.write if moved else 0) / GB,
-                        "storage_health": _health(r, profile)},
-        "qos_metrics": {name: {"total_requests": c["requests"], "latency_ms": c["e2e_ms"], "sla_met": c["met"],
-                               "compliance": c["attainment"]} for name, c in q.get("classes", {}).items()},
-        "autoscaling_stats": _autoscaling(r),
-    }
-    return {
-        "source": "kv-cache-bench (MLPerf front door): per-block measurements, bytes counted at completion, "
-                  "inside the measurement window",
-        "results_json": f"{r.run.run_id}/results.json",
-        "requests_completed": r.requests.completed, "seed": r.run.seed,
-        "decode_bytes_read_gb": (moved.read if moved else 0) / GB,
-        "prefill_bytes_written_gb": (moved.write if moved else 0) / GB,
-        "avg_throughput_tokens_per_sec": summary["avg_throughput_tokens_per_sec"],
-        "storage_read_bandwidth_gbps": summary["cache_stats"]["storage_read_bandwidth_gbps"],
-        "storage_write_bandwidth_gbps": summary["cache_stats"]["storage_write_bandwidth_gbps"],
-        "nvme_read_device_p95_ms": read_p95, "nvme_write_device_p95_ms": write_p95,
-        "end_to_end_latency_p95_ms": e2e.p95 if e2e else None,
-        "cache_hit_rate": r.hit_rate.blocks,
-        "autoscaling_stats": summary["autoscaling_stats"],
-        "qos_stats": summary["qos_metrics"],
-        "summary": summary,
-    }
-
-
-def _health(r: Results, profile: str) -> dict:
-    """The reference's pass/fail criteria judged on our figures (informative: MLPerf has no pass/fail)."""
-    bottom = r.bottom
-    if profile == "throughput":
-        crit = [("storage bandwidth > 0", bool(r.storage_gbps("read") or r.storage_gbps("write")))]
-    else:
-        cpu = [r.latency(t, op, "p95") for t in r.run.tiers if t != bottom for op in ("read", "write")]
-        cpu = [v for v in cpu if v is not None]
-        checks = [("storage write p95 < 500 ms", r.latency(bottom, "write", "p95"), 500.0),
-                  ("storage read p95 < 200 ms", r.latency(bottom, "read", "p95"), 200.0),
-                  ("memory tier p95 < 150 ms", max(cpu) if cpu else None, 150.0)]
-        crit = [(name, v < limit) for name, v, limit in checks if v is not None]
-        if r.hit_rate.blocks is not None:
-            crit.append(("cache hit rate > 30 %", r.hit_rate.blocks > 0.3))
-    passed = sum(ok for _, ok in crit)
-    return {"profile": profile, "overall_status": "PASS" if passed == len(crit) else "FAIL",
-            "criteria": [{"name": n, "passed": ok} for n, ok in crit], "passed_count": passed,
-            "total_count": len(crit)}
-
-
-def _autoscaling(r: Results) -> list[dict]:
-    a = r.autoscale or {}
-    return [{"step": i, "mode": a.get("mode"), "users": p["users"], "throughput_tokens_per_sec": p["tokens_per_s"],
-             "requests_per_sec": p["requests_per_s"], "ttft_p95_ms": p["ttft_p95_ms"], "sla_met": p["sla_met"]}
-            for i, p in enumerate(a.get("curve", []), 1)]
-
-
-def write_output(path: str, results_dir: Path, profile: str) -> Path:
-    """--output FILE: the reference's fields from the run's results.json."""
-    data = json.loads((results_dir / "results.json").read_text())
-    out = reference_output(Results.from_dict(data), profile)
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(out, indent=1))
-    except OSError as e:
-        raise UserError(f"--output {path}: cannot write there ({e.strerror}); the run's results are in "
-                        f"{results_dir}.") from None
-    return target

@@ -19,12 +19,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kv_cache import signals
 from kv_cache.errors import UserError
 from kv_cache.recorder.schema import Results
+from kv_cache.run.describe import nothing_measured
 from kv_cache.run.leftovers import MARKER, describe_dead, write_marker
 from kv_cache.tiers.fsinfo import refuse_system_dir
 
 RESERVE = ".kvbench-reserve"
+LOG = "run.log"  # tracebacks of internal errors (runlog.py); written only when one happens
 RESERVE_BYTES = 16 << 20  # results.json, timeseries.csv, summary.md and the plots of a long run fit
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -147,10 +150,19 @@ def _write_files(merged: Results, folder: Path, extra: dict) -> None:
         write_json(folder / name, data.to_dict())
 
 
-def tell_faults(results: Results) -> None:
-    """A fault or a wrong block is said on stderr too: --quiet or a redirected stdout must not hide it."""
+def tell_faults(results: Results, where: Path) -> None:
+    """A stop by a signal, a fault or a wrong block is said on stderr too: --quiet or a redirected stdout must not
+    hide it."""
+    if signals.received() is not None:
+        how = (f"the run stopped {results.run.duration_s:.1f} s into the measurement: partial results"
+               if results.run.stopped_reason == "interrupted" else
+               "after the measurement had ended: the results are complete")
+        print(f"kv_cache_benchmark.py: {signals.name()} received; {how}, in {where / 'results.json'}.",
+              file=sys.stderr, flush=True)
     if results.run.fault:
         print(f"kv_cache_benchmark.py: run fault: {results.run.fault}", file=sys.stderr, flush=True)
+    elif why := nothing_measured(results):  # exit 1: --quiet must still say why
+        print(f"kv_cache_benchmark.py: {why}.", file=sys.stderr, flush=True)
     failures = results.verification.failures
     if failures:
         print(f"kv_cache_benchmark.py: {failures} blocks read back wrong (verification); see results.json.",

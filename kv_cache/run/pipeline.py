@@ -1,7 +1,7 @@
 """One benchmark run, as a pipeline: build -> warm-up -> measure -> write results -> report.
 
-This module and build.py are the composition root: they build tiers, cache,
-source, lifecycle, scheduler and recorder from the settings and pass them
+Part of the composition root (run/): with compose.py it builds tiers, cache,
+source, lifecycle, scheduler and recorder from the settings and passes them
 down explicitly.
 """
 
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kv_cache import signals
+from kv_cache import runlog, signals
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
 from kv_cache.config import Settings, replace
@@ -130,10 +130,10 @@ def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: RunContext,
 
 def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Traffic, PayloadPool | None, RunContext]:
     """Everything that can refuse the run, agreed on by all ranks before any of them measures."""
-    error, b = None, None
+    error, b, ignored = None, None, []
     shared = s.tiers.shared_storage and dist.active
     try:
-        check_options(s, dist.active)
+        ignored = check_options(s, dist.active)
         traffic = build_traffic(s, dist.rank, dist.size)  # bad traces are refused before any data is written
         check_traffic(s, traffic.arrival)
         qos_policy(s)  # a bad --qos-mix is refused here, before any data is written
@@ -156,6 +156,7 @@ def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Tr
         if b is not None:
             _close(b, remove=not s.run.keep_data and not (shared and dist.rank))
         raise
+    b.notes[:0] = ignored
     return traffic, payloads, b
 
 
@@ -175,16 +176,26 @@ def execute(s: Settings, say=print) -> int:
     error = None
     if dist.rank == 0:  # checked and reserved before anything is measured: results are never lost at the end
         try:
-            outfolder.reserve(folder, run_id)
+            with signals.deferred(quiet=True):  # a signal now must not leave a reserved folder nobody removes
+                outfolder.reserve(folder, run_id)
         except UserError as e:
             error = str(e)
-    dist.agree(error)
     try:
+        signals.raise_pending()  # one arrived while the folder was reserved: stop now, the finally removes it
+        dist.agree(error)
+        if dist.rank == 0:
+            runlog.open_log(folder / outfolder.LOG)  # created only if something goes wrong
         return _trials(s, say, dist, run_id, folder, rules)
+    except (UserError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # a bug: its traceback into the run's log while the folder is still there
+        runlog.internal("internal error", e)
+        raise
     finally:
         signals.resume()
-        if dist.rank == 0:
-            outfolder.abandon(folder)  # removes it only if nothing was written into it
+        if dist.rank == 0 and error is None:
+            with signals.deferred():
+                outfolder.abandon(folder)  # removes it only if nothing was written into it (a log is kept)
 
 
 def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> int:
@@ -194,7 +205,7 @@ def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> i
     statuses, trials = [], []
     for k in range(1, s.run.trials + 1):
         say(f"== trial {k} of {s.run.trials} (same seed, same schedule)")
-        status, merged = _one_run(s, say, dist, f"{run_id}-t{k}", folder / f"trial-{k}")
+        status, merged = _one_run(s, say, dist, f"{run_id}-t{k}", folder / f"trial-{k}", k)
         statuses.append(status)
         trials.append(merged)
         if signals.received() is not None:
@@ -232,17 +243,18 @@ class Stages:
     tele: Telemetry | None
 
 
-def _io_trace_path(s: Settings, dist: Dist) -> str:
-    if not dist.active:
-        return s.run.io_trace
+def _io_trace_path(s: Settings, dist: Dist, trial: int) -> str:
+    """--io-trace's file for this trial and rank: <name>[.trial<k>][.rank<r>][.zst] (none overwrites another)."""
     zst = ".zst" if s.run.io_trace.endswith(".zst") else ""
-    return f"{s.run.io_trace.removesuffix('.zst')}.rank{dist.rank}{zst}"
+    return (s.run.io_trace.removesuffix(".zst") + (f".trial{trial}" if trial else "")
+            + (f".rank{dist.rank}" if dist.active else "") + zst)
 
 
-def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool | None, dist: Dist) -> Stages:
+def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool | None, dist: Dist,
+            trial: int) -> Stages:
     recorder = Recorder()
     if s.run.io_trace:
-        recorder.io_trace = IOTraceWriter(_io_trace_path(s, dist), time.monotonic_ns(), b.tiers[-1].name)
+        recorder.io_trace = IOTraceWriter(_io_trace_path(s, dist, trial), time.monotonic_ns(), b.tiers[-1].name)
     cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder, b.gds)
     fake = all(FAKE_IO in t.flags for t in b.tiers)
     options = LifecycleOptions(s.model.block_tokens, b.geo.bytes_per_token,
@@ -302,11 +314,12 @@ def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: 
     return results
 
 
-def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tuple[int, Results | None]:
-    """One measured run into report_dir; (exit status, merged results on rank 0)."""
+def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path, trial: int = 0) -> tuple[int, Results | None]:
+    """One measured run (trial: its number when there are several) into report_dir; (exit status, merged results
+    on rank 0)."""
     traffic, payloads, b = _prepare(s, run_id, dist, report_dir)
     try:
-        results = _measure(s, say, dist, b, traffic, _stages(s, b, traffic, payloads, dist), run_id)
+        results = _measure(s, say, dist, b, traffic, _stages(s, b, traffic, payloads, dist, trial), run_id)
     finally:  # a shared namespace is removed by rank 0 alone, once every rank is done with it
         shared = s.tiers.shared_storage and dist.active
         with signals.deferred():  # a signal now must not leave the data directory half removed
@@ -323,7 +336,7 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path) -> tup
         written, failed = outfolder.write_results(merged, report_dir, extra)
         say(render(merged, str(written / "results.json")))
         status = max(status, *(_status_of(r) for r in gathered), EXIT_FAILED if failed else EXIT_OK)
-        outfolder.tell_faults(merged)
+        outfolder.tell_faults(merged, written)
     return dist.bcast(status), merged
 
 
@@ -349,7 +362,9 @@ def _silent(*_args, **_kw) -> None:
 
 
 def _status_of(results: Results) -> int:
-    if results.run.stopped_reason == "interrupted":
+    if results.run.stopped_reason == "interrupted" or signals.received() is not None:
+        # a signal during the drain or while the results were written: they are complete and kept, and the
+        # caller (a scheduler, timeout) still learns that the run was signalled
         return signals.exit_status(EXIT_INTERRUPTED)
     failed = results.run.fault or results.verification.failures or nothing_measured(results)
     return EXIT_FAILED if failed else EXIT_OK

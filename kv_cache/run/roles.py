@@ -11,29 +11,77 @@ from kv_cache.lifecycle.handoff import FOLDER, MANIFEST, HandoffStore, check_hea
 from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.qos import QosPolicy
 from kv_cache.sources.handoff import ManifestFollower, wait_for_manifest
-from kv_cache.tiers.fsinfo import probe_direct
+from kv_cache.tiers.fsinfo import FILES, probe_direct, refuse_system_dir
 from kv_cache.tiers.registry import shared_files
 
+# Settings that act only in some modes: (keys or "section." prefixes, is the mode on?, what turns it on). A key
+# given (changed from its default, and not 0 / off, which ask for nothing) while its mode is off would do nothing:
+# the run says which flag and stops. The storage keys under --null-io are the exception: they are said in one
+# line and ignored, as fio's null engine ignores its directory, so that a real run's command line measures the
+# generator alone with --null-io added.
+ONLY_WHEN = (
+    (("trace.", "schedule.think_time_s"), lambda s, mpi: bool(s.trace.path), "a replayed trace (--trace FILE)"),
+    (("rag.",), lambda s, mpi: s.rag.enabled, "--rag"),
+    (("semantic.",), lambda s, mpi: s.semantic.enabled, "--semantic"),
+    (("autoscale.",), lambda s, mpi: s.autoscale.mode != "off", "--autoscale qos or capacity"),
+    (("disagg.wait_s", "disagg.handoff_gb"), lambda s, mpi: s.disagg.role != "both", "--role prefill or decode"),
+    (("tiers.precondition_passes", "tiers.precondition_steady"), lambda s, mpi: s.tiers.precondition,
+     "--precondition"),
+    (("tiers.layers_per_io",), lambda s, mpi: s.tiers.io_unit == "layer", "--io-unit layer"),
+    (("tiers.slab_file_gb",), lambda s, mpi: s.tiers.nvme_layout == "slab", "--nvme-layout slab"),
+    (("tiers.gpu_sim_gbps",), lambda s, mpi: s.tiers.gpu == "simulated", "--gpu simulated"),
+    (("tiers.gpu_mem_gb", "tiers.gpus"), lambda s, mpi: s.tiers.gpu != "off",
+     "a GPU tier (--gpu auto, real or simulated)"),
+    (("tiers.shared_storage",), lambda s, mpi: mpi, "several MPI ranks (mpirun, or --processes N)"),
+    (("run.steady_window_s",), lambda s, mpi: s.run.steady_tolerance > 0, "--steady-state FRACTION"),
+    (("tiers.io_engine", "tiers.nvme_layout", "tiers.slab_file_gb", "tiers.io_unit", "tiers.layers_per_io",
+      "tiers.allow_tmpfs", "tiers.cache_dir", "tiers.precondition", "tiers.shared_storage", "tiers.gds",
+      "run.keep_data"), lambda s, mpi: not s.tiers.null_io, None),
+)
+NULL_IO = "{flag} has no effect with --null-io (no byte moves, no file is made): ignored"
+ENABLERS = {"trace.path", "rag.enabled", "semantic.enabled", "autoscale.mode", "disagg.role", "disagg.handoff_dir"}
 
-def _trace_only_flags(s: Settings) -> list[str]:
-    """Flags changed from their defaults that only act on a replayed trace."""
+
+def _given(s: Settings) -> list[tuple[str, str]]:
+    """(dotted key, flag) of every flag-level key changed from its default to something that asks for more than
+    0 / off / nothing."""
     out = []
     for dotted, f, _ in iter_keys(Settings):
-        if dotted.count(".") != 1:  # models / profiles: tables, not flags
+        if dotted.count(".") != 1 or dotted in ENABLERS:  # models / profiles: tables, not flags
             continue
         section, leaf = dotted.split(".")
-        if (section == "trace" and leaf != "path") or dotted == "schedule.think_time_s":
-            if getattr(getattr(s, section), leaf) != f.default:
-                out.append(flag_name(dotted, f))
+        value = getattr(getattr(s, section), leaf)
+        if value != f.default and value not in (0, "", False, "off"):
+            out.append((dotted, flag_name(dotted, f)))
     return out
 
 
-def check_options(s: Settings, mpi: bool) -> None:
-    """One clear sentence per contradiction between options (a flag without effect here is one)."""
-    unused = _trace_only_flags(s) if not s.trace.path else []
-    if unused:
-        raise UserError(f"{unused[0]} acts on a replayed trace only and this run has none; add --trace FILE or "
-                        f"drop {unused[0]}.")
+def _without_effect(s: Settings, mpi: bool) -> list[str]:
+    """Refuse a flag that would do nothing here; the lines for those that are ignored (--null-io's)."""
+    given, ignored = _given(s), []
+    for keys, on, what in ONLY_WHEN:
+        if on(s, mpi):
+            continue
+        for dotted, flag in given:
+            if dotted in keys or any(k.endswith(".") and dotted.startswith(k) for k in keys):
+                if what is None:
+                    ignored.append(NULL_IO.format(flag=flag))
+                    continue
+                raise UserError(f"{flag} acts only with {what}, which this run does not have; add it or drop "
+                                f"{flag}.")
+    return ignored
+
+
+def check_options(s: Settings, mpi: bool) -> list[str]:
+    """One clear sentence per contradiction between options (a flag without effect here is one); returns the
+    lines saying which flags are ignored (said before the run and kept in its notes)."""
+    ignored = _without_effect(s, mpi)
+    if s.run.io_trace:
+        trace = os.path.abspath(s.run.io_trace)
+        refuse_system_dir(os.path.dirname(trace), "--io-trace", FILES)
+        if os.path.exists(trace) and not mpi and s.run.trials == 1:  # else <name>.trial<k>.rank<r>: the writer refuses
+            raise UserError(f"--io-trace {s.run.io_trace} exists; pass a new file name (a trace is never written "
+                            f"over an existing file).")
     a, d = s.autoscale, s.disagg
     if a.mode != "off":
         if s.run.max_requests:
@@ -71,6 +119,7 @@ def check_options(s: Settings, mpi: bool) -> None:
     if s.run.steady_tolerance and s.run.steady_window_s > s.run.duration_s:
         raise UserError(f"--steady-window-s {s.run.steady_window_s} is longer than --duration "
                         f"{s.run.duration_s:g}; steady state could never be detected.")
+    return ignored
 
 
 def qos_policy(s: Settings) -> QosPolicy:

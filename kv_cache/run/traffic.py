@@ -1,6 +1,6 @@
 """Building the traffic from settings: which source, which arrival process, what to analyse.
 
-Part of the composition root (with run.py and build.py): it knows the
+Part of the composition root (run/, with pipeline.py and compose.py): it knows the
 concrete sources and hands the scheduler either closed-loop users or an
 open-loop arrival stream.
 """

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from time import monotonic_ns as now_ns
 
-from kv_cache import signals
+from kv_cache import runlog, signals
 from kv_cache.errors import RunFault
 from kv_cache.scheduler.qos import PriorityRequests
 
@@ -84,8 +84,8 @@ class _Runner:
                 self.execute(req, state)
             except RunFault as e:
                 self._fail(str(e))
-            except Exception as e:  # a bug must stop the run loudly, not hang it
-                self._fail(f"internal error in a worker: {type(e).__name__}: {e}")
+            except Exception as e:  # a bug must stop the run loudly, not hang it; its traceback goes to the log
+                self._fail(runlog.internal("internal error in a worker", e))
             done = now_ns()
             with self._cond:
                 self._in_flight -= 1

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kv_cache.errors import UserError
+from kv_cache.inputs import check_text_file
 
 FORMATS = ("sharegpt", "burstgpt", "azure", "mooncake", "bailian")
 MAX_TOKENS = 1 << 24  # 16.7 M tokens: beyond any model's context; a larger count in a trace is an error
@@ -53,18 +54,20 @@ class TraceLog:
 
 
 def trace_files(path: str) -> list[str]:
-    """The files a --trace argument names: a file, a directory (its trace files) or a glob."""
+    """The files a --trace argument names: a file, a directory (its trace files) or a glob; each a regular file
+    whose first bytes are text (a FIFO would hang the run, a binary or UTF-16 file would print mojibake)."""
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(SUFFIXES))
         if not files:
             raise UserError(f"trace directory {path} holds no .json, .jsonl or .csv file.")
-        return files
-    if os.path.isfile(path):
-        return [path]
-    matches = sorted(glob.glob(path))
-    files = [m for m in matches if os.path.isfile(m)]
-    if not files:
-        raise UserError(f"trace {path} matches no file; pass a file, a directory or a glob.")
+    elif os.path.exists(path):
+        files = [path]
+    else:
+        files = [m for m in sorted(glob.glob(path)) if not os.path.isdir(m)]
+        if not files:
+            raise UserError(f"trace {path} matches no file; pass a file, a directory or a glob.")
+    for f in files:
+        check_text_file(f, "trace file", "pass a UTF-8 JSON, JSONL or CSV trace")
     return files
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from kv_cache.buffers import aligned_buffer
+from kv_cache.errors import UserError
 from kv_cache.tiers.base import NEEDS_ALIGNMENT, SlottedTier
 from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.registry import GiB, StackContext, register
+from kv_cache.tiers.registry import GiB, StackContext, holds_no_slot, register
 from kv_cache.tiers.slots import runs
 
 
@@ -42,11 +43,17 @@ class CpuTier(SlottedTier):
         self.slots.release(key)
 
 
-@register("cpu", level=1)
+def _most_bytes(s) -> int:
+    return int(s.cpu_mem_gb * GiB)
+
+
+@register("cpu", level=1, most_bytes=_most_bytes)
 def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
-    """Host RAM: page-aligned slabs of fixed slots, or off when the setting holds no slot."""
+    """Host RAM: page-aligned slabs of fixed slots, or off with --cpu-mem-gb 0."""
     s, slot = ctx.settings, ctx.slot_bytes
     want = int(s.cpu_mem_gb * GiB)
+    if not s.cpu_mem_gb:
+        return None, ""
     if want < slot:
-        return None, f"CPU tier off: {s.cpu_mem_gb:g} GiB holds no {slot / 2**20:.1f} MiB slot." if want else ""
+        raise UserError(holds_no_slot("--cpu-mem-gb", s.cpu_mem_gb, slot, "CPU"))
     return (NullTier("cpu", want, slot) if ctx.null_io else CpuTier(want, slot)), ""

@@ -78,12 +78,16 @@ SYSTEM_ROOTS = ("/", "/root", "/home", "/var", "/opt", "/srv")
 ALLOWED_IN_SYSTEM = ("/dev/shm",)
 
 
-def refuse_system_dir(path: str, flag: str = "--cache-dir") -> None:
-    """Refuse a system folder (or the top of a shared one) as the place to write bulk data."""
+BULK = ("the benchmark writes GiB of data there: pass a folder of its own on the device under test (e.g. "
+        "/mnt/nvme/kvbench)")
+FILES = "pass a folder of your own (e.g. under reports/)"
+
+
+def refuse_system_dir(path: str, flag: str = "--cache-dir", advice: str = BULK) -> None:
+    """Refuse a system folder (or the top of a shared one) as the place to write data."""
     real = os.path.realpath(path)
     inside = [t for t in SYSTEM_TREES if real == t or real.startswith(t + "/")]
     allowed = any(real == a or real.startswith(a + "/") for a in ALLOWED_IN_SYSTEM)
     if (inside and not allowed) or real in SYSTEM_ROOTS:
         what = f"{path} (= {real})" if real != os.path.abspath(path) else path
-        raise UserError(f"{flag} {what} is a system folder; the benchmark writes GiB of data there: pass a "
-                        f"folder of its own on the device under test (e.g. /mnt/nvme/kvbench).")
+        raise UserError(f"{flag} {what} is a system folder; {advice}.")

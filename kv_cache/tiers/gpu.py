@@ -23,7 +23,7 @@ from kv_cache.errors import UserError
 from kv_cache.tiers.base import DEVICE_MEMORY, PINS_HOST, PerThread, SlottedTier
 from kv_cache.tiers.devices import D2H, H2D, check_fits
 from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.registry import GiB, StackContext, capacity_of, register
+from kv_cache.tiers.registry import GiB, StackContext, capacity_of, holds_no_slot, register
 from kv_cache.tiers.simulated import SimulatedTier
 
 
@@ -138,11 +138,17 @@ class GpuTier(SlottedTier):
         self.slabs = []
 
 
-@register("gpu", level=0)
+def _most_bytes(s) -> int:
+    return 0 if s.gpu == "off" else int(s.gpu_mem_gb * GiB)
+
+
+@register("gpu", level=0, most_bytes=_most_bytes)
 def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     """HBM: simulated (a bandwidth model, labelled), real (CuPy found a device), or off with the reason."""
     s, slot = ctx.settings, ctx.slot_bytes
     want = int(s.gpu_mem_gb * GiB)
+    if s.gpu_mem_gb and want < slot and (s.gpu == "simulated" or ctx.gpu is not None):
+        raise UserError(holds_no_slot("--gpu-mem-gb", s.gpu_mem_gb, slot, "GPU"))
     if s.gpu == "simulated" and want >= slot:
         note = (f"--gpus {s.gpus} is ignored: the simulated GPU tier models one pool of {s.gpu_mem_gb:g} GiB."
                 if s.gpus != 1 else "")
@@ -151,8 +157,8 @@ def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
         return SimulatedTier("gpu", want, slot, s.gpu_sim_gbps, ctx.fill), note
     if ctx.gpu is None:
         return None, ""
-    if want < slot:
-        return None, f"GPU tier off: {s.gpu_mem_gb:g} GiB holds no {slot / 2**20:.1f} MiB slot."
+    if not want:
+        return None, "GPU tier off: --gpu-mem-gb 0."
     count = ctx.gpu.count()
     n = s.gpus or count
     if n > count:

@@ -286,7 +286,11 @@ def capacity(s, site: StorageSite, slot: int, max_object_bytes: int, free: int) 
     return want // slot * slot
 
 
-@register("nvme", level=2)
+def _most_bytes(s) -> int:
+    return int(s.nvme_gb * GiB) if s.nvme_gb else NVME_AUTO_MAX
+
+
+@register("nvme", level=2, most_bytes=_most_bytes)
 def build(ctx: StackContext) -> tuple[SlottedTier, str]:
     """The storage under test; under --null-io the null tier of --nvme-gb (the policies' and hit rates' tests)."""
     s, slot, site = ctx.settings, ctx.slot_bytes, ctx.site

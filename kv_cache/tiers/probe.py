@@ -55,8 +55,11 @@ def _step(tier, bufs: list, seconds: float) -> float:
 
 
 def concurrency(tier, nbytes: int, ceiling: int, seconds: float = 0.5, gain: float = 0.10, fill=None,
-                patience: int = 2) -> tuple[int, list[tuple[int, float]]]:
-    """(threads chosen, [(threads, GB/s) per step]) for the tier at one object of nbytes per thread."""
+                patience: int = 2, step=_step) -> tuple[int, list[tuple[int, float]]]:
+    """(threads chosen, [(threads, GB/s) per step]) for the tier at one object of nbytes per thread.
+
+    step(tier, bufs, seconds) -> GB/s measures one step (the threads' real I/O; tests give a model of a device
+    so that the search is checked without a clock)."""
     room = tier.num_slots // max(tier.slots_for(nbytes), 1)
     ceiling = max(1, min(ceiling, room))
     bufs: list = []  # made as the steps need them: a search that stops early never allocates the ceiling's
@@ -74,7 +77,7 @@ def concurrency(tier, nbytes: int, ceiling: int, seconds: float = 0.5, gain: flo
             if fill is not None:  # real payloads: a compressing device must not be flattered by zeros
                 fill(PROBE_KEY + len(bufs), buf)
             bufs.append(buf)
-        steps.append((k, _step(tier, bufs[:k], seconds)))
+        steps.append((k, step(tier, bufs[:k], seconds)))
         flat = flat + 1 if best and steps[-1][1] < best * (1 + gain) else 0
         if flat == patience:  # `patience` doublings in a row added less than `gain`: the device is saturated
             break

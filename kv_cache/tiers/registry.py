@@ -53,24 +53,42 @@ class StackContext:
         return self.site is None
 
 
+def _holds_nothing(_settings) -> int:
+    return 0
+
+
 @dataclass(frozen=True)
 class TierKind:
-    """One medium: its name, its level (0 = fastest) and build(ctx) -> (tier or None, note)."""
+    """One medium: its name, its level (0 = fastest), build(ctx) -> (tier or None, note), and most_bytes(tier
+    settings) -> the most it may hold, known before it is built (the memory budget counts the bookkeeping of
+    every block the stack can hold)."""
 
     name: str
     level: int
     build: Callable[[StackContext], tuple[object | None, str]]
+    most_bytes: Callable[[object], int] = _holds_nothing
 
 
 KINDS: dict[str, TierKind] = {}
 
 
-def register(name: str, level: int):
+def register(name: str, level: int, most_bytes: Callable[[object], int] = _holds_nothing):
     """Decorator of a tier module's builder; the highest level is the bottom tier, the storage under test."""
     def wrap(build):
-        KINDS[name] = TierKind(name, level, build)
+        KINDS[name] = TierKind(name, level, build, most_bytes)
         return build
     return wrap
+
+
+def most_blocks(settings, slot_bytes: int) -> int:
+    """The most blocks the whole stack may hold with these tier settings (an upper bound, before building)."""
+    return sum(kind.most_bytes(settings) // slot_bytes for kind in kinds())
+
+
+def holds_no_slot(flag: str, gib: float, slot_bytes: int, tier: str) -> str:
+    """The sentence for a capacity above 0 that holds no slot: a typo, not a way to turn the tier off."""
+    return (f"{flag} {gib:g} holds no {slot_bytes / 2**20:.2f} MiB block; give at least "
+            f"{slot_bytes / GiB:.4g} GiB, or 0 to turn the {tier} tier off.")
 
 
 def kinds_by_name() -> dict[str, TierKind]:

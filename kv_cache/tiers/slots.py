@@ -22,21 +22,30 @@ class SlotMap:
     def __init__(self, num_slots: int, slot_bytes: int):
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
-        self._free = deque(range(num_slots))
+        # Slots never used yet are [_fresh, num_slots): handed out in order before any released one, so a huge
+        # tier costs nothing until it is filled (a free list of every slot would be built before the run).
+        self._fresh = 0
+        self._free: deque[int] = deque()  # released slots, reused in the order they were released
         self._slots: dict[int, tuple[list[int], int]] = {}
         self._lock = threading.Lock()
 
     def slots_for(self, nbytes: int) -> int:
         return max(1, -(-nbytes // self.slot_bytes))
 
+    def _free_count(self) -> int:
+        return self.num_slots - self._fresh + len(self._free)
+
     def alloc(self, key: int, nbytes: int) -> list[int]:
         need = self.slots_for(nbytes)
         with self._lock:
             if key in self._slots:
                 raise KeyError(f"block {key:016x} is already stored")
-            if len(self._free) < need:
-                raise TierFull(f"{need} slots wanted, {len(self._free)} free")
-            slots = [self._free.popleft() for _ in range(need)]
+            if self._free_count() < need:
+                raise TierFull(f"{need} slots wanted, {self._free_count()} free")
+            fresh = min(need, self.num_slots - self._fresh)
+            slots = list(range(self._fresh, self._fresh + fresh))
+            self._fresh += fresh
+            slots += [self._free.popleft() for _ in range(need - fresh)]
             self._slots[key] = (slots, nbytes)
             return slots
 
@@ -58,7 +67,7 @@ class SlotMap:
 
     @property
     def used_slots(self) -> int:
-        return self.num_slots - len(self._free)
+        return self.num_slots - self._free_count()
 
     def keys(self) -> list[int]:
         with self._lock:

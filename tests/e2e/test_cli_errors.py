@@ -18,10 +18,11 @@ from helpers import assert_clean_error
     (["--duration", "-1"], ["run.duration_s must be >= 0.1"]),
     (["--tp", "3"], ["--tp 3 does not divide"]),
     (["--profile-mix", "robots=1"], ["not name=weight"]),
-    (["--nvme-gb", "100000"], ["--nvme-gb 100000 asks for"]),
+    (["--nvme-gb", "10000"], ["--nvme-gb 10000 asks for"]),  # 10 TB: more than the disk, its bookkeeping fits
     (["--io-engine", "mmap", "--nvme-layout", "file-per-block"], ["mmap needs --nvme-layout slab"]),
     (["--set", "tiers.cpu_memgb=1"], ["unknown key 'tiers.cpu_memgb'"]),
     (["--cpu-mem-gb", "100000"], ["memory budget", "lower --cpu-mem-gb"]),
+    (["--nvme-gb", "100000"], ["memory budget", "bookkeeping", "--nvme-gb"]),  # 51 M blocks of 2 MiB to keep track of
 ])
 def test_bad_settings(small_run, extra, fragments):
     r = run_cli(small_run("x", *extra))

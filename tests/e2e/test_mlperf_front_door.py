@@ -67,7 +67,7 @@ MAPPED = [  # (their flags, our key, expected value)
     (["--disable-multi-turn"], "workload.max_turns", 1),
     (["--disable-prefix-caching"], "workload.num_system_prompts", 0),
     (["--enable-rag"], "rag.enabled", True),
-    (["--rag-num-docs", "25"], "rag.num_documents", 25),
+    (["--enable-rag", "--rag-num-docs", "25"], "rag.num_documents", 25),
     (["--enable-autoscaling"], "autoscale.mode", "qos"),
     (["--enable-autoscaling", "--autoscaler-mode", "capacity"], "autoscale.mode", "capacity"),
     (["--use-burst-trace", "--burst-trace-path", "b.csv"], "trace.path", "b.csv"),

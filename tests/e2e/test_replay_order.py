@@ -26,9 +26,12 @@ def test_a_turn_waits_for_its_previous_answer_with_any_worker_count(small_run, t
     for workers in (1, 8, 8):
         run_id = f"w{workers}-{len(rates)}"
         r = run_cli(small_run(run_id, "--trace", str(trace), "--arrival", "trace", "--workers", str(workers),
-                              "--duration", "5", "--warmup", "0", "--nvme-gb", "1"))
+                              "--max-requests", "96", "--duration", "600", "--warmup", "0",
+                              "--nvme-gb", "1"))
         assert r.returncode == 0, r.stderr
         res = small_run.results(run_id)
+        # the trace's 96 requests, however slow the machine: the run ends when the last one is answered
+        assert res["run"]["stopped_reason"] in ("trace_end", "max_requests"), res["run"]
         assert res["requests"]["completed"] == 96
         # every later turn found its whole history: turn k's blocks were written before turn k+1 started
         assert res["hit_rate"]["by_source"]["history"] == 1.0, res["hit_rate"]

@@ -85,3 +85,35 @@ def test_concurrent_workers_keep_accounting_exact():
     assert not errors, errors
     assert_cache_consistent(cache)
     assert all(e.state == "ready" and e.pins == 0 for e in cache.index.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.lists(st.tuples(st.booleans(), st.integers(0, 8), st.integers(1, 3)), max_size=60))
+def test_slot_map_hands_out_slots_as_a_free_list_of_every_slot_would(num_slots, ops):
+    """The lazy free list gives the same slots, in the same order, as a deque of every slot built up front."""
+    from collections import deque
+
+    from kv_cache.tiers.slots import SlotMap, TierFull
+
+    m, free, held = SlotMap(num_slots, SLOT), deque(range(num_slots)), {}
+    for alloc, key, n in ops:
+        if alloc and key not in held:
+            if len(free) < n:
+                try:
+                    m.alloc(key, n * SLOT)
+                    raise AssertionError("a full map handed out slots")
+                except TierFull:
+                    continue
+            held[key] = [free.popleft() for _ in range(n)]
+            assert m.alloc(key, n * SLOT) == held[key]
+        elif not alloc and key in held:
+            free.extend(held.pop(key))
+            m.release(key)
+        assert m.used_slots == num_slots - len(free)
+
+
+def test_a_huge_tier_costs_nothing_until_it_is_filled():
+    from kv_cache.tiers.slots import SlotMap
+
+    m = SlotMap(1 << 60, SLOT)  # a free list of every slot would never finish building
+    assert m.alloc(1, SLOT) == [0] and m.used_slots == 1

@@ -4,7 +4,7 @@ import pytest
 
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
-from kv_cache.run.budget import MemoryBudget, check_fits
+from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, check_fits
 from kv_cache.run.compose import geometry, memory_budget
 
 GiB = 2**30
@@ -15,7 +15,19 @@ def test_budget_parts():
     b = memory_budget(s, geometry(s))
     assert b.cpu_tier_bytes == 25 * 80 * 2**20  # whole 80 MiB slots that fit in 2 GiB
     assert b.staging_bytes == 4 * 2 * 80 * 2**20  # workers x 2 x one llama70b block
-    assert b.total_bytes == b.cpu_tier_bytes + b.staging_bytes + b.payload_pool_bytes + b.overhead_bytes
+    # gpu auto (16 GiB), cpu 2 GiB, nvme auto (at most 64 GiB) at 80 MiB slots: their blocks' bookkeeping
+    assert b.bookkeeping_bytes == (204 + 25 + 819) * BOOKKEEPING_BYTES
+    assert b.total_bytes == (b.cpu_tier_bytes + b.staging_bytes + b.payload_pool_bytes + b.overhead_bytes
+                             + b.bookkeeping_bytes)
+
+
+def test_a_tier_too_large_to_keep_track_of_is_refused_before_anything_is_built():
+    s = resolve(None, [], {"tiers.gpu": "simulated", "tiers.gpu_mem_gb": 2**20, "model.name": "llama8b",
+                           "model.block_tokens": 4})
+    b = memory_budget(s, geometry(s))
+    assert b.bookkeeping_bytes > (2**20 * GiB // (512 << 10)) * 1000  # 2 G blocks of 512 KiB
+    with pytest.raises(UserError, match="bookkeeping .* blocks the tiers can hold.*--block-tokens"):
+        check_fits(b, 4, geometry(s).max_object_bytes, available=24 * GiB)
 
 
 def test_refusal_names_the_numbers_and_a_fix():

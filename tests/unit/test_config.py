@@ -1,5 +1,7 @@
 """Settings: config.yaml equals the schema; unknown keys and wrong types are refused by name."""
 
+import typing
+
 import pytest
 import yaml
 
@@ -77,3 +79,18 @@ def test_config_yaml_is_what_the_generator_writes():
     from kv_cache.config.doc import render
 
     assert REPO_CONFIG.read_text() == render(), "run: python -m kv_cache.config.doc > config.yaml"
+
+
+def test_every_number_a_user_gives_is_bounded_above():
+    """A 1e30 s duration never ends and a 1e30 GiB tier never finishes allocating: every number has a ceiling."""
+    unbounded = [d for d, f, t in iter_keys(Settings)
+                 if (t in (int, float) or typing.get_origin(t) is tuple) and f.metadata.get("hi") is None]
+    assert unbounded == []
+
+
+@pytest.mark.parametrize("flag, value", [("run.duration_s", 1e30), ("run.warmup_s", 1e30),
+                                         ("workload.generation_ms_per_token", 1e30), ("tiers.gpu_mem_gb", 1e30),
+                                         ("profiles.chatbot.context_tokens", (1, 10**30))])
+def test_a_number_past_its_ceiling_is_refused_with_the_flag(flag, value):
+    with pytest.raises(UserError, match="must be <="):
+        resolve(None, [], {flag: value})

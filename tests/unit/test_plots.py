@@ -3,10 +3,18 @@
 import numpy as np
 from results_fixture import S, results
 
+from kv_cache import runlog
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.report.files import csv_value
-from kv_cache.report.plots import draw_hit_rate, draw_latency, draw_occupancy, draw_throughput, latency_curves
-from kv_cache.report.plots_control import draw_qos
+from kv_cache.report.plots import (
+    draw_hit_rate,
+    draw_latency,
+    draw_occupancy,
+    draw_throughput,
+    latency_curves,
+    make_plots,
+)
+from kv_cache.report.plots_control import draw_autoscale, draw_qos
 
 
 def _busy_results():
@@ -69,3 +77,27 @@ def test_timeseries_values_at_the_precision_they_have():
     assert csv_value("nvme_read_gbps", 0.597734121) == "0.5977"
     assert csv_value("host_mem_used_bytes", 953323520.0) == "953323520"
     assert csv_value("hit_rate", None) == "" and csv_value("requests", 3) == "3"
+
+
+def test_an_autoscaler_curve_without_any_ttft_is_drawn(tmp_path):
+    res = _busy_results()
+    res.autoscale = {"mode": "qos", "curve": [
+        {"users": u, "offered_per_s": 1.0, "requests_per_s": 1.0, "tokens_per_s": 10.0, "ttft_p95_ms": None,
+         "sla_met": False} for u in (2, 4)]}
+    made = make_plots(res, tmp_path, [("autoscale_curve.png", draw_autoscale)])
+    assert [p.name for p in made] == ["autoscale_curve.png"]  # a log axis over no value raised at save
+
+
+def test_a_plot_that_cannot_be_drawn_is_skipped_with_one_warning(tmp_path, capsys):
+    def broken(results):
+        raise KeyError("no_such_column")
+    runlog.open_log(tmp_path / "run.log")
+    try:
+        made = make_plots(_busy_results(), tmp_path, [("broken.png", broken), ("latency.png", draw_latency)])
+    finally:
+        runlog.close()
+    assert [p.name for p in made] == ["latency.png"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "broken.png could not be drawn: KeyError" in err[0] and "run.log" in err[0]
+    log = (tmp_path / "run.log").read_text()
+    assert "Traceback" in log and "no_such_column" in log

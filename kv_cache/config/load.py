@@ -1,0 +1,161 @@
+"""Loading settings: walking the schema, reading a config file, merging defaults < file < --set < flags.
+
+Every error names what the user typed: the flag, the ``--set`` item or the config file and its key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kv_cache.config.keys import coerce, flag_name
+from kv_cache.config.schema import REPO_CONFIG, Settings
+from kv_cache.errors import UserError
+from kv_cache.inputs import read_text
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def iter_keys(cls=Settings, prefix: str = ""):
+    """Yield (dotted name, field, type) for every leaf key of the schema."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        typ = hints[f.name]
+        name = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(typ):
+            yield from iter_keys(typ, name + ".")
+        else:
+            yield name, f, typ
+
+
+def default_dict() -> dict:
+    return _to_plain(Settings().to_dict())
+
+
+def _to_plain(obj):
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+def _origin(origins: dict, dotted: str, where: str) -> str:
+    """What the user typed that gave dotted its value: its own flag or --set, else that of the section it is in
+    (--set run={...}), else the config file."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in origins:
+            return origins[".".join(parts[:n])]
+    return where
+
+
+def _build(cls, data: dict, where: str, prefix: str = "", origins: dict | None = None):
+    """Build dataclass cls from a plain mapping, refusing unknown keys.
+
+    origins: dotted key -> the flag or --set that gave its value (errors name it, not the file).
+    """
+    origins = origins or {}
+    section = prefix.rstrip(".")
+    if not isinstance(data, dict):
+        raise UserError(f"{_origin(origins, section, where)}: section {section or '(top)'} must be a mapping, got "
+                        f"{data!r}.")
+    hints = _hints(cls)
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        known = ", ".join(prefix + n for n in names)
+        raise UserError(f"{_origin(origins, prefix + unknown[0], where)}: unknown key '{prefix}{unknown[0]}' (known "
+                        f"here: {known}).")
+    kwargs = {}
+    for fname, value in data.items():
+        typ = hints[fname]
+        if dataclasses.is_dataclass(typ):
+            kwargs[fname] = _build(typ, value, where, f"{prefix}{fname}.", origins)
+        else:
+            dotted = prefix + fname
+            kwargs[fname] = coerce(dotted, typ, value, dict(names[fname].metadata), _origin(origins, dotted, where))
+    return cls(**kwargs)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "models":
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _set_dotted(tree: dict, dotted: str, value) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise UserError(f"--set {dotted}: '{p}' is not a section.")
+    node[parts[-1]] = value
+
+
+CONFIG_LIMIT = 4 << 20  # config.yaml is 20 KB; a settings file of megabytes is not one
+
+
+def read_config_file(path: Path) -> dict:
+    """Read a YAML settings file; a missing, special, huge, binary or malformed file is a UserError."""
+    text = read_text(str(path), "config file", CONFIG_LIMIT, "pass a YAML file to --config")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark else ""
+        raise UserError(f"config file {path}{at} is not valid YAML ({getattr(e, 'problem', e)}).") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}.")
+    return data
+
+
+def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any],
+            typed: dict[str, str] | None = None) -> Settings:
+    """Merge defaults < config file < --set < flags into one validated Settings.
+
+    typed: dotted key -> what the user typed for a --set made on their behalf (an MLPerf reference flag)."""
+    typed = typed or {}
+    tree = default_dict()
+    path = Path(config_path) if config_path else (REPO_CONFIG if REPO_CONFIG.exists() else None)
+    if path is not None:
+        tree = _deep_merge(tree, read_config_file(path))
+    where = f"config file {path}" if path else "settings"
+    origins: dict[str, str] = {}
+    for item in sets:
+        if "=" not in item:
+            raise UserError(f"--set {item}: expected section.key=value.")
+        dotted, value = item.split("=", 1)
+        dotted = dotted.strip()
+        try:
+            parsed = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError as e:
+            raise UserError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', e)}); quote it "
+                            f"or write it as in config.yaml.") from None
+        _set_dotted(tree, dotted, parsed)
+        origins[dotted] = typed.get(dotted, f"--set {dotted}")
+    fields = {d: f for d, f, _ in iter_keys(Settings)}
+    for dotted, value in flags.items():
+        _set_dotted(tree, dotted, value)
+        origins[dotted] = flag_name(dotted, fields[dotted]) if dotted in fields else f"--{dotted}"
+    return _build(Settings, tree, where, origins=origins)
+
+
+def replace(settings: Settings, dotted: str, value) -> Settings:
+    """Return settings with one key changed (used by the runner's resolved defaults)."""
+    section, name = dotted.split(".")
+    sec = dataclasses.replace(getattr(settings, section), **{name: value})
+    return dataclasses.replace(settings, **{section: sec})
