@@ -24,6 +24,7 @@ def semantic_round(donors: int = 10_000, documents: int = 100, probes: int = 400
     from kv_cache.lifecycle.donors import make_donor
     from kv_cache.lifecycle.semantic import SemanticReuse
     from kv_cache.lifecycle.sketch import ShingleSketch
+    from kv_cache.recorder.histogram import value_at
     from kv_cache.recorder.recorder import Recorder
     from kv_cache.sources.textcorpus import TextCorpus
     from kv_cache.sources.tokenizer import make_tokenizer
@@ -54,7 +55,7 @@ def semantic_round(donors: int = 10_000, documents: int = 100, probes: int = 400
         times.append((time.perf_counter() - t) * 1e3)
         found += bool(plan.reads)
     snap = recorder.snapshot()
-    stages = {st: snap.hists[("semantic", st, "all")].get_value_at_percentile(99) / 1e6
+    stages = {st: value_at(snap.hists[("semantic", st, "all")], 99) / 1e6
               for st in ("embed", "search", "align")}
     return {"donors": reuse.store.count, "probes": probes, "probes_with_donor": found, "fill_s": fill_s,
             "prompt_tokens_mean": float(np.mean([d.size for d in docs])), "p50_ms": float(np.percentile(times, 50)),

@@ -15,6 +15,8 @@ EXECUTIVE SUMMARY
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
@@ -89,17 +91,64 @@ def decode(text: str) -> HdrHistogram:
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _bucket_values(unit_magnitude: int, half_magnitude: int, counts_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(highest, median) equivalent value of every counter index of a histogram of this geometry, as hdrh's
+    get_value_from_index / get_highest_equivalent_value / _hdr_median_equiv_value compute them one at a time."""
+    i = np.arange(counts_len, dtype=np.int64)
+    half = 1 << half_magnitude
+    bucket = (i >> half_magnitude) - 1
+    sub = (i & (half - 1)) + half
+    first = bucket < 0
+    sub[first] -= half
+    bucket[first] = 0
+    lowest = sub << (bucket + unit_magnitude)
+    size = np.int64(1) << (bucket + unit_magnitude)
+    return lowest + size - 1, lowest + (size >> 1)
+
+
+def _counts(hist: HdrHistogram) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(counts, highest, median) per index: hdrh walks its 33,792 counters in Python for every percentile and mean
+    (half a second per histogram); numpy does it in a millisecond, to the same values."""
+    counts = np.ctypeslib.as_array(hist.counts)[: hist.counts_len].astype(np.int64)
+    highest, median = _bucket_values(hist.unit_magnitude, hist.sub_bucket_half_count_magnitude, hist.counts_len)
+    return counts, highest, median
+
+
+def values_at(hist: HdrHistogram, percentiles) -> list[int]:
+    """The values at these percentiles (0 < p <= 100), by HdrHistogram's rank rule (see the module docstring)."""
+    n = hist.get_total_count()
+    counts, highest, _ = _counts(hist)
+    cumulative = np.cumsum(counts)
+    targets = [max(int(min(p, 100.0) * n / 100 + 0.5), 1) for p in percentiles]
+    return [int(highest[min(int(np.searchsorted(cumulative, t)), len(highest) - 1)]) for t in targets]
+
+
+def value_at(hist: HdrHistogram, percentile: float) -> int:
+    return values_at(hist, [percentile])[0]
+
+
+def at_ms(hist: HdrHistogram | None, percentile: float, per_ms: float = 1e6) -> float | None:
+    """The percentile in ms (the histogram's unit: per_ms of them make a ms), None when it holds nothing."""
+    return value_at(hist, percentile) / per_ms if hist is not None and hist.get_total_count() else None
+
+
+def mean_value(hist: HdrHistogram) -> float:
+    counts, _, median = _counts(hist)
+    n = int(counts.sum())
+    return float(np.dot(counts.astype(np.float64), median.astype(np.float64)) / n) if n else 0.0
+
+
 def summary_ms(hist: HdrHistogram) -> dict:
     """count, p50 .. p99.9, max and mean in milliseconds."""
     n = hist.get_total_count()
     if n == 0:
         return {"count": 0, **{k: None for k in PCT_KEYS}, "max": None, "mean": None}
-    values = hist.get_percentile_to_value_dict(list(PERCENTILES))
     out = {"count": n}
-    for pct, k in zip(PERCENTILES, PCT_KEYS):
-        out[k] = values[pct] / 1e6
+    for k, v in zip(PCT_KEYS, values_at(hist, PERCENTILES)):
+        out[k] = v / 1e6
     out["max"] = hist.get_max_value() / 1e6
-    out["mean"] = hist.get_mean_value() / 1e6
+    out["mean"] = mean_value(hist) / 1e6
     return out
 
 
@@ -108,5 +157,5 @@ def count_at_or_below(hist: HdrHistogram, value_ns: float) -> int:
     if not hist.get_total_count():
         return 0
     limit = hist.get_highest_equivalent_value(min(max(int(value_ns), LOWEST_NS), HIGHEST_NS))
-    return sum(item.count_at_value_iterated_to for item in hist.get_recorded_iterator()
-               if item.value_iterated_to <= limit)
+    counts, highest, _ = _counts(hist)
+    return int(counts[highest <= limit].sum())

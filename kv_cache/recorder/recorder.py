@@ -21,6 +21,7 @@ import numpy as np
 
 from kv_cache.recorder.histogram import (
     SECOND_HIGHEST_US,
+    at_ms,
     decode,
     decode_second,
     encode,
@@ -291,8 +292,7 @@ class Recorder:
         sec = self._second(time.monotonic_ns())
         self._fold_all()
         with self._second_lock:
-            h = self._second_hists.get((sec - 1, tier, op)) if sec else None
-            return h.get_value_at_percentile(pct) / 1e3 if h is not None and h.get_total_count() else None
+            return at_ms(self._second_hists.get((sec - 1, tier, op)) if sec else None, pct, 1e3)
 
     def gauge(self, values: dict[str, float], now_ns: int) -> None:
         """Levels sampled at now_ns (queue depth, occupancy, ...): the last sample of a second wins."""

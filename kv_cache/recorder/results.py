@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from kv_cache.config import QOS_CLASSES
-from kv_cache.recorder.histogram import merged, summary_ms
+from kv_cache.recorder.histogram import at_ms, merged, summary_ms
 from kv_cache.recorder.recorder import Snapshot
 from kv_cache.recorder.schema import SCHEMA_VERSION, Results
 from kv_cache.recorder.semantic_metrics import semantic_section
@@ -57,10 +57,6 @@ def latency_tables(snap: Snapshot, tiers: list[str]) -> tuple[dict, dict]:
     return {t: dict(v) for t, v in flat.items()}, {t: {o: dict(p) for o, p in v.items()} for t, v in by_phase.items()}
 
 
-def _pct_ms(hist, pct: float) -> float | None:
-    return hist.get_value_at_percentile(pct) / 1e3 if hist is not None and hist.get_total_count() else None
-
-
 def timeseries(snap: Snapshot, tiers: list[str]) -> list[dict]:
     """One row per measured second: GB/s per tier and direction, p50/p99 per tier and op (coarse
     per-second histograms), ops, requests, tokens, hit rate, and the sampled gauges."""
@@ -75,7 +71,7 @@ def timeseries(snap: Snapshot, tiers: list[str]) -> list[dict]:
             for d in ("read", "write"):
                 row[f"{t}_{d}_gbps"] = src.get(f"bytes.{t}.{d}", 0) / 1e9
                 h = snap.second_hists.get((sec, t, d))
-                row[f"{t}_{d}_p50_ms"], row[f"{t}_{d}_p99_ms"] = _pct_ms(h, 50.0), _pct_ms(h, 99.0)
+                row[f"{t}_{d}_p50_ms"], row[f"{t}_{d}_p99_ms"] = at_ms(h, 50.0, 1e3), at_ms(h, 99.0, 1e3)
         row.update(snap.gauges.get(sec, {}))
         rows.append(row)
     return rows

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from kv_cache import runlog
-from kv_cache.recorder.histogram import decode, merged
+from kv_cache.recorder.histogram import decode, merged, values_at
 from kv_cache.recorder.schema import Results
 from kv_cache.report.console import source_order, tier_label
 from kv_cache.report.figure import save
@@ -45,7 +45,7 @@ def latency_curves(results: Results) -> dict[tuple[str, str], tuple[list[float],
         n = h.get_total_count()
         pcts = [p for p in PCTS if supported(p, n)]
         if n:
-            out[k] = (pcts, [max(h.get_value_at_percentile(p), 1) / 1e6 for p in pcts], n)
+            out[k] = (pcts, [max(v, 1) / 1e6 for v in values_at(h, pcts)], n)
     return out
 
 

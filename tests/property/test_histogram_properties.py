@@ -43,3 +43,20 @@ def test_percentiles_are_within_a_tenth_of_a_percent(a):
 
 def test_empty_summary_is_null_not_zero():
     assert summary_ms(new_histogram())["p50"] is None
+
+
+@settings(max_examples=25, deadline=None)  # hdrh's own walk, the reference here, takes 0.1 s per histogram
+@given(st.lists(st.integers(1, 10**12), min_size=1, max_size=200), st.booleans())
+def test_numpy_percentiles_mean_and_counts_equal_hdrhs_own(values, per_second):
+    """values_at / mean_value / count_at_or_below walk the counters in numpy: the values hdrh's Python walk gives."""
+    from kv_cache.recorder.histogram import count_at_or_below, mean_value, new_second_histogram, values_at
+
+    h = new_second_histogram() if per_second else new_histogram()
+    for v in values:
+        h.record_value(min(v, h.highest_trackable_value))
+    pcts = [0.1, 1.0, 50.0, 90.0, 99.0, 99.9, 100.0]
+    assert values_at(h, pcts) == [h.get_value_at_percentile(p) for p in pcts]
+    assert abs(mean_value(h) - h.get_mean_value()) <= 1e-9 * h.get_mean_value()
+    limit = h.get_highest_equivalent_value(sorted(values)[len(values) // 2])
+    want = sum(i.count_at_value_iterated_to for i in h.get_recorded_iterator() if i.value_iterated_to <= limit)
+    assert count_at_or_below(h, limit) == want
