@@ -15,6 +15,12 @@ SMALL = REPO / "tests" / "fixtures" / "small.yaml"
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 
 
+def bounded(n: int) -> list[str]:
+    """Flags of a run that ends after n requests however slow or busy the machine: no warm-up, and a duration far
+    beyond what n requests take. A test asserts what the run did, never how fast (make bench measures speed)."""
+    return ["--max-requests", str(n), "--warmup", "0", "--duration", "600"]
+
+
 def run_cli(args: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """Run kv_cache_benchmark.py with args; capture text output."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")

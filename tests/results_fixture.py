@@ -18,7 +18,11 @@ def run_info(tiers=("cpu", "nvme")) -> dict:
             "fault": ""}
 
 
-EXTRA = {"memory": {"peak_rss_bytes": 1, "budget_bytes": 2}, "occupancy": {}, "workload": {}}
+WORKLOAD = {"source": "synthetic", "arrival": "closed", "notes": [], "trace": None, "tokenizer": None,
+            "requests_analysed": 0, "requests_total": 0, "prompt_tokens": {"count": 0}, "output_tokens": {"count": 0},
+            "counts": {"cached": 0, "prompt": 0, "cached_by_source": {}, "prompt_by_source": {}},
+            "theoretical_hit_rate": {"tokens": None, "by_source": {}}}
+EXTRA = {"memory": {"peak_rss_bytes": 1, "budget_bytes": 2}, "occupancy": {}, "workload": WORKLOAD}
 
 
 def results(recorder: Recorder | None = None, tiers=("cpu", "nvme")):

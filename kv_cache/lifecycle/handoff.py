@@ -160,7 +160,12 @@ class HandoffStore:
         """Join a folder a prefill node made (its header already read and checked)."""
         store = cls(root, "decode", open_blocks, 0, identity, f"d{os.getpid()}")
         store.marker = f"decode-{os.uname().nodename}-{os.getpid()}"
-        open(os.path.join(store.folder, store.marker + ".reading"), "w").close()
+        try:
+            open(os.path.join(store.folder, store.marker + ".reading"), "w").close()
+        except FileNotFoundError:  # the prefill node ended between its manifest being found and now
+            raise UserError(f"the prefill node finished and removed {store.folder} before this decode node could "
+                            f"attach (it waits only for decode nodes already reading); start the decode node before "
+                            f"the prefill node ends.") from None
         return store
 
     def load(self, key: int, out) -> bool:

@@ -15,36 +15,34 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from kv_cache.recorder.histogram import (
     SECOND_HIGHEST_US,
     at_ms,
-    decode,
-    decode_second,
-    encode,
     merged,
     new_histogram,
     new_second_histogram,
     record,
     record_many,
 )
+from kv_cache.recorder.snapshot import Snapshot, copy_second
 
 # Which byte direction an op moves into the tier it is recorded under.
 OP_DIRECTION = {"read": "read", "donor_read": "read", "write": "write", "demote": "write", "promote": "write",
                 "evict": None}
 
 
-_OP_NAMES: dict[tuple[str, str], tuple[str, str | None, str | None]] = {}
+_OP_NAMES: dict[tuple[str, str], tuple[str, str | None, str | None, str | None]] = {}
 
 
-def _op_names(tier: str, op: str) -> tuple[str, str | None, str | None]:
-    """The counter names of (tier, op), made once (not three f-strings per block operation)."""
+def _op_names(tier: str, op: str) -> tuple[str, str | None, str | None, str | None]:
+    """The counter names of (tier, op): its ops, bytes and blocks in the window, its bytes in the warm-up; made
+    once (not f-strings per block operation)."""
     d = OP_DIRECTION[op]
-    names = _OP_NAMES[(tier, op)] = (f"ops.{tier}.{op}", *((f"bytes.{tier}.{d}", f"blocks.{tier}.{d}") if d
-                                                          else (None, None)))
+    names = _OP_NAMES[(tier, op)] = (f"ops.{tier}.{op}", *((f"bytes.{tier}.{d}", f"blocks.{tier}.{d}",
+                                                           f"warmup.bytes.{tier}.{d}") if d else (None, None, None)))
     return names
 
 
@@ -70,75 +68,6 @@ class _Shard:
         if h is None:
             h = self.hists[key] = new_histogram()
         return h
-
-
-@dataclass
-class Snapshot:
-    """Merged statistics: histograms, counters, one-second series and the window.
-
-    second_hists: (second, tier, op) -> coarse histogram of that second (µs), for time-series
-    percentiles; gauges: second -> sampled levels (queue depth, occupancy, ...), summed on merge.
-    """
-
-    hists: dict[tuple, object] = field(default_factory=dict)
-    counters: dict[str, int] = field(default_factory=dict)
-    series: dict[int, dict[str, int]] = field(default_factory=dict)
-    window_start_ns: int = 0
-    window_end_ns: int = 0
-    second_hists: dict[tuple, object] = field(default_factory=dict)
-    gauges: dict[int, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def window_s(self) -> float:
-        return max(self.window_end_ns - self.window_start_ns, 1) / 1e9
-
-    def to_dict(self) -> dict:
-        return {
-            "histograms": {"/".join(k): encode(h) for k, h in self.hists.items()},
-            "counters": dict(self.counters),
-            "series": {str(s): v for s, v in self.series.items()},
-            "window_ns": [self.window_start_ns, self.window_end_ns],
-            "second_histograms": {f"{s}/{t}/{o}": encode(h) for (s, t, o), h in self.second_hists.items()},
-            "gauges": {str(s): v for s, v in self.gauges.items()},
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Snapshot:
-        seconds = {}
-        for k, v in d.get("second_histograms", {}).items():
-            sec, tier, op = k.split("/")
-            seconds[(int(sec), tier, op)] = decode_second(v)
-        return cls({tuple(k.split("/")): decode(v) for k, v in d["histograms"].items()}, dict(d["counters"]),
-                   {int(s): dict(v) for s, v in d["series"].items()}, *d["window_ns"], seconds,
-                   {int(s): dict(v) for s, v in d.get("gauges", {}).items()})
-
-    def merge(self, other: Snapshot) -> Snapshot:
-        """Exact merge: histograms add, counters add, the window spans both."""
-        hists = {k: merged([h for h in (self.hists.get(k), other.hists.get(k)) if h is not None])
-                 for k in set(self.hists) | set(other.hists)}
-        counters = defaultdict(int, self.counters)
-        for k, v in other.counters.items():
-            counters[k] += v
-        series: dict[int, dict[str, int]] = {s: dict(v) for s, v in self.series.items()}
-        for s, row in other.series.items():
-            dst = series.setdefault(s, {})
-            for k, v in row.items():
-                dst[k] = dst.get(k, 0) + v
-        starts = [w for w in (self.window_start_ns, other.window_start_ns) if w]
-        seconds = {}
-        for k in set(self.second_hists) | set(other.second_hists):
-            h = new_second_histogram()
-            for part in (self.second_hists.get(k), other.second_hists.get(k)):
-                if part is not None and part.get_total_count():
-                    h.add(part)
-            seconds[k] = h
-        gauges = {s: dict(v) for s, v in self.gauges.items()}
-        for s, row in other.gauges.items():
-            dst = gauges.setdefault(s, {})
-            for k, v in row.items():
-                dst[k] = dst.get(k, 0) + v
-        return Snapshot(hists, dict(counters), series, min(starts, default=0),
-                        max(self.window_end_ns, other.window_end_ns), seconds, gauges)
 
 
 class Recorder:
@@ -200,8 +129,11 @@ class Recorder:
         if self.io_trace is not None:  # the trace's "measured" is this very decision, not a later one
             self.io_trace.op(getattr(self._request, "intended_ns", start_ns), start_ns, op, tier, nbytes, key,
                              dur_ns, phase, sec is not None)
+        names = _OP_NAMES.get((tier, op)) or _op_names(tier, op)
         if sec is None:
             shard.counters["warmup.ops"] += 1
+            if names[3]:  # what the run wrote and read outside the window too (results.bytes_whole_run)
+                shard.counters[names[3]] += nbytes
             return
         with shard.lock:  # uncontended but for a reader's fold
             waiting = shard.pending.get((tier, op, phase, sec))
@@ -211,7 +143,6 @@ class Recorder:
             shard.npending += 1
             if shard.npending >= FOLD_AT:
                 self._fold(shard)
-        names = _OP_NAMES.get((tier, op)) or _op_names(tier, op)
         shard.counters[names[0]] += 1
         if names[1]:
             shard.counters[names[1]] += nbytes
@@ -365,7 +296,7 @@ class Recorder:
                 series[sec][name] = series[sec].get(name, 0) + v
         end = self.measure_end_ns or time.monotonic_ns()
         with self._second_lock:
-            seconds = {k: _copy_second(h) for k, h in self._second_hists.items()}
+            seconds = {k: copy_second(h) for k, h in self._second_hists.items()}
             gauges = {s: dict(v) for s, v in self._gauges.items()}
         return Snapshot({k: merged(v) for k, v in hists.items()}, dict(counters), dict(series),
                         self.measure_start_ns or 0, end, seconds, gauges)
@@ -391,10 +322,3 @@ class StepMeter:
     @property
     def seconds(self) -> float:
         return max(self.end_ns - self.start_ns, 1) / 1e9
-
-
-def _copy_second(h):
-    out = new_second_histogram()
-    if h.get_total_count():
-        out.add(h)
-    return out

@@ -12,10 +12,10 @@ from collections import defaultdict
 
 from kv_cache.config import QOS_CLASSES
 from kv_cache.recorder.histogram import at_ms, merged, summary_ms
-from kv_cache.recorder.recorder import Snapshot
 from kv_cache.recorder.schema import SCHEMA_VERSION, Results
 from kv_cache.recorder.semantic_metrics import semantic_section
 from kv_cache.recorder.slas import judge, overall
+from kv_cache.recorder.snapshot import Snapshot
 from kv_cache.recorder.verdict import load_verdict
 
 # Per-request latencies, ms from the intended start: storage (sum of the request's block operations),
@@ -157,11 +157,12 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
         "bandwidth_gbps": {t: {d: c.get(f"bytes.{t}.{d}", 0) / window / 1e9 for d in ("read", "write")}
                            for t in tiers},
         "bytes": {t: {d: c.get(f"bytes.{t}.{d}", 0) for d in ("read", "write")} for t in tiers},
+        "bytes_whole_run": {t: {d: c.get(f"bytes.{t}.{d}", 0) + c.get(f"warmup.bytes.{t}.{d}", 0)
+                                for d in ("read", "write")} for t in tiers},
         "blocks": {t: {d: c.get(f"blocks.{t}.{d}", 0) for d in ("read", "write")} for t in tiers},
         "ops": {t: _prefixed(c, f"ops.{t}.") for t in tiers},
         "requests": requests,
-        "load": load_verdict(requests["issued_in_window"], requests["completed"], window,
-                             request_latency.get("queue", {}).get("p50"), request_latency.get("storage", {}).get("p50"),
+        "load": load_verdict(requests, window, request_latency.get("queue", {}), request_latency.get("storage", {}),
                              run_info["workers"], series),
         "tokens": {"prompt": prompt, "cached": cached, "generated": c.get("tokens.generated", 0),
                    "per_s": prompt / window, "cached_per_s": cached / window,

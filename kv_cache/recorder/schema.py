@@ -1,53 +1,56 @@
 """The typed Results: what results.json holds, as dataclasses built by the recorder.
 
 Report, compare, trials and submission read these fields, never key paths in
-a dict. The JSON schema is generated from the dataclasses and stored per
-version in ``schemas/results-v<N>.json``; ``tests/unit/test_results_schema.py``
+a dict; the sections beyond the core figures are in sections.py, the loading
+and the JSON schema in typed.py. The JSON schema is generated from the
+dataclasses and stored per version in ``schemas/results-v<N>.json``; ``tests/unit/test_results_schema.py``
 fails when the dataclasses no longer match the stored schema of
 ``SCHEMA_VERSION``: a change is announced by bumping the version and storing
 the new schema beside the old ones (``python -m kv_cache.recorder.schema``).
 
 Units are in the names: ``_ms`` milliseconds, ``_gbps`` 10^9 bytes per second
 over the measurement window, ``_bytes`` and counts as integers. A ratio over
-an empty denominator is null, never 0. Sections whose keys are data (QoS
-class names, gauges, the settings tree, histogram encodings) stay plain
-mappings; their layout is documented in the README.
+an empty denominator is null, never 0. Loading checks every value's type, and
+that every number is finite and within 64 bits. Only mappings whose keys are
+data (tier, class and transform names, time-series columns, the settings
+tree, histogram encodings) are mappings, of typed values.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import math
-import operator
 import sys
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
-SCHEMA_VERSION = 2  # 2: typed Results; run.bottom_tier; optional sections always present (null when off)
+from kv_cache.recorder.sections import (
+    Autoscale,
+    BudgetParts,
+    GdsInfo,
+    Latency,
+    LoadVerdict,
+    Occupancy,
+    Precondition,
+    ProbeStep,
+    Qos,
+    RankDetail,
+    RankSpread,
+    Role,
+    Semantic,
+    SnapshotData,
+    SteadyState,
+    Telemetry,
+    Trials,
+    Workload,
+)
+from kv_cache.recorder.typed import SchemaError, json_schema
+from kv_cache.recorder.typed import load as _load
+
+SCHEMA_VERSION = 3  # 3: every section typed (sections.py), value types checked on load, bytes_whole_run
+# (2: typed Results; run.bottom_tier; optional sections always present, null when off)
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
-
-
-class SchemaError(ValueError):
-    """A results file that does not follow the schema this tool reads."""
-
-
-@dataclass
-class Latency:
-    """Percentiles of one histogram, ms (null without samples)."""
-
-    count: int = 0
-    p50: float | None = None
-    p90: float | None = None
-    p95: float | None = None
-    p99: float | None = None
-    p999: float | None = None
-    max: float | None = None
-    mean: float | None = None
 
 
 @dataclass
@@ -87,7 +90,7 @@ class RunInfo:
     slot_bytes: int
     users: int
     workers: int
-    workers_probe: list[dict] | None  # --workers 0: each concurrency step of the probe (threads, GB/s)
+    workers_probe: list[ProbeStep] | None  # --workers 0: each concurrency step of the probe
     seed: int
     warmup_s: float
     io_engine: str
@@ -98,7 +101,7 @@ class RunInfo:
     fs_type: str | None
     tiers: dict[str, TierInfo]
     bottom_tier: str                 # the storage under test: the last tier of the stack
-    gds: dict | None
+    gds: GdsInfo | None
     notes: list[str]
     partial: bool
     stopped_reason: str | None
@@ -112,8 +115,9 @@ class Requests:
     per_s: float = 0.0
     issued: int = 0
     dropped_at_stop: int = 0
-    users_started: int = 0
-    users_paced: int = 0
+    users_started: int = 0           # closed loop: users whose first request was issued
+    users_paced: int = 0             # of them, those whose first request waited for a short queue first
+    users_waiting_at_stop: int = 0   # never started: still waiting for a short queue when the run stopped
     held_for_previous_turn: int = 0  # open loop: turns that arrived before their session's previous answer
     issued_in_window: int = 0        # offered load: requests that arrived (were due) inside the window
     warmup_completed: int = 0        # completed before the window opened
@@ -185,7 +189,7 @@ class Cpu:
 class Memory:
     peak_rss_bytes: int
     budget_bytes: int
-    budget: dict | None = None   # the budget's parts (one rank's; absent after a merge of ranks)
+    budget: BudgetParts | None = None  # the budget's parts (one rank's; null after a merge of ranks)
     per_rank: bool = False       # merged over MPI ranks: the peak of one rank
 
 
@@ -198,38 +202,39 @@ class Results:
     latency_ms: dict[str, dict[str, Latency]]                       # tier -> op
     latency_ms_by_phase: dict[str, dict[str, dict[str, Latency]]]   # tier -> op -> phase
     request_latency_ms: dict[str, Latency]                          # storage, queue, ttft, e2e, handoff
-    qos: dict
-    semantic: dict | None
+    qos: Qos
+    semantic: Semantic | None
     bandwidth_gbps: dict[str, ReadWrite]
-    bytes: dict[str, ReadWrite]
+    bytes: dict[str, ReadWrite]                  # in the window
+    bytes_whole_run: dict[str, ReadWrite]        # warm-up, window and drain: what the run really moved
     blocks: dict[str, ReadWrite]
     ops: dict[str, dict[str, int]]
     requests: Requests
-    load: dict | None            # what decided the numbers: {kind: storage | queue | users, rates, waits, advice}
+    load: LoadVerdict | None     # what decided the numbers: storage, the generator's queue, or the users' pace
     tokens: Tokens
     hit_rate: HitRate
     blocks_write_skipped: int
     shared_storage: SharedStorage
     verification: Verification
     warmup: Warmup
-    timeseries: list[dict]
-    steady_state: dict | None
+    timeseries: list[dict[str, float | None]]   # one row per second; its columns are named after the tiers
+    steady_state: SteadyState | None
     mlperf_compatible: MlperfCompatible
     memory: Memory
     cpu: Cpu
-    occupancy: dict
-    workload: dict
-    role: dict | None
-    settings: dict
-    snapshot: dict
-    precondition: dict | None = None
-    autoscale: dict | None = None
-    telemetry: dict | None = None
-    telemetry_per_rank: list | None = None
-    ranks_detail: list | None = None
-    rank_spread: dict | None = None
+    occupancy: dict[str, Occupancy]
+    workload: Workload
+    role: Role | None
+    settings: dict[str, Any]     # the settings tree as run (config/schema.py; settings.yaml reruns it)
+    snapshot: SnapshotData
+    precondition: Precondition | None = None
+    autoscale: Autoscale | None = None
+    telemetry: Telemetry | None = None
+    telemetry_per_rank: list[Telemetry | None] | None = None
+    ranks_detail: list[RankDetail] | None = None
+    rank_spread: dict[str, dict[str, RankSpread]] | None = None
     warnings: list[str] = field(default_factory=list)
-    trials: dict | None = None
+    trials: Trials | None = None
 
     @property
     def bottom(self) -> str:
@@ -260,126 +265,6 @@ class Results:
             raise SchemaError(f"{where} has schema_version {version}, this tool reads {SCHEMA_VERSION}; "
                               f"re-run it with this version (or read it with the version that wrote it)")
         return _load(cls, data, where)
-
-
-# ---------------------------------------------------------------------------- loading and the JSON schema
-
-def _hints(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _optional(tp) -> tuple[bool, Any]:
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (Union, types.UnionType) and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return True, rest[0] if len(rest) == 1 else functools.reduce(operator.or_, rest)
-    return False, tp
-
-
-def _load(tp, value, where: str):
-    optional, tp = _optional(tp)
-    if value is None:
-        if optional or tp is Any:
-            return None
-        raise SchemaError(f"{where} is null where the schema needs a value")
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise SchemaError(f"{where} is not an object")
-        hints = _hints(tp)
-        unknown = set(value) - set(hints)
-        if unknown:
-            raise SchemaError(f"{where} has keys the schema does not know: {', '.join(sorted(unknown))}")
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in value:
-                kwargs[f.name] = _load(hints[f.name], value[f.name], f"{where}.{f.name}")
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise SchemaError(f"{where} lacks the key {f.name}")
-        return tp(**kwargs)
-    if origin is dict:
-        _, vt = typing.get_args(tp)
-        if not isinstance(value, dict):
-            raise SchemaError(f"{where} is not an object")
-        return {k: _load(vt, v, f"{where}.{k}") for k, v in value.items()}
-    if origin is list:
-        if not isinstance(value, list):
-            raise SchemaError(f"{where} is not an array")
-        (vt,) = typing.get_args(tp) or (Any,)
-        return [_load(vt, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin in (Union, types.UnionType):
-        for option in typing.get_args(tp):
-            try:
-                return _load(option, value, where)
-            except SchemaError:
-                continue
-        raise SchemaError(f"{where} is none of {' | '.join(_name(a) for a in typing.get_args(tp))}: {value!r:.40}")
-    return _scalar(tp, value, where)
-
-
-def _name(tp) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _scalar(tp, value, where: str):
-    """A leaf value of the type the schema says, a number finite and within 64 bits (a file with Infinity or
-    10^400 in it was not written by this tool)."""
-    if tp is Any or tp in (dict, list):  # a plain JSON value: its numbers are still checked
-        _plain_numbers(value, where)
-        return value
-    ok = {bool: lambda v: isinstance(v, bool),
-          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          str: lambda v: isinstance(v, str)}.get(tp)
-    if ok is None or not ok(value):
-        raise SchemaError(f"{where} is {_kind(value)} where the schema needs {_JSON.get(tp, _name(tp))}")
-    _plain_numbers(value, where)
-    return value
-
-
-def _kind(value) -> str:
-    return "null" if value is None else _JSON.get(type(value), type(value).__name__) + f" {value!r:.40}"
-
-
-def _plain_numbers(value, where: str) -> None:
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return
-    if isinstance(value, float) and not math.isfinite(value) or isinstance(value, (int, float)) \
-            and abs(value) >= 2**63:
-        raise SchemaError(f"{where} is {value!r}, not a finite number within 64 bits")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _plain_numbers(v, f"{where}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _plain_numbers(v, f"{where}[{i}]")
-
-
-_JSON = {int: "integer", float: "number", str: "string", bool: "boolean", dict: "object", list: "array"}
-
-
-def json_schema(tp=Results) -> dict:
-    """The JSON schema of a type (draft 2020-12 subset), generated from the dataclasses."""
-    optional, tp = _optional(tp)
-    if dataclasses.is_dataclass(tp):
-        hints = _hints(tp)
-        out = {"type": "object", "title": tp.__name__, "additionalProperties": False,
-               "properties": {f.name: json_schema(hints[f.name]) for f in dataclasses.fields(tp)},
-               "required": [f.name for f in dataclasses.fields(tp)]}
-    elif typing.get_origin(tp) is dict:
-        out = {"type": "object", "additionalProperties": json_schema(typing.get_args(tp)[1])}
-    elif typing.get_origin(tp) is list:
-        args = typing.get_args(tp)
-        out = {"type": "array", **({"items": json_schema(args[0])} if args else {})}
-    elif typing.get_origin(tp) in (Union, types.UnionType):
-        out = {"anyOf": [json_schema(a) for a in typing.get_args(tp)]}
-    else:
-        out = {"type": _JSON.get(tp, "object")} if tp is not Any else {}
-        if tp is float:
-            out = {"type": ["number", "integer"]}
-    if optional:
-        return {"anyOf": [out, {"type": "null"}]}
-    return out
 
 
 def stored_schema(version: int = SCHEMA_VERSION) -> dict | None:

@@ -20,7 +20,7 @@ blocks of negative controls: shared instruction text may still hit exactly.
 from __future__ import annotations
 
 from kv_cache.recorder.histogram import summary_ms
-from kv_cache.recorder.recorder import Snapshot
+from kv_cache.recorder.snapshot import Snapshot
 
 STAGES = ("embed", "search", "align", "total")
 _BLOCK_RATES = {"exact_block_hit_rate": "exact_blocks", "semantic_candidate_block_rate": "candidate_blocks",

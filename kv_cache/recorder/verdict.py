@@ -7,8 +7,9 @@ served and the time requests spent waiting for a worker with the time they spent
 
 from __future__ import annotations
 
-QUEUE_OVER_STORAGE = 1.0  # queue wait p50 above the storage time per request p50: the queue dominates
+QUEUE_OVER_STORAGE = 1.0  # queue wait above the storage time per request (p50, or p95): the queue dominates
 OFFERED_OVER_SERVED = 1.1  # offered load 10 % above the served rate: a backlog grew
+DROPPED_OVER_SERVED = 0.1  # a backlog of a tenth of the window's requests left queued at the stop
 IDLE_WORKERS = 0.5         # fewer than half the workers busy on average: the users' pace limits the load
 
 
@@ -17,27 +18,36 @@ def _mean(rows: list[dict], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def load_verdict(offered: int, served: int, window_s: float, queue_p50_ms: float | None,
-                 storage_p50_ms: float | None, workers: int, rows: list[dict]) -> dict | None:
-    """{kind: storage | queue | users, the rates and waits it rests on, advice}; None without a request."""
+def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: dict, workers: int,
+                 rows: list[dict]) -> dict | None:
+    """{kind: storage | queue | users, the rates, waits and backlog it rests on, advice}; None without a
+    request. requests: the Results' request counts; queue_ms / storage_ms: the per-request latency summaries."""
+    offered, served, dropped = requests["issued_in_window"], requests["completed"], requests.get("dropped_at_stop", 0)
     if not served or window_s <= 0:
         return None
     offered_s, served_s = offered / window_s, served / window_s
     busy = _mean(rows, "in_flight")
     busy = None if busy is None else min(busy, workers)
-    q, st = queue_p50_ms or 0.0, storage_p50_ms or 0.0
-    out = {"offered_per_s": offered_s, "served_per_s": served_s, "queue_wait_p50_ms": queue_p50_ms,
-           "storage_p50_ms": storage_p50_ms, "workers": workers, "workers_busy_mean": busy}
-    if offered_s > OFFERED_OVER_SERVED * served_s or (st and q > QUEUE_OVER_STORAGE * st):
+    q50, q95, st50, st95 = (queue_ms.get("p50"), queue_ms.get("p95"), storage_ms.get("p50"), storage_ms.get("p95"))
+    out = {"offered_per_s": offered_s, "served_per_s": served_s, "queue_wait_p50_ms": q50, "queue_wait_p95_ms": q95,
+           "storage_p50_ms": st50, "dropped_at_stop": dropped, "workers": workers, "workers_busy_mean": busy}
+    waited = [f"queue wait {p} {q:.1f} ms > storage time {p} {st:.1f} ms per request"
+              for p, q, st in (("p50", q50, st50), ("p95", q95, st95))
+              if q is not None and st and q > QUEUE_OVER_STORAGE * st]
+    backlog = dropped > DROPPED_OVER_SERVED * served
+    if offered_s > OFFERED_OVER_SERVED * served_s or waited or backlog:
+        why = "; ".join(waited + ([f"{dropped:,} requests still queued at the stop"] if backlog else [])
+                        + ([f"offered {offered_s:.2f} req/s > served {served_s:.2f}"]
+                           if offered_s > OFFERED_OVER_SERVED * served_s else []))
         return {**out, "kind": "queue",
-                "advice": f"requests waited longer for one of the {workers} workers than they spent in storage: "
-                          f"the numbers describe the load generator's queue; raise --workers or lower the load "
-                          f"(--users, --request-rate, --trace-speedup)"}
+                "advice": f"requests waited for one of the {workers} workers ({why}): the numbers describe the load "
+                          f"generator's queue; raise --workers or lower the load (--users, --request-rate, "
+                          f"--trace-speedup)"}
     if busy is not None and busy < IDLE_WORKERS * workers:
         return {**out, "kind": "users",
                 "advice": f"on average {busy:.1f} of {workers} workers were busy: the users' think time or the "
                           f"arrival rate set the load, not the storage; raise --users (or --request-rate, "
                           f"--trace-speedup) to load it"}
     return {**out, "kind": "storage",
-            "advice": "workers were busy with block I/O and requests did not wait long for them: the numbers "
-                      "are the storage's"}
+            "advice": "workers were busy with block I/O and requests waited less for a worker than they spent in "
+                      "storage (p50 and p95), with no backlog left at the stop: the numbers are the storage's"}

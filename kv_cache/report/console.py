@@ -30,7 +30,7 @@ SOURCES = ("system", "history", "user", "rag", "rag_chunk", "trace_hash", "templ
 def source_order(results: Results) -> list[str]:
     """The sources of this traffic in one fixed order: those the pre-run analysis saw and those the run
     measured, so a source without hits in this run shows 'n/a' instead of vanishing."""
-    theory = (results.workload.get("theoretical_hit_rate") or {}).get("by_source") or {}
+    theory = results.workload.theoretical_hit_rate.by_source
     seen = set(theory) | set(results.hit_rate.by_source) | set(results.tokens.prompt_by_source)
     return [s for s in SOURCES if s in seen] + sorted(seen - set(SOURCES))
 
@@ -55,8 +55,7 @@ def header(results: Results) -> list[str]:
              f"window {run.duration_s:.1f} s{_drain(results)} after {run.warmup_s:g} s warm-up"]
     if run.ranks > 1:
         spread = (results.rank_spread or {}).get(results.bottom, {})
-        detail = ", ".join(f"{d} {v['min']:.3f}-{v['max']:.3f} GB/s" for d, v in spread.items()
-                           if v["spread"] is not None)
+        detail = ", ".join(f"{d} {v.min:.3f}-{v.max:.3f} GB/s" for d, v in spread.items() if v.spread is not None)
         lines.append(f"  {run.ranks} MPI ranks on {', '.join(run.hosts)}; histograms merged exactly; tier "
                      f"capacities summed over ranks" + (f"; {results.bottom} per rank: {detail}" if detail else ""))
     for name, t in run.tiers.items():
@@ -93,7 +92,18 @@ def bandwidth_section(results: Results) -> list[str]:
             continue
         rows.append([tier_label(results, tier), "", f"{bw.read:.3f}", f"{bw.write:.3f}",
                      f"{b.read / GiB:.2f}", f"{b.write / GiB:.2f}"])
-    return ["", f"Bandwidth over the {window:.1f} s window (demotions included)"] + _table(rows)
+    return (["", f"Bandwidth over the {window:.1f} s window (demotions included)"] + _table(rows)
+            + _whole_run(results))
+
+
+def _whole_run(results: Results) -> list[str]:
+    """What the run really wrote and read, warm-up and drain included (the device's wear, the disk's use)."""
+    moved = [(t, b) for t, b in results.bytes_whole_run.items()
+             if not results.run.tiers[t].null and (b.read or b.write)] if results.run.tiers else []
+    if not moved:
+        return []
+    return ["  whole run (warm-up and drain included): " + ", ".join(
+        f"{tier_label(results, t)} wrote {b.write / GiB:,.2f} GiB, read {b.read / GiB:,.2f} GiB" for t, b in moved)]
 
 
 def traffic_section(results: Results) -> list[str]:
@@ -144,44 +154,48 @@ def telemetry_section(results: Results) -> list[str]:
     if not t:
         return []
     parts = []
-    if t["host_cpu_pct_mean"] is not None:
-        parts.append(f"host CPU {t['host_cpu_pct_mean']:.0f}% busy (mean), memory used peak "
-                     f"{(t['host_mem_used_bytes_max'] or 0) / GiB:.2f} GiB")
-    d = t.get("disk")
-    if d and "device_over_benchmark" in d:
-        ratio = d["device_over_benchmark"]
-        parts.append(f"disk {d['device']} (block layer): read {d['read_bytes'] / 1e9:.2f} GB, written "
-                     f"{d['write_bytes'] / 1e9:.2f} GB = " + ", ".join(
+    if t.host_cpu_pct_mean is not None:
+        parts.append(f"host CPU {t.host_cpu_pct_mean:.0f}% busy (mean), memory used peak "
+                     f"{(t.host_mem_used_bytes_max or 0) / GiB:.2f} GiB")
+    d = t.disk
+    if d is not None and d.device_over_benchmark is not None:
+        ratio = {"read": d.device_over_benchmark.read, "write": d.device_over_benchmark.write}
+        parts.append(f"disk {d.device} (block layer): read {d.read_bytes / 1e9:.2f} GB, written "
+                     f"{d.write_bytes / 1e9:.2f} GB = " + ", ".join(
                          f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None) + " the benchmark's")
     gpus = "; ".join(f"GPU {g['index']} {g['name']}: util {g.get('util_pct_mean', float('nan')):.0f}%, "
                      f"PCIe rx {g.get('pcie_rx_mbps_mean', float('nan')):.0f} / tx "
-                     f"{g.get('pcie_tx_mbps_mean', float('nan')):.0f} MB/s" for g in t["gpus"])
-    parts.append(gpus or f"GPUs: {t['nvml']}")
+                     f"{g.get('pcie_tx_mbps_mean', float('nan')):.0f} MB/s" for g in t.gpus)
+    parts.append(gpus or f"GPUs: {t.nvml}")
     return [f"Telemetry  {parts[0]}"] + [f"           {p}" for p in parts[1:]]
 
 
 def _theoretical(results: Results) -> str:
-    th = results.workload.get("theoretical_hit_rate")
-    if not th:
+    th = results.workload.theoretical_hit_rate
+    if th.tokens is None and not th.by_source:
         return "n/a"
-    sources = ", ".join(f"{k} {_pct(th['by_source'].get(k))}" for k in source_order(results))
+    sources = ", ".join(f"{k} {_pct(th.by_source.get(k))}" for k in source_order(results))
     achieved = results.hit_rate.tokens
     steady = ""
-    if th["tokens"] and achieved is not None:  # how far the cache is from the traffic's steady state
-        steady = (f"; achieved / theoretical {achieved / th['tokens']:.2f} (1.00: the cache holds all the reuse "
+    if th.tokens and achieved is not None:  # how far the cache is from the traffic's steady state
+        steady = (f"; achieved / theoretical {achieved / th.tokens:.2f} (1.00: the cache holds all the reuse "
                   f"the traffic offers; far below: too short a run, too small a cache, or users that did not reach "
                   f"their later turns)")
-    return f"{_pct(th['tokens'])}" + (f" (by source: {sources})" if sources else "") + steady
+    return f"{_pct(th.tokens)}" + (f" (by source: {sources})" if sources else "") + steady
 
 
 def _pacing(results: Results) -> list[str]:
+    """Users who started, who waited first, and who never started: the three add up to the users."""
     req = results.requests
-    if not req.users_paced:
+    if not req.users_paced and not req.users_waiting_at_stop:
         return []
     users = results.run.users
-    return [f"  users: {req.users_started:,} of {users:,} started; {req.users_paced:,} waited for a short queue "
-            f"before their first request (--admission paced: started conversations go on; their latency counts "
-            f"from admission)"]
+    never = users - req.users_started
+    return [f"  users: {req.users_started:,} of {users:,} started ({req.users_paced:,} of them after waiting for a "
+            f"short queue: their latency counts from admission); {never:,} never started, "
+            f"{req.users_waiting_at_stop:,} of them still waiting at the stop (--admission paced holds a first turn "
+            f"while the queue is as long as the workers: that load was offered and not served; --admission all "
+            f"queues it)"]
 
 
 def _drain(results: Results) -> str:
@@ -195,11 +209,11 @@ def _verdict(results: Results) -> list[str]:
     v = results.load
     if not v:
         return []
-    kind = {"queue": "QUEUE-BOUND", "users": "bound by the users' pace", "storage": "storage-bound"}[v["kind"]]
-    wait = (f"; queue wait p50 {_ms(v['queue_wait_p50_ms'])} ms vs storage time p50 {_ms(v['storage_p50_ms'])} "
-            f"ms per request")
-    return [f"  load: {kind}: offered {v['offered_per_s']:.2f} req/s, served {v['served_per_s']:.2f} req/s"
-            f"{wait}: {v['advice']}"]
+    kind = {"queue": "QUEUE-BOUND", "users": "bound by the users' pace", "storage": "storage-bound"}[v.kind]
+    wait = (f"; queue wait p50 {_ms(v.queue_wait_p50_ms)} / p95 {_ms(v.queue_wait_p95_ms)} ms vs storage time p50 "
+            f"{_ms(v.storage_p50_ms)} ms per request; {v.dropped_at_stop:,} queued at the stop")
+    return [f"  load: {kind}: offered {v.offered_per_s:.2f} req/s, served {v.served_per_s:.2f} req/s"
+            f"{wait}: {v.advice}"]
 
 
 def _turn_order(results: Results) -> list[str]:

@@ -35,7 +35,7 @@ def latency_curves(results: Results) -> dict[tuple[str, str], tuple[list[float],
     """(tier, op) -> (percentiles, ms, samples) of the block operations of the run's tiers only (request,
     QoS and donor-lookup latencies are per request, not per block), at the percentiles their count supports."""
     groups: dict[tuple[str, str], list] = {}
-    for key, text in results.snapshot["histograms"].items():
+    for key, text in results.snapshot.histograms.items():
         tier, op, _phase = key.split("/")
         if tier in results.run.tiers:
             groups.setdefault((tier, op), []).append(decode(text))
@@ -68,7 +68,7 @@ def draw_latency(results: Results):
     size = f"{run.block_bytes / 2**20:.2f} MiB blocks" if run.block_tokens else "whole-request objects"
     ax.set_title(f"Per-block latency percentiles — {run.model}, {size} (request latencies: see the summary)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: it covers no curve
     return fig
 
 
@@ -105,7 +105,7 @@ def draw_throughput(results: Results):
     ax1.set_ylabel("GB/s")
     ax1.set_title("Bandwidth per tier and direction (demotions included)")
     ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=8, ncol=2)
+    ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: it covers no peak
     req = _series(rows, "requests")
     ax2.bar(t, req, width=0.9, color="C0", alpha=0.25, label="requests completed in each second")
     ax2.plot(t, moving_mean(req), color="C0", lw=2, label=f"requests / s ({SMOOTH_S} s moving mean)")
@@ -119,7 +119,7 @@ def draw_throughput(results: Results):
     ax2.set_title("Throughput")
     ax2.grid(alpha=0.3)
     lines = ax2.get_legend_handles_labels()[0] + ax2b.get_legend_handles_labels()[0]
-    ax2.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="upper left")
+    ax2.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="upper left", bbox_to_anchor=(1.08, 1.0))
     return fig
 
 
@@ -162,14 +162,14 @@ def _annotate(ax, xs, values) -> None:
 
 
 def draw_hit_rate(results: Results):
-    theory_all = results.workload.get("theoretical_hit_rate") or {}
-    theory = theory_all.get("by_source") or {}
+    theory_all = results.workload.theoretical_hit_rate
+    theory = theory_all.by_source
     sources = source_order(results)
     if not sources:
         return None
     x = np.arange(len(sources) + 1)
     a = [results.hit_rate.tokens] + [results.hit_rate.by_source.get(s) for s in sources]
-    b = [theory_all.get("tokens")] + [theory.get(s) for s in sources]
+    b = [theory_all.tokens] + [theory.get(s) for s in sources]
     fig, ax = plt.subplots(figsize=(10, 5))
     ax.bar(x - 0.2, [100 * (v or 0) for v in a], 0.4, label="achieved (this run)")
     ax.bar(x + 0.2, [100 * (v or 0) for v in b], 0.4, label="theoretical (infinite cache)")

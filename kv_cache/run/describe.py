@@ -84,24 +84,31 @@ def warnings_of(results: Results) -> list[str]:
     return out
 
 
-def planned_writes(b: RunContext, analysis: dict) -> str:
-    """What the run will write, said before it writes: new KV per request from the analysed traffic."""
+def planned_writes(s: Settings, b: RunContext, analysis: dict) -> str:
+    """What the run will write, said before it writes: new KV per request from the analysed traffic, and, where
+    the probe measured the storage, about how much it can write at most in the time the run lasts."""
     counts, n = analysis.get("counts") or {}, analysis.get("requests_analysed") or 0
     out = analysis.get("output_tokens") or {}
     if not n or not counts.get("prompt"):
         return ""
     new_tokens = (counts["prompt"] - counts.get("cached", 0)) / n + (out.get("mean") or 0)
     bottom = b.tiers[-1]
-    return (f"  writes: about {new_tokens * b.geo.bytes_per_token / 2**20:,.1f} MiB of new KV per request (the "
+    line = (f"  writes: about {new_tokens * b.geo.bytes_per_token / 2**20:,.1f} MiB of new KV per request (the "
             f"analysed traffic's misses and answers, {b.geo.bytes_per_token:,} B/token), into tiers of "
             + ", ".join(f"{t.name} {t.capacity_bytes / 2**30:.2f} GiB" for t in b.tiers)
             + f"; once the {bottom.name} tier is full, new blocks replace old ones there")
+    if b.probe:  # the device's own pace bounds what the run can write into it
+        best = max(g for _, g in b.probe)
+        seconds = s.run.warmup_s + s.run.duration_s
+        line += (f"; at the probe's best {best:.2f} GB/s (reads and writes together) the {seconds:g} s run writes "
+                 f"at most about {best * seconds:,.0f} GB there (an estimate; what it wrote is in the summary)")
+    return line
 
 
 def banner(s: Settings, b: RunContext, traffic: Traffic, analysis: dict, dist: Dist) -> list[str]:
     lines = [f"  tier {t.name}: {t.capacity_bytes / 2**30:.2f} GiB, {t.description}" for t in b.tiers]
     lines += [f"  note: {n}" for n in b.notes] + _describe(traffic, analysis)
-    writes = planned_writes(b, analysis)
+    writes = planned_writes(s, b, analysis)
     lines += [writes] if writes else []
     who = f"{len(traffic.users)} users" if traffic.users is not None else f"open loop ({traffic.arrival})"
     ranks = f" on each of {dist.size} MPI ranks (rank 0 shown)" if dist.active else ""

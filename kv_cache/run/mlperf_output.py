@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,7 +18,6 @@ def reference_output(r: Results, profile: str) -> dict:
     bottom, window = r.bottom, r.run.duration_s
     moved = r.bytes.get(bottom)
     e2e = r.request_latency_ms.get("e2e")
-    q = r.qos or {}
     read_p95, write_p95 = r.latency(bottom, "read", "p95"), r.latency(bottom, "write", "p95")
     summary = {
         "total_requests": r.requests.completed, "elapsed_time": window,
@@ -30,8 +30,8 @@ def reference_output(r: Results, profile: str) -> dict:
                         "tier_storage_kv_bytes_read_gb": (moved.read if moved else 0) / GB,
                         "tier_storage_kv_bytes_written_gb": (moved.write if moved else 0) / GB,
                         "storage_health": _health(r, profile)},
-        "qos_metrics": {name: {"total_requests": c["requests"], "latency_ms": c["e2e_ms"], "sla_met": c["met"],
-                               "compliance": c["attainment"]} for name, c in q.get("classes", {}).items()},
+        "qos_metrics": {name: {"total_requests": c.requests, "latency_ms": dataclasses.asdict(c.e2e_ms),
+                               "sla_met": c.met, "compliance": c.attainment} for name, c in r.qos.classes.items()},
         "autoscaling_stats": _autoscaling(r),
     }
     return {
@@ -74,10 +74,11 @@ def _health(r: Results, profile: str) -> dict:
 
 
 def _autoscaling(r: Results) -> list[dict]:
-    a = r.autoscale or {}
-    return [{"step": i, "mode": a.get("mode"), "users": p["users"], "throughput_tokens_per_sec": p["tokens_per_s"],
-             "requests_per_sec": p["requests_per_s"], "ttft_p95_ms": p["ttft_p95_ms"], "sla_met": p["sla_met"]}
-            for i, p in enumerate(a.get("curve", []), 1)]
+    a = r.autoscale
+    return [] if a is None else [
+        {"step": i, "mode": a.mode, "users": p.users, "throughput_tokens_per_sec": p.tokens_per_s,
+         "requests_per_sec": p.requests_per_s, "ttft_p95_ms": p.ttft_p95_ms, "sla_met": p.sla_met}
+        for i, p in enumerate(a.curve, 1)]
 
 
 def write_output(path: str, results_dir: Path, profile: str) -> Path:

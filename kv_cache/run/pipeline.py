@@ -26,7 +26,10 @@ from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import build_results
 from kv_cache.recorder.schema import Results
+from kv_cache.recorder.sections import Telemetry as TelemetrySummary
+from kv_cache.recorder.sections import Trials
 from kv_cache.recorder.telemetry import Telemetry
+from kv_cache.recorder.typed import load_section
 from kv_cache.report.console import render
 from kv_cache.report.live import LiveLine
 from kv_cache.run import outfolder
@@ -215,7 +218,8 @@ def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> i
         summary = summarize(trials)
         best = trials[median_trial(trials)]
         outfolder.write_json(folder / "trials.json", {"trials": len(trials), "summary": summary})
-        best.trials = {"count": len(trials), "median_trial": median_trial(trials) + 1, "summary": summary}
+        best.trials = load_section(Trials, {"count": len(trials), "median_trial": median_trial(trials) + 1,
+                                            "summary": summary}, "trials")
         outfolder.write_json(folder / "results.json", best.to_dict())
         say(f"Trials: {len(trials)} (results.json = the median trial by cached tokens/s, trial "
             f"{median_trial(trials) + 1}; each trial in trial-<k>/)\n{trial_table(summary)}")
@@ -296,6 +300,7 @@ def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: 
     results = build_results(st.recorder.snapshot(), run_info(s, b, run_id, outcome, dist), resolved(s, b).to_dict(), {
         "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop,
                      "users_started": outcome.users_started, "users_paced": outcome.users_paced,
+                     "users_waiting_at_stop": outcome.users_waiting,
                      "held_for_previous_turn": outcome.held_for_turn},
         "memory": {"peak_rss_bytes": peak_rss_bytes(),
                    "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
@@ -309,7 +314,8 @@ def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: 
                      "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **st.analysis}})
     if st.tele is not None:
         moved = results.bytes.get(results.bottom)
-        results.telemetry = st.tele.summary(None if moved is None else {"read": moved.read, "write": moved.write})
+        results.telemetry = load_section(TelemetrySummary, st.tele.summary(
+            None if moved is None else {"read": moved.read, "write": moved.write}), "telemetry")
         st.tele.close()
     return results
 

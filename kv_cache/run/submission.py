@@ -96,10 +96,9 @@ def result_violations(folder: Path, rules: Rules) -> list[str]:
                        f"{rules.io_engine} required")
         if r.run.duration_s < rules.min_duration_s:
             out.append(f"{name} measured {r.run.duration_s:.1f} s, {rules.min_duration_s:g} s required")
-        pre = r.precondition or {}
-        if pre.get("passes", 0) < rules.min_precondition_passes:
-            out.append(f"{name} was preconditioned {pre.get('passes', 0)} passes, "
-                       f"{rules.min_precondition_passes} required")
+        passes = r.precondition.passes if r.precondition is not None else 0
+        if passes < rules.min_precondition_passes:
+            out.append(f"{name} was preconditioned {passes} passes, {rules.min_precondition_passes} required")
     return out
 
 

@@ -40,6 +40,7 @@ class RunOutcome:
     dropped_at_stop: int = 0
     users_started: int = 0   # closed loop: users whose first request was issued
     users_paced: int = 0     # of them, those whose first request waited for a short queue (pacing)
+    users_waiting: int = 0   # users never started, still waiting for a short queue at the stop (pacing)
     held_for_turn: int = 0   # open loop: turns that arrived before their session's previous answer, held
     fault: str = ""
     start_ns: int = 0
@@ -67,12 +68,21 @@ class _Runner:
         self.outcome = RunOutcome()
 
     def levels(self) -> dict[str, int]:
-        """The gauges the dispatcher samples each tick: requests queued, in flight (queued + running), users."""
-        return {"queue_depth": self._queue.qsize(), "in_flight": self._in_flight, "users_active": self.active_users}
+        """The gauges the dispatcher samples each tick: requests queued, in flight (queued + running), users in a
+        conversation and users waiting to start one (closed loop)."""
+        return {"queue_depth": self._queue.qsize(), "in_flight": self._in_flight, "users_active": self.active_users,
+                "users_waiting": self.waiting_users}
 
     @property
     def active_users(self) -> int:
         return 0  # open loop: no closed-loop user is active
+
+    @property
+    def waiting_users(self) -> int:
+        return 0
+
+    def _tally(self) -> None:
+        """Under the lock, at the stop: the outcome's user counts (closed loop)."""
 
     def _worker(self, state) -> None:
         while True:
@@ -188,6 +198,8 @@ class _Runner:
             self.outcome.stopped_reason = "interrupted"  # arrived between the dispatch's end and defer()
         if self.peers is not None and self.outcome.stopped_reason == "fault":
             self.peers.notify_fault(self.outcome.fault)
+        with self._cond:
+            self._tally()
         self._drain(threads)
         self.outcome.end_ns = now_ns()
         if self.recorder.measure_start_ns is None:
@@ -245,10 +257,21 @@ class ClosedLoopRunner(_Runner):
         self._parked: set[int] = set()
         self._heap: list[tuple[int, int]] = []
         self._left = len(self.users)
+        self._gone: set[int] = set()  # users with nothing left to ask
 
     @property
     def active_users(self) -> int:
-        return len(self._active)
+        """Users in a conversation now: started, among the active ones, not gone (the time series' users_active)."""
+        return len((self._started & self._active) - self._gone)
+
+    @property
+    def waiting_users(self) -> int:
+        return len(self._held_first)
+
+    def _tally(self) -> None:
+        self.outcome.users_started = len(self._started)
+        self.outcome.users_paced = len(self._paced & self._started)
+        self.outcome.users_waiting = len(self._held_first)
 
     def set_active(self, n: int, now: int) -> None:
         """Under the lock (or before the run): make the first n users the active ones."""
@@ -296,11 +319,11 @@ class ClosedLoopRunner(_Runner):
                         self._held_first.append(uid)
                         continue
                     self._started.add(uid)
-                    self.outcome.users_started, self.outcome.users_paced = len(self._started), len(self._paced)
             req = self.users[uid].next_request()  # built outside the lock: workers keep finishing
             if req is None:
                 with self._cond:
                     self._left -= 1
+                    self._gone.add(uid)
                 continue
             self._issue(req, due)
 

@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, bounded, run_cli
 from helpers import assert_clean_error
 
 
@@ -50,7 +50,7 @@ def test_tmpfs_cache_dir_is_refused_unless_allowed(small_run):
     if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
         pytest.skip("no writable /dev/shm")
     assert_clean_error(run_cli(small_run("x") + ["--cache-dir", "/dev/shm"]), "is on tmpfs", "--allow-tmpfs")
-    r = run_cli(small_run("y", "--duration", "0.5") + ["--cache-dir", "/dev/shm", "--allow-tmpfs"])
+    r = run_cli(small_run("y", *bounded(4)) + ["--cache-dir", "/dev/shm", "--allow-tmpfs"])
     assert r.returncode == 0, r.stderr
     assert any("RAM, not a storage device" in n for n in small_run.results("y")["run"]["notes"])
 
@@ -129,7 +129,7 @@ def test_gpu_auto_without_a_device_turns_the_tier_off_and_says_so(small_run):
 
     if open_cupy()[0] is not None:
         pytest.skip("a GPU is present: auto turns the tier on")
-    r = run_cli(small_run("auto", "--duration", "0.5", "--warmup", "0"))
+    r = run_cli(small_run("auto", *bounded(4)))
     assert r.returncode == 0, r.stderr
     notes = small_run.results("auto")["run"]["notes"]
     assert any(n.startswith("GPU tier off: ") for n in notes), notes

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 min
 
 
 def test_policies_replay_the_same_sequence_and_compare(small_run):
-    r = run_cli(["policies", *small_run("pol", "--max-requests", "40", "--duration", "60", "--warmup", "0",
+    r = run_cli(["policies", *small_run("pol", "--max-requests", "40", "--duration", "600", "--warmup", "0",
                                         quiet=False), "--policies", "lru,fifo,semantic-adaptive"], timeout=180)
     assert r.returncode == 0, r.stderr
     assert "modelled TTFT = measured storage TTFT" in r.stdout

@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from conftest import run_cli
+from conftest import bounded, run_cli
 
 from kv_cache.recorder.schema import SCHEMA_VERSION, Results
 
@@ -17,7 +17,7 @@ STATS = ["count", "p50", "p90", "p95", "p99", "p999", "max"]
 
 
 def test_small_run_writes_complete_results(small_run):
-    r = run_cli(small_run("a"))
+    r = run_cli(small_run("a", *bounded(16)))
     assert r.returncode == 0, r.stderr
     res = small_run.results("a")
     assert res["schema_version"] == SCHEMA_VERSION
@@ -42,7 +42,7 @@ def test_small_run_writes_complete_results(small_run):
 
 
 def test_console_summary_and_report_rerender(small_run):
-    r = run_cli(small_run("b", quiet=False))
+    r = run_cli(small_run("b", *bounded(12), quiet=False))
     assert r.returncode == 0, r.stderr
     for text in ("Per-block latency", "p99.9", "nvme", "Bandwidth", "Hit rate", "Verify", "peak RSS"):
         assert text in r.stdout
@@ -61,8 +61,7 @@ def test_max_requests_issues_exactly_that_many(small_run):
 @pytest.mark.slow
 @pytest.mark.parametrize("engine,layout", [("buffered", "slab"), ("mmap", "slab"), ("direct", "file-per-block")])
 def test_every_engine_and_layout_runs_clean(small_run, engine, layout):
-    r = run_cli(small_run("e", "--io-engine", engine, "--nvme-layout", layout, "--duration", "1",
-                          "--verify", "full"))
+    r = run_cli(small_run("e", "--io-engine", engine, "--nvme-layout", layout, *bounded(20), "--verify", "full"))
     assert r.returncode == 0, r.stderr
     res = small_run.results("e")
     assert res["run"]["io_engine"] == engine and res["run"]["nvme_layout"] == layout
@@ -71,9 +70,9 @@ def test_every_engine_and_layout_runs_clean(small_run, engine, layout):
 
 @pytest.mark.slow
 def test_whole_request_mode(small_run):
-    # 3 s: a whole-request object is up to 16 MiB written with fsync; on this VM's noisy disk 1.5 s once
-    # completed none in the window (all finished in the drain)
-    r = run_cli(small_run("w", "--block-tokens", "0", "--duration", "3"))
+    # a whole-request object is up to 16 MiB written with fsync: bounded by requests, not by a window that a busy
+    # disk may fill with one request
+    r = run_cli(small_run("w", "--block-tokens", "0", *bounded(4)))
     assert r.returncode == 0, r.stderr
     res = small_run.results("w")
     assert res["run"]["block_tokens"] == 0 and res["requests"]["completed"] > 0
@@ -81,7 +80,7 @@ def test_whole_request_mode(small_run):
 
 @pytest.mark.slow
 def test_simulated_gpu_is_labelled(small_run):
-    r = run_cli(small_run("g", "--gpu", "simulated", "--gpu-mem-gb", "0.02", "--duration", "1", quiet=False))
+    r = run_cli(small_run("g", "--gpu", "simulated", "--gpu-mem-gb", "0.02", *bounded(10), quiet=False))
     assert r.returncode == 0, r.stderr
     res = small_run.results("g")
     assert res["run"]["tiers"]["gpu"]["simulated"] is True
@@ -90,7 +89,7 @@ def test_simulated_gpu_is_labelled(small_run):
 
 
 def test_null_io_measures_the_orchestrator(small_run):
-    r = run_cli(small_run("n", "--null-io", "--duration", "1"))
+    r = run_cli(small_run("n", "--null-io", *bounded(20)))
     assert r.returncode == 0, r.stderr
     res = small_run.results("n")
     assert all(t["null"] for t in res["run"]["tiers"].values())

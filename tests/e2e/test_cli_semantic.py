@@ -9,7 +9,7 @@ from helpers import assert_clean_error
 pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
 
 TINY = ["--set", "models.tiny={layers: 2, kv_heads: 1, head_dim: 64}", "--model", "tiny"]  # 8 KiB blocks
-SEQUENCE = ["--semantic", *TINY, "--arrival", "sequence", "--max-requests", "80", "--duration", "120",
+SEQUENCE = ["--semantic", *TINY, "--arrival", "sequence", "--max-requests", "80", "--duration", "600",
             "--warmup", "0", "--no-telemetry", "--set", "semantic.doc_tokens=[512,4096]"]
 
 
@@ -50,7 +50,7 @@ def test_semantic_on_sharegpt_text(small_run):
     if not trace.exists():
         pytest.skip("the ShareGPT slice of ../shared/traces is not here")
     r = run_cli(small_run("sg", "--semantic", *TINY, "--trace", str(trace), "--arrival", "sequence", "--max-requests",
-                          "40", "--duration", "120", "--warmup", "0", "--no-telemetry",
+                          "40", "--duration", "600", "--warmup", "0", "--no-telemetry",
                           "--semantic-mix", "instruction_variant=1,negative_control=1"), timeout=300)
     assert r.returncode == 0, r.stderr
     by = small_run.results("sg")["semantic"]["by_transform"]

@@ -1,7 +1,7 @@
 """Issue 18: what the run will write is said first, settings.yaml repeats the run, compare warns, help helps."""
 
 import yaml
-from conftest import run_cli
+from conftest import bounded, run_cli
 from results_fixture import results
 
 from kv_cache.config import Settings, replace
@@ -11,7 +11,7 @@ from kv_cache.tiers.registry import StorageSite
 
 
 def test_the_run_says_what_it_writes_and_settings_yaml_repeats_it(small_run):
-    r = run_cli(small_run("a", "--workers", "0", "--duration", "0.5", "--warmup", "0", quiet=False))
+    r = run_cli(small_run("a", "--workers", "0", *bounded(6), quiet=False))
     assert r.returncode == 0, r.stderr
     assert "writes: about" in r.stdout and "MiB of new KV per request" in r.stdout
     folder = small_run.out / "a"
@@ -21,7 +21,7 @@ def test_the_run_says_what_it_writes_and_settings_yaml_repeats_it(small_run):
     probe = small_run.results("a")["run"]["workers_probe"]
     assert probe and probe[0]["threads"] == 1 and all(s["gbps"] > 0 for s in probe)
     assert saved["tiers"]["cache_dir"] == str(small_run.cache.resolve())
-    again = run_cli(["--config", str(folder / "settings.yaml"), "--run-id", "b", "--duration", "0.5", "--quiet"])
+    again = run_cli(["--config", str(folder / "settings.yaml"), "--run-id", "b", "--quiet"])  # its 6 requests
     assert again.returncode == 0, again.stderr
     assert small_run.results("b")["run"]["workers"] == saved["schedule"]["workers"]
 

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import SMALL, run_cli
+from conftest import SMALL, bounded, run_cli
 from helpers import assert_clean_error
 
 from kv_cache.config import resolve
@@ -21,11 +21,12 @@ def settings_of(*argv):
     return resolve(None, sets, {}), t
 
 
-# Their four documented tests, shortened (duration, users, sizes) and pointed at the test's folders.
+# Their four documented tests, shortened (requests, users, sizes) and pointed at the test's folders; the
+# autoscaler's search runs over time (steps of 0.5 s), the others are bounded by requests.
 TESTS = {
-    "storage_baseline": ["--model", "llama3.1-8b", "--num-users", "8", "--duration", "2", "--gpu-mem-gb", "0",
+    "storage_baseline": ["--model", "llama3.1-8b", "--num-users", "8", *bounded(12), "--gpu-mem-gb", "0",
                          "--cpu-mem-gb", "0", "--max-concurrent-allocs", "16", "--generation-mode", "none"],
-    "production_three_tier": ["--model", "llama3.1-8b", "--num-users", "8", "--duration", "2", "--gpu-mem-gb", "0.05",
+    "production_three_tier": ["--model", "llama3.1-8b", "--num-users", "8", *bounded(12), "--gpu-mem-gb", "0.05",
                               "--cpu-mem-gb", "0.03", "--generation-mode", "fast"],
     "qos_autoscaler": ["--model", "llama3.1-8b", "--num-users", "8", "--duration", "3", "--gpu-mem-gb", "0",
                        "--cpu-mem-gb", "0.03", "--enable-autoscaling", "--autoscaler-mode", "qos",

@@ -8,7 +8,7 @@ import struct
 import pytest
 import yaml
 import zstandard
-from conftest import run_cli
+from conftest import bounded, run_cli
 
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.schema import SCHEMA_VERSION
@@ -24,7 +24,7 @@ def png_size(path):
 
 
 def test_report_folder_files_exist_and_parse(small_run):
-    r = run_cli(small_run("a", "--duration", "3"))
+    r = run_cli(small_run("a", "--duration", "3"))  # three seconds of time series: the run is bounded by time
     assert r.returncode == 0, r.stderr
     folder = small_run.out / "a"
     settings = yaml.safe_load((folder / "settings.yaml").read_text())
@@ -33,21 +33,21 @@ def test_report_folder_files_exist_and_parse(small_run):
     assert len(rows) >= 3
     for col in ("t_s", "nvme_read_gbps", "cpu_write_p99_ms", "queue_depth", "nvme_used_bytes", "hit_rate"):
         assert col in rows[0], col
-    assert float(rows[1]["nvme_write_gbps"]) > 0
+    assert any(float(row["nvme_write_gbps"]) > 0 for row in rows)
     summary = (folder / "summary.md").read_text()
     assert "Per-block latency" in summary and "![latency_percentiles](latency_percentiles.png)" in summary
     for name in PLOTS:
         w, h = png_size(folder / name)
         assert 600 <= w <= 2000 and 300 <= h <= 1500 and (folder / name).stat().st_size > 10_000, name
     again = run_cli(["--config", str(folder / "settings.yaml"), "--run-id", "b", "--quiet",
-                     "--output-dir", str(small_run.out), "--duration", "0.5"])
+                     "--output-dir", str(small_run.out), *bounded(4)])
     assert again.returncode == 0, again.stderr
 
 
 @pytest.mark.slow
 def test_compare_two_real_runs(small_run, tmp_path):
     for run_id, engine in (("d", "direct"), ("m", "mmap")):
-        r = run_cli(small_run(run_id, "--duration", "1", "--io-engine", engine))
+        r = run_cli(small_run(run_id, *bounded(8), "--io-engine", engine))
         assert r.returncode == 0, r.stderr
     out = tmp_path / "cmp"
     r = run_cli(["compare", str(small_run.out / "d"), str(small_run.out / "m"), "--output", str(out)])
@@ -63,7 +63,7 @@ def test_compare_two_real_runs(small_run, tmp_path):
 @pytest.mark.slow
 def test_io_trace_rows_and_fio_job(small_run, tmp_path):
     trace = tmp_path / "ops.csv.zst"
-    r = run_cli(small_run("t", "--duration", "1", "--io-trace", str(trace)))
+    r = run_cli(small_run("t", *bounded(10), "--io-trace", str(trace)))
     assert r.returncode == 0, r.stderr
     with open(trace, "rb") as f:
         rows = list(csv.DictReader(io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f))))
@@ -100,6 +100,6 @@ def test_live_line_refreshes_on_a_terminal_and_logs_otherwise():
 
 
 def test_quiet_prints_nothing(small_run):
-    r = run_cli(small_run("q", "--duration", "0.5"))
+    r = run_cli(small_run("q", *bounded(4)))
     assert r.returncode == 0 and r.stdout == ""
     assert json.loads((small_run.out / "q" / "results.json").read_text())["schema_version"] == SCHEMA_VERSION

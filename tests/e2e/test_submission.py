@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import run_cli
+from conftest import bounded, run_cli
 from helpers import assert_clean_error
 
 pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
@@ -13,7 +13,7 @@ SMOKE = ("--submission", "smoke", "--trials", "2", "--precondition", "--seed", "
 
 
 def test_trials_report_median_and_spread(small_run):
-    r = run_cli(small_run("t", "--trials", "3", "--duration", "1", "--warmup", "0.2", quiet=False))
+    r = run_cli(small_run("t", "--trials", "3", *bounded(8), quiet=False))
     assert r.returncode == 0, r.stderr
     assert "Trials: 3" in r.stdout and "CV" in r.stdout
     res = small_run.results("t")
@@ -25,7 +25,7 @@ def test_trials_report_median_and_spread(small_run):
 
 
 def test_precondition_writes_the_tier_and_reports_passes(small_run):
-    r = run_cli(small_run("p", "--precondition", "--precondition-passes", "2", "--duration", "0.5", quiet=False))
+    r = run_cli(small_run("p", "--precondition", "--precondition-passes", "2", *bounded(4), quiet=False))
     assert r.returncode == 0, r.stderr
     assert "pass 1:" in r.stdout and "pass 2:" in r.stdout
     pre = small_run.results("p")["precondition"]

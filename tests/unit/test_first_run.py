@@ -4,31 +4,50 @@ import pytest
 from results_fixture import results
 
 from kv_cache.recorder.schema import Latency
+from kv_cache.recorder.sections import TheoreticalHitRate
 from kv_cache.recorder.verdict import load_verdict
 from kv_cache.report.console import render, source_order
 from kv_cache.report.table import pct_ms
 
 
+def verdict(offered, served, window_s, q50, st50, workers, rows, q95=None, st95=None, dropped=0):
+    return load_verdict({"issued_in_window": offered, "completed": served, "dropped_at_stop": dropped}, window_s,
+                        {"p50": q50, "p95": q95}, {"p50": st50, "p95": st95}, workers, rows)
+
+
 def test_make_runs_overload_is_called_queue_bound_with_both_rates():
     # make run of the issue: 200 users, 4 workers, 30 requests served in 64 s, queue wait p50 21.6 s
-    v = load_verdict(offered=230, served=30, window_s=64.1, queue_p50_ms=21_600, storage_p50_ms=900, workers=4,
-                     rows=[{"in_flight": 200}] * 60)
+    v = verdict(230, 30, 64.1, 21_600, 900, 4, [{"in_flight": 200}] * 60)
     assert v["kind"] == "queue" and v["offered_per_s"] == pytest.approx(230 / 64.1)
     assert "--workers" in v["advice"]
 
 
+def test_a_long_queue_tail_or_a_backlog_at_the_stop_is_never_called_storage_bound():
+    # issue 28's make run: the median waited little, but p95 waited 28 s and 19 requests were left queued
+    tail = verdict(60, 60, 60.0, 400, 900, 4, [{"in_flight": 4}] * 60, q95=28_000, st95=2_000)
+    assert tail["kind"] == "queue" and "p95" in tail["advice"] and "did not wait long" not in tail["advice"]
+    backlog = verdict(60, 60, 60.0, 400, 900, 4, [{"in_flight": 4}] * 60, q95=1_000, st95=2_000, dropped=19)
+    assert backlog["kind"] == "queue" and "19 requests still queued" in backlog["advice"]
+    assert backlog["queue_wait_p95_ms"] == 1_000 and backlog["dropped_at_stop"] == 19
+
+
 def test_idle_workers_are_bound_by_the_users_pace():
-    v = load_verdict(offered=20, served=20, window_s=10, queue_p50_ms=0.01, storage_p50_ms=5, workers=8,
-                     rows=[{"in_flight": 1}] * 10)
+    v = verdict(20, 20, 10, 0.01, 5, 8, [{"in_flight": 1}] * 10)
     assert v["kind"] == "users" and "--users" in v["advice"]
 
 
 def test_busy_workers_and_a_short_queue_are_storage_bound():
-    v = load_verdict(offered=100, served=100, window_s=10, queue_p50_ms=1, storage_p50_ms=40, workers=4,
-                     rows=[{"in_flight": 4}] * 10)
+    v = verdict(100, 100, 10, 1, 40, 4, [{"in_flight": 4}] * 10, q95=5, st95=60, dropped=2)
     assert v["kind"] == "storage"
-    assert load_verdict(offered=5, served=0, window_s=10, queue_p50_ms=None, storage_p50_ms=None, workers=4,
-                        rows=[]) is None
+    assert verdict(5, 0, 10, None, None, 4, []) is None
+
+
+def test_the_users_line_adds_up_to_the_users():
+    r = results()
+    r.run.users = 200
+    r.requests.users_started, r.requests.users_paced, r.requests.users_waiting_at_stop = 36, 20, 150
+    line = next(x for x in render(r).splitlines() if x.strip().startswith("users:"))
+    assert "36 of 200 started (20 of them after waiting" in line and "164 never started, 150 of them" in line
 
 
 def test_the_console_says_the_verdict_and_the_accounting_adds_up():
@@ -53,8 +72,7 @@ def test_percentiles_need_enough_samples(count, shown):
 
 def test_hit_rate_sources_keep_their_place_when_one_has_no_hit():
     r = results()
-    r.workload = {"theoretical_hit_rate": {"tokens": 0.5, "by_source": {"user": 0.0, "history": 0.9,
-                                                                          "system": 1.0}}}
+    r.workload.theoretical_hit_rate = TheoreticalHitRate(0.5, {"user": 0.0, "history": 0.9, "system": 1.0})
     r.hit_rate.by_source = {"user": 0.0}
     assert source_order(r) == ["system", "history", "user"]
     assert "by source: system n/a, history n/a, user 0.0%" in render(r)

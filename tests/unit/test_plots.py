@@ -5,6 +5,8 @@ from results_fixture import S, results
 
 from kv_cache import runlog
 from kv_cache.recorder.recorder import Recorder
+from kv_cache.recorder.sections import Autoscale, TheoreticalHitRate
+from kv_cache.recorder.typed import load_section
 from kv_cache.report.files import csv_value
 from kv_cache.report.plots import (
     draw_hit_rate,
@@ -41,7 +43,7 @@ def test_the_per_block_plot_holds_block_operations_at_supported_percentiles_only
 
 def test_qos_targets_are_bars_wide_and_a_zero_attainment_is_labelled():
     res = _busy_results()
-    res.qos["classes"]["interactive"]["attainment"] = 0.0
+    res.qos.classes["interactive"].attainment = 0.0
     fig = draw_qos(res)
     ax1, ax2 = fig.axes
     segments = [s for c in ax1.collections for s in c.get_segments()]
@@ -65,7 +67,7 @@ def test_requests_per_second_are_smoothed_and_hit_rates_are_labelled():
     res.timeseries = [{"t_s": t, "requests": t % 3, "ops": 5} for t in range(3)]
     labels = [ln.get_label() for ln in draw_throughput(res).axes[1].get_lines()]
     assert any("moving mean" in x for x in labels)
-    res.workload = {"theoretical_hit_rate": {"tokens": 0.5, "by_source": {"system": 1.0, "user": 0.0}}}
+    res.workload.theoretical_hit_rate = TheoreticalHitRate(0.5, {"system": 1.0, "user": 0.0})
     res.hit_rate.by_source = {"user": 0.0}
     texts = [t.get_text() for t in draw_hit_rate(res).axes[0].texts]
     assert "n/a" in texts and "0.0%" in texts and "100.0%" in texts
@@ -81,9 +83,10 @@ def test_timeseries_values_at_the_precision_they_have():
 
 def test_an_autoscaler_curve_without_any_ttft_is_drawn(tmp_path):
     res = _busy_results()
-    res.autoscale = {"mode": "qos", "curve": [
-        {"users": u, "offered_per_s": 1.0, "requests_per_s": 1.0, "tokens_per_s": 10.0, "ttft_p95_ms": None,
-         "sla_met": False} for u in (2, 4)]}
+    steps = [{"users": u, "window_s": 1.0, "offered_per_s": 1.0, "requests_per_s": 1.0, "tokens_per_s": 10.0,
+              "ttft_p95_ms": None, "attainment": None, "sla_met": False, "classes": {}} for u in (2, 4)]
+    res.autoscale = load_section(Autoscale, {"mode": "qos", "pool_users": 4, "best": None, "verdict": "",
+                                             "settings": {}, "curve": steps})
     made = make_plots(res, tmp_path, [("autoscale_curve.png", draw_autoscale)])
     assert [p.name for p in made] == ["autoscale_curve.png"]  # a log axis over no value raised at save
 

@@ -71,8 +71,8 @@ def test_rates_over_empty_denominators_are_null():
 
     res = results(r, tiers=("cpu",))
     assert res.hit_rate.tokens is None and res.hit_rate.blocks is None
-    assert all(c["attainment"] is None and c["met"] is None for c in res.qos["classes"].values())
-    assert res.qos["all_met"] is None
+    assert all(c.attainment is None and c.met is None for c in res.qos.classes.values())
+    assert res.qos.all_met is None
     assert (res.bandwidth_gbps["cpu"].read, res.bandwidth_gbps["cpu"].write) == (0.0, 0.0)
 
 
