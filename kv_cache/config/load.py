@@ -145,6 +145,9 @@ def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any],
         except yaml.YAMLError as e:
             raise UserError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', e)}); quote it "
                             f"or write it as in config.yaml.") from None
+        if _section(dotted) and not isinstance(parsed, dict):
+            raise UserError(f"--set {item}: {dotted} is a section; set one of its keys (--set {dotted}.KEY=VALUE) "
+                            f"or give a mapping ({{key: value, ...}}).")
         _set_dotted(tree, dotted, parsed)
         origins[dotted] = typed.get(dotted, f"--set {dotted}")
     fields = {d: f for d, f, _ in iter_keys(Settings)}
@@ -152,6 +155,17 @@ def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any],
         _set_dotted(tree, dotted, value)
         origins[dotted] = flag_name(dotted, fields[dotted]) if dotted in fields else f"--{dotted}"
     return _build(Settings, tree, where, origins=origins)
+
+
+def _section(dotted: str) -> bool:
+    """Whether dotted names a section of the schema (run, profiles.chatbot), not a key."""
+    cls = Settings
+    for part in dotted.split("."):
+        hints = _hints(cls) if dataclasses.is_dataclass(cls) else {}
+        if part not in hints:
+            return False
+        cls = hints[part]
+    return dataclasses.is_dataclass(cls)
 
 
 def replace(settings: Settings, dotted: str, value) -> Settings:

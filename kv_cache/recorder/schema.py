@@ -51,6 +51,18 @@ from kv_cache.recorder.typed import load as _load
 SCHEMA_VERSION = 3  # 3: every section typed (sections.py), value types checked on load, bytes_whole_run
 # (2: typed Results; run.bottom_tier; optional sections always present, null when off)
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
+SIGNIFICANT = 6  # digits of a measured float in results.json
+
+
+def rounded(obj, digits: int = SIGNIFICANT):
+    """obj with every float at `digits` significant digits (ints, strings and None as they are)."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}")
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [rounded(v, digits) for v in obj]
+    return obj
 
 
 @dataclass
@@ -257,6 +269,12 @@ class Results:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def to_json(self) -> dict:
+        """What results.json holds: to_dict() with every measured float at SIGNIFICANT digits (a histogram holds 3,
+        a rate over a window no more); the settings as given and the raw snapshot untouched."""
+        out = self.to_dict()
+        return {k: v if k in ("settings", "snapshot") else rounded(v) for k, v in out.items()}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "results") -> Results:

@@ -38,9 +38,14 @@ HEADLINES = (  # (name, getter, higher is better); storage = the bottom tier
 
 
 def _fmt(v) -> str:
+    """A headline at the precision it has: 4 significant digits below 100 (0.000123 GB/s is not 0.000)."""
     if v is None:
         return "-"
-    return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
+    return f"{v:.4g}" if abs(v) < 100 else f"{v:,.0f}"
+
+
+def _setting(v) -> str:
+    return "-" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 # Settings that do not change what is measured: where the report goes, how much is printed or traced.
@@ -62,7 +67,7 @@ def setting_differences(runs: list[tuple[str, Results]]) -> list[str]:
     """The settings (as each run resolved them) that differ between the runs and change the numbers."""
     flats = [_flat(r.settings) for _, r in runs]
     keys = sorted(set().union(*flats) - set(NOT_MEASURED))
-    return [f"{k}: " + " | ".join(str(f.get(k, "-")) for f in flats) for k in keys
+    return [f"{k}: " + " | ".join(_setting(f.get(k)) for f in flats) for k in keys
             if len({repr(f.get(k)) for f in flats}) > 1]
 
 

@@ -144,10 +144,10 @@ def write_results(merged: Results, report_dir: Path, extra: dict) -> tuple[Path,
 def _write_files(merged: Results, folder: Path, extra: dict) -> None:
     from kv_cache.report.files import write_report  # matplotlib: only when there is something to draw
 
-    write_json(folder / "results.json", merged.to_dict())
+    write_json(folder / "results.json", merged.to_json())
     write_report(merged, folder)
     for name, data in extra.items():
-        write_json(folder / name, data.to_dict())
+        write_json(folder / name, data.to_json())
 
 
 def tell_faults(results: Results, where: Path) -> None:

@@ -25,7 +25,7 @@ from kv_cache.recorder.iotrace import IOTraceWriter
 from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import build_results
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.schema import Results, rounded
 from kv_cache.recorder.sections import Telemetry as TelemetrySummary
 from kv_cache.recorder.sections import Trials
 from kv_cache.recorder.telemetry import Telemetry
@@ -217,10 +217,10 @@ def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> i
     if dist.rank == 0:
         summary = summarize(trials)
         best = trials[median_trial(trials)]
-        outfolder.write_json(folder / "trials.json", {"trials": len(trials), "summary": summary})
+        outfolder.write_json(folder / "trials.json", {"trials": len(trials), "summary": rounded(summary)})
         best.trials = load_section(Trials, {"count": len(trials), "median_trial": median_trial(trials) + 1,
                                             "summary": summary}, "trials")
-        outfolder.write_json(folder / "results.json", best.to_dict())
+        outfolder.write_json(folder / "results.json", best.to_json())
         say(f"Trials: {len(trials)} (results.json = the median trial by cached tokens/s, trial "
             f"{median_trial(trials) + 1}; each trial in trial-<k>/)\n{trial_table(summary)}")
         if rules is not None:

@@ -119,3 +119,20 @@ def test_only_the_tiers_name_a_medium():
 def test_budget_of_module_size():
     big = [f"{'/'.join(rel)}: {n}" for rel, src in tree().items() if (n := len(src.splitlines())) > 400]
     assert not big, big
+
+
+def test_docstrings_and_comments_name_only_modules_that_exist():
+    """A file renamed or folded away leaves no stale name behind (pipeline.py once named build.py and run.py)."""
+    root = PKG.parent
+    names = {p.name for p in root.rglob("*.py")}
+    stale = []
+    for path in PKG.rglob("*.py"):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            stale += [f"{path.relative_to(root)}:{n}: {m}" for m in re.findall(r"\b([A-Za-z_]\w*\.py)\b", line)
+                      if m not in names]
+            for dotted in re.findall(r"\bkv_cache(?:\.\w+)+", line):
+                parts = dotted.split(".")
+                if not any((root.joinpath(*parts[:k]).with_suffix(".py")).exists()
+                           or (root.joinpath(*parts[:k]) / "__init__.py").exists() for k in range(2, len(parts) + 1)):
+                    stale.append(f"{path.relative_to(root)}:{n}: {dotted}")
+    assert not stale, stale

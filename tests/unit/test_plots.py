@@ -104,3 +104,32 @@ def test_a_plot_that_cannot_be_drawn_is_skipped_with_one_warning(tmp_path, capsy
     assert len(err) == 1 and "broken.png could not be drawn: KeyError" in err[0] and "run.log" in err[0]
     log = (tmp_path / "run.log").read_text()
     assert "Traceback" in log and "no_such_column" in log
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_legends_sit_beside_the_curves_not_on_them():
+    """The latency legend covered the NVMe curves and the throughput legend its peak: each is outside its axes."""
+    res = _busy_results()
+    res.timeseries = [{"t_s": t, "requests": 5, "ops": 50, "nvme_write_gbps": 0.5 + t, "nvme_read_gbps": 0.2,
+                       "cpu_write_gbps": 1.0, "cpu_read_gbps": 1.0} for t in range(4)]
+    for fig in (draw_latency(res), draw_throughput(res)):
+        fig.canvas.draw()
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            if legend is not None:
+                box, area = legend.get_window_extent(), ax.get_window_extent()
+                assert not _overlap(box, area), (ax.get_title(), box, area)
+
+
+def test_the_qos_plot_draws_only_the_percentiles_its_table_shows():
+    res = _busy_results()  # 15 interactive requests: p95 needs 20, p99 100: the table prints '-' for both
+    assert res.qos.classes["interactive"].requests == 15
+    ax1 = draw_qos(res).axes[0]
+    heights = [b.get_height() for b in ax1.patches]
+    assert heights and all(np.isnan(h) for h in heights)
+    assert sum(t.get_text() == "too few\nrequests" for t in ax1.texts) == 2
+    labels = [t.get_text() for t in ax1.get_legend().get_texts()]
+    assert labels.count("target") == 1 and len(labels) == len(set(labels))  # one target entry, no twin lines

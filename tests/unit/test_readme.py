@@ -21,9 +21,29 @@ def test_the_readme_names_every_dependency_make_install_installs():
     assert not missing, f"README's first screen does not say make install installs: {missing}"
 
 
+def _markers_left_out(target: str) -> set[str]:
+    """The pytest markers a Makefile target's -m expression leaves out ("not gpu and not mpi" -> {gpu, mpi})."""
+    recipe = re.search(rf"^{target}:.*\n\t(.*)$", (REPO / "Makefile").read_text(), re.M).group(1)
+    return set(re.findall(r"not (\w+)", re.search(r'-m "([^"]*)"', recipe).group(1)))
+
+
+def test_the_readme_and_the_makefile_say_the_same_of_what_make_test_runs():
+    head = (REPO / "README.md").read_text()[:2500]
+    line = next(x for x in head.splitlines() if x.startswith("make test "))
+    left_out = _markers_left_out("test")
+    assert left_out == {"gpu", "mpi", "slow"}
+    assert "no GPU, MPI or slow tests" in line and "3 minutes" in line and "make test-all" in line
+    makefile = (REPO / "Makefile").read_text()
+    assert "no GPU, MPI or slow tests" in makefile.split("\ntest:", 1)[1].splitlines()[0]
+    mpi_help = next(x for x in makefile.splitlines() if x.startswith("test-mpi:"))
+    assert "make test does not" in mpi_help  # it once said the 2-rank tests also run in make test
+    text = (REPO / "README.md").read_text()
+    assert "`make test` runs a 2-rank" not in text
+
+
 def test_the_readme_test_time_is_the_fast_suite_and_gitignore_holds():
     head = (REPO / "README.md").read_text()[:2500]
-    assert "make test " in head and "2 minutes" in head and "make test-all" in head
+    assert "make test " in head and "make test-all" in head
     ignore = (REPO / ".gitignore").read_text().splitlines()
     assert ".venv/" in ignore  # the README recommends python3 -m venv .venv
     for line in ignore:
