@@ -14,6 +14,12 @@ def test_the_run_says_what_it_writes_and_settings_yaml_repeats_it(small_run):
     r = run_cli(small_run("a", "--workers", "0", *bounded(6), quiet=False))
     assert r.returncode == 0, r.stderr
     assert "writes: about" in r.stdout and "MiB of new KV per request" in r.stdout
+    # issue 28: what the run can write at most, from the probe's bandwidth, before; what it wrote, after
+    assert "at the probe's best" in r.stdout and "writes at most about" in r.stdout
+    res = small_run.results("a")
+    whole = res["bytes_whole_run"]["nvme"]["write"]
+    assert whole >= res["bytes"]["nvme"]["write"] > 0
+    assert f"nvme wrote {whole / 2**30:,.2f} GiB" in r.stdout and "whole run (warm-up and drain included)" in r.stdout
     folder = small_run.out / "a"
     saved = yaml.safe_load((folder / "settings.yaml").read_text())
     assert saved["schedule"]["workers"] >= 4  # 0 (auto) resolved to what ran

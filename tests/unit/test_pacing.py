@@ -46,3 +46,19 @@ def test_paced_first_turns_wait_for_a_completion_not_a_timer():
     assert outcome.users_started + outcome.users_waiting <= 200
     assert outcome.completed > 10  # the run did work; how much is the machine's business
     assert checks[0] <= 10 * outcome.completed, f"{checks[0]} queue checks for {outcome.completed} requests"
+
+
+def test_the_users_gauges_count_conversations_and_waiting_users_not_the_pool():
+    """timeseries.csv showed users_active 200 every second while 184 users never started."""
+    def execute(req, state):
+        time.sleep(0.05)  # 2 workers: at most ~26 completions in the run, so at most ~26 users can start
+
+    runner = ClosedLoopRunner([_User(u) for u in range(50)], 2, execute, lambda: None, Recorder(), pace=True)
+    seen: list[dict] = []
+    runner.progress = lambda r: seen.append(r.levels())
+    outcome = runner.run(0.0, 0.6)
+    assert seen and all(g["users_active"] <= outcome.users_started for g in seen)
+    assert max(g["users_waiting"] for g in seen) > 0 and max(g["users_active"] for g in seen) < 50
+    last = runner.levels()
+    assert last["users_waiting"] == outcome.users_waiting
+    assert outcome.users_started + outcome.users_waiting <= 50
