@@ -11,12 +11,24 @@ Hash-id trace records are analysed from their ids without building tokens.
 from __future__ import annotations
 
 import itertools
+from typing import TypedDict
 
 import numpy as np
 
 from kv_cache.lifecycle.plan import KVPlan
 from kv_cache.recorder.results import rates_by_source
 from kv_cache.types import TRACE_HASH
+
+
+class Analysis(TypedDict):
+    """analyse()'s answer; results.json's workload section holds it beside the traffic's source (sections.Workload)."""
+
+    requests_analysed: int
+    requests_total: int
+    prompt_tokens: dict       # count, mean, p50, p90, p99, max (count only when nothing was analysed)
+    output_tokens: dict
+    counts: dict              # cached, prompt, cached_by_source, prompt_by_source
+    theoretical_hit_rate: dict  # tokens, by_source
 
 
 def _stats(values: list[int]) -> dict:
@@ -32,7 +44,7 @@ def _rate(num, den):
     return num / den if den else None
 
 
-def analyse(items, lifecycle, limit: int = 100_000, total: int | None = None) -> dict:
+def analyse(items, lifecycle, limit: int = 100_000, total: int | None = None) -> Analysis:
     """Analyse up to `limit` items (built Requests, or hash records with prefix_ids) in dispatch order."""
     seen: set = set()
     prompts, outputs = [], []

@@ -18,7 +18,7 @@ from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
 from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
-from kv_cache.lifecycle.analysis import analyse
+from kv_cache.lifecycle.analysis import Analysis, analyse
 from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions, buffer_bytes
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.recorder.iotrace import IOTraceWriter
@@ -57,6 +57,7 @@ from kv_cache.run.submission import RULES, rule_violations, validate, write_pack
 from kv_cache.run.traffic import Traffic, build_traffic
 from kv_cache.run.trials import median_trial, summarize
 from kv_cache.run.trials import table as trial_table
+from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner
 from kv_cache.tiers.base import FAKE_IO, PRECONDITIONS
 
@@ -109,26 +110,29 @@ def _close(b: RunContext, remove: bool) -> None:
         set_state(b.site.data_dir, "kept")  # on purpose (--keep-data): not a killed run's leftover
 
 
-def _progress(s: Settings, recorder: Recorder, cache: BlockCache, b: RunContext, quiet: bool, tele: Telemetry | None):
+class Progress:
     """The dispatcher's tick: sample the gauges of the time series (and telemetry), and draw the live line."""
-    live = None if quiet else LiveLine(recorder, s.run.warmup_s + s.run.duration_s, b.tiers[-1].name)
-    slots = [(t.name, t.slot_bytes) for t in b.tiers]
 
-    def tick(runner) -> None:
+    def __init__(self, s: Settings, recorder: Recorder, cache: BlockCache, b: RunContext, quiet: bool,
+                 tele: Telemetry | None):
+        self.recorder, self.cache, self.tele = recorder, cache, tele
+        self.live = None if quiet else LiveLine(recorder, s.run.warmup_s + s.run.duration_s, b.tiers[-1].name)
+        self.slots = [(t.name, t.slot_bytes) for t in b.tiers]
+
+    def __call__(self, runner: ClosedLoopRunner | OpenLoopRunner) -> None:
         levels = runner.levels()
-        levels.update({f"{name}_used_bytes": used * size for (name, size), used in zip(slots, cache.used)})
+        levels.update({f"{name}_used_bytes": used * size for (name, size), used in zip(self.slots, self.cache.used)})
         now = time.monotonic_ns()
-        recorder.gauge(levels, now)
-        row = tele.sample(recorder.measure_start_ns is not None) if tele is not None else None
+        self.recorder.gauge(levels, now)
+        row = self.tele.sample(self.recorder.measure_start_ns is not None) if self.tele is not None else None
         if row:
-            recorder.gauge(row, now)
-        if live is not None:
-            live(runner.outcome.completed)
-    tick.close = live.close if live is not None else (lambda: None)
-    return tick
+            self.recorder.gauge(row, now)
+        if self.live is not None:
+            self.live(runner.outcome.completed)
 
-
-
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.close()
 
 
 def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Traffic, PayloadPool | None, RunContext]:
@@ -240,10 +244,10 @@ class Stages:
     recorder: Recorder
     cache: BlockCache
     life: Lifecycle
-    analysis: dict
+    analysis: Analysis           # the traffic before the run: lengths and the infinite-cache hit rate
     runner: ClosedLoopRunner | OpenLoopRunner
-    progress: object
-    scaler: object
+    progress: Progress
+    scaler: Autoscaler | None
     tele: Telemetry | None
 
 
@@ -271,7 +275,7 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
                                                                         traffic.analysis_total or limit)
     analysis = analyse(traffic.analysis_items, life, limit, total)
     tele = Telemetry(b.site.cache_dir if b.site else None) if s.run.telemetry else None
-    progress = _progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0, tele)
+    progress = Progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0, tele)
     args = (b.workers, life.execute, worker_state(b.tiers, b.geo.max_object_bytes, fake), recorder, progress,
             dist if dist.active else None)
     scaler = autoscaler(s, traffic.users, recorder)
