@@ -14,7 +14,8 @@
    fio's clat, CPU seconds per GiB (e2e_bench.py; --e2e-sizes '' skips it).
 
 Every figure is a median over --rounds; ratios are ours / the limit, measured in the same
-run. Results go to bench/out/bench.json and a Markdown table on stdout.
+run. Results go to bench/out/bench.json and a Markdown table on stdout, with what the bench wrote to the
+device under test in all (its block layer's counter, before and after: a bench rewrites tens of GB).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import psutil  # noqa: E402
 from e2e_bench import defaults as e2e_defaults  # noqa: E402 - beside this file
 from e2e_bench import e2e_round  # noqa: E402
 from e2e_bench import table as e2e_table  # noqa: E402
@@ -48,6 +50,7 @@ from verify_bench import verify_round  # noqa: E402
 
 from kv_cache.buffers import aligned_buffer  # noqa: E402
 from kv_cache.lifecycle.payload import PayloadPool  # noqa: E402
+from kv_cache.recorder.telemetry import disk_of  # noqa: E402
 from kv_cache.tiers.cpu import CpuTier  # noqa: E402
 from kv_cache.tiers.fsinfo import mount_of, probe_direct  # noqa: E402
 from kv_cache.tiers.nvme import NvmeTier  # noqa: E402
@@ -211,6 +214,12 @@ def null_rate(workers: int, seconds: float) -> dict:
 
 # ------------------------------------------------------------------------------ main
 
+def written_bytes(disk: str | None) -> int | None:
+    """The block layer's count of bytes written to disk so far (None where it cannot be read)."""
+    counters = (psutil.disk_io_counters(perdisk=True) or {}).get(disk) if disk else None
+    return counters.write_bytes if counters is not None else None
+
+
 def median_of(rounds: list[dict]) -> dict:
     """Median of each figure, with its range over the rounds under '<name>_range'."""
     out = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
@@ -242,8 +251,11 @@ def main() -> int:
         print(f"O_DIRECT unavailable in {a.dir}: {why}", file=sys.stderr)
         return 2
     mount = mount_of(a.dir)
+    disk = disk_of(a.dir)
+    before = written_bytes(disk)
     print(f"# make bench: {a.dir} ({mount.fs_type} on {mount.source}), block {block / MiB:.1f} MiB, "
-          f"{blocks} blocks x {a.rounds} rounds, {a.threads} threads", flush=True)
+          f"{blocks} blocks x {a.rounds} rounds, {a.threads} threads; it rewrites {blocks * block / GiB:.1f} GiB "
+          f"there for seconds at a time, tens of GB in all (the total is printed at the end)", flush=True)
     ours, fio, cpu = [], [], []
     for _ in range(a.rounds):  # interleaved, so drift hits both sides alike
         ours.append(nvme_tier_round(a.dir, block, blocks, a.threads, a.seconds))
@@ -259,6 +271,8 @@ def main() -> int:
               "semantic": semantic_round(), "verify": verify_round(block),
               "policies": policy_round(),
               "e2e": e2e_round(e2e_defaults(dir=a.dir, sizes=a.e2e_sizes, workers=a.threads))}
+    after = written_bytes(disk)
+    result["device_written_bytes"] = after - before if before is not None and after is not None else None
     n, f, c = result["nvme_tier"], result["fio"], result["cpu"]
     lines = ["| measure | ours | limit | ratio |", "|---|---|---|---|"]
     if f:
@@ -282,6 +296,10 @@ def main() -> int:
     if result["e2e"]:
         lines += ["", "The whole program vs fio (same block size, read/write mix, concurrency; one run each):", "",
                   e2e_table(result["e2e"])]
+    total = result["device_written_bytes"]
+    lines.append(f"\nWritten to {disk or a.dir} during the bench: " + (
+        f"{total / 1e9:,.1f} GB (block layer, every process's writes to that device)" if total is not None else
+        "unknown (no block-layer counter for this directory's device)"))
     print("\n".join(lines))
     out = REPO / "bench" / "out"
     out.mkdir(exist_ok=True)

@@ -48,6 +48,11 @@ def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: di
                 "advice": f"on average {busy:.1f} of {workers} workers were busy: the users' think time or the "
                           f"arrival rate set the load, not the storage; raise --users (or --request-rate, "
                           f"--trace-speedup) to load it"}
+    backlog_note = (f"{dropped:,} left queued at the stop, under a tenth of the {served:,} served" if dropped else
+                    "none left queued at the stop")
+    held = requests.get("users_waiting_at_stop", 0)
+    held_note = (f"; {held:,} users still waited to start (--admission paced): the storage served no more"
+                 if held else "")
     return {**out, "kind": "storage",
-            "advice": "workers were busy with block I/O and requests waited less for a worker than they spent in "
-                      "storage (p50 and p95), with no backlog left at the stop: the numbers are the storage's"}
+            "advice": f"workers were busy with block I/O and requests waited less for a worker than they spent in "
+                      f"storage (p50 and p95), {backlog_note}{held_note}: the numbers are the storage's"}

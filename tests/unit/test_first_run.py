@@ -38,7 +38,7 @@ def test_idle_workers_are_bound_by_the_users_pace():
 
 def test_busy_workers_and_a_short_queue_are_storage_bound():
     v = verdict(100, 100, 10, 1, 40, 4, [{"in_flight": 4}] * 10, q95=5, st95=60, dropped=2)
-    assert v["kind"] == "storage"
+    assert v["kind"] == "storage" and "2 left queued at the stop" in v["advice"]  # said, never "no backlog"
     assert verdict(5, 0, 10, None, None, 4, []) is None
 
 
