@@ -41,7 +41,7 @@ from kv_cache.recorder.sections import (
     Semantic,
     SnapshotData,
     SteadyState,
-    Telemetry,
+    TelemetrySummary,
     Trials,
     Workload,
 )
@@ -241,8 +241,8 @@ class Results:
     snapshot: SnapshotData
     precondition: Precondition | None = None
     autoscale: Autoscale | None = None
-    telemetry: Telemetry | None = None
-    telemetry_per_rank: list[Telemetry | None] | None = None
+    telemetry: TelemetrySummary | None = None
+    telemetry_per_rank: list[TelemetrySummary | None] | None = None
     ranks_detail: list[RankDetail] | None = None
     rank_spread: dict[str, dict[str, RankSpread]] | None = None
     warnings: list[str] = field(default_factory=list)

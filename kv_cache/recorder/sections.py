@@ -248,7 +248,7 @@ class DiskTelemetry:
 
 
 @dataclass
-class Telemetry:
+class TelemetrySummary:
     samples: int
     disk: DiskTelemetry | None
     gpus: list[dict[str, int | float | str]]  # index, name and each sampled metric's _mean and _max

@@ -75,8 +75,8 @@ def _add_setting_flags(p: Parser, full: bool = True) -> None:
 def run_parser(full: bool = True) -> Parser:
     """The run's flags; full=False hides all but the common ones from --help (every flag is still accepted)."""
     p = Parser(prog="kv_cache_benchmark.py",
-                                description="Block-level KV-cache storage benchmark (GPU / CPU / NVMe tiers).",
-                                epilog=SUBCOMMAND_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+               description="Block-level KV-cache storage benchmark (GPU / CPU / NVMe tiers).",
+               epilog=SUBCOMMAND_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"kv-cache-bench {__version__}")
     p.add_argument("--help-all", action="store_true", help="Show every setting's flag and exit.")
     p.add_argument("--config", help="YAML settings file (default: the repository's config.yaml).")
@@ -197,7 +197,7 @@ def _cmd_report(argv: list[str]) -> int:
 
 def _cmd_compare(argv: list[str]) -> int:
     p = Parser(prog="kv_cache_benchmark.py compare",
-                                description="Headline numbers of several runs side by side, ratios to the first.")
+               description="Headline numbers of several runs side by side, ratios to the first.")
     p.add_argument("runs", nargs="+", help="Run folders (or results.json files); the first is the baseline.")
     p.add_argument("--output", help="Folder for the comparison plots (default reports/compare-<time>).")
     args = p.parse_args(argv)
@@ -241,7 +241,7 @@ def _plot_folder(out: Path) -> None:
 
 def _cmd_validate(argv: list[str]) -> int:
     p = Parser(prog="kv_cache_benchmark.py validate",
-                                description="Check a submission package against its rules and checksums.")
+               description="Check a submission package against its rules and checksums.")
     p.add_argument("package", help="The run folder written by --submission.")
     folder = Path(p.parse_args(argv).package)
     if not folder.is_dir():
@@ -260,8 +260,8 @@ def _cmd_validate(argv: list[str]) -> int:
 
 def _cmd_clean(argv: list[str]) -> int:
     p = Parser(prog="kv_cache_benchmark.py clean",
-                                description="Remove the folders that killed runs (SIGKILL, a crashed host) left: "
-                                            "only folders carrying this program's marker whose run is gone.")
+               description="Remove the folders that killed runs (SIGKILL, a crashed host) left: "
+                           "only folders carrying this program's marker whose run is gone.")
     p.add_argument("--cache-dir", default=str(Path("reports") / "cache"),
                    help="The cache directory the runs used [default: reports/cache].")
     p.add_argument("--output-dir", default="reports", help="Their --output-dir (empty report folders) "

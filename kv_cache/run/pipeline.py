@@ -26,8 +26,7 @@ from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import build_results
 from kv_cache.recorder.schema import Results, rounded
-from kv_cache.recorder.sections import Telemetry as TelemetrySummary
-from kv_cache.recorder.sections import Trials
+from kv_cache.recorder.sections import TelemetrySummary, Trials
 from kv_cache.recorder.telemetry import Telemetry
 from kv_cache.recorder.typed import load_section
 from kv_cache.report.console import render
