@@ -21,7 +21,7 @@ def coerce(name: str, typ, value, meta: dict, where: str):
     """Return value converted to typ, or raise UserError naming the key."""
     def bad(what: str):
         # where: the flag or --set that gave the value, else the config file: the user fixes it there
-        see = "see --help" if where.startswith("--") else "see config.yaml"
+        see = "see config.yaml" if where.startswith("config file") else "see --help"
         return UserError(f"{where}: {name} {what}; got {value!r} ({see}: {meta.get('help', '')})")
 
     origin = typing.get_origin(typ)

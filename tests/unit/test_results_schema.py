@@ -60,3 +60,39 @@ def test_a_damaged_or_renamed_key_is_refused_by_name(damage, message):
     damage(d)
     with pytest.raises(SchemaError, match=message):
         Results.from_dict(d)
+
+
+# Mappings of untyped values on purpose: the settings trees (checked by the config schema when reused).
+PLAIN = {"Results.settings", "Autoscale.settings", "Semantic.settings"}
+
+
+def _untyped(cls, seen: set) -> list[str]:
+    """Fields of cls (and of the dataclasses it holds) typed object, bare dict / list, or with Any inside."""
+    import typing
+
+    if cls in seen:
+        return []
+    seen.add(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        name = f"{cls.__name__}.{f.name}"
+        stack = [tp]
+        while stack:
+            t = stack.pop()
+            if dataclasses.is_dataclass(t):
+                out += _untyped(t, seen)
+            elif t in (object, dict, list) or (t is typing.Any and name not in PLAIN):
+                out.append(name)
+            else:
+                stack += list(typing.get_args(t))
+    return out
+
+
+def test_every_field_of_the_results_and_of_a_run_is_typed():
+    """Issue 28: 17 of 37 Results fields were bare dicts read by string keys; RunContext and Stages held object."""
+    from kv_cache.run.compose import RunContext
+    from kv_cache.run.pipeline import Stages
+
+    assert _untyped(Results, set()) == []
+    assert _untyped(RunContext, set()) == [] and _untyped(Stages, set()) == []
