@@ -37,7 +37,8 @@ TESTS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(TESTS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "capacity_autoscaler_70b" else n
+                                  for n in sorted(TESTS)])  # the 70b one in make test-all: its blocks are 5 MiB
 def test_their_documented_tests_run_and_write_their_fields(name, tmp_path):
     out = tmp_path / f"{name}.json"
     steps = ["--set", "autoscale.step_s=0.5", "--set", "autoscale.cooldown_s=0.1", "--set",

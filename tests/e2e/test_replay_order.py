@@ -23,7 +23,7 @@ def _sessions_csv(path, sessions=24, turns=4):
 def test_a_turn_waits_for_its_previous_answer_with_any_worker_count(small_run, tmp_path):
     trace = _sessions_csv(tmp_path / "v3.csv")
     rates = []
-    for workers in (1, 8, 8):
+    for workers in (1, 8):
         run_id = f"w{workers}-{len(rates)}"
         r = run_cli(small_run(run_id, "--trace", str(trace), "--arrival", "trace", "--workers", str(workers),
                               "--max-requests", "96", "--duration", "600", "--warmup", "0",
@@ -38,7 +38,7 @@ def test_a_turn_waits_for_its_previous_answer_with_any_worker_count(small_run, t
         assert res["requests"]["held_for_previous_turn"] > 0
         assert res["request_latency_ms"]["turn_wait"]["count"] == res["requests"]["held_for_previous_turn"]
         rates.append(res["hit_rate"])
-    assert rates[0] == rates[1] == rates[2]
+    assert rates[0] == rates[1]  # the same hits whatever the worker count: turns kept their order
 
 
 def test_a_trace_used_up_in_the_warmup_is_refused_up_front(small_run, tmp_path):

@@ -39,9 +39,7 @@ def test_report_folder_files_exist_and_parse(small_run):
     for name in PLOTS:
         w, h = png_size(folder / name)
         assert 600 <= w <= 2000 and 300 <= h <= 1500 and (folder / name).stat().st_size > 10_000, name
-    again = run_cli(["--config", str(folder / "settings.yaml"), "--run-id", "b", "--quiet",
-                     "--output-dir", str(small_run.out), *bounded(4)])
-    assert again.returncode == 0, again.stderr
+    # settings.yaml given back to --config repeats the run: test_first_run_cli.py runs it
 
 
 @pytest.mark.slow

@@ -45,8 +45,8 @@ def test_empty_summary_is_null_not_zero():
     assert summary_ms(new_histogram())["p50"] is None
 
 
-@settings(max_examples=25, deadline=None)  # hdrh's own walk, the reference here, takes 0.1 s per histogram
-@given(st.lists(st.integers(1, 10**12), min_size=1, max_size=200), st.booleans())
+@settings(max_examples=15, deadline=None)  # hdrh's own walk, the reference here, takes 0.1 s per histogram
+@given(st.lists(st.integers(1, 10**12), min_size=1, max_size=100), st.booleans())
 def test_numpy_percentiles_mean_and_counts_equal_hdrhs_own(values, per_second):
     """values_at / mean_value / count_at_or_below walk the counters in numpy: the values hdrh's Python walk gives."""
     from kv_cache.recorder.histogram import count_at_or_below, mean_value, new_second_histogram, values_at
