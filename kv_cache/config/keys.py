@@ -127,6 +127,9 @@ PREFIXED_SECTIONS = ("qos", "autoscale", "disagg", "semantic")
 
 
 def flag_name(dotted: str, f: dataclasses.Field) -> str:
+    if dotted.startswith("media."):  # a medium's own section: --<medium>-<key>
+        _, medium, leaf = dotted.split(".")
+        return f.metadata.get("flag") or f"--{medium}-{leaf}".replace("_", "-")
     section, leaf = dotted.split(".")[0], dotted.split(".")[-1]
     prefix = f"{section}-" if section in PREFIXED_SECTIONS else ""
     return f.metadata.get("flag") or "--" + (prefix + leaf).replace("_", "-")

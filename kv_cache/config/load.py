@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from kv_cache.config import media
 from kv_cache.config.keys import coerce, flag_name
 from kv_cache.config.schema import REPO_CONFIG, Settings
 from kv_cache.errors import UserError
@@ -34,8 +35,16 @@ def iter_keys(cls=Settings, prefix: str = ""):
             yield name, f, typ
 
 
+def iter_media_keys():
+    """Yield (media.<medium>.<key>, field, type) for every key of every registered medium's section."""
+    for name, cls in sorted(media.SECTIONS.items()):
+        yield from iter_keys(cls, f"media.{name}.")
+
+
 def default_dict() -> dict:
-    return _to_plain(Settings().to_dict())
+    out = _to_plain(Settings().to_dict())
+    out["media"] = _to_plain(media.defaults())
+    return out
 
 
 def _to_plain(obj):
@@ -76,12 +85,26 @@ def _build(cls, data: dict, where: str, prefix: str = "", origins: dict | None =
     kwargs = {}
     for fname, value in data.items():
         typ = hints[fname]
-        if dataclasses.is_dataclass(typ):
+        if cls is Settings and fname == "media":
+            kwargs[fname] = _media(value, where, origins)
+        elif dataclasses.is_dataclass(typ):
             kwargs[fname] = _build(typ, value, where, f"{prefix}{fname}.", origins)
         else:
             dotted = prefix + fname
             kwargs[fname] = coerce(dotted, typ, value, dict(names[fname].metadata), _origin(origins, dotted, where))
     return cls(**kwargs)
+
+
+def _media(data, where: str, origins: dict) -> dict:
+    """media.<medium> sections, each built by the section its medium's module declared."""
+    if not isinstance(data, dict):
+        raise UserError(f"{_origin(origins, 'media', where)}: section media must be a mapping, got {data!r}.")
+    unknown = sorted(set(data) - set(media.SECTIONS))
+    if unknown:
+        raise UserError(f"{_origin(origins, 'media.' + unknown[0], where)}: unknown medium 'media.{unknown[0]}' "
+                        f"(known: {', '.join(sorted(media.SECTIONS)) or 'none'}).")
+    return {name: _build(cls, data.get(name) or {}, where, f"media.{name}.", origins)
+            for name, cls in sorted(media.SECTIONS.items())}
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
@@ -150,7 +173,7 @@ def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any],
                             f"or give a mapping ({{key: value, ...}}).")
         _set_dotted(tree, dotted, parsed)
         origins[dotted] = typed.get(dotted, f"--set {dotted}")
-    fields = {d: f for d, f, _ in iter_keys(Settings)}
+    fields = {d: f for d, f, _ in (*iter_keys(Settings), *iter_media_keys())}
     for dotted, value in flags.items():
         _set_dotted(tree, dotted, value)
         origins[dotted] = flag_name(dotted, fields[dotted]) if dotted in fields else f"--{dotted}"

@@ -82,6 +82,15 @@ class TierSettings:
                            "demotions skip host memory; the output says whether cuFile ran or kvikio fell back "
                            "to POSIX I/O. Needs a real GPU tier and the direct engine with slabs.", "--gds")
     cpu_mem_gb: float = key(4.0, "CPU tier capacity in GiB (0 turns the tier off).", lo=0.0, hi=MAX_GIB)
+    nvme: str = key("on", "The local disk (NVMe) tier: on, or off (with --remote-url the remote tier sits right under "
+                          "the CPU tier).", "--nvme", choices=("on", "off"))
+    remote_url: str = key("", "A remote tier at the bottom of the stack, below the local tiers (LMCache's remote_url): "
+                              "redis://, rediss://, valkey://, valkeys:// [user:password@]host[:port][/db], or "
+                              "s3://BUCKET[/PREFIX] with AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
+                              "and AWS_REGION from the environment. Its latency is network + server, never a device.",
+                          "--remote-url")
+    remote_gb: float = key(0.0, "Remote tier capacity in GiB (0: chosen from the server, said before the run).",
+                           "--remote-gb", lo=0.0, hi=MAX_GIB)
     nvme_gb: float = key(0.0, "NVMe tier capacity in GiB (0: a quarter of the free space, at most 64 GiB; with "
                                   "--null-io 0 means 64 GiB).",
                          lo=0.0, hi=MAX_GIB)
@@ -258,6 +267,8 @@ class Settings:
     profiles: ProfileSettings = field(default_factory=ProfileSettings)
     models: dict = key({}, "Extra models: name -> {layers, kv_heads, head_dim} or "
                            "{layers, attention: mla, kv_lora_rank, rope_dim}.")
+    media: dict = key({}, "Settings of each storage medium, declared in its own module (tiers/<medium>.py): "
+                          "media.<medium>.<key>, flag --<medium>-<key> (config/media.py).")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -10,6 +10,7 @@ from __future__ import annotations
 QUEUE_OVER_STORAGE = 1.0  # queue wait above the storage time per request (p50, or p95): the queue dominates
 OFFERED_OVER_SERVED = 1.1  # offered load 10 % above the served rate: a backlog grew
 DROPPED_OVER_SERVED = 0.1  # a backlog of a tenth of the window's requests left queued at the stop
+P95_SAMPLES = 20  # the requests a p95 needs to be more than the largest (the tables print '-' below)
 IDLE_WORKERS = 0.5         # fewer than half the workers busy on average: the users' pace limits the load
 
 
@@ -29,6 +30,8 @@ def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: di
     busy = _mean(rows, "in_flight")
     busy = None if busy is None else min(busy, workers)
     q50, q95, st50, st95 = (queue_ms.get("p50"), queue_ms.get("p95"), storage_ms.get("p50"), storage_ms.get("p95"))
+    if queue_ms.get("count", P95_SAMPLES) < P95_SAMPLES:  # a p95 of fewer requests is their max: not judged
+        q95 = st95 = None
     out = {"offered_per_s": offered_s, "served_per_s": served_s, "queue_wait_p50_ms": q50, "queue_wait_p95_ms": q95,
            "storage_p50_ms": st50, "dropped_at_stop": dropped, "workers": workers, "workers_busy_mean": busy}
     waited = [f"queue wait {p} {q:.1f} ms > storage time {p} {st:.1f} ms per request"

@@ -21,12 +21,14 @@ import typing
 from pathlib import Path
 
 from kv_cache import __version__, runlog, signals
-from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, resolve
-from kv_cache.errors import UserError
+from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, media, resolve
+from kv_cache.config.load import iter_media_keys
+from kv_cache.errors import RunFault, UserError
 from kv_cache.inputs import read_text
 from kv_cache.recorder.schema import Results, SchemaError
 from kv_cache.run.args import Parser
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
+from kv_cache.tiers.registry import kinds
 
 SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean")
 DEBUG = "--debug"  # any sub-command: print an internal error's traceback (it is always kept in a log file)
@@ -50,11 +52,17 @@ prints the traceback of an internal error on stderr (it is always kept in the ru
 
 
 def _add_setting_flags(p: Parser, full: bool = True) -> None:
-    for section in ("run", "model", "tiers", "cache", "workload", "schedule", "trace", "rag", "qos", "autoscale",
-                    "disagg", "semantic"):
-        group = p.add_argument_group(f"{section} settings (config.yaml section '{section}')")
-        for dotted, f, typ in iter_keys(Settings):
-            if not dotted.startswith(section + ".") or not is_flag_key(dotted, typ):
+    kinds()  # every medium's module imported: the settings sections they declare get their flags too
+    groups = [(s, f"config.yaml section '{s}'", [k for k in iter_keys(Settings) if k[0].startswith(s + ".")])
+              for s in ("run", "model", "tiers", "cache", "workload", "schedule", "trace", "rag", "qos", "autoscale",
+                        "disagg", "semantic")]
+    groups += [(m, f"config.yaml media.{m}, declared by its module", [k for k in iter_media_keys()
+                                                                     if k[0].startswith(f"media.{m}.")])
+               for m in sorted(media.SECTIONS)]
+    for section, where, keys in groups:
+        group = p.add_argument_group(f"{section} settings ({where})")
+        for dotted, f, typ in keys:
+            if not dotted.startswith("media.") and not is_flag_key(dotted, typ):
                 continue
             name, meta = flag_name(dotted, f), f.metadata
             text = meta["help"].replace("%", "%%")  # argparse %-formats help texts
@@ -67,7 +75,7 @@ def _add_setting_flags(p: Parser, full: bool = True) -> None:
             elif typ is bool:
                 group.add_argument(name, dest=dotted, action="store_true", default=argparse.SUPPRESS, help=text)
             else:
-                metavar = "LO,HI" if typing.get_origin(typ) is tuple else dotted.split(".")[1].upper()
+                metavar = "LO,HI" if typing.get_origin(typ) is tuple else dotted.split(".")[-1].upper()
                 group.add_argument(name, dest=dotted, default=argparse.SUPPRESS, help=text,
                                    choices=meta.get("choices"), metavar=metavar)
 
@@ -269,7 +277,10 @@ def _cmd_clean(argv: list[str]) -> int:
     p.add_argument("--other-hosts", action="store_true",
                    help="Also remove folders of runs of other hosts (their liveness cannot be checked from here).")
     p.add_argument("--dry-run", action="store_true", help="List what would be removed; remove nothing.")
+    p.add_argument("--remote-url", help="Clean this remote tier instead (the namespaces killed runs left there).")
     args = p.parse_args(argv)
+    if args.remote_url:
+        return _clean_remote(args.remote_url, args.other_hosts, args.dry_run)
     from kv_cache.run.leftovers import clean
 
     for where in (args.cache_dir, args.output_dir):
@@ -281,6 +292,27 @@ def _cmd_clean(argv: list[str]) -> int:
     return 0
 
 
+def _clean_remote(url: str, other_hosts: bool, dry_run: bool) -> int:
+    """clean --remote-url: what killed runs left in a remote tier, found by their markers, removed."""
+    from kv_cache.tiers import remote
+    from kv_cache.tiers.registry import remote_kind
+
+    kind = remote_kind(url)
+    if kind is None:
+        raise UserError(f"--remote-url {remote.redact(url)}: no medium serves that scheme (redis://, rediss://, "
+                        f"valkey://, valkeys://, s3://).")
+    store = kind.open_store(url, media.SECTIONS[kind.name]())
+    try:
+        store.check()
+        n = remote.clean(store, other_hosts, dry_run, print)
+    except RunFault as e:  # the server went away midway
+        raise UserError(str(e)) from None
+    finally:
+        store.close()
+    print(f"{'would remove' if dry_run else 'removed'} {n} namespace(s) left by killed runs in {store.url}.")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     runlog.set_debug(DEBUG in argv)  # any sub-command: an internal error's traceback on stderr too
@@ -288,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     signals.install()  # SIGTERM and SIGHUP stop a run as Ctrl-C does
+    kinds()  # every medium's module imported: the settings sections they declare are part of the schema
     try:
         commands = {"report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate, "run": _cmd_run,
                     "policies": _cmd_policies, "clean": _cmd_clean}

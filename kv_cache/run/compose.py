@@ -22,12 +22,13 @@ from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.model import ModelSpec, find_model, slot_bytes
 from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, fits
 from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
-from kv_cache.tiers.base import SlottedTier, moves_real_bytes
+from kv_cache.tiers.base import STORAGE, SlottedTier, moves_real_bytes
 from kv_cache.tiers.devices import open_cupy
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct, refuse_system_dir
 from kv_cache.tiers.gds import GdsLink, open_link
 from kv_cache.tiers.probe import concurrency
-from kv_cache.tiers.registry import StackContext, StorageSite, build_stack, most_blocks
+from kv_cache.tiers.registry import StackContext, StorageSite, build_stack, most_blocks, resolved_settings
+from kv_cache.tiers.remote import redact
 
 GiB = 2**30
 WHOLE_REQUEST_SLOT_BYTES = 16 << 20  # slot size of every tier in whole-request mode
@@ -67,11 +68,13 @@ def resolved(s: Settings, b: RunContext) -> Settings:
     size) written in, so settings.yaml given back to --config repeats this run and not a new choice."""
     if not s.schedule.workers:
         s = replace(s, "schedule.workers", b.workers)
-    if b.site is not None:
-        if not s.tiers.cache_dir:
-            s = replace(s, "tiers.cache_dir", b.site.cache_dir)
-        if not s.tiers.nvme_gb:  # a whole number of slots: GiB as a float is exact here (a power of 2)
-            s = replace(s, "tiers.nvme_gb", b.tiers[-1].capacity_bytes / GiB)
+    if b.site is not None and not s.tiers.cache_dir:
+        s = replace(s, "tiers.cache_dir", b.site.cache_dir)
+    if not s.tiers.null_io:  # what each tier's automatic settings chose (its size): the medium says which key
+        for dotted, value in resolved_settings(s.tiers, b.tiers).items():
+            s = replace(s, dotted, value)
+    if s.tiers.remote_url:  # a password never reaches results.json nor settings.yaml
+        s = replace(s, "tiers.remote_url", redact(s.tiers.remote_url))
     return s
 
 
@@ -264,12 +267,18 @@ def worker_state(tiers: list, max_object_bytes: int, fake_io: bool):
 
 
 def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None,
-                writer: str = "r0", gpu=None) -> tuple[list, list[str]]:
+                writer: str = "r0", gpu=None, run_id: str = "") -> tuple[list, list[str]]:
     """The ordered tier list (fastest first) and lines saying what is off and why.
 
     fill(key, out) rebuilds a block's payload; a simulated tier uses it to hand back real bytes.
-    gpu: the device backend of a real GPU tier (see open_gpu), or None.
+    gpu: the device backend of a real GPU tier (see open_gpu), or None. run_id: a remote tier's namespace.
     """
     ctx = StackContext(s.tiers, geo.slot_bytes, geo.max_object_bytes, workers(s) + 1, site, fill, writer, gpu,
-                       io_unit_bytes(s, geo))
-    return build_stack(ctx)
+                       io_unit_bytes(s, geo), s.tiers.null_io, run_id, s.media)
+    tiers, notes = build_stack(ctx)
+    if not s.tiers.null_io and (not tiers or STORAGE not in tiers[-1].flags):
+        for t in tiers:
+            t.close()
+        raise UserError("--nvme off leaves no storage tier below the memory tiers; give --remote-url URL (a Valkey "
+                        "or S3 server) or drop --nvme off.")
+    return tiers, notes

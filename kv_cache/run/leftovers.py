@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
+from kv_cache.markers import is_alive, is_ours, marker_body
 
 MARKER = ".kvbench-run.json"
 DATA_PREFIX = "kvbench-"
@@ -29,16 +28,9 @@ DATA_PREFIX = "kvbench-"
 def write_marker(folder: str | os.PathLike, run_id: str, state: str = "running") -> None:
     """Write (atomically) the marker that says which run made folder and whether it is still running."""
     path = Path(folder) / MARKER
-    body = {"tool": "kv-cache-bench", "run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
-            "started": _started(), "state": state}
     tmp = path.with_name(MARKER + ".tmp")
-    tmp.write_text(json.dumps(body))
+    tmp.write_text(json.dumps(marker_body(run_id, state)))
     os.replace(tmp, path)
-
-
-def _started() -> float:
-    """This process's start (epoch s): with the pid it tells a live run from a reused pid."""
-    return psutil.Process().create_time()
 
 
 def read_marker(folder: str | os.PathLike) -> dict | None:
@@ -46,18 +38,7 @@ def read_marker(folder: str | os.PathLike) -> dict | None:
         data = json.loads((Path(folder) / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("tool") == "kv-cache-bench" else None
-
-
-def is_alive(marker: dict) -> bool | None:
-    """True/False for a marker of this host; None when it names another host (cannot tell)."""
-    if marker.get("host") != socket.gethostname():
-        return None
-    try:
-        proc = psutil.Process(int(marker.get("pid", -1)))
-        return abs(proc.create_time() - float(marker.get("started", 0))) < 2.0  # not a reused pid
-    except (psutil.Error, ValueError, TypeError):
-        return False
+    return data if is_ours(data) else None
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from kv_cache.run.trials import median_trial, summarize
 from kv_cache.run.trials import table as trial_table
 from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner
-from kv_cache.tiers.base import FAKE_IO, PRECONDITIONS
+from kv_cache.tiers.base import FAKE_IO, PRECONDITIONS, REMOTE, STORAGE
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # interrupted: 128 + the signal (130 for Ctrl-C)
 ANALYSIS_LIMIT = 100_000  # requests analysed before the run at most
@@ -80,10 +80,10 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
     sized = replace(s, "schedule.workers", ceiling)  # buffers, lanes and the budget for the most threads
     budget = memory_budget(sized, geo, gpu)
     check_fits(budget, ceiling, buffer_bytes(geo.max_object_bytes))
-    site = None if s.tiers.null_io else storage_site(s, run_id, join)
+    site = None if s.tiers.null_io or s.tiers.nvme == "off" else storage_site(s, run_id, join)
     fill = payloads.fill if payloads else None
     try:
-        tiers, notes = build_tiers(sized, geo, site, fill, f"r{rank}", gpu)
+        tiers, notes = build_tiers(sized, geo, site, fill, f"r{rank}", gpu, run_id)
         gds = gds_link(sized, tiers, gpu, geo)
         handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes)
         n, steps, probe_note = choose_workers(s, tiers, geo, ceiling, fill)
@@ -297,8 +297,10 @@ def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: 
     trace = st.recorder.io_trace
     if trace is not None:
         trace.close()
-        job = trace.fio_job(b.site.cache_dir if b.site else ".", b.site.engine if b.site else "null",
-                            b.workers, s.run.duration_s, b.tiers[-1].capacity_bytes)
+        job = "none (the storage tier is remote: network + server, no fio job replays it)"
+        if REMOTE not in b.tiers[-1].flags:
+            job = trace.fio_job(b.site.cache_dir if b.site else ".", b.site.engine if b.site else "null",
+                                b.workers, s.run.duration_s, b.tiers[-1].capacity_bytes)
         say(f"  I/O trace: {trace.rows:,} operations in {trace.path}; fio job: {job}")
     results = build_results(st.recorder.snapshot(), run_info(s, b, run_id, outcome, dist), resolved(s, b).to_dict(), {
         "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop,
@@ -315,8 +317,9 @@ def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: 
         "workload": {"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
                      "trace": traffic.trace.log.to_dict() if traffic.trace else None,
                      "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **st.analysis}})
-    if st.tele is not None:
-        moved = results.bytes.get(results.bottom)
+    if st.tele is not None:  # the block layer of the cache directory's disk beside the disk tier's own bytes
+        disk = next((t.name for t in reversed(b.tiers) if STORAGE in t.flags and REMOTE not in t.flags), None)
+        moved = results.bytes.get(disk) if disk else None
         results.telemetry = load_section(TelemetrySummary, st.tele.summary(
             None if moved is None else {"read": moved.read, "write": moved.write}), "telemetry")
         st.tele.close()

@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 
 from kv_cache.config import Settings, flag_name, iter_keys
+from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.handoff import FOLDER, MANIFEST, HandoffStore, check_header
 from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.qos import QosPolicy
 from kv_cache.sources.handoff import ManifestFollower, wait_for_manifest
 from kv_cache.tiers.fsinfo import FILES, probe_direct, refuse_system_dir
-from kv_cache.tiers.registry import shared_files
+from kv_cache.tiers.registry import kinds_by_name, remote_kind, shared_files
+from kv_cache.tiers.remote import redact
 
 # Settings that act only in some modes: (keys or "section." prefixes, is the mode on?, what turns it on). A key
 # given (changed from its default, and not 0 / off, which ask for nothing) while its mode is off would do nothing:
@@ -34,6 +36,10 @@ ONLY_WHEN = (
      "a GPU tier (--gpu auto, real or simulated)"),
     (("tiers.shared_storage",), lambda s, mpi: mpi, "several MPI ranks (mpirun, or --processes N)"),
     (("run.steady_window_s",), lambda s, mpi: s.run.steady_tolerance > 0, "--steady-state FRACTION"),
+    (("tiers.remote_gb",), lambda s, mpi: bool(s.tiers.remote_url), "--remote-url URL"),
+    (("tiers.io_engine", "tiers.nvme_layout", "tiers.slab_file_gb", "tiers.io_unit", "tiers.layers_per_io",
+      "tiers.allow_tmpfs", "tiers.cache_dir", "tiers.nvme_gb", "tiers.precondition", "tiers.shared_storage",
+      "tiers.gds"), lambda s, mpi: s.tiers.nvme == "on" or s.tiers.null_io, "the NVMe tier (--nvme on)"),
     (("tiers.io_engine", "tiers.nvme_layout", "tiers.slab_file_gb", "tiers.io_unit", "tiers.layers_per_io",
       "tiers.allow_tmpfs", "tiers.cache_dir", "tiers.precondition", "tiers.shared_storage", "tiers.gds",
       "run.keep_data"), lambda s, mpi: not s.tiers.null_io, None),
@@ -53,13 +59,25 @@ def _given(s: Settings) -> list[tuple[str, str]]:
         value = getattr(getattr(s, section), leaf)
         if value != f.default and value not in (0, "", False, "off"):
             out.append((dotted, flag_name(dotted, f)))
+    for dotted, f, _ in iter_media_keys():
+        _, medium, leaf = dotted.split(".")
+        if medium in s.media and getattr(s.media[medium], leaf) != f.default:
+            out.append((dotted, flag_name(dotted, f)))
     return out
+
+
+def _media_rules(s: Settings) -> list:
+    """A medium's own keys act only when the stack has that medium: --remote-url names it by its scheme."""
+    chosen = remote_kind(s.tiers.remote_url) if s.tiers.remote_url else None
+    return [((f"media.{name}.",), lambda s, mpi, name=name: chosen is not None and chosen.name == name,
+             f"a --remote-url the {name} medium serves ({', '.join(kind.schemes) or name}://)")
+            for name, kind in kinds_by_name().items() if name in s.media]
 
 
 def _without_effect(s: Settings, mpi: bool) -> list[str]:
     """Refuse a flag that would do nothing here; the lines for those that are ignored (--null-io's)."""
     given, ignored = _given(s), []
-    for keys, on, what in ONLY_WHEN:
+    for keys, on, what in (*ONLY_WHEN, *_media_rules(s)):
         if on(s, mpi):
             continue
         for dotted, flag in given:
@@ -76,6 +94,13 @@ def check_options(s: Settings, mpi: bool) -> list[str]:
     """One clear sentence per contradiction between options (a flag without effect here is one); returns the
     lines saying which flags are ignored (said before the run and kept in its notes)."""
     ignored = _without_effect(s, mpi)
+    if s.tiers.remote_url and remote_kind(s.tiers.remote_url) is None:
+        schemes = sorted(x for k in kinds_by_name().values() for x in k.schemes)
+        raise UserError(f"--remote-url {redact(s.tiers.remote_url)}: no medium serves that scheme; use one of "
+                        f"{', '.join(f'{x}://' for x in schemes)}.")
+    if s.tiers.remote_url and s.tiers.shared_storage:
+        raise UserError("--shared-storage shares the NVMe tier's directory between ranks; a remote tier gives each "
+                        "rank a namespace of its own: drop --shared-storage.")
     if s.run.io_trace:
         trace = os.path.abspath(s.run.io_trace)
         refuse_system_dir(os.path.dirname(trace), "--io-trace", FILES)

@@ -24,6 +24,9 @@ SHARED = "shared"                  # other processes write and evict blocks here
 PINS_HOST = "pins_host"            # registers host buffers for direct DMA (hook: pin_host)
 PRECONDITIONS = "preconditions"    # can write its whole space before the run (hook: precondition)
 IO_UNITS = "io_units"              # moves a block as several timed I/Os (hook: io_times)
+STORAGE = "storage"                # holds blocks outside the process's memory (a disk, a remote store): a stack's
+                                   # bottom must be one
+REMOTE = "remote"                  # behind a network: latency is network + server, never a device
 
 
 def moves_real_bytes(tier) -> bool:

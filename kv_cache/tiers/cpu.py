@@ -47,7 +47,11 @@ def _most_bytes(s) -> int:
     return int(s.cpu_mem_gb * GiB)
 
 
-@register("cpu", level=1, most_bytes=_most_bytes)
+def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None) -> CpuTier:
+    return CpuTier(capacity_bytes, slot_bytes)
+
+
+@register("cpu", level=1, most_bytes=_most_bytes, contract=("arena",), make_for_test=make_for_test)
 def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     """Host RAM: page-aligned slabs of fixed slots, or off with --cpu-mem-gb 0."""
     s, slot = ctx.settings, ctx.slot_bytes

@@ -142,7 +142,22 @@ def _most_bytes(s) -> int:
     return 0 if s.gpu == "off" else int(s.gpu_mem_gb * GiB)
 
 
-@register("gpu", level=0, most_bytes=_most_bytes)
+def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None):
+    """simulated (the bandwidth model), fake1 / fake2 (GpuTier over one or two fake devices), cupy (a real one,
+    or None when there is none: the test skips)."""
+    if variant == "simulated":
+        return SimulatedTier("gpu", capacity_bytes, slot_bytes, gbps=100.0)
+    from kv_cache.tiers.devices import FakeDevice, open_cupy
+
+    backend = open_cupy()[0] if variant == "cupy" else FakeDevice(count=int(variant[-1]))
+    if backend is None:
+        return None
+    devices = list(range(1 if variant == "cupy" else backend.count()))
+    return GpuTier(backend, capacity_bytes, slot_bytes, devices, lanes=4, staging_bytes=4 * slot_bytes)
+
+
+@register("gpu", level=0, most_bytes=_most_bytes, contract=("simulated", "fake1", "fake2", "cupy"),
+          make_for_test=make_for_test)
 def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     """HBM: simulated (a bandwidth model, labelled), real (CuPy found a device), or off with the reason."""
     s, slot = ctx.settings, ctx.slot_bytes

@@ -1,8 +1,9 @@
-"""NVMe tier: blocks in files of a cache directory, moved by one of three engines.
+"""NVMe tier: blocks in files of a cache directory, moved by one of the engines of ENGINES.
 
 Vocabulary: *layout* is where bytes go (``slab``: preallocated files cut
 into fixed slots, no file created or removed per block; ``file-per-block``:
-one file per block); *engine* is how bytes move:
+one file per block); *engine* is how bytes move, one entry of an ops table
+(fio's ioengines: a new engine, io_uring say, is one class and one entry):
 
 - ``direct``: O_DIRECT pread/pwrite from page-aligned buffers; the page cache
   is never involved.
@@ -25,20 +26,76 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import BlockVanished, RunFault, UserError
-from kv_cache.tiers.base import DIRECT_IO, IO_UNITS, NEEDS_ALIGNMENT, PRECONDITIONS, SHARED, SlottedTier
+from kv_cache.tiers.base import DIRECT_IO, IO_UNITS, NEEDS_ALIGNMENT, PRECONDITIONS, SHARED, STORAGE, SlottedTier
 from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.posix_io import CHUNK, drop_cached, pread_all, pwrite_all
 from kv_cache.tiers.registry import GiB, StackContext, StorageSite, capacity_of, register
 from kv_cache.tiers.slots import runs
 
 
-class _Slab:
-    """One preallocated slab file and, for the mmap engine, its mapping."""
+class _Target:
+    """An open file an engine moves bytes to and from (a slab, or one block's file)."""
 
-    def __init__(self, path: str, size: int, engine: str):
-        self.path, self.size = path, size
-        flags = os.O_RDWR | os.O_CREAT | (os.O_DIRECT if engine == "direct" else 0)
-        self.fd = os.open(path, flags, 0o600)
+    def __init__(self, path: str, fd: int):
+        self.path, self.fd = path, fd
+        self.mm: mmap.mmap | None = None
+        self.view: np.ndarray | None = None
+
+
+class Engine:
+    """How bytes move between a buffer and a file (fio's ioengine): the ops every layout calls."""
+
+    name = ""
+    open_flags = 0           # added to os.open's flags
+    tier_flags: frozenset = frozenset()
+    maps = False             # moves bytes through a mapping of the whole file (slab layout only)
+
+    def write(self, t: _Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
+        pwrite_all(t.fd, data, off, t.path, unit, times)
+
+    def read(self, t: _Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
+        pread_all(t.fd, out, off, t.path, unit, times)
+
+
+class DirectEngine(Engine):
+    name, open_flags, tier_flags = "direct", os.O_DIRECT, frozenset({DIRECT_IO})
+
+
+class BufferedEngine(Engine):
+    name = "buffered"
+
+    def write(self, t: _Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
+        pwrite_all(t.fd, data, off, t.path, unit, times)
+        os.fdatasync(t.fd)
+        drop_cached(t.fd, off, data.size)
+
+    def read(self, t: _Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
+        drop_cached(t.fd, off, out.size)
+        pread_all(t.fd, out, off, t.path, unit, times)
+
+
+class MmapEngine(Engine):
+    name, maps = "mmap", True
+
+    def write(self, t: _Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
+        np.copyto(t.view[off:off + data.size], data)
+        t.mm.flush(off, data.size)  # msync: the write is on the device when put returns
+
+    def read(self, t: _Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
+        t.mm.madvise(mmap.MADV_DONTNEED, off, out.size)
+        drop_cached(t.fd, off, out.size)
+        np.copyto(out, t.view[off:off + out.size])
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (DirectEngine(), BufferedEngine(), MmapEngine())}
+
+
+class _Slab(_Target):
+    """One preallocated slab file and, for an engine that maps, its mapping."""
+
+    def __init__(self, path: str, size: int, engine: Engine):
+        self.size = size
+        super().__init__(path, os.open(path, os.O_RDWR | os.O_CREAT | engine.open_flags, 0o600))
         try:
             os.posix_fallocate(self.fd, 0, size)
         except OSError as e:
@@ -47,8 +104,9 @@ class _Slab:
             os.unlink(path)
             raise UserError(f"cannot preallocate {size / 2**30:.2f} GiB for {path} ({e.strerror}); "
                             f"free space there or lower --nvme-gb.") from None
-        self.mm = mmap.mmap(self.fd, size) if engine == "mmap" else None
-        self.view = np.frombuffer(self.mm, dtype=np.uint8) if self.mm is not None else None
+        if engine.maps:
+            self.mm = mmap.mmap(self.fd, size)
+            self.view = np.frombuffer(self.mm, dtype=np.uint8)
 
     def close(self) -> None:
         if self.mm is not None:
@@ -68,11 +126,12 @@ class NvmeTier(SlottedTier):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
         if shared:
             layout = "file-per-block"  # other processes must find blocks by name
-        if layout == "file-per-block" and engine == "mmap":
-            raise UserError("--io-engine mmap needs --nvme-layout slab (one mapping per slab file)"
+        self.ops = ENGINES[engine]
+        if layout == "file-per-block" and self.ops.maps:
+            raise UserError(f"--io-engine {engine} needs --nvme-layout slab (one mapping per slab file)"
                             + (" and --shared-storage needs one file per block." if shared else "."))
         self.directory, self.engine, self.layout, self.writer = directory, engine, layout, writer
-        self.flags = frozenset({NEEDS_ALIGNMENT, PRECONDITIONS} | ({DIRECT_IO} if engine == "direct" else set())
+        self.flags = frozenset({NEEDS_ALIGNMENT, PRECONDITIONS, STORAGE} | self.ops.tier_flags
                                | ({SHARED} if shared else set()))
         self.per_file = max(1, slab_file_bytes // slot_bytes)
         # --io-unit layer: every block moves as I/Os of at most io_unit_bytes, each timed (io_times)
@@ -93,7 +152,7 @@ class NvmeTier(SlottedTier):
         while left > 0:
             n = min(left, self.per_file)
             path = os.path.join(self.directory, f"slab-{len(self.slabs):04d}.kv")
-            self.slabs.append(_Slab(path, n * self.slot_bytes, self.engine))
+            self.slabs.append(_Slab(path, n * self.slot_bytes, self.ops))
             left -= n
 
     # ---------------------------------------------------------------- slab layout
@@ -101,25 +160,6 @@ class NvmeTier(SlottedTier):
     def _slab_at(self, slot: int) -> tuple[_Slab, int]:
         return self.slabs[slot // self.per_file], (slot % self.per_file) * self.slot_bytes
 
-    def _slab_write(self, slab: _Slab, off: int, data: np.ndarray) -> None:
-        if self.engine == "mmap":
-            np.copyto(slab.view[off:off + data.size], data)
-            slab.mm.flush(off, data.size)  # msync: the write is on the device when put returns
-            return
-        pwrite_all(slab.fd, data, off, slab.path, self.unit, self._times())
-        if self.engine == "buffered":
-            os.fdatasync(slab.fd)
-            drop_cached(slab.fd, off, data.size)
-
-    def _slab_read(self, slab: _Slab, off: int, out: np.ndarray) -> None:
-        if self.engine == "mmap":
-            slab.mm.madvise(mmap.MADV_DONTNEED, off, out.size)
-            drop_cached(slab.fd, off, out.size)
-            np.copyto(out, slab.view[off:off + out.size])
-            return
-        if self.engine == "buffered":
-            drop_cached(slab.fd, off, out.size)
-        pread_all(slab.fd, out, off, slab.path, self.unit, self._times())
 
     # ---------------------------------------------------------------- file-per-block layout
 
@@ -130,16 +170,12 @@ class NvmeTier(SlottedTier):
         final = self._file(key)
         # Written under a private name and renamed: a reader in another process never sees half a block.
         path = f"{final}.{self.writer}-{threading.get_ident()}.tmp" if SHARED in self.flags else final
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.engine == "direct" else 0)
         try:
-            fd = os.open(path, flags, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | self.ops.open_flags, 0o600)
         except OSError as e:
             raise RunFault(f"cannot create {path}: {e.strerror}.") from None
         try:
-            pwrite_all(fd, data, 0, path, self.unit, self._times())
-            if self.engine == "buffered":
-                os.fdatasync(fd)
-                drop_cached(fd, 0, data.size)
+            self.ops.write(_Target(path, fd), 0, data, self.unit, self._times())
         finally:
             os.close(fd)
         if path != final:
@@ -148,13 +184,11 @@ class NvmeTier(SlottedTier):
     def _file_read(self, key: int, out: np.ndarray) -> None:
         path = self._file(key)
         try:
-            fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if self.engine == "direct" else 0))
+            fd = os.open(path, os.O_RDONLY | self.ops.open_flags)
         except FileNotFoundError:
             raise BlockVanished(key) from None
         try:
-            if self.engine == "buffered":
-                drop_cached(fd, 0, out.size)
-            pread_all(fd, out, 0, path, self.unit, self._times())
+            self.ops.read(_Target(path, fd), 0, out, self.unit, self._times())
         finally:
             os.close(fd)
 
@@ -180,7 +214,7 @@ class NvmeTier(SlottedTier):
                 return
             for first, pos, length in runs(slots, buf.size, self.slot_bytes, self.per_file):
                 slab, off = self._slab_at(first)
-                self._slab_write(slab, off, buf[pos:pos + length])
+                self.ops.write(slab, off, buf[pos:pos + length], self.unit, self._times())
         except BaseException:
             self.slots.release(key)
             raise
@@ -203,7 +237,7 @@ class NvmeTier(SlottedTier):
             return
         for first, pos, length in runs(slots, nbytes, self.slot_bytes, self.per_file):
             slab, off = self._slab_at(first)
-            self._slab_read(slab, off, out[pos:pos + length])
+            self.ops.read(slab, off, out[pos:pos + length], self.unit, self._times())
 
     def delete(self, key: int) -> None:
         self.slots.release(key)
@@ -244,7 +278,7 @@ class NvmeTier(SlottedTier):
         scratch = None
         if not targets:
             scratch = os.path.join(self.directory, "precondition.tmp")
-            fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if self.engine == "direct" else 0), 0o600)
+            fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | self.ops.open_flags, 0o600)
             targets = [(fd, scratch, self.capacity_bytes)]
         try:
             for fd, path, size in targets:
@@ -287,14 +321,34 @@ def capacity(s, site: StorageSite, slot: int, max_object_bytes: int, free: int) 
 
 
 def _most_bytes(s) -> int:
+    if s.nvme == "off":
+        return 0
     return int(s.nvme_gb * GiB) if s.nvme_gb else NVME_AUTO_MAX
 
 
-@register("nvme", level=2, most_bytes=_most_bytes)
-def build(ctx: StackContext) -> tuple[SlottedTier, str]:
-    """The storage under test; under --null-io the null tier of --nvme-gb (the policies' and hit rates' tests)."""
+def _resolved(s, tier) -> dict:
+    """--nvme-gb 0 chose a size: a whole number of slots (GiB as a float is exact here, a power of 2)."""
+    return {} if s.nvme_gb else {"tiers.nvme_gb": tier.capacity_bytes / GiB}
+
+
+CONTRACT = tuple(f"{e}/{lay}" for e in ENGINES for lay in ("slab", "file-per-block")
+                 if not (ENGINES[e].maps and lay != "slab"))
+
+
+def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None) -> NvmeTier:
+    """The contract test's tier: engine/layout, two slots per slab file so objects cross file boundaries."""
+    engine, layout = variant.split("/")
+    return NvmeTier(directory, capacity_bytes, slot_bytes, engine, layout, slab_file_bytes=2 * slot_bytes)
+
+
+@register("nvme", level=2, most_bytes=_most_bytes, resolved=_resolved, contract=CONTRACT,
+          make_for_test=make_for_test)
+def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
+    """The local disk tier; under --null-io the null tier of --nvme-gb (the policies' and hit rates' tests)."""
     s, slot, site = ctx.settings, ctx.slot_bytes, ctx.site
-    if site is None:
+    if s.nvme == "off":
+        return None, "NVMe tier off (--nvme off)."
+    if ctx.null_io:
         cap = capacity_of(s.nvme_gb, slot) if s.nvme_gb else NVME_AUTO_MAX
         return NullTier("nvme", max(cap, slot), slot), ""
     free = shutil.disk_usage(site.cache_dir).free
@@ -305,4 +359,3 @@ def build(ctx: StackContext) -> tuple[SlottedTier, str]:
                                  f"--nvme-gb fixes it (settings.yaml records it)")
     return NvmeTier(site.data_dir, cap, slot, site.engine, s.nvme_layout, int(s.slab_file_gb * GiB), site.engine_note,
                     s.shared_storage, ctx.writer, ctx.io_unit_bytes), note
-

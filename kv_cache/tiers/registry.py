@@ -2,23 +2,27 @@
 
 As fio's ioengines register themselves with their flags and leave the hooks
 they lack empty, each tier module declares one ``TierKind`` (its name, its
-level in the stack, fastest first, and a builder that reads the tier settings)
-and registers it on import. ``build_stack`` asks each kind in level order
-for its tier; a kind that is off says why in one line. The composition root
-hands in a ``StackContext`` and gets an ordered list back: nothing above this
-package names a medium, and a new bottom tier (a remote object store, say)
-is one module with its builder, its contract test and its settings.
+level in the stack, fastest first, a builder that reads the settings, the
+most it may hold, what an automatic choice resolved to, and the variants the
+contract test runs) and registers it on import; a medium with settings of its
+own declares their section in the same module (config/media.py). The media
+are found by listing this package: no list names them. ``build_stack`` asks
+each kind in level order for its tier; a kind that is off says why in one
+line. The composition root hands in a ``StackContext`` and gets an ordered
+list back: nothing above this package names a medium, and a new bottom tier
+(a remote object store, say) is one module plus its tests.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kv_cache.config import media as media_sections
+
 GiB = 2**30
-# The modules that register a kind. Importing them is what fills KINDS (one line here per medium).
-MEDIA = ("kv_cache.tiers.gpu", "kv_cache.tiers.cpu", "kv_cache.tiers.nvme")
 
 
 @dataclass
@@ -42,40 +46,60 @@ class StackContext:
     slot_bytes: int             # one slot: a block rounded up to 4 KiB
     max_object_bytes: int       # the largest object a worker stages
     lanes: int                  # threads that may move bytes at once (workers + the demoter)
-    site: StorageSite | None    # None with --null-io: no byte moves
+    site: StorageSite | None    # the cache directory of a local disk tier (None: --null-io, or no disk tier)
     fill: Callable | None = None  # fill(key, out) rebuilds a payload (a simulated tier hands back real bytes)
     writer: str = "r0"          # this process's name in a shared namespace
     gpu: object = None          # the device backend of a real GPU tier, or None
     io_unit_bytes: int = 0      # --io-unit layer: the most one I/O of the bottom tier moves (0: a whole block)
+    null_io: bool = False       # --null-io: every tier is the null tier
+    run_id: str = ""            # the run's name: a remote tier's namespace
+    media: dict = field(default_factory=dict)  # Settings.media: each medium's own section
 
-    @property
-    def null_io(self) -> bool:
-        return self.site is None
+    def section(self, medium: str):
+        """The settings section a medium declared (its defaults when the settings hold none)."""
+        return media_sections.of(self.media, medium)
 
 
 def _holds_nothing(_settings) -> int:
     return 0
 
 
+def _chose_nothing(_settings, _tier) -> dict:
+    return {}
+
+
 @dataclass(frozen=True)
 class TierKind:
-    """One medium: its name, its level (0 = fastest), build(ctx) -> (tier or None, note), and most_bytes(tier
-    settings) -> the most it may hold, known before it is built (the memory budget counts the bookkeeping of
-    every block the stack can hold)."""
+    """One medium.
+
+    build(ctx) -> (tier or None, note); most_bytes(tier settings) -> the most it may hold, known before it is
+    built (the memory budget counts the bookkeeping of every block the stack can hold); resolved(tier settings,
+    its tier) -> {dotted key: value} of what an automatic setting chose (settings.yaml repeats the run);
+    contract: the variants the contract test builds (make_for_test(variant, directory, capacity, slot, server)),
+    and server: the kind of test server a variant needs ("" for none). A remote medium names the URL schemes
+    it serves and open_store(url, its settings section) -> its store (clean --remote-url opens one).
+    """
 
     name: str
     level: int
     build: Callable[[StackContext], tuple[object | None, str]]
     most_bytes: Callable[[object], int] = _holds_nothing
+    resolved: Callable[[object, object], dict] = _chose_nothing
+    contract: tuple[str, ...] = ()
+    make_for_test: Callable | None = None
+    server: str = ""
+    schemes: tuple[str, ...] = ()
+    open_store: Callable | None = None
 
 
 KINDS: dict[str, TierKind] = {}
 
 
-def register(name: str, level: int, most_bytes: Callable[[object], int] = _holds_nothing):
-    """Decorator of a tier module's builder; the highest level is the bottom tier, the storage under test."""
+def register(name: str, level: int, **hooks):
+    """Decorator of a tier module's builder; the highest level is the bottom tier, the storage under test.
+    hooks: most_bytes, resolved, contract, make_for_test, server (see TierKind)."""
     def wrap(build):
-        KINDS[name] = TierKind(name, level, build, most_bytes)
+        KINDS[name] = TierKind(name, level, build, **hooks)
         return build
     return wrap
 
@@ -85,6 +109,22 @@ def most_blocks(settings, slot_bytes: int) -> int:
     return sum(kind.most_bytes(settings) // slot_bytes for kind in kinds())
 
 
+def remote_kind(url: str) -> TierKind | None:
+    """The medium that serves url's scheme (redis://, s3://, ...), or None."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    return next((k for k in kinds() if scheme in k.schemes), None)
+
+
+def resolved_settings(settings, tiers: list) -> dict:
+    """{dotted key: value} of what each built tier's automatic settings chose (its size, say)."""
+    by_name = {t.name: t for t in tiers}
+    out: dict = {}
+    for kind in kinds():
+        if kind.name in by_name:
+            out.update(kind.resolved(settings, by_name[kind.name]))
+    return out
+
+
 def holds_no_slot(flag: str, gib: float, slot_bytes: int, tier: str) -> str:
     """The sentence for a capacity above 0 that holds no slot: a typo, not a way to turn the tier off."""
     return (f"{flag} {gib:g} holds no {slot_bytes / 2**20:.2f} MiB block; give at least "
@@ -92,9 +132,11 @@ def holds_no_slot(flag: str, gib: float, slot_bytes: int, tier: str) -> str:
 
 
 def kinds_by_name() -> dict[str, TierKind]:
-    """Every registered kind (importing the media modules registers them)."""
-    for module in MEDIA:
-        importlib.import_module(module)
+    """Every registered kind: importing each module of this package registers the media among them."""
+    import kv_cache.tiers as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{info.name}")
     return dict(KINDS)
 
 

@@ -9,45 +9,37 @@ from kv_cache.buffers import aligned_buffer
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.tiers.base import FAKE_IO, Tier
 from kv_cache.tiers.cpu import CpuTier
-from kv_cache.tiers.devices import FakeDevice, open_cupy
-from kv_cache.tiers.gpu import GpuTier
 from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.nvme import NvmeTier
-from kv_cache.tiers.simulated import SimulatedTier
+from kv_cache.tiers.registry import kinds, kinds_by_name
 from kv_cache.tiers.slots import TierFull
 
 SLOT = 64 * 1024
 SLOTS = 8
 
 
-def make(kind, tmp_path):
-    if kind.startswith("gpu/"):
-        backend, why = open_cupy() if kind == "gpu/cupy" else (FakeDevice(count=int(kind[-1])), "")
-        if backend is None:
-            pytest.skip(why)
-        devices = list(range(backend.count() if kind != "gpu/cupy" else 1))
-        return GpuTier(backend, SLOTS * SLOT, SLOT, devices, lanes=4, staging_bytes=4 * SLOT)
-    if kind == "cpu":
-        return CpuTier(SLOTS * SLOT, SLOT)
+def make(kind, tmp_path, request=None):
+    """The tier of a contract case: "null", or <medium>/<variant> as the medium's module declares it (its
+    contract variants and make_for_test, found by the registry: a new medium brings its own cases)."""
     if kind == "null":
         return NullTier("nvme", SLOTS * SLOT, SLOT)
-    if kind == "simulated":
-        return SimulatedTier("gpu", SLOTS * SLOT, SLOT, gbps=100.0)
-    engine, layout = kind.split("/")[1:]
+    medium, variant = kind.split("/", 1)
+    k = kinds_by_name()[medium]
+    server = request.getfixturevalue(f"{k.server}_server") if k.server else None  # a real one, started here
     d = tmp_path / "data"
     d.mkdir()
-    # Two slots per slab file, so multi-slot objects cross file boundaries.
-    return NvmeTier(str(d), SLOTS * SLOT, SLOT, engine, layout, slab_file_bytes=2 * SLOT)
+    t = k.make_for_test(variant, str(d), SLOTS * SLOT, SLOT, server)
+    if t is None:
+        pytest.skip(f"{kind}: not on this machine")
+    return t
 
 
-KINDS = ["cpu", "null", "simulated", "gpu/fake1", "gpu/fake2", pytest.param("gpu/cupy", marks=pytest.mark.gpu)]
-KINDS += [f"nvme/{e}/{lay}" for e in ("direct", "buffered", "mmap")
-                                         for lay in ("slab", "file-per-block") if not (e == "mmap" and lay != "slab")]
+KINDS = ["null"] + [pytest.param(f"{k.name}/{v}", marks=pytest.mark.gpu) if v == "cupy" else f"{k.name}/{v}"
+                    for k in kinds() for v in k.contract]
 
 
 @pytest.fixture(params=KINDS)
 def tier(request, tmp_path):
-    t = make(request.param, tmp_path)
+    t = make(request.param, tmp_path, request)
     yield t
     t.close()
 

@@ -37,14 +37,23 @@ def test_an_automatic_tier_size_is_recorded_exactly():
     geo = geometry(s)
 
     class Bottom:
+        name = "nvme"  # the medium's module says which key its automatic size goes into
         capacity_bytes = 1234 * geo.slot_bytes
 
     site = StorageSite("/c", "/c/d", "ext4", "/", "direct")
     out = resolved(s, RunContext(geo, site, [Bottom()], [], None, 6))
     assert int(out.tiers.nvme_gb * 2**30) == Bottom.capacity_bytes
     assert (out.schedule.workers, out.tiers.cache_dir) == (6, "/c")
-    no_site = resolved(replace(s, "schedule.workers", 3), RunContext(geo, None, [Bottom()], [], None, 6))
-    assert (no_site.tiers.nvme_gb, no_site.schedule.workers) == (0, 3)
+    null_io = replace(replace(s, "schedule.workers", 3), "tiers.null_io", True)  # the null tier chose nothing
+    no_site = resolved(null_io, RunContext(geo, None, [Bottom()], [], None, 6))
+    assert (no_site.tiers.nvme_gb, no_site.schedule.workers, no_site.tiers.cache_dir) == (0, 3, "")
+
+    class Remote:
+        name = "valkey"  # a remote bottom's automatic size goes into tiers.remote_gb, never tiers.nvme_gb
+        capacity_bytes = 77 * geo.slot_bytes
+
+    remote = resolved(s, RunContext(geo, None, [Remote()], [], None, 6))
+    assert (remote.tiers.nvme_gb, int(remote.tiers.remote_gb * 2**30)) == (0, Remote.capacity_bytes)
 
 
 def test_compare_names_the_settings_that_differ_and_ignores_the_others():

@@ -8,7 +8,7 @@ from results_fixture import results
 from kv_cache.run.describe import nothing_measured
 
 
-def _sessions_csv(path, sessions=24, turns=4):
+def _sessions_csv(path, sessions=12, turns=4):
     """A BurstGPT v3-style trace (Session ID): each session's turns arrive 2 ms apart, far faster than served."""
     rows = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type,Session ID"]
     for s in range(sessions):
@@ -26,13 +26,13 @@ def test_a_turn_waits_for_its_previous_answer_with_any_worker_count(small_run, t
     for workers in (1, 8):
         run_id = f"w{workers}-{len(rates)}"
         r = run_cli(small_run(run_id, "--trace", str(trace), "--arrival", "trace", "--workers", str(workers),
-                              "--max-requests", "96", "--duration", "600", "--warmup", "0",
+                              "--max-requests", "48", "--duration", "600", "--warmup", "0",
                               "--nvme-gb", "1"))
         assert r.returncode == 0, r.stderr
         res = small_run.results(run_id)
-        # the trace's 96 requests, however slow the machine: the run ends when the last one is answered
+        # the trace's 48 requests, however slow the machine: the run ends when the last one is answered
         assert res["run"]["stopped_reason"] in ("trace_end", "max_requests"), res["run"]
-        assert res["requests"]["completed"] == 96
+        assert res["requests"]["completed"] == 48
         # every later turn found its whole history: turn k's blocks were written before turn k+1 started
         assert res["hit_rate"]["by_source"]["history"] == 1.0, res["hit_rate"]
         assert res["requests"]["held_for_previous_turn"] > 0

@@ -10,7 +10,7 @@ from kv_cache.recorder.recorder import Recorder
 from kv_cache.run.compose import build_tiers, geometry
 from kv_cache.run.traffic import rank_seed
 from kv_cache.tiers import registry
-from kv_cache.tiers.base import PINS_HOST, PRECONDITIONS, SlottedTier
+from kv_cache.tiers.base import PINS_HOST, PRECONDITIONS, STORAGE, SlottedTier
 from kv_cache.tiers.registry import StackContext, build_stack
 
 MiB = 2**20
@@ -20,6 +20,7 @@ class ObjectStoreTier(SlottedTier):
     """A stand-in for a new bottom medium: bytes in a dict, as a remote object store would keep them."""
 
     name = "objectstore"
+    flags = frozenset({STORAGE})
 
     def __init__(self, capacity_bytes: int, slot_bytes: int):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
@@ -41,7 +42,6 @@ class ObjectStoreTier(SlottedTier):
 def test_a_new_bottom_tier_is_one_registration(monkeypatch):
     kinds = {k: v for k, v in registry.kinds_by_name().items() if k != "nvme"}
     monkeypatch.setattr(registry, "KINDS", kinds)
-    monkeypatch.setattr(registry, "MEDIA", ())
     registry.register("objectstore", level=2)(lambda ctx: (ObjectStoreTier(8 * MiB, ctx.slot_bytes), ""))
     s = resolve(None, [], {"tiers.cpu_mem_gb": 0.004, "tiers.gpu": "off", "model.block_tokens": 16,
                            "model.name": "llama8b"})
@@ -49,7 +49,7 @@ def test_a_new_bottom_tier_is_one_registration(monkeypatch):
     tiers, _ = build_tiers(s, geo, None)
     assert [t.name for t in tiers] == ["cpu", "objectstore"]
     cache = BlockCache(tiers, "lru", True, Recorder())
-    assert cache.verifiable == [False, True]  # no storage site: the cpu kind gives the null tier; ours real bytes
+    assert cache.verifiable == [True, True]  # the cpu arena and ours move real bytes
     data = np.arange(4096, dtype=np.uint32).view(np.uint8)
     tiers[-1].put(7, data)
     out = np.zeros_like(data)
@@ -59,7 +59,7 @@ def test_a_new_bottom_tier_is_one_registration(monkeypatch):
 
 def test_tiers_declare_optional_hooks_with_flags():
     s = resolve(None, [], {"tiers.gpu": "simulated", "tiers.gpu_mem_gb": 0.01, "tiers.cpu_mem_gb": 0.004,
-                           "model.block_tokens": 16, "model.name": "llama8b"})
+                           "model.block_tokens": 16, "model.name": "llama8b", "tiers.null_io": True})
     tiers, _ = build_tiers(s, geometry(s), None)
     assert [t.name for t in tiers] == ["gpu", "cpu", "nvme"]
     buf = aligned_buffer(4096)
@@ -81,7 +81,6 @@ def test_a_refused_tier_releases_the_ones_built_before_it(monkeypatch):
     def refuse(ctx):
         raise RuntimeError("no room")
     monkeypatch.setattr(registry, "KINDS", {})
-    monkeypatch.setattr(registry, "MEDIA", ())
     registry.register("a", level=0)(lambda ctx: (Probe(4 * MiB, MiB), ""))
     registry.register("b", level=1)(refuse)
     with pytest.raises(RuntimeError):

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from kv_cache.config import REPO_CONFIG, Settings, default_dict, iter_keys, resolve
+from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
 
 
@@ -15,7 +16,7 @@ def test_config_yaml_holds_every_default_of_the_schema():
 
 def test_every_key_is_documented_in_config_yaml():
     text = REPO_CONFIG.read_text()
-    for dotted, f, _ in iter_keys(Settings):
+    for dotted, f, _ in (*iter_keys(Settings), *iter_media_keys()):
         assert f.metadata.get("help"), dotted
         assert f"{dotted.split('.')[-1]}:" in text, dotted
 
@@ -25,7 +26,7 @@ def test_every_key_is_used_by_the_code():
 
     code = "\n".join(p.read_text() for p in pathlib.Path(REPO_CONFIG.parent, "kv_cache").rglob("*.py")
                      if p.name != "config.py")
-    for dotted, _, _ in iter_keys(Settings):
+    for dotted, _, _ in (*iter_keys(Settings), *iter_media_keys()):
         leaf = dotted.split(".")[-1]
         if dotted.startswith("profiles."):
             continue  # read through getattr(profile, ...) in the synthetic source
@@ -83,7 +84,7 @@ def test_config_yaml_is_what_the_generator_writes():
 
 def test_every_number_a_user_gives_is_bounded_above():
     """A 1e30 s duration never ends and a 1e30 GiB tier never finishes allocating: every number has a ceiling."""
-    unbounded = [d for d, f, t in iter_keys(Settings)
+    unbounded = [d for d, f, t in (*iter_keys(Settings), *iter_media_keys())
                  if (t in (int, float) or typing.get_origin(t) is tuple) and f.metadata.get("hi") is None]
     assert unbounded == []
 

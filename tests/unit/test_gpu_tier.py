@@ -125,17 +125,21 @@ def test_blocks_demote_from_gpu_to_cpu_with_their_bytes(pool):
     assert np.array_equal(gpu.slots.used_slots, 4)
 
 
-def test_build_puts_a_real_gpu_tier_on_top_and_checks_the_device_count():
+def test_build_puts_a_real_gpu_tier_on_top_and_checks_the_device_count(tmp_path):
     from kv_cache.config import resolve
-    from kv_cache.run.compose import build_tiers, geometry, workers
+    from kv_cache.run.compose import build_tiers, geometry, storage_site, workers
 
-    s = resolve(None, ["tiers.gpu_mem_gb=0.5", "tiers.gpus=2", "tiers.cpu_mem_gb=0.1", "schedule.workers=3"],
-                {"tiers.null_io": False})
+    s = resolve(None, ["tiers.gpu_mem_gb=0.5", "tiers.gpus=2", "tiers.cpu_mem_gb=0.1", "schedule.workers=3",
+                       "tiers.nvme_gb=0.25", f"tiers.cache_dir={tmp_path}"], {"tiers.null_io": False})
     geo = geometry(s)
-    tiers, notes = build_tiers(s, geo, None, gpu=FakeDevice(count=2))
-    assert [t.name for t in tiers] == ["gpu", "cpu", "nvme"]
-    gpu = tiers[0]
-    assert gpu.devices == [0, 1] and len(gpu.lanes.free) == workers(s) + 1
-    assert gpu.capacity_bytes == int(0.5 * 2**30) // geo.slot_bytes * geo.slot_bytes
+    tiers, notes = build_tiers(s, geo, storage_site(s, "gpu-build"), gpu=FakeDevice(count=2))
+    try:
+        assert [t.name for t in tiers] == ["gpu", "cpu", "nvme"]
+        gpu = tiers[0]
+        assert gpu.devices == [0, 1] and len(gpu.lanes.free) == workers(s) + 1
+        assert gpu.capacity_bytes == int(0.5 * 2**30) // geo.slot_bytes * geo.slot_bytes
+    finally:
+        for t in tiers:
+            t.close()
     with pytest.raises(UserError, match="--gpus 3 asks for more GPUs than the 2"):
-        build_tiers(resolve(None, ["tiers.gpus=3"], {}), geo, None, gpu=FakeDevice(count=2))
+        build_tiers(resolve(None, ["tiers.gpus=3", "tiers.null_io=true"], {}), geo, None, gpu=FakeDevice(count=2))

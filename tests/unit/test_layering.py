@@ -5,7 +5,7 @@ included).
 
 - a stage imports itself, the one stage after it, the recorder and the shared leaves;
 - the recorder imports itself and the shared leaves; the report, the recorder too;
-- the shared leaves (types, errors, model, signals, buffers, runlog, inputs, config) import only shared leaves;
+- the shared leaves (types, errors, model, signals, buffers, runlog, inputs, markers, config) import only shared leaves;
 - the composition root (run/) may import anything; nothing imports it but the entry points (__main__).
 A module outside these units fails: a new file has to be placed in the picture.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "kv_cache"
 FLOW = ["sources", "scheduler", "lifecycle", "cache", "tiers"]
-SHARED = {"__init__", "types", "errors", "model", "signals", "buffers", "runlog", "inputs", "config"}
+SHARED = {"__init__", "types", "errors", "model", "signals", "buffers", "runlog", "inputs", "markers", "config"}
 ROOT = "run"
 
 

