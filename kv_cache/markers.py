@@ -35,3 +35,18 @@ def is_alive(marker: dict) -> bool | None:
         return abs(proc.create_time() - float(marker.get("started", 0))) < 2.0  # not a reused pid
     except (psutil.Error, ValueError, TypeError):
         return False
+
+
+def sweep(leftovers, other_hosts: bool, dry_run: bool, say, remove, describe) -> int:
+    """Remove (with dry_run: list) what dead runs left; another host's run (maybe alive) only with other_hosts.
+    remove(x) removes one leftover, describe(x) names it; returns how many were (or would be) removed."""
+    removed = 0
+    for x in leftovers:
+        if x.other_host and not other_hosts:
+            say(f"kept (another host's run; pass --other-hosts once it is surely over): {describe(x)}")
+            continue
+        if not dry_run:
+            remove(x)
+        say(f"{'would remove' if dry_run else 'removed'} {describe(x)}")
+        removed += 1
+    return removed

@@ -116,7 +116,7 @@ def start_s3(folder: Path, bucket: str = "kvbench") -> Server:
             f"-filer.port={ports['filer']}", "-s3", f"-s3.port={ports['s3']}", f"-s3.config={config}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-metricsPort={ports['metrics']}", "-master.telemetry=false",
             f"-filer.localSocket={folder / 'filer.sock'}", f"-s3.localSocket={folder / 's3.sock'}",
-            "-volume.max=8", "-master.volumeSizeLimitMB=512"]
+            "-volume.max=64", "-master.volumeSizeLimitMB=512"]  # deleted objects' space returns only at a vacuum
     log = open(folder / "weed.log", "w")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder,
                             env=dict(os.environ, TMPDIR=str(folder)))  # its gRPC sockets: in its folder, not /tmp

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kv_cache.markers import is_alive, is_ours, marker_body
+from kv_cache.markers import is_alive, is_ours, marker_body, sweep
 
 MARKER = ".kvbench-run.json"
 DATA_PREFIX = "kvbench-"
@@ -120,18 +120,8 @@ def leftovers_note(cache_dir: str) -> str:
 
 def clean(parent: str, other_hosts: bool, dry_run: bool, say, prefix: str = DATA_PREFIX) -> int:
     """Remove the folders dead runs left under parent (of other hosts too with other_hosts); return how many."""
-    removed = 0
-    for x in find_leftovers(parent, prefix):
-        if x.other_host and not other_hosts:
-            say(f"kept (another host's run; pass --other-hosts once it is surely over): {x.describe()}")
-            continue
-        if dry_run:
-            say(f"would remove {x.describe()}")
-        else:
-            shutil.rmtree(x.path, ignore_errors=True)
-            say(f"removed {x.describe()}")
-        removed += 1
-    return removed
+    return sweep(find_leftovers(parent, prefix), other_hosts, dry_run, say,
+                 lambda x: shutil.rmtree(x.path, ignore_errors=True), lambda x: x.describe())
 
 
 def set_state(folder: str | os.PathLike, state: str) -> None:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from kv_cache.errors import RunFault, UserError
-from kv_cache.markers import is_alive, is_ours, marker_body
+from kv_cache.markers import is_alive, is_ours, marker_body, sweep
 from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier
 from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.registry import GiB, StackContext, register
@@ -169,18 +169,8 @@ def leftovers_note(store: Store, run_id: str) -> str:
 
 def clean(store: Store, other_hosts: bool, dry_run: bool, say) -> int:
     """Remove the namespaces dead runs left in store (of other hosts too with other_hosts); how many."""
-    removed = 0
-    for x in find_leftovers(store):
-        if x.other_host and not other_hosts:
-            say(f"kept (another host's run; pass --other-hosts once it is surely over): {x.describe(store.url)}")
-            continue
-        if dry_run:
-            say(f"would remove {x.describe(store.url)}")
-        else:
-            remove_run(store, x.run_id)
-            say(f"removed {x.describe(store.url)}")
-        removed += 1
-    return removed
+    return sweep(find_leftovers(store), other_hosts, dry_run, say, lambda x: remove_run(store, x.run_id),
+                 lambda x: x.describe(store.url))
 
 
 def build_remote(ctx: StackContext, name: str, open_store) -> tuple[SlottedTier | None, str]:

@@ -108,6 +108,8 @@ class _Obstore:
             return "bucket"
         if "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text or "AccessDenied" in text:
             return "denied"
+        if "non-2xx status code" in text:  # the server answered (its status is in the message's first line)
+            return "other"
         if "connect" in text.lower() or "timed out" in text.lower() or "timeout" in text.lower():
             return "down"
         return "other"

@@ -69,3 +69,18 @@ def test_keep_data_marks_the_namespace_kept_and_no_later_run_calls_it_a_leftover
     client = valkey.Valkey.from_url(valkey_server.url)
     client.delete(*keys)
     assert valkey_keys(valkey_server.url) == []
+
+
+@pytest.mark.slow
+def test_the_mlperf_output_names_the_remote_bottom_tier_and_claims_no_device_latency(valkey_server, tmp_path):
+    out = tmp_path / "mlperf.json"
+    r = run_cli(["--model", "llama3.1-8b", "--num-users", "4", "--duration", "600", "--max-requests", "6",
+                 "--block-tokens", "16", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.03", "--nvme", "off",
+                 "--remote-url", valkey_server.url, "--remote-gb", "0.25", "--output", str(out),
+                 "--output-dir", str(tmp_path), "--run-id", "ml", "--quiet"])
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    assert d["bottom_tier"] == "valkey" and d["storage_write_bandwidth_gbps"] > 0
+    assert d["nvme_read_device_p95_ms"] is None and d["nvme_write_device_p95_ms"] is None
+    assert any("network + server, not a device" in n for n in d["notes"])
+    assert valkey_keys(valkey_server.url) == []
