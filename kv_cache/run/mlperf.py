@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +35,6 @@ REFUSED = {  # reference flags with no honest equivalent here: one sentence each
                           "tests/scenario/test_hit_rate_reference.py checks hits against a reference simulator",
     "--enable-latency-tracing": "bpftrace is not run here; the run's telemetry reads the block layer's counters and "
                                 "--io-trace writes every block operation with a fio job beside it",
-    "--target-saturation": "the QoS autoscaler here searches the largest user count whose SLAs hold; set the SLA "
-                           "targets (qos.<class>.*) instead of a saturation level",
     "--precondition-threads": "preconditioning here writes the tier sequentially with one writer per slab",
 }
 
@@ -78,6 +78,7 @@ def _parser() -> Parser:
     add("--io-trace-log")
     add("--storage-capacity-gb", type=_amount)
     add("--log-level")
+    add("--target-saturation", type=_amount)
     for flag in REFUSED:
         add(flag, nargs="?")
     return p
@@ -86,6 +87,42 @@ def _parser() -> Parser:
 REFERENCE_FLAGS = {a.option_strings[0] for a in _parser()._actions}
 # ours too, by the same name: alone they do not make a reference command line
 SHARED_FLAGS = {"--gpu-mem-gb", "--request-rate", "--max-conversations"}
+# the reference's flags that are ours too, by name and meaning: they pass through to our parser
+PASS_THROUGH = {"--model", "--duration", "--cpu-mem-gb", "--cache-dir", "--seed", "--max-requests",
+                "--trace-speedup", "--replay-cycles", "--precondition", "--config"}
+
+
+def expand_prefixes(argv: list[str], ours: set[str]) -> tuple[list[str], list[str]]:
+    """The reference's argparse takes an unambiguous prefix of its flags (--num-user 6); ours takes none (a typo
+    is refused). A prefix of a flag only the reference has makes the command line a reference one; in one,
+    prefixes of all its flags expand, and an ambiguous one is refused naming the candidates. Returns the command
+    line and a note per expansion."""
+    argv, notes = _expand(argv, ours, REFERENCE_FLAGS - SHARED_FLAGS, strict=False)
+    if not speaks_reference(argv):
+        return argv, notes
+    argv, more = _expand(argv, ours, REFERENCE_FLAGS | PASS_THROUGH, strict=True)
+    return argv, notes + more
+
+
+def _expand(argv: list[str], ours: set[str], targets: set[str], strict: bool) -> tuple[list[str], list[str]]:
+    out, notes = [], []
+    for i, a in enumerate(argv):
+        if a == "--":
+            return out + argv[i:], notes
+        name, eq, value = a.partition("=")
+        if not name.startswith("--") or name in ours or name in REFERENCE_FLAGS or name in PASS_THROUGH:
+            out.append(a)
+            continue
+        found = sorted(f for f in targets if f.startswith(name))
+        if len(found) == 1:
+            out.append(found[0] + eq + value)
+            notes.append(f"{name}: taken as {found[0]} (the MLPerf reference accepts an unambiguous prefix)")
+            continue
+        if len(found) > 1 and strict:
+            raise UserError(f"{name} is a prefix of several MLPerf reference flags ({', '.join(found)}); spell "
+                            f"out the one you mean.")
+        out.append(a)
+    return out, notes
 
 
 @dataclass
@@ -142,12 +179,15 @@ def translate(argv: list[str]) -> Translation:
     for flag, why in REFUSED.items():
         if getattr(ns, flag[2:].replace("-", "_")) is not None or flag in argv:
             raise UserError(f"{flag} (MLPerf reference) is not supported here: {why}; drop it.")
+    if ns.output:
+        _check_output(ns.output)
     sets, notes = Sets(), []
     given = {a.split("=", 1)[0] for a in rest if a.startswith("--")}
     _config(rest, sets, notes)
     _load(ns, sets, notes)
     _tiers(ns, sets, notes, given)
     _traffic(ns, sets, notes)
+    _no_delay(ns, rest, sets, notes)
     _roles(ns, rest, sets, notes)
     _refuse_twice(sets, rest)
     idle = [k for k in sets if k.startswith("rag.") and k != "rag.enabled"] if not sets.get("rag.enabled") else []
@@ -169,6 +209,21 @@ def translate(argv: list[str]) -> Translation:
     if ns.output and not _value_of(rest, "--run-id"):  # --output reads the run's folder: name it
         argv_out += ["--run-id", f"{Path(ns.output).stem or 'mlperf'}-{time.strftime('%Y%m%dT%H%M%S')}"]
     return Translation(argv_out, notes, ns.output, ns.performance_profile or "latency", sets.origin)
+
+
+def _check_output(path: str) -> None:
+    """--output FILE, checked before the run (not found unwritable after it)."""
+    from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
+
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"--output {path} is a folder; name a file in it (e.g. {target / 'mlperf.json'}).")
+    parent = target.parent
+    if not parent.is_dir():
+        raise UserError(f"--output {path}: folder {parent} does not exist; create it or name a file elsewhere.")
+    refuse_system_dir(str(parent), "--output", FILES)
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UserError(f"--output {path} cannot be written (permissions); name a file you may write.")
 
 
 def _refuse_twice(sets: Sets, rest: list[str]) -> None:
@@ -212,6 +267,10 @@ def _load(ns, sets: dict, notes: list[str]) -> None:
         sets.put("schedule.request_rate", ns.request_rate, "--request-rate")
         notes.append(f"--request-rate {ns.request_rate:g}: Poisson arrivals at that mean rate (the reference sleeps "
                      f"1/rate between ShareGPT requests)")
+    if ns.target_saturation is not None:
+        notes.append(f"--target-saturation {ns.target_saturation:g}: accepted, not used: the QoS autoscaler here "
+                     f"searches the largest user count whose SLA targets hold (qos.<class>.*), not a saturation "
+                     f"level")
     if ns.performance_profile:
         notes.append(f"--performance-profile {ns.performance_profile}: no pass/fail here; --output writes the "
                      f"reference's {ns.performance_profile} criteria judged on our figures (storage_health)")
@@ -252,8 +311,33 @@ def _traffic(ns, sets: dict, notes: list[str]) -> None:
     elif ns.use_burst_trace:
         sets.put("trace.path", ns.burst_trace_path or "BurstGPT/data/BurstGPT_1.csv", "--use-burst-trace")
         sets.put("trace.format", "burstgpt", "--use-burst-trace")
-    elif ns.max_conversations is not None:
-        sets.put("trace.max_conversations", ns.max_conversations, "--max-conversations")
+    elif ns.max_conversations is not None:  # the reference reads it only with a dataset: ignored, as there
+        notes.append(f"--max-conversations {ns.max_conversations}: not applied, no --dataset-path (as in the "
+                     f"reference)")
+
+
+def _no_delay(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
+    """--trace-speedup 0, the reference's "no delay": requests back to back, not at their timestamps."""
+    value = _value_of(rest, "--trace-speedup")
+    try:
+        if value is None or float(value) != 0:
+            return
+    except ValueError:
+        return  # our parser says what is wrong with it
+    _drop(rest, "--trace-speedup")
+    if not (ns.dataset_path or ns.use_burst_trace):
+        notes.append("--trace-speedup 0: not applied, no trace (--use-burst-trace or --dataset-path)")
+        return
+    sets.put("schedule.arrival", "closed", "--trace-speedup 0")
+    sets.put("schedule.think_time_s", [0.0, 0.0], "--trace-speedup 0")
+    notes.append("--trace-speedup 0 (the reference's no delay): the trace's requests are issued back to back as "
+                 "workers free up (closed loop, no think time), not at their timestamps")
+
+
+def _drop(rest: list[str], flag: str) -> None:
+    """Remove flag and its value from rest (read here: our parser must not see it)."""
+    i = next(i for i, a in enumerate(rest) if a == flag or a.startswith(flag + "="))
+    del rest[i:i + (2 if rest[i] == flag else 1)]
 
 
 def _roles(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
@@ -277,9 +361,35 @@ def _roles(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
 
 # ---------------------------------------------------------------------------- the reference's config.yaml
 
-REFERENCE_SECTIONS = {"user_templates", "generation_timing", "qos_profiles", "qos_distribution", "eviction",
-                      "gpu_backend", "prefix_cache", "rag", "conversation", "autoscaler", "decode", "sharegpt",
-                      "saturation_detection", "validation_limits", "model_configs"}
+_TEMPLATE_KEYS = {"context_range", "generation_range", "think_time_range"}
+_QOS_KEYS = {"target_latency_p95_ms", "target_latency_p99_ms", "target_latency_p999_ms", "target_latency_p9999_ms",
+             "priority"}
+MODEL_FIELDS = {"name", "num_layers", "hidden_dim", "num_heads", "kv_heads", "dtype", "kv_dim_per_head",
+                "attention_type", "kv_lora_rank", "qk_rope_head_dim"}
+# the reference's strict config schema (README: "MLPerf front door"; ../shared/reference/mlperf_reference.md
+# section 2): a section's keys, or for two-level sections each entry's keys; model_configs' entries are any name
+REFERENCE_SCHEMA: dict[str, set | dict] = {
+    "user_templates": dict.fromkeys(("chatbot", "coding", "document"), _TEMPLATE_KEYS),
+    "generation_timing": {"none", "fast", "realistic"},
+    "qos_profiles": dict.fromkeys(("interactive", "responsive", "batch"), _QOS_KEYS),
+    "qos_distribution": {"interactive_probability", "responsive_threshold"},
+    "eviction": {"max_recursion_depth", "target_usage_ratio", "large_entry_limit_ratio", "max_evictions_hard_cap",
+                 "max_evictions_min"},
+    "gpu_backend": {"memory_fraction", "max_eviction_attempts", "free_memory_threshold"},
+    "prefix_cache": {"min_prefix_length", "max_prefix_entries", "system_prompt_hit_probability"},
+    "rag": {"chunk_size_tokens", "top_k_chunks", "max_chunk_bytes", "request_probability", "retrieval_distribution",
+            "max_documents", "large_model_doc_tokens_min", "large_model_doc_tokens_max", "small_model_doc_tokens_min",
+            "small_model_doc_tokens_max"},
+    "conversation": {"max_conversations", "max_turns_per_conv", "end_conversation_probability"},
+    "autoscaler": {"min_users", "max_users", "scale_up_factor", "scale_down_factor", "consecutive_samples_required"},
+    "decode": {"batch_size"},
+    "sharegpt": {"max_context_tokens", "max_generation_tokens", "chars_per_token_estimate"},
+    "saturation_detection": {"read_latency_p95_threshold_ms", "write_latency_p95_threshold_ms",
+                             "queue_depth_threshold", "history_window_size"},
+    "validation_limits": {"max_users", "max_duration_seconds", "max_gpu_memory_gb", "max_cpu_memory_gb"},
+    "model_configs": {},
+}
+REFERENCE_SECTIONS = set(REFERENCE_SCHEMA)
 OUR_SECTIONS = {f.name for f in dataclasses.fields(Settings)}
 
 
@@ -300,9 +410,12 @@ def _config(rest: list[str], sets: Sets, notes: list[str]) -> None:
     if unknown:
         raise UserError(f"config file {path}: section {unknown[0]!r} is in neither the MLPerf reference's schema nor "
                         f"ours; remove it.")
-    i = rest.index("--config") if "--config" in rest else next(i for i, a in enumerate(rest) if
-                                                               a.startswith("--config="))
-    del rest[i:i + (2 if rest[i] == "--config" else 1)]  # read here; our own defaults stay the base
+    for section, body in data.items():
+        _check_keys(path, section, body)
+    _drop(rest, "--config")  # read here; our own defaults stay the base
+    if data.get("model_configs"):
+        sets.source = f"config file {path}: model_configs"
+        _models(data.pop("model_configs"), _value_of(rest, "--model") or DEFAULTS["model.name"], sets, notes)
     sets.source = f"config file {path}: qos_distribution"
     unused = _qos_mix(data.pop("qos_distribution", None) or {}, sets)
     for section, body in data.items():
@@ -312,6 +425,66 @@ def _config(rest: list[str], sets: Sets, notes: list[str]) -> None:
     sets.source = ""
     if unused:
         notes.append(f"config {path}: not applied here (no equivalent, or fixed by design): {', '.join(unused)}")
+
+
+def _check_keys(path: str, section: str, body) -> None:
+    """Refuse a key the reference's strict schema refuses (it raises ValueError), by name, with the nearest."""
+    if body is None:
+        return
+    known = REFERENCE_SCHEMA[section]
+    if not isinstance(body, dict):
+        raise UserError(f"config file {path}: {section} must be a mapping, as the MLPerf reference reads it.")
+    for k, v in body.items():
+        if section == "model_configs" or isinstance(known, dict):
+            fields = MODEL_FIELDS if section == "model_configs" else known.get(k)
+            if fields is None:
+                _unknown(path, f"{section}.{k}", known)
+            if not isinstance(v, dict):
+                raise UserError(f"config file {path}: {section}.{k} must be a mapping, as the MLPerf reference "
+                                f"reads it.")
+            for kk in v:
+                if kk not in fields:
+                    _unknown(path, f"{section}.{k}.{kk}", fields)
+        elif k not in known:
+            _unknown(path, f"{section}.{k}", known)
+
+
+def _unknown(path: str, dotted: str, known) -> None:
+    near = difflib.get_close_matches(dotted.rsplit(".", 1)[1], list(known), 1)
+    hint = f"did you mean {near[0]}?" if near else f"known: {', '.join(sorted(known))}"
+    raise UserError(f"config file {path}: {dotted} is not in the MLPerf reference's schema (it refuses it too); "
+                    f"{hint}")
+
+
+_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "fp8"}  # same bytes per element
+
+
+def _models(body: dict, chosen: str, sets: Sets, notes: list[str]) -> None:
+    """model_configs as our models (merged over the built-ins, new names allowed); the chosen model's dtype sets
+    --kv-dtype, as the reference sizes a token with it."""
+    from kv_cache.model import all_models
+
+    builtin = {n: m.name for m in all_models() for n in (m.name, *m.aliases)}
+    models = {}
+    for key, spec in body.items():
+        layers, attention = spec.get("num_layers"), spec.get("attention_type", "mha")
+        if attention == "mla":
+            ours = {"layers": layers, "attention": "mla", "kv_lora_rank": spec.get("kv_lora_rank"),
+                    "rope_dim": spec.get("qk_rope_head_dim")}
+        else:
+            heads, hidden = spec.get("num_heads"), spec.get("hidden_dim")
+            head_dim = spec.get("kv_dim_per_head") or (hidden // heads if hidden and heads else None)
+            ours = {"layers": layers, "kv_heads": spec.get("kv_heads"), "head_dim": head_dim}
+        missing = [k for k, v in ours.items() if v is None]
+        if missing:
+            notes.append(f"model_configs.{key}: not applied, it lacks what sizes a token here ({', '.join(missing)}"
+                         f"; the reference merges a partial entry over its built-in, whose fields are not ours)")
+            continue
+        models[builtin.get(key, key)] = ours  # a built-in's name or alias: that model is replaced
+        if key == chosen and spec.get("dtype") in _DTYPES:
+            sets["model.kv_dtype"] = _DTYPES[spec["dtype"]]
+    if models:
+        sets["models"] = models
 
 
 def _qos_mix(body: dict, sets: dict) -> list[str]:

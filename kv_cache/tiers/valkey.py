@@ -50,6 +50,26 @@ def stored_bytes(nbytes: int) -> int:
     return -(-n // step) * step
 
 
+def _exact(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        got = sock.recv(n - len(data))
+        if not got:
+            raise ConnectionError("the server closed the connection")
+        data += got
+    return data
+
+
+def _line(sock, most: int = 1024) -> bytes:
+    """A reply's first line, without its CRLF, read a byte at a time (never past it: the value follows)."""
+    line = b""
+    while not line.endswith(b"\r\n"):
+        if len(line) > most:
+            raise ConnectionError(f"a reply line longer than {most} bytes: {line[:most]!r}")
+        line += _exact(sock, 1)
+    return line[:-2]
+
+
 class ValkeyStore:
     """A Valkey/Redis server behind a URL, as a remote tier uses it (see tiers/remote.py's Store)."""
 
@@ -160,23 +180,47 @@ class ValkeyStore:
             raise self._fault(f"writing {name}", e) from None
 
     def get_into(self, name: str, out: np.ndarray) -> None:
+        """GET a block's values (pipelined) straight into out: each reply's bytes go from the socket into the
+        block's buffer (recv_into, the GIL released), not through the client's reply parser, which copies a value
+        twice under the GIL (make bench: 4 threads' GETs of 2 MiB at 0.70 of redis-benchmark that way)."""
         parts = self._parts(name, out.size)
+        conn = None
         try:
-            if len(parts) == 1:
-                values = [self.client.get(name)]
-            else:
-                pipe = self.client.pipeline(transaction=False)
-                for k, _, _ in parts:
-                    pipe.get(k)
-                values = pipe.execute()
-        except self.errors.ValkeyError as e:
-            raise self._fault(f"reading {name}", e) from None
-        for (k, off, n), v in zip(parts, values):
-            if v is None or len(v) != n:
-                got = "gone" if v is None else f"{len(v):,} bytes instead of {n:,}"
-                raise RunFault(f"{self.url}: key {k} the run wrote is {got} (maxmemory-policy {self.policy or '?'}: "
-                               f"the server evicts or changed it; run with noeviction).")
-            np.copyto(out[off:off + n], np.frombuffer(v, dtype=np.uint8))
+            conn = self.pool.get_connection("GET")
+            conn.send_packed_command(conn.pack_commands([("GET", k) for k, _, _ in parts]))
+            for k, off, n in parts:
+                self._bulk_into(conn._sock, k, out[off:off + n])
+        except BaseException as e:
+            if conn is not None:
+                conn.disconnect()  # a reply read halfway: the connection is out of step, a new one replaces it
+            if isinstance(e, OSError):  # the socket's own timeout or error
+                e = (self.errors.TimeoutError if isinstance(e, TimeoutError) else self.errors.ConnectionError)(str(e))
+            if isinstance(e, self.errors.ValkeyError):
+                raise self._fault(f"reading {name}", e) from None
+            raise
+        finally:
+            if conn is not None:
+                self.pool.release(conn)
+
+    def _bulk_into(self, sock, key: str, out: np.ndarray) -> None:
+        """One RESP bulk-string reply ($<n>CRLF<n bytes>CRLF) read into out, which must hold exactly n bytes."""
+        head = _line(sock)
+        if head[:1] == b"-":
+            raise RunFault(f"{self.url} refused reading {key}: {head[1:].decode(errors='replace')}.")
+        n = int(head[1:]) if head[:1] == b"$" else None
+        if n is None or n != out.size:
+            got = "gone" if n == -1 else f"{n:,} bytes instead of {out.size:,}" if n is not None else repr(head[:40])
+            raise RunFault(f"{self.url}: key {key} the run wrote is {got} (maxmemory-policy {self.policy or '?'}: "
+                           f"the server evicts or changed it; run with noeviction).")
+        view = memoryview(out).cast("B")
+        done = 0
+        while done < n:
+            got = sock.recv_into(view[done:], n - done)
+            if not got:
+                raise ConnectionError("the server closed the connection")
+            done += got
+        if _exact(sock, 2) != b"\r\n":
+            raise RunFault(f"{self.url}: the reply for key {key} does not end where its length says.")
 
     def delete(self, names: list[tuple[str, int]]) -> None:
         self.remove([k for name, nbytes in names for k, _, _ in self._parts(name, nbytes)])

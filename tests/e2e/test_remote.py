@@ -84,3 +84,36 @@ def test_the_mlperf_output_names_the_remote_bottom_tier_and_claims_no_device_lat
     assert d["nvme_read_device_p95_ms"] is None and d["nvme_write_device_p95_ms"] is None
     assert any("network + server, not a device" in n for n in d["notes"])
     assert valkey_keys(valkey_server.url) == []
+
+
+def test_a_block_the_server_lost_or_changed_is_a_fault_and_the_next_read_still_works(valkey_server):
+    """GETs land in the block's buffer straight from the socket: a missing or resized value is a RunFault naming
+    the key, and the connection left halfway through a reply is not read from again (the next read is right)."""
+    import numpy as np
+    import valkey
+
+    from kv_cache.errors import RunFault
+    from kv_cache.tiers.remote import RemoteTier
+    from kv_cache.tiers.valkey import ValkeySettings, open_store
+
+    for part_mb in (0.0, 20 / 1024):  # one value per block, and a block split into 20 KiB values
+        store = open_store(valkey_server.url, ValkeySettings(part_mb=part_mb))
+        store.check()
+        tier = RemoteTier("valkey", store, f"lost-{part_mb:g}", 1 << 20, 64 << 10, "test")
+        block = np.arange(64 << 10, dtype=np.uint32).view(np.uint8)[: 64 << 10].copy()
+        out = np.zeros_like(block)
+        for key in (1, 2, 3):
+            tier.put(key, block)
+        raw = valkey.Valkey.from_url(valkey_server.url)
+        gone = [k.decode() for k in raw.scan_iter(match=f"kvbench-lost-{part_mb:g}:{1:016x}*")]
+        raw.delete(gone[-1])
+        with pytest.raises(RunFault, match="is gone"):
+            tier.get(1, out)
+        changed = [k.decode() for k in raw.scan_iter(match=f"kvbench-lost-{part_mb:g}:{2:016x}*")]
+        raw.set(changed[0], b"short")
+        with pytest.raises(RunFault, match="5 bytes instead of"):
+            tier.get(2, out)
+        tier.get(3, out)
+        assert np.array_equal(out, block)
+        tier.close()
+    assert valkey_keys(valkey_server.url) == []

@@ -1,0 +1,89 @@
+"""Issue 27 (part 3): what the MLPerf reference accepts is accepted here — its "no delay", its saturation target,
+--max-conversations without a dataset, prefixes of its flags, its model_configs — and what it refuses (a key
+outside its strict config schema, an --output that cannot be written) is refused, before the run."""
+
+import pytest
+from conftest import SMALL, bounded, run_cli
+from helpers import assert_clean_error
+
+from kv_cache.config import resolve
+from kv_cache.errors import UserError
+from kv_cache.model import find_model
+from kv_cache.run.mlperf import expand_prefixes, translate
+
+OURS = {"--users", "--duration", "--model", "--output-dir", "--max-requests", "--seed", "--cache-dir"}
+
+
+def settings_of(*argv):
+    t = translate(list(argv))
+    sets = [t.argv[i + 1] for i, a in enumerate(t.argv) if a == "--set"]
+    return resolve(None, sets, {}), t
+
+
+def test_trace_speedup_zero_is_no_delay_back_to_back(tmp_path):
+    trace = tmp_path / "burst.csv"
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     + "".join(f"{i * 5.0:.1f},ChatGPT,100,20,120,Conversation log\n" for i in range(10)))
+    s, t = settings_of("--use-burst-trace", "--burst-trace-path", str(trace), "--trace-speedup", "0")
+    assert s.schedule.arrival == "closed" and s.schedule.think_time_s == (0.0, 0.0)
+    assert "--trace-speedup" not in t.argv and any("no delay" in n for n in t.notes)
+    _, alone = settings_of("--num-users", "4", "--trace-speedup", "0")  # no trace: nothing to speed up
+    assert any("--trace-speedup 0: not applied" in n for n in alone.notes)
+
+
+def test_target_saturation_and_max_conversations_alone_are_accepted_with_a_note():
+    _, t = settings_of("--num-users", "4", "--target-saturation", "0.8", "--max-conversations", "50")
+    assert any(n.startswith("--target-saturation 0.8: accepted, not used") for n in t.notes)
+    assert any(n.startswith("--max-conversations 50: not applied, no --dataset-path") for n in t.notes)
+    assert not any("--set trace.max_conversations" in a for a in t.argv)
+
+
+def test_an_unambiguous_prefix_of_their_flags_is_taken_and_said():
+    argv, notes = expand_prefixes(["--num-user", "6", "--dur", "5", "--users-typo", "3"], OURS)
+    assert argv[:4] == ["--num-users", "6", "--duration", "5"] and argv[4] == "--users-typo"
+    assert "--num-user: taken as --num-users" in notes[0] and "--dur: taken as --duration" in notes[1]
+    # our own command line keeps refusing prefixes: --dur alone is not a reference command line
+    assert expand_prefixes(["--dur", "5"], OURS) == (["--dur", "5"], [])
+    with pytest.raises(UserError, match="prefix of several MLPerf reference flags"):
+        expand_prefixes(["--num-users", "2", "--enable", "x"], OURS)  # --enable-rag, --enable-autoscaling, ...
+
+
+def test_a_prefix_runs_end_to_end(tmp_path):
+    r = run_cli(["--num-user", "2", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--config", str(SMALL),
+                 "--storage-capacity-gb", "0.25", "--cache-dir", str(tmp_path), "--output-dir", str(tmp_path / "o"),
+                 *bounded(2)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--num-user: taken as --num-users" in r.stdout
+
+
+def test_a_key_outside_their_strict_schema_is_refused_by_name(tmp_path):
+    cfg = tmp_path / "ref.yaml"
+    cfg.write_text("user_templates:\n  chatbot: {context_rnage: [100, 200]}\n")
+    with pytest.raises(UserError, match=r"user_templates\.chatbot\.context_rnage .*did you mean context_range"):
+        translate(["--config", str(cfg)])
+    cfg.write_text("eviction: {target_usage: 0.8}\nuser_templates: {}\n")
+    with pytest.raises(UserError, match=r"eviction\.target_usage is not in the MLPerf reference's schema"):
+        translate(["--config", str(cfg)])
+
+
+def test_their_model_configs_are_applied(tmp_path):
+    cfg = tmp_path / "ref.yaml"
+    cfg.write_text("model_configs:\n"
+                   "  my-model: {name: Mine, num_layers: 10, hidden_dim: 2048, num_heads: 16, kv_heads: 4,"
+                   " dtype: float32}\n"
+                   "  llama3.1-8b: {num_layers: 16, hidden_dim: 4096, num_heads: 32, kv_heads: 8, dtype: float16}\n"
+                   "  half: {num_layers: 4}\n")
+    s, t = settings_of("--config", str(cfg), "--model", "my-model")
+    mine = find_model("my-model", s.models)
+    assert mine.bytes_per_token(s.model.kv_dtype) == 10 * 4 * 128 * 2 * 4  # float32: as the reference sizes it
+    assert find_model("llama3.1-8b", s.models).bytes_per_token("fp16") == 16 * 8 * 128 * 2 * 2  # replaced
+    assert any(n.startswith("model_configs.half: not applied") for n in t.notes)
+
+
+@pytest.mark.parametrize("where, says", [("folder", "is a folder"), ("missing/x.json", "does not exist")])
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, where, says):
+    (tmp_path / "folder").mkdir()
+    r = run_cli(["--num-users", "2", "--output", str(tmp_path / where), "--output-dir", str(tmp_path / "o"),
+                 "--cache-dir", str(tmp_path)], timeout=60)
+    assert_clean_error(r, "--output", says)
+    assert not (tmp_path / "o").exists()  # refused before anything was reserved
