@@ -22,6 +22,14 @@ HOST = "127.0.0.1"
 S3_KEY, S3_SECRET = "kvbench", "kvbench-secret-key"
 
 
+def _die_with_parent() -> None:
+    """In the server's child process: SIGKILL it when the test or bench process that started it dies (a killed
+    pytest leaves no server behind)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -89,7 +97,8 @@ def start_valkey(folder: Path, password: str = "", maxmemory: str = "", policy: 
         args += ["--requirepass", password]
     if maxmemory:
         args += ["--maxmemory", maxmemory]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_die_with_parent)
     _wait(proc, port, 10.0, folder / "valkey.log")
     auth = f":{password}@" if password else ""
     return Server(f"valkey://{auth}{HOST}:{port}/0", proc, folder)
@@ -119,6 +128,7 @@ def start_s3(folder: Path, bucket: str = "kvbench") -> Server:
             "-volume.max=64", "-master.volumeSizeLimitMB=512"]  # deleted objects' space returns only at a vacuum
     log = open(folder / "weed.log", "w")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder,
+                            preexec_fn=_die_with_parent,
                             env=dict(os.environ, TMPDIR=str(folder)))  # its gRPC sockets: in its folder, not /tmp
     log.close()
     env = {"AWS_ENDPOINT_URL": f"http://{HOST}:{ports['s3']}", "AWS_ACCESS_KEY_ID": S3_KEY,
