@@ -13,8 +13,6 @@ The flags the reference shares with us by name and meaning (--model, --duration,
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import difflib
 import json
 import math
 import os
@@ -25,6 +23,7 @@ from pathlib import Path
 from kv_cache.config import Settings, flag_name, iter_keys, read_config_file
 from kv_cache.errors import UserError
 from kv_cache.run.args import Parser
+from kv_cache.run.mlperf_config import apply_config, is_reference_config
 
 GENERATION_MS = {"none": 0.0, "fast": 2.0, "realistic": 30.0}  # the reference's sleep per output token
 DEFAULTS = {"model.name": "llama3.1-8b", "workload.users": 100, "workload.generation_ms_per_token": 30.0,
@@ -161,7 +160,7 @@ def speaks_reference(argv: list[str]) -> bool:
     if flags & (REFERENCE_FLAGS - SHARED_FLAGS):
         return True
     config = _value_of(argv, "--config")
-    return bool(config) and Path(config).is_file() and _is_reference_config(read_config_file(Path(config)))
+    return bool(config) and Path(config).is_file() and is_reference_config(read_config_file(Path(config)))
 
 
 def _value_of(argv: list[str], flag: str) -> str | None:
@@ -359,171 +358,13 @@ def _roles(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
         sets.put("disagg.role", "decode", "--decode-only")
 
 
-# ---------------------------------------------------------------------------- the reference's config.yaml
-
-_TEMPLATE_KEYS = {"context_range", "generation_range", "think_time_range"}
-_QOS_KEYS = {"target_latency_p95_ms", "target_latency_p99_ms", "target_latency_p999_ms", "target_latency_p9999_ms",
-             "priority"}
-MODEL_FIELDS = {"name", "num_layers", "hidden_dim", "num_heads", "kv_heads", "dtype", "kv_dim_per_head",
-                "attention_type", "kv_lora_rank", "qk_rope_head_dim"}
-# the reference's strict config schema (README: "MLPerf front door"; ../shared/reference/mlperf_reference.md
-# section 2): a section's keys, or for two-level sections each entry's keys; model_configs' entries are any name
-REFERENCE_SCHEMA: dict[str, set | dict] = {
-    "user_templates": dict.fromkeys(("chatbot", "coding", "document"), _TEMPLATE_KEYS),
-    "generation_timing": {"none", "fast", "realistic"},
-    "qos_profiles": dict.fromkeys(("interactive", "responsive", "batch"), _QOS_KEYS),
-    "qos_distribution": {"interactive_probability", "responsive_threshold"},
-    "eviction": {"max_recursion_depth", "target_usage_ratio", "large_entry_limit_ratio", "max_evictions_hard_cap",
-                 "max_evictions_min"},
-    "gpu_backend": {"memory_fraction", "max_eviction_attempts", "free_memory_threshold"},
-    "prefix_cache": {"min_prefix_length", "max_prefix_entries", "system_prompt_hit_probability"},
-    "rag": {"chunk_size_tokens", "top_k_chunks", "max_chunk_bytes", "request_probability", "retrieval_distribution",
-            "max_documents", "large_model_doc_tokens_min", "large_model_doc_tokens_max", "small_model_doc_tokens_min",
-            "small_model_doc_tokens_max"},
-    "conversation": {"max_conversations", "max_turns_per_conv", "end_conversation_probability"},
-    "autoscaler": {"min_users", "max_users", "scale_up_factor", "scale_down_factor", "consecutive_samples_required"},
-    "decode": {"batch_size"},
-    "sharegpt": {"max_context_tokens", "max_generation_tokens", "chars_per_token_estimate"},
-    "saturation_detection": {"read_latency_p95_threshold_ms", "write_latency_p95_threshold_ms",
-                             "queue_depth_threshold", "history_window_size"},
-    "validation_limits": {"max_users", "max_duration_seconds", "max_gpu_memory_gb", "max_cpu_memory_gb"},
-    "model_configs": {},
-}
-REFERENCE_SECTIONS = set(REFERENCE_SCHEMA)
-OUR_SECTIONS = {f.name for f in dataclasses.fields(Settings)}
-
-
-def _is_reference_config(data: dict) -> bool:
-    """Sections only the reference has, and none only ours has (rag is in both)."""
-    keys = set(data)
-    return bool(keys & (REFERENCE_SECTIONS - OUR_SECTIONS)) and not keys & (OUR_SECTIONS - REFERENCE_SECTIONS)
-
-
 def _config(rest: list[str], sets: Sets, notes: list[str]) -> None:
+    """A --config file of the reference's: read here (our own defaults stay the base), mapped onto our keys."""
     path = _value_of(rest, "--config")
     if not path:
         return
     data = read_config_file(Path(path))
-    if not _is_reference_config(data):
+    if not is_reference_config(data):
         return
-    unknown = sorted(set(data) - REFERENCE_SECTIONS)
-    if unknown:
-        raise UserError(f"config file {path}: section {unknown[0]!r} is in neither the MLPerf reference's schema nor "
-                        f"ours; remove it.")
-    for section, body in data.items():
-        _check_keys(path, section, body)
-    _drop(rest, "--config")  # read here; our own defaults stay the base
-    if data.get("model_configs"):
-        sets.source = f"config file {path}: model_configs"
-        _models(data.pop("model_configs"), _value_of(rest, "--model") or DEFAULTS["model.name"], sets, notes)
-    sets.source = f"config file {path}: qos_distribution"
-    unused = _qos_mix(data.pop("qos_distribution", None) or {}, sets)
-    for section, body in data.items():
-        for k, v in (body or {}).items():
-            sets.source = f"config file {path}: {section}.{k}"
-            unused += [f"{section}.{k}{'.' + sub if sub else ''}" for sub in _config_key(section, k, v, sets)]
-    sets.source = ""
-    if unused:
-        notes.append(f"config {path}: not applied here (no equivalent, or fixed by design): {', '.join(unused)}")
-
-
-def _check_keys(path: str, section: str, body) -> None:
-    """Refuse a key the reference's strict schema refuses (it raises ValueError), by name, with the nearest."""
-    if body is None:
-        return
-    known = REFERENCE_SCHEMA[section]
-    if not isinstance(body, dict):
-        raise UserError(f"config file {path}: {section} must be a mapping, as the MLPerf reference reads it.")
-    for k, v in body.items():
-        if section == "model_configs" or isinstance(known, dict):
-            fields = MODEL_FIELDS if section == "model_configs" else known.get(k)
-            if fields is None:
-                _unknown(path, f"{section}.{k}", known)
-            if not isinstance(v, dict):
-                raise UserError(f"config file {path}: {section}.{k} must be a mapping, as the MLPerf reference "
-                                f"reads it.")
-            for kk in v:
-                if kk not in fields:
-                    _unknown(path, f"{section}.{k}.{kk}", fields)
-        elif k not in known:
-            _unknown(path, f"{section}.{k}", known)
-
-
-def _unknown(path: str, dotted: str, known) -> None:
-    near = difflib.get_close_matches(dotted.rsplit(".", 1)[1], list(known), 1)
-    hint = f"did you mean {near[0]}?" if near else f"known: {', '.join(sorted(known))}"
-    raise UserError(f"config file {path}: {dotted} is not in the MLPerf reference's schema (it refuses it too); "
-                    f"{hint}")
-
-
-_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "fp8"}  # same bytes per element
-
-
-def _models(body: dict, chosen: str, sets: Sets, notes: list[str]) -> None:
-    """model_configs as our models (merged over the built-ins, new names allowed); the chosen model's dtype sets
-    --kv-dtype, as the reference sizes a token with it."""
-    from kv_cache.model import all_models
-
-    builtin = {n: m.name for m in all_models() for n in (m.name, *m.aliases)}
-    models = {}
-    for key, spec in body.items():
-        layers, attention = spec.get("num_layers"), spec.get("attention_type", "mha")
-        if attention == "mla":
-            ours = {"layers": layers, "attention": "mla", "kv_lora_rank": spec.get("kv_lora_rank"),
-                    "rope_dim": spec.get("qk_rope_head_dim")}
-        else:
-            heads, hidden = spec.get("num_heads"), spec.get("hidden_dim")
-            head_dim = spec.get("kv_dim_per_head") or (hidden // heads if hidden and heads else None)
-            ours = {"layers": layers, "kv_heads": spec.get("kv_heads"), "head_dim": head_dim}
-        missing = [k for k, v in ours.items() if v is None]
-        if missing:
-            notes.append(f"model_configs.{key}: not applied, it lacks what sizes a token here ({', '.join(missing)}"
-                         f"; the reference merges a partial entry over its built-in, whose fields are not ours)")
-            continue
-        models[builtin.get(key, key)] = ours  # a built-in's name or alias: that model is replaced
-        if key == chosen and spec.get("dtype") in _DTYPES:
-            sets["model.kv_dtype"] = _DTYPES[spec["dtype"]]
-    if models:
-        sets["models"] = models
-
-
-def _qos_mix(body: dict, sets: dict) -> list[str]:
-    """qos_distribution -> qos.mix; a key it leaves out takes the reference's default (0.15, cumulative 0.50)."""
-    if not body:
-        return []
-    a = body.get("interactive_probability", 0.15)
-    b = body.get("responsive_threshold", 0.50)
-    sets["qos.mix"] = f"interactive={a:g},responsive={b - a:g},batch={1 - b:g}"
-    return [f"qos_distribution.{k}" for k in sorted(set(body) - {"interactive_probability", "responsive_threshold"})]
-
-
-_TEMPLATE = {"context_range": "context_tokens", "generation_range": "output_tokens",
-             "think_time_range": "think_time_s"}
-
-
-def _nested(v: dict, names: dict, prefix: str, sets: dict) -> list[str]:
-    """Apply the sub-keys of v named in names under prefix; the sub-keys with no equivalent."""
-    for rk, ours in names.items():
-        if rk in v:
-            sets[f"{prefix}.{ours}"] = list(v[rk]) if isinstance(v[rk], list) else v[rk]
-    return sorted(set(v) - set(names))
-
-
-def _config_key(section: str, k: str, v, sets: dict) -> list[str]:
-    """Apply one reference config key to our settings; what of it has no equivalent ('' = all of it)."""
-    if section == "user_templates" and isinstance(v, dict) and k in ("chatbot", "coding", "document"):
-        return _nested(v, _TEMPLATE, f"profiles.{k}", sets)
-    if section == "qos_profiles" and isinstance(v, dict) and k in ("interactive", "responsive", "batch"):
-        # the reference judges end-to-end latency against its p95 target; p99.9 / p99.99 are not judged here
-        names = {"target_latency_p95_ms": "e2e_p95_ms", "target_latency_p99_ms": "e2e_p99_ms", "priority": "priority"}
-        return _nested(v, names, f"qos.{k}", sets)
-    simple = {("conversation", "max_turns_per_conv"): "workload.max_turns",
-              ("conversation", "end_conversation_probability"): "workload.end_probability",
-              ("rag", "top_k_chunks"): "rag.top_k", ("rag", "request_probability"): "rag.request_probability"}
-    if (section, k) in simple:
-        sets[simple[(section, k)]] = v
-        return []
-    if (section, k) == ("rag", "retrieval_distribution"):
-        sets["rag.zipf"] = 1.0 if v == "zipfian" else 0.0
-        return []
-    return [""]
+    _drop(rest, "--config")
+    apply_config(path, data, _value_of(rest, "--model") or DEFAULTS["model.name"], sets, notes)

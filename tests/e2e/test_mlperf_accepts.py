@@ -48,6 +48,7 @@ def test_an_unambiguous_prefix_of_their_flags_is_taken_and_said():
         expand_prefixes(["--num-users", "2", "--enable", "x"], OURS)  # --enable-rag, --enable-autoscaling, ...
 
 
+@pytest.mark.slow
 def test_a_prefix_runs_end_to_end(tmp_path):
     r = run_cli(["--num-user", "2", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--config", str(SMALL),
                  "--storage-capacity-gb", "0.25", "--cache-dir", str(tmp_path), "--output-dir", str(tmp_path / "o"),

@@ -160,7 +160,7 @@ def test_their_model_names_resolve_with_their_bytes_per_token(name, bytes_per_to
 
 
 def test_our_own_settings_file_is_never_read_as_theirs():
-    from kv_cache.run.mlperf import _is_reference_config
+    from kv_cache.run.mlperf_config import is_reference_config as _is_reference_config
 
     assert not _is_reference_config({"run": {}, "rag": {}, "autoscale": {}})  # a settings.yaml of ours
     assert not _is_reference_config({"rag": {"enabled": True}})  # rag alone is in both schemas: ours
