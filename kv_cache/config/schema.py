@@ -39,6 +39,10 @@ class RunSettings:
     quiet: bool = key(False, "Print nothing but errors.")
     telemetry: bool = key(True, "Sample the host (CPU, memory, the cache directory's disk I/O from the block "
                                 "layer, psutil) and each GPU (NVML) every second into the time series.")
+    device_latency: str = key("auto", "The storage disk's own latency per block request (issue to completion, eBPF: "
+                                      "bpftrace on the block layer's tracepoints) beside the per-block latency; "
+                                      "auto: where root, bpftrace and a local disk allow it (else said why), off.",
+                              choices=("auto", "off"))
     trials: int = key(1, "Repeat the run this many times with the same schedule; report the median and spread "
                          "(min, max, coefficient of variation) of the headline numbers.", lo=1, hi=1000)
     submission: str = key("", "Run under the fixed rules of a submission and write a package (v1; smoke only "

@@ -248,6 +248,20 @@ class DiskTelemetry:
 
 
 @dataclass
+class DeviceLatency:
+    """The storage disk's latency per block request, issue -> complete (eBPF), or why it was not measured."""
+
+    unavailable: str = ""
+    source: str = ""
+    device: str = ""
+    read: Latency | None = None     # the window's requests
+    write: Latency | None = None
+    requests_whole_run: dict[str, int] = field(default_factory=dict)   # read, write, other (flush, discard)
+    bytes_whole_run: dict[str, int] = field(default_factory=dict)      # read, write
+    lost_events: int = 0
+
+
+@dataclass
 class TelemetrySummary:
     samples: int
     disk: DiskTelemetry | None
@@ -255,6 +269,7 @@ class TelemetrySummary:
     nvml: str
     host_cpu_pct_mean: float | None
     host_mem_used_bytes_max: float | None
+    device_latency: DeviceLatency | None = None
 
 
 @dataclass

@@ -18,6 +18,8 @@ import time
 
 import psutil
 
+from kv_cache.recorder.devlat import DeviceLatency
+
 
 def disk_of(directory: str | None) -> str | None:
     """The psutil disk name (e.g. sda, nvme0n1, vda) of the device holding directory, or None."""
@@ -74,8 +76,11 @@ class _Nvml:
 class Telemetry:
     """Call ``sample()`` as often as you like: it reads at most once a second."""
 
-    def __init__(self, cache_dir: str | None, nvml: bool = True):
+    def __init__(self, cache_dir: str | None, nvml: bool = True, device_latency: str = "off"):
+        """device_latency: "on" traces the disk of cache_dir with eBPF (devlat.py); anything else is why not."""
         self.disk = disk_of(cache_dir)
+        self.devlat = DeviceLatency(cache_dir) if device_latency == "on" else None
+        self.devlat_off = "" if device_latency == "on" else device_latency
         self.nvml = _Nvml() if nvml else None
         psutil.cpu_percent(None)  # primes the CPU counter: the first reading then covers a real interval
         self._last_t = 0.0
@@ -91,6 +96,8 @@ class Telemetry:
         return (psutil.disk_io_counters(perdisk=True) or {}).get(self.disk)
 
     def sample(self, measuring: bool) -> dict[str, float] | None:
+        if self.devlat is not None:
+            self.devlat.window(measuring)
         if measuring and self._window_disk is None:  # the window's first tick: the disk's starting counters
             self._window_disk = self._disk_counters()
         now = time.monotonic()
@@ -141,8 +148,12 @@ class Telemetry:
                 "nvml": "ok" if self.nvml is not None and not self.nvml.why else
                 (self.nvml.why if self.nvml is not None else "off"),
                 "host_cpu_pct_mean": mean.get("host_cpu_pct"),
-                "host_mem_used_bytes_max": self._peaks.get("host_mem_used_bytes")}
+                "host_mem_used_bytes_max": self._peaks.get("host_mem_used_bytes"),
+                "device_latency": self.devlat.summary() if self.devlat is not None else
+                {"unavailable": self.devlat_off}}
 
     def close(self) -> None:
+        if self.devlat is not None:
+            self.devlat.close()
         if self.nvml is not None:
             self.nvml.close()

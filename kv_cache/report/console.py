@@ -167,7 +167,23 @@ def telemetry_section(results: Results) -> list[str]:
                      f"PCIe rx {g.get('pcie_rx_mbps_mean', float('nan')):.0f} / tx "
                      f"{g.get('pcie_tx_mbps_mean', float('nan')):.0f} MB/s" for g in t.gpus)
     parts.append(gpus or f"GPUs: {t.nvml}")
-    return [f"Telemetry  {parts[0]}"] + [f"           {p}" for p in parts[1:]]
+    return [f"Telemetry  {parts[0]}"] + [f"           {p}" for p in parts[1:]] + device_latency_lines(t.device_latency)
+
+
+def device_latency_lines(d) -> list[str]:
+    """The disk's own latency per block request beside the per-block latency (fio's clat vs the device's)."""
+    if d is None:
+        return []
+    if d.unavailable:
+        return [f"Device     latency per block request: not measured ({d.unavailable})"]
+    lines = [f"Device     latency per block request, ms ({d.source}; a block may be several requests; "
+             f"{sum(d.requests_whole_run.values()):,} requests in the whole run, {d.lost_events} lost)"]
+    for op in ("read", "write"):
+        s = getattr(d, op)
+        if s is not None and s.count:
+            lines.append(f"           {op:<5} {s.count:>9,} requests  p50 {pct_ms(s, 'p50')}  p95 {pct_ms(s, 'p95')}"
+                         f"  p99 {pct_ms(s, 'p99')}  max {_ms(s.max)}")
+    return lines
 
 
 def _theoretical(results: Results) -> str:

@@ -32,8 +32,6 @@ REFUSED = {  # reference flags with no honest equivalent here: one sentence each
     "--xlsx-output": "spreadsheets are not written here; results.json, timeseries.csv and summary.md are",
     "--validation-trace": "its validation engine compares a hit rate to a trace; here "
                           "tests/scenario/test_hit_rate_reference.py checks hits against a reference simulator",
-    "--enable-latency-tracing": "bpftrace is not run here; the run's telemetry reads the block layer's counters and "
-                                "--io-trace writes every block operation with a fio job beside it",
     "--precondition-threads": "preconditioning here writes the tier sequentially with one writer per slab",
 }
 
@@ -78,6 +76,7 @@ def _parser() -> Parser:
     add("--storage-capacity-gb", type=_amount)
     add("--log-level")
     add("--target-saturation", type=_amount)
+    add("--enable-latency-tracing", action="store_true")
     for flag in REFUSED:
         add(flag, nargs="?")
     return p
@@ -266,6 +265,11 @@ def _load(ns, sets: dict, notes: list[str]) -> None:
         sets.put("schedule.request_rate", ns.request_rate, "--request-rate")
         notes.append(f"--request-rate {ns.request_rate:g}: Poisson arrivals at that mean rate (the reference sleeps "
                      f"1/rate between ShareGPT requests)")
+    if ns.enable_latency_tracing:
+        sets.put("run.device_latency", "auto", "--enable-latency-tracing")
+        notes.append("--enable-latency-tracing: the storage disk's latency per block request is measured with "
+                     "bpftrace on the block layer's tracepoints (telemetry.device_latency; the *_device_* fields of "
+                     "--output); the reference's whole-stack bpftrace histograms are not drawn")
     if ns.target_saturation is not None:
         notes.append(f"--target-saturation {ns.target_saturation:g}: accepted, not used: the QoS autoscaler here "
                      f"searches the largest user count whose SLA targets hold (qos.<class>.*), not a saturation "

@@ -18,12 +18,7 @@ def reference_output(r: Results, profile: str) -> dict:
     bottom, window = r.bottom, r.run.duration_s
     moved = r.bytes.get(bottom)
     e2e = r.request_latency_ms.get("e2e")
-    read_p95, write_p95 = r.latency(bottom, "read", "p95"), r.latency(bottom, "write", "p95")
-    notes = []
-    if r.run.io_engine == "none":  # no local disk under test: a remote bottom tier is network + server
-        notes.append(f"nvme_read_device_p95_ms, nvme_write_device_p95_ms: null: the bottom tier {bottom} is network "
-                     f"+ server, not a device; its per-block p95 is latency_ms.{bottom} in results_json")
-    device = (None, None) if notes else (read_p95, write_p95)
+    device, notes = _device_p95(r)
     summary = {
         "total_requests": r.requests.completed, "elapsed_time": window,
         "avg_throughput_tokens_per_sec": r.tokens.generated / window if window else None,
@@ -58,6 +53,17 @@ def reference_output(r: Results, profile: str) -> dict:
         "summary": summary,
         "notes": notes,
     }
+
+
+def _device_p95(r: Results) -> tuple[tuple[float | None, float | None], list[str]]:
+    """The reference's *_device_* fields from the device itself (eBPF, per block request), or null and why."""
+    d = r.telemetry.device_latency if r.telemetry is not None else None
+    if d is not None and not d.unavailable:
+        return (d.read.p95 if d.read else None, d.write.p95 if d.write else None), []
+    why = d.unavailable if d is not None else "telemetry off (--no-telemetry)"
+    return (None, None), [f"nvme_read_device_p95_ms, nvme_write_device_p95_ms: null: the device's latency was not "
+                          f"measured ({why}); the per-block p95 of the storage tier {r.bottom} is "
+                          f"latency_ms.{r.bottom} in results_json"]
 
 
 def _health(r: Results, profile: str) -> dict:

@@ -273,7 +273,8 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
     total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
                                                                         traffic.analysis_total or limit)
     analysis = analyse(traffic.analysis_items, life, limit, total)
-    tele = Telemetry(b.site.cache_dir if b.site else None) if s.run.telemetry else None
+    tele = Telemetry(b.site.cache_dir if b.site else None, device_latency=_device_latency(s, b)) \
+        if s.run.telemetry else None
     progress = Progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0, tele)
     args = (b.workers, life.execute, worker_state(b.tiers, b.geo.max_object_bytes, fake), recorder, progress,
             dist if dist.active else None)
@@ -282,6 +283,17 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
     runner = ClosedLoopRunner(traffic.users, *args, qos=qos_policy(s), controller=scaler, pace=pace) \
         if traffic.users is not None else OpenLoopRunner(traffic.arrivals, *args, qos=qos_policy(s))
     return Stages(recorder, cache, life, analysis, runner, progress, scaler, tele)
+
+
+def _device_latency(s: Settings, b: RunContext) -> str:
+    """'on' where the storage tier is a local disk whose block requests eBPF can time; else why not."""
+    if s.run.device_latency == "off":
+        return "off (--device-latency off)"
+    if s.tiers.null_io:
+        return "the null tier moves no bytes"
+    if REMOTE in b.tiers[-1].flags:
+        return f"the storage tier {b.tiers[-1].name} is network + server, not a block device"
+    return "on" if b.site is not None else "no local disk tier"
 
 
 def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: Stages, run_id: str) -> Results:

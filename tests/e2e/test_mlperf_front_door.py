@@ -116,8 +116,7 @@ def test_flags_shared_by_name_pass_through_and_ours_alone_are_not_translated():
     assert "tiers.cpu_mem_gb=32.0" not in " ".join(t.argv)  # their default only when the flag is left out
 
 
-@pytest.mark.parametrize("flag", ["--xlsx-output", "--validation-trace", "--enable-latency-tracing",
-                                  "--precondition-threads"])
+@pytest.mark.parametrize("flag", ["--xlsx-output", "--validation-trace", "--precondition-threads"])
 def test_an_unmapped_flag_is_refused_by_name(flag, tmp_path):
     r = run_cli(["--num-users", "2", flag, "x", "--duration", "1"], timeout=60)
     assert_clean_error(r, flag, "not supported here")

@@ -33,10 +33,19 @@ def assert_moved_and_verified(res: dict, tier: str) -> None:
 
 
 def test_a_run_over_valkey_moves_verifies_and_leaves_nothing(valkey_server, tmp_path):
+    import valkey
+
+    others = valkey.Valkey.from_url(valkey_server.url)
+    foreign = {"someone-else:data": b"theirs", "kvbench-unmarked:0000000000000001": b"no marker: not ours"}
+    others.mset(foreign)
     r = run_cli(remote_args(tmp_path, "v", valkey_server.url))
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "v" / "results.json").read_text())
     assert_moved_and_verified(res, "valkey")
+    cleaned = run_cli(["clean", "--remote-url", valkey_server.url])
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert others.mget(list(foreign)) == list(foreign.values())  # what the program did not write stays as it was
+    others.delete(*foreign)
     assert valkey_keys(valkey_server.url) == []  # every key of the run deleted, its marker last
     assert VALKEY_PASSWORD not in everything_written(tmp_path / "v", r.stdout, r.stderr)
     assert res["settings"]["tiers"]["remote_url"].startswith("valkey://:****@127.0.0.1:")
