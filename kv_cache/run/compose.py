@@ -102,13 +102,14 @@ def workers(s: Settings) -> int:
 
 
 def worker_ceiling(s: Settings, geo: Geometry, gpu=None) -> int:
-    """--workers 0: the most threads the probe may choose, halved from AUTO_MAX until their staging fits in memory."""
+    """--workers 0: the most threads the probe may choose, halved from AUTO_MAX until their staging fits in memory
+    (down to one: whole-request objects of GiBs, the MLPerf reference's shape, fit few at a time)."""
     if s.schedule.workers:
         return s.schedule.workers
     n = AUTO_MAX
-    while n > default_workers() and not fits(memory_budget(replace(s, "schedule.workers", n), geo, gpu)):
+    while n > 1 and not fits(memory_budget(replace(s, "schedule.workers", n), geo, gpu)):
         n //= 2
-    return max(n, default_workers())
+    return n
 
 
 def choose_workers(s: Settings, tiers: list, geo: Geometry, ceiling: int, fill) -> tuple[int, list, str]:
@@ -123,13 +124,14 @@ def choose_workers(s: Settings, tiers: list, geo: Geometry, ceiling: int, fill) 
                         f"Fix the device, or pass --workers N to skip the probe.") from None
     # a worker also spends time outside the device (payload, checksum, bookkeeping): twice the device's
     # concurrency keeps it busy; never fewer than the fixed default
-    chosen = max(default_workers(), min(ceiling, 2 * saturated))
+    chosen = max(min(default_workers(), ceiling), min(ceiling, 2 * saturated))
     seen = " / ".join(f"{g:.2f}" for _, g in steps)
     counts = " / ".join(str(k) for k, _ in steps)
     return chosen, steps, (f"workers: auto chose {chosen}: the {bottom.name} tier moved {seen} GB/s with {counts} "
                            f"threads (each writing and reading one {geo.max_object_bytes / 2**20:.1f} MiB object, "
                            f"0.5 s a step), within 10 % of its best from {saturated}; twice that, as a worker also "
-                           f"works outside the device, and at least {default_workers()} (--workers N fixes it)")
+                           f"works outside the device, and at least {min(default_workers(), ceiling)} (as memory "
+                           f"allows: at most {ceiling}; --workers N fixes it)")
 
 
 def memory_budget(s: Settings, geo: Geometry, gpu=None) -> MemoryBudget:

@@ -1,4 +1,5 @@
-"""Issue 27 (part 3): what the MLPerf reference accepts is accepted here — its "no delay", its saturation target,
+"""Issue 27 (parts 2 and 3): a reference command line runs the reference's load model and says how to get ours;
+what the MLPerf reference accepts is accepted here — its "no delay", its saturation target,
 --max-conversations without a dataset, prefixes of its flags, its model_configs — and what it refuses (a key
 outside its strict config schema, an --output that cannot be written) is refused, before the run."""
 
@@ -88,3 +89,27 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, wh
                  "--cache-dir", str(tmp_path)], timeout=60)
     assert_clean_error(r, "--output", says)
     assert not (tmp_path / "o").exists()  # refused before anything was reserved
+
+
+def test_a_reference_command_line_runs_its_load_model_and_says_how_to_get_ours():
+    s, t = settings_of("--num-users", "4")
+    assert s.schedule.admission == "all" and s.model.block_tokens == 0  # all at once, one object per request
+    assert t.notes[0].startswith("the MLPerf reference's load model, not ours: all users start at once (ours: "
+                                 "--admission paced); one object per request (ours: --block-tokens 256")
+    s, t = settings_of("--num-users", "4", "--admission", "paced", "--block-tokens", "16")  # ours, typed: kept
+    assert not any(n.startswith("the MLPerf reference's load model") for n in t.notes)
+    assert "--set" not in " ".join(a for a in t.argv if "admission" in a or "block_tokens" in a)
+
+
+def test_its_rag_trace_and_autoscaler_defaults_apply_unless_set():
+    s, _ = settings_of("--num-users", "4", "--enable-rag")
+    assert s.rag.num_documents == 10
+    s, _ = settings_of("--num-users", "4", "--enable-rag", "--rag-num-docs", "25")
+    assert s.rag.num_documents == 25
+    s, _ = settings_of("--num-users", "4", "--use-burst-trace")
+    assert s.trace.replay_cycles == 0  # looped until --duration, as the reference replays it
+    s, _ = settings_of("--num-users", "4", "--use-burst-trace", "--replay-cycles", "1")
+    assert s.trace.replay_cycles == 1
+    s, t = settings_of("--num-users", "4", "--enable-autoscaling")  # the reference starts at 4, no ceiling at 4
+    assert (s.autoscale.start_users, s.workload.users) == (4, 500)
+    assert "the autoscaler starting at 4 users" in t.notes[0]

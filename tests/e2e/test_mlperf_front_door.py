@@ -53,6 +53,8 @@ def test_their_documented_tests_run_and_write_their_fields(name, tmp_path):
         assert f in data, f
     assert data["requests_completed"] > 0 and data["storage_write_bandwidth_gbps"] > 0
     assert data["seed"] == 42 and (tmp_path / "reports" / data["results_json"]).exists()
+    health = data["summary"]["cache_stats"]["storage_health"]  # its criteria are for whole-request objects
+    assert health["unit"].startswith("per block of 16 tokens: NOT the unit"), health
     if "autoscaler" in name:
         assert data["autoscaling_stats"] and data["autoscaling_stats"][0]["mode"] in ("qos", "capacity")
 
