@@ -23,19 +23,28 @@ pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 min
 
 
 def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO / "kv_cache_benchmark.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1",
-                                                                         **(env or {})))
+    """The run in the background; its stdout goes to a file beside its --output-dir (read while it runs)."""
+    folder = Path(args[args.index("--output-dir") + 1]).parent
+    stdout = folder / f"stdout-{time.monotonic_ns()}.txt"
+    with open(stdout, "w") as f:
+        p = subprocess.Popen([sys.executable, str(REPO / "kv_cache_benchmark.py"), *args], stdout=f,
+                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1",
+                                                                          **(env or {})))
+    p.stdout_path, p.quiet = stdout, "--quiet" in args
+    return p
 
 
-def wait_for_window(proc: subprocess.Popen, out: Path, run_id: str, seconds: float = 30) -> None:
-    """Until the run's data directory exists (the run is built and about to measure)."""
+def wait_for_window(proc: subprocess.Popen, out: Path, run_id: str, seconds: float = 60) -> None:
+    """Until the run measures: its data directory exists and (unless --quiet) it printed the line it prints as its
+    clock starts. (The data directory alone comes before the traffic's analysis: on a busy machine a signal sent
+    then stops a run that never measured, which writes no results.)"""
     end = time.monotonic() + seconds
     while time.monotonic() < end and proc.poll() is None:
-        if any(p.name == f"kvbench-{run_id}" for p in out.iterdir()):
+        built = any(p.name == f"kvbench-{run_id}" for p in out.iterdir())
+        if built and (proc.quiet or "  running:" in proc.stdout_path.read_text()):
             return
         time.sleep(0.05)
-    raise AssertionError("the run never created its data directory")
+    raise AssertionError("the run never started its clock")
 
 
 def no_traceback(err: str) -> None:
@@ -45,7 +54,7 @@ def no_traceback(err: str) -> None:
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
 @pytest.mark.parametrize("after_s", [0.3, 1.5])  # in warm-up (0.5 s) and in the window
 def test_signal_stops_cleanly_and_keeps_results(small_run, sig, code, after_s):
-    p = start(small_run("s", "--duration", "30"))
+    p = start(small_run("s", "--duration", "30", quiet=False))
     wait_for_window(p, small_run.cache, "s")
     time.sleep(after_s)
     p.send_signal(sig)
@@ -61,7 +70,7 @@ def test_signal_stops_cleanly_and_keeps_results(small_run, sig, code, after_s):
 def test_repeated_ctrl_c_through_the_drain_keeps_the_run(small_run):
     """Signals every 0.1 s from inside the window through the drain and the writing of results."""
     # 2 ms per generated token: each request holds its worker ~0.1 s after its I/O, so the drain takes time
-    p = start(small_run("d", "--duration", "1", "--warmup", "0", "--generation-ms-per-token", "2"))
+    p = start(small_run("d", "--duration", "1", "--warmup", "0", "--generation-ms-per-token", "2", quiet=False))
     wait_for_window(p, small_run.cache, "d")
     time.sleep(0.8)
     while p.poll() is None:
@@ -88,7 +97,7 @@ def test_signal_before_the_measurement_leaves_nothing(small_run):
 
 
 def test_kill_9_then_a_second_run_reports_and_clean_removes_exactly_that(small_run):
-    p = start(small_run("k", "--duration", "30"))
+    p = start(small_run("k", "--duration", "30", quiet=False))
     wait_for_window(p, small_run.cache, "k")
     time.sleep(1.0)
     p.kill()
@@ -108,7 +117,7 @@ def test_kill_9_then_a_second_run_reports_and_clean_removes_exactly_that(small_r
 
 
 def test_run_id_of_a_live_run_is_refused(small_run):
-    p = start(small_run("live", "--duration", "30"))
+    p = start(small_run("live", "--duration", "30", quiet=False))
     try:
         wait_for_window(p, small_run.cache, "live")
         r = run_cli(small_run("live"))
