@@ -6,6 +6,7 @@ Every error names what the user typed: the flag, the ``--set`` item or the confi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ from kv_cache.errors import UserError
 from kv_cache.inputs import read_text
 
 
+@functools.cache
 def _hints(cls) -> dict[str, Any]:
+    """A dataclass's resolved field types (typing resolves the annotations' strings anew at each call)."""
     return typing.get_type_hints(cls)
 
 

@@ -102,13 +102,13 @@ def _cmd_run(argv: list[str]) -> int:
     from kv_cache.run import mlperf
     from kv_cache.run.mlperf_output import write_output
 
-    ours = {s for a in run_parser()._actions for s in a.option_strings}
-    argv, expanded = mlperf.expand_prefixes(argv, ours)
+    parser = run_parser(full="--help-all" in argv)
+    argv, expanded = mlperf.expand_prefixes(argv, {s for a in parser._actions for s in a.option_strings})
     reference = mlperf.translate(argv) if mlperf.speaks_reference(argv) else None
     if reference is not None:
         argv = reference.argv
         reference.notes[:0] = expanded
-    args = vars(run_parser(full="--help-all" in argv).parse_args(argv))
+    args = vars(parser.parse_args(argv))
     if args.pop("help_all"):
         run_parser().print_help()
         return 0

@@ -157,7 +157,7 @@ def _donor_store_bytes(s: Settings) -> int:
 
 # ---------------------------------------------------------------------------- NVMe site
 
-def _check_dir(path: str) -> None:
+def check_dir(path: str) -> None:
     refuse_system_dir(path)
     if not os.path.exists(path):
         raise UserError(f"cache directory {path} does not exist; create it or pass another --cache-dir.")
@@ -182,7 +182,7 @@ def storage_site(s: Settings, run_id: str, join: bool = False) -> StorageSite:
             raise UserError(f"cannot create the default cache directory {cache_dir}: {e.strerror}; pass "
                             f"--cache-dir or another --output-dir.") from None
     cache_dir = os.path.abspath(cache_dir)
-    _check_dir(cache_dir)
+    check_dir(cache_dir)
     mount = mount_of(cache_dir)
     warnings = []
     if mount.fs_type in RAM_FILESYSTEMS:

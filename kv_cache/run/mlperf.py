@@ -24,6 +24,7 @@ from kv_cache.config import Settings, flag_name, iter_keys, read_config_file
 from kv_cache.errors import UserError
 from kv_cache.run.args import Parser
 from kv_cache.run.mlperf_config import apply_config, is_reference_config
+from kv_cache.run.mlperf_load import load_model
 
 GENERATION_MS = {"none": 0.0, "fast": 2.0, "realistic": 30.0}  # the reference's sleep per output token
 DEFAULTS = {"model.name": "llama3.1-8b", "workload.users": 100, "workload.generation_ms_per_token": 30.0,
@@ -198,7 +199,7 @@ def translate(argv: list[str]) -> Translation:
     for dotted, value in DEFAULTS.items():  # the reference's defaults for what its command line left out
         if dotted not in sets and not given & _OUR_FLAGS.get(dotted, set()):
             sets.put(dotted, value, f"the MLPerf reference's default {dotted}")
-    _load_model(ns, rest, sets, notes)
+    load_model(ns, rest, sets, notes, DEFAULTS["workload.users"])
     if ns.log_level:
         notes.append(f"--log-level {ns.log_level}: there are no log levels here; the summary is printed, "
                      f"--quiet prints nothing but errors")
@@ -208,42 +209,6 @@ def translate(argv: list[str]) -> Translation:
     if ns.output and not _value_of(rest, "--run-id"):  # --output reads the run's folder: name it
         argv_out += ["--run-id", f"{Path(ns.output).stem or 'mlperf'}-{time.strftime('%Y%m%dT%H%M%S')}"]
     return Translation(argv_out, notes, ns.output, ns.performance_profile or "latency", sets.origin)
-
-
-REFERENCE_USERS_MAX = 500  # the reference's autoscaler clamps its user count here
-
-
-def _load_model(ns, rest: list[str], sets: Sets, notes: list[str]) -> None:
-    """The reference's load model where ours differs, unless the command line set that key itself; one line
-    lists each difference and how to get ours."""
-    users = ns.num_users if ns.num_users is not None else DEFAULTS["workload.users"]
-    model = [  # (key, value, applies, what the reference does, how to get ours)
-        ("schedule.admission", "all", True, "all users start at once", "--admission paced"),
-        ("model.block_tokens", 0, True, "one object per request", "--block-tokens 256 for honest blocks"),
-        ("rag.num_documents", 10, bool(ns.enable_rag), "10 RAG documents", "--set rag.num_documents=1000"),
-        ("trace.replay_cycles", 0, bool(ns.use_burst_trace and not ns.dataset_path),
-         "the burst trace looped until --duration", "--replay-cycles 1"),
-        ("autoscale.start_users", users, bool(ns.enable_autoscaling), f"the autoscaler starting at {users} users",
-         "--set autoscale.start_users=10"),
-        ("workload.users", max(users, REFERENCE_USERS_MAX), bool(ns.enable_autoscaling),
-         f"no ceiling below its {REFERENCE_USERS_MAX} users", f"--users {users}"),
-    ]
-    said = []
-    for dotted, value, applies, what, ours in model:
-        # a key a reference flag or its config set stays (--num-users is the autoscaler's start, not its pool)
-        if not applies or _typed(dotted, rest) or (dotted in sets and dotted != "workload.users"):
-            continue
-        sets.put(dotted, value, f"the MLPerf reference's load model ({what})")
-        said.append(f"{what} (ours: {ours})")
-    if said:
-        notes.insert(0, "the MLPerf reference's load model, not ours: " + "; ".join(said))
-
-
-def _typed(dotted: str, rest: list[str]) -> bool:
-    """Did the command line set this key with our own flag or --set?"""
-    fields = {d: f for d, f, _ in iter_keys(Settings)}
-    flag = flag_name(dotted, fields[dotted]) if dotted in fields else None
-    return any(a == flag or (flag and a.startswith(flag + "=")) or a.split("=")[0] == dotted for a in rest)
 
 
 def _check_output(path: str) -> None:

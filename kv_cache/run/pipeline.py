@@ -36,6 +36,7 @@ from kv_cache.run.budget import check_fits, peak_rss_bytes
 from kv_cache.run.compose import (
     RunContext,
     build_tiers,
+    check_dir,
     choose_workers,
     default_workers,
     gds_link,
@@ -143,6 +144,8 @@ def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Tr
         traffic = build_traffic(s, dist.rank, dist.size)  # bad traces are refused before any data is written
         check_traffic(s, traffic.arrival)
         qos_policy(s)  # a bad --qos-mix is refused here, before any data is written
+        if not s.tiers.null_io and s.tiers.nvme == "on" and s.tiers.cache_dir:
+            check_dir(os.path.abspath(s.tiers.cache_dir))  # a wrong folder is said before the payload pool is made
         payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
         if not shared:
             b = _build(s, f"{run_id}-r{dist.rank}" if dist.active else run_id, payloads, dist.rank,

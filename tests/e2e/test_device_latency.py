@@ -10,6 +10,8 @@ import subprocess
 import pytest
 from conftest import SMALL, bounded, run_cli
 
+pytestmark = pytest.mark.slow  # make test-all (CI): a loop device, bpftrace attaching
+
 
 @pytest.fixture
 def loop_disk(tmp_path):

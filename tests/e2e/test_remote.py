@@ -32,6 +32,7 @@ def assert_moved_and_verified(res: dict, tier: str) -> None:
     assert res["verification"]["blocks_checked"] > 0 and res["verification"]["failures"] == 0
 
 
+@pytest.mark.slow  # make test-all; make test runs the Valkey tier's contract
 def test_a_run_over_valkey_moves_verifies_and_leaves_nothing(valkey_server, tmp_path):
     import valkey
 

@@ -20,6 +20,7 @@ def _sessions_csv(path, sessions=12, turns=4):
     return path
 
 
+@pytest.mark.slow  # make test-all: two 48-request replays
 def test_a_turn_waits_for_its_previous_answer_with_any_worker_count(small_run, tmp_path):
     trace = _sessions_csv(tmp_path / "v3.csv")
     rates = []

@@ -1,0 +1,41 @@
+"""The MLPerf reference's load model, which its command lines run here unless told otherwise (mlperf.py): all
+users at once, one object per request, its RAG and trace defaults, its autoscaler's start and ceiling."""
+
+from __future__ import annotations
+
+from kv_cache.config import Settings, flag_name, iter_keys
+
+REFERENCE_USERS_MAX = 500  # the reference's autoscaler clamps its user count here
+
+
+def load_model(ns, rest: list[str], sets, notes: list[str], default_users: int) -> None:
+    """The reference's load model where ours differs, unless the command line set that key itself (with our flag
+    or --set) or a reference flag did; one line lists each difference and how to get ours. sets: mlperf.Sets."""
+    users = ns.num_users if ns.num_users is not None else default_users
+    model = [  # (key, value, applies, what the reference does, how to get ours)
+        ("schedule.admission", "all", True, "all users start at once", "--admission paced"),
+        ("model.block_tokens", 0, True, "one object per request", "--block-tokens 256 for honest blocks"),
+        ("rag.num_documents", 10, bool(ns.enable_rag), "10 RAG documents", "--set rag.num_documents=1000"),
+        ("trace.replay_cycles", 0, bool(ns.use_burst_trace and not ns.dataset_path),
+         "the burst trace looped until --duration", "--replay-cycles 1"),
+        ("autoscale.start_users", users, bool(ns.enable_autoscaling), f"the autoscaler starting at {users} users",
+         "--set autoscale.start_users=10"),
+        ("workload.users", max(users, REFERENCE_USERS_MAX), bool(ns.enable_autoscaling),
+         f"no ceiling below its {REFERENCE_USERS_MAX} users", f"--users {users}"),
+    ]
+    said = []
+    for dotted, value, applies, what, ours in model:
+        # a key a reference flag or its config set stays (--num-users is the autoscaler's start, not its pool)
+        if not applies or _typed(dotted, rest) or (dotted in sets and dotted != "workload.users"):
+            continue
+        sets.put(dotted, value, f"the MLPerf reference's load model ({what})")
+        said.append(f"{what} (ours: {ours})")
+    if said:
+        notes.insert(0, "the MLPerf reference's load model, not ours: " + "; ".join(said))
+
+
+def _typed(dotted: str, rest: list[str]) -> bool:
+    """Did the command line set this key with our own flag or --set?"""
+    fields = {d: f for d, f, _ in iter_keys(Settings)}
+    flag = flag_name(dotted, fields[dotted]) if dotted in fields else None
+    return any(a == flag or (flag and a.startswith(flag + "=")) or a.split("=")[0] == dotted for a in rest)
