@@ -37,6 +37,17 @@ def is_alive(marker: dict) -> bool | None:
         return False
 
 
+def leftover(m: dict | None, kept: bool = False) -> bool | None:
+    """Is marker m a leftover? None: no; else whether its run was on another host (maybe alive there). A
+    leftover is a run marked running whose process is gone, or, with kept, one kept on purpose (--keep-data)."""
+    if not is_ours(m) or m.get("state") not in ("running", "kept"):
+        return None
+    if m.get("state") == "kept":
+        return False if kept else None
+    alive = is_alive(m)
+    return None if alive else alive is None
+
+
 def sweep(leftovers, other_hosts: bool, dry_run: bool, say, remove, describe) -> int:
     """Remove (with dry_run: list) what dead runs left; another host's run (maybe alive) only with other_hosts.
     remove(x) removes one leftover, describe(x) names it; returns how many were (or would be) removed."""

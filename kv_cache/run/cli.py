@@ -281,21 +281,22 @@ def _cmd_clean(argv: list[str]) -> int:
                    help="Also remove folders of runs of other hosts (their liveness cannot be checked from here).")
     p.add_argument("--dry-run", action="store_true", help="List what would be removed; remove nothing.")
     p.add_argument("--remote-url", help="Clean this remote tier instead (the namespaces killed runs left there).")
+    p.add_argument("--kept", action="store_true", help="Also remove what runs kept on purpose (--keep-data).")
     args = p.parse_args(argv)
     if args.remote_url:
-        return _clean_remote(args.remote_url, args.other_hosts, args.dry_run)
+        return _clean_remote(args.remote_url, args.other_hosts, args.dry_run, args.kept)
     from kv_cache.run.leftovers import clean
 
     for where in (args.cache_dir, args.output_dir):
         if not Path(where).is_dir():
             raise UserError(f"{where} is not a folder; pass the --cache-dir / --output-dir the runs used.")
-    n = clean(args.cache_dir, args.other_hosts, args.dry_run, print)
+    n = clean(args.cache_dir, args.other_hosts, args.dry_run, print, kept=args.kept)
     n += clean(args.output_dir, args.other_hosts, args.dry_run, print, prefix="")
     print(f"{'would remove' if args.dry_run else 'removed'} {n} folder(s) left by killed runs.")
     return 0
 
 
-def _clean_remote(url: str, other_hosts: bool, dry_run: bool) -> int:
+def _clean_remote(url: str, other_hosts: bool, dry_run: bool, kept: bool) -> int:
     """clean --remote-url: what killed runs left in a remote tier, found by their markers, removed."""
     from kv_cache.tiers import remote
     from kv_cache.tiers.registry import remote_kind
@@ -307,7 +308,7 @@ def _clean_remote(url: str, other_hosts: bool, dry_run: bool) -> int:
     store = kind.open_store(url, media.SECTIONS[kind.name]())
     try:
         store.check()
-        n = remote.clean(store, other_hosts, dry_run, print)
+        n = remote.clean(store, other_hosts, dry_run, print, kept)
     except RunFault as e:  # the server went away midway
         raise UserError(str(e)) from None
     finally:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kv_cache.markers import is_alive, is_ours, marker_body, sweep
+from kv_cache.markers import is_alive, is_ours, leftover, marker_body, sweep
 
 MARKER = ".kvbench-run.json"
 DATA_PREFIX = "kvbench-"
@@ -50,10 +50,11 @@ class Leftover:
     started: float
     nbytes: int
     other_host: bool  # a run of another host: maybe alive, never removed without --other-hosts
+    kept: bool = False  # kept on purpose (--keep-data): listed only by clean --kept
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started)) if self.started else "?"
-        who = f"pid {self.pid} on {self.host}, started {when}"
+        who = f"pid {self.pid} on {self.host}, started {when}" + (", kept with --keep-data" if self.kept else "")
         return f"{self.path}: {self.nbytes / 2**30:.2f} GiB of run {self.run_id} ({who})"
 
 
@@ -84,9 +85,10 @@ def describe_dead(folder: str | os.PathLike) -> str | None:
     return f"it was left by a run that was killed before it finished (pid {m.get('pid')}, started {started})"
 
 
-def find_leftovers(parent: str, prefix: str = DATA_PREFIX) -> list[Leftover]:
+def find_leftovers(parent: str, prefix: str = DATA_PREFIX, kept: bool = False) -> list[Leftover]:
     """Folders under parent (data directories; report folders with prefix '') whose run is gone or on
-    another host, with their size. Only folders carrying our marker are ever listed."""
+    another host (with kept: or kept with --keep-data), with their size. Only folders carrying our marker are
+    ever listed."""
     out = []
     try:
         names = sorted(os.listdir(parent))
@@ -97,13 +99,11 @@ def find_leftovers(parent: str, prefix: str = DATA_PREFIX) -> list[Leftover]:
         if not name.startswith(prefix) or not os.path.isdir(path) or os.path.islink(path):
             continue
         m = read_marker(path)
-        if m is None or m.get("state") != "running":  # not ours, or kept on purpose (--keep-data)
-            continue
-        alive = is_alive(m)
-        if alive:
+        other_host = leftover(m, kept)
+        if other_host is None:  # not ours, alive, or kept on purpose (--keep-data) without kept
             continue
         out.append(Leftover(path, str(m.get("run_id")), int(m.get("pid", -1)), str(m.get("host")),
-                            float(m.get("started") or 0), folder_bytes(path), alive is None))
+                            float(m.get("started") or 0), folder_bytes(path), other_host, m.get("state") == "kept"))
     return out
 
 
@@ -118,9 +118,10 @@ def leftovers_note(cache_dir: str) -> str:
             f"`kv_cache_benchmark.py clean --cache-dir {cache_dir}`.")
 
 
-def clean(parent: str, other_hosts: bool, dry_run: bool, say, prefix: str = DATA_PREFIX) -> int:
-    """Remove the folders dead runs left under parent (of other hosts too with other_hosts); return how many."""
-    return sweep(find_leftovers(parent, prefix), other_hosts, dry_run, say,
+def clean(parent: str, other_hosts: bool, dry_run: bool, say, prefix: str = DATA_PREFIX, kept: bool = False) -> int:
+    """Remove the folders dead runs left under parent (of other hosts too with other_hosts, kept ones too with
+    kept); return how many."""
+    return sweep(find_leftovers(parent, prefix, kept), other_hosts, dry_run, say,
                  lambda x: shutil.rmtree(x.path, ignore_errors=True), lambda x: x.describe())
 
 

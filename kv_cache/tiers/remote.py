@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from kv_cache.errors import RunFault, UserError
-from kv_cache.markers import is_alive, is_ours, marker_body, sweep
+from kv_cache.markers import leftover, marker_body, sweep
 from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier
 from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.registry import GiB, StackContext, register
@@ -131,15 +131,17 @@ class RemoteLeftover:
     started: float
     objects: int
     other_host: bool
+    kept: bool = False  # kept on purpose (--keep-data): listed only by clean --kept
 
     def describe(self, url: str) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started)) if self.started else "?"
         return (f"{url}: {self.objects:,} objects of run {self.run_id} (pid {self.pid} on {self.host}, "
-                f"started {when})")
+                f"started {when}" + (", kept with --keep-data)" if self.kept else ")"))
 
 
-def find_leftovers(store: Store, this_run: str = "") -> list[RemoteLeftover]:
-    """Namespaces whose marker says running while its run is gone (or on another host)."""
+def find_leftovers(store: Store, this_run: str = "", kept: bool = False) -> list[RemoteLeftover]:
+    """Namespaces whose marker says running while its run is gone (or on another host); with kept, also those
+    kept on purpose (--keep-data)."""
     out = []
     for name in store.markers():
         raw = store.read_small(name)
@@ -147,14 +149,12 @@ def find_leftovers(store: Store, this_run: str = "") -> list[RemoteLeftover]:
             m = json.loads(raw) if raw else None
         except ValueError:
             m = None
-        if not is_ours(m) or m.get("state") != "running" or m.get("run_id") == this_run:
-            continue
-        alive = is_alive(m)
-        if alive:
+        other_host = leftover(m, kept)
+        if other_host is None or m.get("run_id") == this_run:
             continue
         objects = sum(1 for _ in store.names(str(m.get("run_id")))) - 1
         out.append(RemoteLeftover(str(m.get("run_id")), int(m.get("pid", -1)), str(m.get("host")),
-                                  float(m.get("started") or 0), objects, alive is None))
+                                  float(m.get("started") or 0), objects, other_host, m.get("state") == "kept"))
     return out
 
 
@@ -167,9 +167,10 @@ def leftovers_note(store: Store, run_id: str) -> str:
             f"remove them with `kv_cache_benchmark.py clean --remote-url {store.url}`.")
 
 
-def clean(store: Store, other_hosts: bool, dry_run: bool, say) -> int:
-    """Remove the namespaces dead runs left in store (of other hosts too with other_hosts); how many."""
-    return sweep(find_leftovers(store), other_hosts, dry_run, say, lambda x: remove_run(store, x.run_id),
+def clean(store: Store, other_hosts: bool, dry_run: bool, say, kept: bool = False) -> int:
+    """Remove the namespaces dead runs left in store (of other hosts too with other_hosts, kept ones too with
+    kept); how many."""
+    return sweep(find_leftovers(store, kept=kept), other_hosts, dry_run, say, lambda x: remove_run(store, x.run_id),
                  lambda x: x.describe(store.url))
 
 

@@ -226,3 +226,14 @@ def test_corrupted_slab_bytes_are_caught_by_default(small_run, when):
 
 def test_config_used_by_these_tests_is_small():
     assert SMALL.exists()
+
+
+def test_kept_data_is_no_leftover_until_clean_is_asked_for_it(small_run):
+    r = run_cli(small_run("kept", "--keep-data", "--max-requests", "4", "--warmup", "0", "--duration", "600"))
+    assert r.returncode == 0, r.stderr
+    assert os.listdir(small_run.cache) == ["kvbench-kept"]
+    plain = run_cli(["clean", "--cache-dir", str(small_run.cache), "--output-dir", str(small_run.out)])
+    assert plain.returncode == 0 and os.listdir(small_run.cache) == ["kvbench-kept"], plain.stdout
+    asked = run_cli(["clean", "--cache-dir", str(small_run.cache), "--output-dir", str(small_run.out), "--kept"])
+    assert asked.returncode == 0 and "kept with --keep-data" in asked.stdout, asked.stdout + asked.stderr
+    assert os.listdir(small_run.cache) == [] and (small_run.out / "kept" / "results.json").exists()
