@@ -182,6 +182,9 @@ def _handoff_root(s: Settings) -> str:
 def decode_traffic(s: Settings, model_name: str) -> ManifestFollower:
     """A decode node's arrivals: wait for a prefill node's manifest, check it matches, follow it."""
     path = os.path.join(_handoff_root(s), FOLDER, MANIFEST)
+    if not os.path.exists(path) and not s.run.quiet:  # started first: say what it waits for, and how long
+        print(f"  waiting for a prefill node to publish into {os.path.dirname(path)} (up to {s.disagg.wait_s:g} s, "
+              f"--disagg-wait-s)", flush=True)
     header = wait_for_manifest(path, s.disagg.wait_s)
     check_header(header, handoff_identity(s, model_name), path)
     return ManifestFollower(path, s.disagg.wait_s)

@@ -72,8 +72,14 @@ def test_prefill_and_decode_nodes_share_one_directory(small_run, tmp_path):
     decode_cache.mkdir()
     dec = subprocess.Popen([sys.executable, str(REPO / "kv_cache_benchmark.py"),
                             *small_run("dec", "--role", "decode", "--handoff-dir", str(hand), "--duration", "600",
-                                       "--warmup", "0", "--disagg-wait-s", "30"), "--cache-dir", str(decode_cache)],
+                                       "--warmup", "0", "--disagg-wait-s", "30", quiet=False),
+                            "--cache-dir", str(decode_cache)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the prefill node waits at its end only for decode nodes already reading: start it once this one waits (on a
+    # busy machine the decode node's start-up can outlast the prefill node's whole run)
+    seen = ""
+    while "waiting for a prefill node" not in seen and dec.poll() is None:
+        seen += dec.stdout.readline()
     pre = run_cli(small_run("pre", "--role", "prefill", "--handoff-dir", str(hand), *bounded(12),
                             "--disagg-wait-s", "30"))
     out, err = dec.communicate(timeout=90)
