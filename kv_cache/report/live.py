@@ -14,10 +14,12 @@ import time
 class LiveLine:
     """Called by the scheduler's dispatcher whenever it wakes; prints at most once a second."""
 
-    def __init__(self, recorder, total_s: float, tier: str, stream=None):
+    def __init__(self, recorder, total_s: float, tier: str, stream=None, refresh: bool = True):
+        """refresh=False: plain lines even on a terminal (under mpirun a rank's terminal is a pty whose output the
+        launcher forwards line by line: refreshed '\r' updates would arrive as one ever longer line)."""
         self.recorder, self.total_s, self.tier = recorder, total_s, tier
         self.stream = stream or sys.stdout
-        self.tty = self.stream.isatty()
+        self.tty = refresh and self.stream.isatty()
         self.every_s = 1.0 if self.tty else 10.0
         self.t0 = time.monotonic()
         self.next = self.t0 + self.every_s

@@ -22,12 +22,19 @@ from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.model import ModelSpec, find_model, slot_bytes
 from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, fits
 from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
-from kv_cache.tiers.base import STORAGE, SlottedTier, moves_real_bytes
+from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier, moves_real_bytes
 from kv_cache.tiers.devices import open_cupy
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct, refuse_system_dir
 from kv_cache.tiers.gds import GdsLink, open_link
 from kv_cache.tiers.probe import concurrency
-from kv_cache.tiers.registry import StackContext, StorageSite, build_stack, most_blocks, resolved_settings
+from kv_cache.tiers.registry import (
+    StackContext,
+    StorageSite,
+    agreed_settings,
+    build_stack,
+    most_blocks,
+    resolved_settings,
+)
 from kv_cache.tiers.remote import redact
 
 GiB = 2**30
@@ -284,3 +291,31 @@ def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None,
         raise UserError("--nvme off leaves no storage tier below the memory tiers; give --remote-url URL (a Valkey "
                         "or S3 server) or drop --nvme off.")
     return tiers, notes
+
+
+def agreed_settings_of(s: Settings, dist) -> tuple[Settings, list[str]]:
+    """Under MPI every rank runs rank 0's choice of the automatic settings (registry.agreed_settings), and says so."""
+    if not dist.active or s.tiers.null_io:
+        return s, []
+    picked: tuple[dict, list[str]] = ({}, [])
+    if dist.rank == 0:
+        cache_dir = os.path.abspath(s.tiers.cache_dir or os.path.join(s.run.output_dir, "cache"))
+        try:
+            picked = agreed_settings(s.tiers, dist.size, cache_dir)
+        except OSError:  # the folder's own check says what is wrong with it
+            pass
+    values, notes = dist.bcast(picked)
+    for dotted, value in values.items():
+        s = replace(s, dotted, value)
+    return s, notes
+
+
+def device_latency_mode(s: Settings, b: RunContext) -> str:
+    """'on' where the storage tier is a local disk whose block requests eBPF can time; else why not."""
+    if s.run.device_latency == "off":
+        return "off (--device-latency off)"
+    if s.tiers.null_io:
+        return "the null tier moves no bytes"
+    if REMOTE in b.tiers[-1].flags:
+        return f"the storage tier {b.tiers[-1].name} is network + server, not a block device"
+    return "on" if b.site is not None else "no local disk tier"

@@ -35,10 +35,12 @@ from kv_cache.run import outfolder
 from kv_cache.run.budget import check_fits, peak_rss_bytes
 from kv_cache.run.compose import (
     RunContext,
+    agreed_settings_of,
     build_tiers,
     check_dir,
     choose_workers,
     default_workers,
+    device_latency_mode,
     gds_link,
     geometry,
     memory_budget,
@@ -50,7 +52,7 @@ from kv_cache.run.compose import (
     worker_state,
 )
 from kv_cache.run.describe import banner, nothing_measured, run_info, warnings_of
-from kv_cache.run.distributed import Dist
+from kv_cache.run.distributed import Dist, launched_by_mpi
 from kv_cache.run.leftovers import set_state
 from kv_cache.run.roles import autoscaler, check_options, check_traffic, finish_role, open_handoff, qos_policy
 from kv_cache.run.submission import RULES, rule_violations, validate, write_package
@@ -116,7 +118,8 @@ class Progress:
     def __init__(self, s: Settings, recorder: Recorder, cache: BlockCache, b: RunContext, quiet: bool,
                  tele: Telemetry | None):
         self.recorder, self.cache, self.tele = recorder, cache, tele
-        self.live = None if quiet else LiveLine(recorder, s.run.warmup_s + s.run.duration_s, b.tiers[-1].name)
+        self.live = None if quiet else LiveLine(recorder, s.run.warmup_s + s.run.duration_s, b.tiers[-1].name,
+                                                refresh=not launched_by_mpi())
         self.slots = [(t.name, t.slot_bytes) for t in b.tiers]
 
     def __call__(self, runner: ClosedLoopRunner | OpenLoopRunner) -> None:
@@ -276,7 +279,7 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
     total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
                                                                         traffic.analysis_total or limit)
     analysis = analyse(traffic.analysis_items, life, limit, total)
-    tele = Telemetry(b.site.cache_dir if b.site else None, device_latency=_device_latency(s, b)) \
+    tele = Telemetry(b.site.cache_dir if b.site else None, device_latency=device_latency_mode(s, b)) \
         if s.run.telemetry else None
     progress = Progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0, tele)
     args = (b.workers, life.execute, worker_state(b.tiers, b.geo.max_object_bytes, fake), recorder, progress,
@@ -286,17 +289,6 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
     runner = ClosedLoopRunner(traffic.users, *args, qos=qos_policy(s), controller=scaler, pace=pace) \
         if traffic.users is not None else OpenLoopRunner(traffic.arrivals, *args, qos=qos_policy(s))
     return Stages(recorder, cache, life, analysis, runner, progress, scaler, tele)
-
-
-def _device_latency(s: Settings, b: RunContext) -> str:
-    """'on' where the storage tier is a local disk whose block requests eBPF can time; else why not."""
-    if s.run.device_latency == "off":
-        return "off (--device-latency off)"
-    if s.tiers.null_io:
-        return "the null tier moves no bytes"
-    if REMOTE in b.tiers[-1].flags:
-        return f"the storage tier {b.tiers[-1].name} is network + server, not a block device"
-    return "on" if b.site is not None else "no local disk tier"
 
 
 def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: Stages, run_id: str) -> Results:
@@ -344,7 +336,9 @@ def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: 
 def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path, trial: int = 0) -> tuple[int, Results | None]:
     """One measured run (trial: its number when there are several) into report_dir; (exit status, merged results
     on rank 0)."""
+    s, agreed = agreed_settings_of(s, dist)
     traffic, payloads, b = _prepare(s, run_id, dist, report_dir)
+    b.notes[:0] = agreed
     try:
         results = _measure(s, say, dist, b, traffic, _stages(s, b, traffic, payloads, dist, trial), run_id)
     finally:  # a shared namespace is removed by rank 0 alone, once every rank is done with it

@@ -331,6 +331,22 @@ def _resolved(s, tier) -> dict:
     return {} if s.nvme_gb else {"tiers.nvme_gb": tier.capacity_bytes / GiB}
 
 
+def _agree(s, ranks: int, cache_dir: str) -> tuple[dict, str]:
+    """--nvme-gb 0 under MPI: one size for every rank, the automatic share of the free space split over the ranks
+    (deciding alone, two ranks on one disk chose 17.50 and 13.12 GiB: the second saw the first's slabs)."""
+    if s.nvme == "off" or s.nvme_gb or s.shared_storage or s.null_io:
+        return {}, ""
+    where = cache_dir
+    while not os.path.isdir(where) and os.path.dirname(where) != where:  # the default folder is made later
+        where = os.path.dirname(where)
+    free = shutil.disk_usage(where).free
+    each = min(int(free * NVME_AUTO_FRACTION), NVME_AUTO_MAX) // ranks
+    return {"tiers.nvme_gb": each / GiB}, (
+        f"nvme tier size chosen by rank 0 for every rank: {each / GiB:.2f} GiB each, {each * ranks / GiB:.2f} GiB in "
+        f"all = {NVME_AUTO_FRACTION:.0%} of the {free / GiB:.1f} GiB free in {cache_dir} (at most "
+        f"{NVME_AUTO_MAX / GiB:.0f} GiB) over {ranks} ranks; --nvme-gb fixes it (per rank)")
+
+
 CONTRACT = tuple(f"{e}/{lay}" for e in ENGINES for lay in ("slab", "file-per-block")
                  if not (ENGINES[e].maps and lay != "slab"))
 
@@ -342,7 +358,7 @@ def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes:
 
 
 @register("nvme", level=2, most_bytes=_most_bytes, resolved=_resolved, contract=CONTRACT,
-          make_for_test=make_for_test)
+          make_for_test=make_for_test, agree=_agree)
 def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     """The local disk tier; under --null-io the null tier of --nvme-gb (the policies' and hit rates' tests)."""
     s, slot, site = ctx.settings, ctx.slot_bytes, ctx.site

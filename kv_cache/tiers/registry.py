@@ -90,6 +90,7 @@ class TierKind:
     server: str = ""
     schemes: tuple[str, ...] = ()
     open_store: Callable | None = None
+    agree: Callable | None = None  # agree(tier settings, ranks, cache dir) -> ({dotted: value}, note): rank 0's choice
 
 
 KINDS: dict[str, TierKind] = {}
@@ -123,6 +124,18 @@ def resolved_settings(settings, tiers: list) -> dict:
         if kind.name in by_name:
             out.update(kind.resolved(settings, by_name[kind.name]))
     return out
+
+
+def agreed_settings(settings, ranks: int, cache_dir: str) -> tuple[dict, list[str]]:
+    """Under MPI, what rank 0 chooses for every rank's automatic settings (a rank choosing alone would see what
+    its peers already took): {dotted key: value} and the lines that say so."""
+    values, notes = {}, []
+    for kind in kinds():
+        if kind.agree is not None:
+            chosen, note = kind.agree(settings, ranks, cache_dir)
+            values.update(chosen)
+            notes += [note] if note else []
+    return values, notes
 
 
 def holds_no_slot(flag: str, gib: float, slot_bytes: int, tier: str) -> str:

@@ -95,6 +95,11 @@ def test_live_line_refreshes_on_a_terminal_and_logs_otherwise():
         text = out.getvalue()
         assert marker in text and "5 requests" in text and "nvme read" in text and "hit rate" in text
         assert live.every_s == (1.0 if tty else 10.0)
+    out = _Stream(True)  # a rank under mpirun: its pty is forwarded line by line, so one line per update
+    live = LiveLine(rec, 60, "nvme", out, refresh=False)
+    live.next = 0
+    live(7)
+    assert "\r" not in out.getvalue() and out.getvalue().endswith("\n") and live.every_s == 10.0
 
 
 def test_quiet_prints_nothing(small_run):

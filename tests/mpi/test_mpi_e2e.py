@@ -126,3 +126,18 @@ def test_processes_launches_the_ranks_for_the_user(tmp_path):
     assert res["run"]["ranks"] == 2 and res["requests"]["completed"] > 0
     assert len(res["ranks_detail"]) == 2 and res["cpu"]["process_s"] > 0
     assert os.listdir(cache) == []
+
+
+def test_ranks_run_the_automatic_sizes_rank_0_chose(tmp_path, small_tmpfs):
+    """Deciding alone, the second rank saw the first one's slabs and chose less (17.50 vs 13.12 GiB): rank 0 now
+    chooses one size for all, a quarter of the free space split over the ranks, and says so."""
+    cache = small_tmpfs(256)
+    r = mpirun(["--config", str(SMALL), "--output-dir", str(tmp_path), "--cache-dir", str(cache), "--allow-tmpfs",
+                "--nvme-gb", "0", "--run-id", "a", "--max-requests", "8", "--warmup", "0", "--duration", "600"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "a" / f"rank-{i}.json").read_text()) for i in (0, 1)]
+    sizes = [x["run"]["tiers"]["nvme"]["capacity_bytes"] for x in ranks]
+    assert sizes[0] == sizes[1] and 0 < sizes[0] <= 256 * 2**20 // 4 // 2, sizes
+    assert all(any("chosen by rank 0 for every rank" in n for n in x["run"]["notes"]) for x in ranks)
+    merged = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert merged["settings"]["tiers"]["nvme_gb"] * 2**30 >= sizes[0]  # settings.yaml repeats the per-rank size
