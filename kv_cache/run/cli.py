@@ -299,12 +299,8 @@ def _cmd_clean(argv: list[str]) -> int:
 def _clean_remote(url: str, other_hosts: bool, dry_run: bool, kept: bool) -> int:
     """clean --remote-url: what killed runs left in a remote tier, found by their markers, removed."""
     from kv_cache.tiers import remote
-    from kv_cache.tiers.registry import remote_kind
 
-    kind = remote_kind(url)
-    if kind is None:
-        raise UserError(f"--remote-url {remote.redact(url)}: no medium serves that scheme (redis://, rediss://, "
-                        f"valkey://, valkeys://, s3://).")
+    kind = remote.medium_of(url)
     store = kind.open_store(url, media.SECTIONS[kind.name]())
     try:
         store.check()

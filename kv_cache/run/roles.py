@@ -14,7 +14,7 @@ from kv_cache.scheduler.qos import QosPolicy
 from kv_cache.sources.handoff import ManifestFollower, wait_for_manifest
 from kv_cache.tiers.fsinfo import FILES, probe_direct, refuse_system_dir
 from kv_cache.tiers.registry import kinds_by_name, remote_kind, shared_files
-from kv_cache.tiers.remote import redact
+from kv_cache.tiers.remote import medium_of
 
 # Settings that act only in some modes: (keys or "section." prefixes, is the mode on?, what turns it on). A key
 # given (changed from its default, and not 0 / off, which ask for nothing) while its mode is off would do nothing:
@@ -94,10 +94,8 @@ def check_options(s: Settings, mpi: bool) -> list[str]:
     """One clear sentence per contradiction between options (a flag without effect here is one); returns the
     lines saying which flags are ignored (said before the run and kept in its notes)."""
     ignored = _without_effect(s, mpi)
-    if s.tiers.remote_url and remote_kind(s.tiers.remote_url) is None:
-        schemes = sorted(x for k in kinds_by_name().values() for x in k.schemes)
-        raise UserError(f"--remote-url {redact(s.tiers.remote_url)}: no medium serves that scheme; use one of "
-                        f"{', '.join(f'{x}://' for x in schemes)}.")
+    if s.tiers.remote_url:
+        medium_of(s.tiers.remote_url)  # an unknown scheme: one sentence
     if s.tiers.remote_url and s.tiers.shared_storage:
         raise UserError("--shared-storage shares the NVMe tier's directory between ranks; a remote tier gives each "
                         "rank a namespace of its own: drop --shared-storage.")

@@ -19,6 +19,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from kv_cache.config import media as media_sections
 
@@ -110,10 +111,19 @@ def most_blocks(settings, slot_bytes: int) -> int:
     return sum(kind.most_bytes(settings) // slot_bytes for kind in kinds())
 
 
+def scheme_of(url: str) -> str:
+    return urlsplit(url).scheme.lower() if "://" in url else ""
+
+
 def remote_kind(url: str) -> TierKind | None:
     """The medium that serves url's scheme (redis://, s3://, ...), or None."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    scheme = scheme_of(url)
     return next((k for k in kinds() if scheme in k.schemes), None)
+
+
+def schemes_served() -> str:
+    """Every scheme a medium serves, as a user types it: 'redis://, rediss://, s3://, ...'."""
+    return ", ".join(f"{x}://" for x in sorted(x for k in kinds() for x in k.schemes))
 
 
 def resolved_settings(settings, tiers: list) -> dict:

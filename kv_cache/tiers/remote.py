@@ -25,7 +25,7 @@ from kv_cache.errors import RunFault, UserError
 from kv_cache.markers import leftover, marker_body, sweep
 from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier
 from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.registry import GiB, StackContext, register
+from kv_cache.tiers.registry import GiB, StackContext, register, remote_kind, scheme_of, schemes_served
 
 NAMESPACE = "kvbench-"
 MARKER_OBJECT = ".kvbench-run.json"  # the marker of a namespace, as the marker file of a data directory
@@ -43,8 +43,12 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def scheme_of(url: str) -> str:
-    return urlsplit(url).scheme.lower() if "://" in url else ""
+def medium_of(url: str):
+    """The TierKind serving url's scheme; an unknown scheme is one sentence naming those that are served."""
+    kind = remote_kind(url)
+    if kind is None:
+        raise UserError(f"--remote-url {redact(url)}: no medium serves that scheme; use one of {schemes_served()}.")
+    return kind
 
 
 class Store(Protocol):
