@@ -212,6 +212,14 @@ def capacity_of_gb(gb: float, slot: int) -> int:
     return int(gb * GiB) // slot * slot
 
 
+def contract_tier(name: str, store: Store, variant: str, directory: str, capacity_bytes: int,
+                  slot_bytes: int) -> RemoteTier:
+    """The contract test's tier over a checked store, in a namespace of its own per variant and test folder."""
+    store.check()
+    run_id = f"contract-{variant}-{abs(hash(directory)) % 10**8}"
+    return RemoteTier(name, store, run_id, capacity_bytes, slot_bytes, f"{store.url} (contract)")
+
+
 def register_remote(name: str, schemes: tuple[str, ...], open_store, **hooks) -> None:
     """Register a remote medium: the tier of --remote-url when its scheme is one of schemes. Its size is
     --remote-gb (0: chosen from the server, written back into tiers.remote_gb); hooks: contract, make_for_test,

@@ -30,6 +30,7 @@ from kv_cache.tiers.remote import (
     NAMESPACE,
     REMOTE_AUTO_MAX,
     RemoteTier,
+    contract_tier,
     register_remote,
 )
 
@@ -289,9 +290,7 @@ def open_store(url: str, settings: S3Settings, lanes: int = 4, env=None) -> S3Ob
 def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None) -> RemoteTier:
     """The contract test's tier over a real S3 gateway (the s3_server fixture), with each client (variant)."""
     store = open_store(server.url, S3Settings(client=variant), 4, server.env)
-    store.check()
-    run_id = f"contract-{variant}-{abs(hash(directory)) % 10**8}"
-    return RemoteTier("s3", store, run_id, capacity_bytes, slot_bytes, f"{store.url} (contract)")
+    return contract_tier("s3", store, variant, directory, capacity_bytes, slot_bytes)
 
 
 register_remote("s3", SCHEMES, open_store, contract=("obstore", "boto3"), make_for_test=make_for_test, server="s3")

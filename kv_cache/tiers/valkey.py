@@ -25,6 +25,7 @@ from kv_cache.tiers.remote import (
     NAMESPACE,
     REMOTE_AUTO_MAX,
     RemoteTier,
+    contract_tier,
     redact,
     register_remote,
 )
@@ -282,11 +283,8 @@ def open_store(url: str, settings: ValkeySettings, lanes: int = 4) -> ValkeyStor
 def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None) -> RemoteTier:
     """The contract test's tier over a real server (the valkey_server fixture's URL); variant 'parts' splits
     every block into 20 KiB values, so multi-part keys are checked too."""
-    settings = ValkeySettings(part_mb=20 / 1024 if variant == "parts" else 0.0)
-    store = open_store(server.url, settings)
-    store.check()
-    run_id = f"contract-{variant}-{abs(hash(directory)) % 10**8}"
-    return RemoteTier("valkey", store, run_id, capacity_bytes, slot_bytes, f"{store.url} (contract)")
+    store = open_store(server.url, ValkeySettings(part_mb=20 / 1024 if variant == "parts" else 0.0))
+    return contract_tier("valkey", store, variant, directory, capacity_bytes, slot_bytes)
 
 
 register_remote("valkey", SCHEMES, open_store, contract=("whole", "parts"), make_for_test=make_for_test,
