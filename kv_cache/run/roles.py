@@ -21,6 +21,9 @@ from kv_cache.tiers.remote import medium_of
 # the run says which flag and stops. The storage keys under --null-io are the exception: they are said in one
 # line and ignored, as fio's null engine ignores its directory, so that a real run's command line measures the
 # generator alone with --null-io added.
+# the local disk tier's own keys: without it (--nvme off) they do nothing; under --null-io they are ignored
+DISK_KEYS = ("tiers.io_engine", "tiers.nvme_layout", "tiers.slab_file_gb", "tiers.io_unit", "tiers.layers_per_io",
+             "tiers.allow_tmpfs", "tiers.cache_dir", "tiers.precondition", "tiers.shared_storage", "tiers.gds")
 ONLY_WHEN = (
     (("trace.", "schedule.think_time_s"), lambda s, mpi: bool(s.trace.path), "a replayed trace (--trace FILE)"),
     (("rag.",), lambda s, mpi: s.rag.enabled, "--rag"),
@@ -37,12 +40,9 @@ ONLY_WHEN = (
     (("tiers.shared_storage",), lambda s, mpi: mpi, "several MPI ranks (mpirun, or --processes N)"),
     (("run.steady_window_s",), lambda s, mpi: s.run.steady_tolerance > 0, "--steady-state FRACTION"),
     (("tiers.remote_gb",), lambda s, mpi: bool(s.tiers.remote_url), "--remote-url URL"),
-    (("tiers.io_engine", "tiers.nvme_layout", "tiers.slab_file_gb", "tiers.io_unit", "tiers.layers_per_io",
-      "tiers.allow_tmpfs", "tiers.cache_dir", "tiers.nvme_gb", "tiers.precondition", "tiers.shared_storage",
-      "tiers.gds"), lambda s, mpi: s.tiers.nvme == "on" or s.tiers.null_io, "the NVMe tier (--nvme on)"),
-    (("tiers.io_engine", "tiers.nvme_layout", "tiers.slab_file_gb", "tiers.io_unit", "tiers.layers_per_io",
-      "tiers.allow_tmpfs", "tiers.cache_dir", "tiers.precondition", "tiers.shared_storage", "tiers.gds",
-      "run.keep_data"), lambda s, mpi: not s.tiers.null_io, None),
+    ((*DISK_KEYS, "tiers.nvme_gb"), lambda s, mpi: s.tiers.nvme == "on" or s.tiers.null_io,
+     "the NVMe tier (--nvme on)"),
+    ((*DISK_KEYS, "run.keep_data"), lambda s, mpi: not s.tiers.null_io, None),
 )
 NULL_IO = "{flag} has no effect with --null-io (no byte moves, no file is made): ignored"
 ENABLERS = {"trace.path", "rag.enabled", "semantic.enabled", "autoscale.mode", "disagg.role", "disagg.handoff_dir"}
