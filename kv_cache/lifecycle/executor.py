@@ -21,7 +21,7 @@ from kv_cache.errors import BlockVanished
 from kv_cache.lifecycle.payload import block_digest
 from kv_cache.lifecycle.plan import KVPlan, Planner
 from kv_cache.model import slot_bytes
-from kv_cache.types import Handoff, Request
+from kv_cache.types import HISTORY, SYSTEM, Handoff, Request
 
 
 def buffer_bytes(max_object_bytes: int) -> int:
@@ -112,9 +112,13 @@ class Lifecycle:
 
     def _finish(self, req: Request, output_tokens: int, storage_ns: int, counts: dict, ttft_ns: int) -> None:
         """Modelled generation time (if any), then the request's record."""
-        if self.gen_s_per_token:
+        generation_ns = 0
+        if self.gen_s_per_token:  # the sleep is timed: what the run really waited, not what was asked
+            start = now_ns()
             time.sleep(output_tokens * self.gen_s_per_token)
-        self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, counts, ttft_ns, req.qos)
+            generation_ns = now_ns() - start
+        self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, counts, ttft_ns, req.qos,
+                              generation_ns)
 
     def _publish(self, req: Request, plan: KVPlan, bufs: WorkerBuffers) -> int:
         n = plan.num_prompt_blocks
@@ -211,6 +215,7 @@ class Lifecycle:
             storage_ns += got[0]
             tiers.append(got[1])
         counts["blocks.hit"] = len(hits)
+        _count_hits_by_source(plan, [i for i, _ in hits], counts)
         per_block, by_source = plan.hit_tokens(req, [i for i, _ in hits])
         for t, tokens in zip(tiers, per_block):
             _add(counts, f"tokens.cached_by_tier.{self.cache.names[t]}", tokens)
@@ -286,3 +291,17 @@ def _span_ranges(spans):
         if end > start:
             yield end, start, label
         start = max(start, end)
+
+
+def _count_hits_by_source(plan: KVPlan, hit: list[int], counts: dict) -> None:
+    """The block hits by source, and per request whether its prefix, system prompt and history were found:
+    the reference's hit counters (system prompt, multi-turn, prefix) counted on our blocks (README: MLPerf)."""
+    labels = plan.labels[:plan.num_prompt_blocks]
+    for i in hit:
+        _add(counts, f"blocks.hit_by_source.{labels[i]}", 1)
+    if labels:
+        _add(counts, "requests.prefix_hit" if hit else "requests.prefix_miss", 1)
+    found = {labels[i] for i in hit}
+    for label in (SYSTEM, HISTORY):
+        if label in labels:
+            _add(counts, f"requests.{label}_hit" if label in found else f"requests.{label}_miss", 1)

@@ -62,6 +62,7 @@ class DeviceLatency:
         self.requests = {"read": 0, "write": 0, "other": 0}
         self.bytes = {"read": 0, "write": 0}
         self.lost, self.measuring = 0, False
+        self.last_line = time.monotonic()
         self.unavailable = self._start(directory)
 
     def _start(self, directory: str | None) -> str:
@@ -90,6 +91,7 @@ class DeviceLatency:
 
     def _read(self, ready: threading.Event) -> None:
         for line in self.proc.stdout:
+            self.last_line = time.monotonic()
             if line.startswith("attached"):
                 ready.set()
                 continue
@@ -130,7 +132,7 @@ class DeviceLatency:
 
     def summary(self) -> dict:
         """The device's latency (window) and its requests and bytes (whole run), or why there are none."""
-        time.sleep(0.05)  # the last completions of the run reach the pipe
+        self._drain()
         self._stop()
         if self.unavailable:
             return {"unavailable": self.unavailable}
@@ -138,6 +140,13 @@ class DeviceLatency:
                 "device": self.device, "read": summary_ms(self.hists["read"]),
                 "write": summary_ms(self.hists["write"]), "requests_whole_run": dict(self.requests),
                 "bytes_whole_run": dict(self.bytes), "lost_events": self.lost}
+
+    def _drain(self, quiet_s: float = 0.25, most_s: float = 3.0) -> None:
+        """Wait until bpftrace has printed the run's last completions: no line for quiet_s (a loaded machine
+        delays them; stopping it earlier loses them), at most most_s (another writer keeps the disk busy)."""
+        end = time.monotonic() + most_s
+        while self.proc is not None and time.monotonic() < end and time.monotonic() - self.last_line < quiet_s:
+            time.sleep(0.05)
 
     def close(self) -> None:
         self._stop()

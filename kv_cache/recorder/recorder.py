@@ -239,7 +239,7 @@ class Recorder:
         self._shard().counters[name] += n
 
     def request(self, intended_ns: int, dequeued_ns: int, done_ns: int, storage_ns: int,
-                counts: dict[str, int], ttft_ns: int | None = None, qos: str = "") -> None:
+                counts: dict[str, int], ttft_ns: int | None = None, qos: str = "", generation_ns: int = 0) -> None:
         """One finished request: its latencies (from the intended start) and token counts.
 
         ttft_ns: when its storage part of time-to-first-token ended (prefix loaded, prefill
@@ -260,6 +260,8 @@ class Recorder:
         record(shard.hist(("request", "queue", "all")), dequeued_ns - intended_ns)
         record(shard.hist(("request", "e2e", "all")), e2e)
         record(shard.hist(("request", "ttft", "all")), ttft)
+        if generation_ns:  # modelled decode time (--generation-ms-per-token), as slept
+            record(shard.hist(("request", "generation", "all")), generation_ns)
         if qos:
             record(shard.hist((f"qos.{qos}", "ttft", "all")), ttft)
             record(shard.hist((f"qos.{qos}", "e2e", "all")), e2e)
@@ -267,7 +269,7 @@ class Recorder:
         shard.series[(sec, "requests")] += 1
         for name, n in counts.items():
             shard.counters[name] += n
-            if name in ("tokens.prompt", "tokens.cached"):
+            if name in ("tokens.prompt", "tokens.cached", "tokens.generated"):
                 shard.series[(sec, name)] += n
 
     # ------------------------------------------------------------------ reading

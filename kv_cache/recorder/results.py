@@ -22,7 +22,7 @@ from kv_cache.recorder.verdict import load_verdict
 # queue (waiting for a worker), ttft (storage part of time-to-first-token), e2e, handoff (decode node:
 # prefill complete -> decode loaded), turn_wait (open loop: a session's turn held after its arrival until the
 # previous turn's answer).
-REQUEST_LATENCIES = ("storage", "queue", "ttft", "e2e", "handoff", "turn_wait")
+REQUEST_LATENCIES = ("storage", "queue", "ttft", "e2e", "handoff", "turn_wait", "generation")
 
 
 def _rate(num: float, den: float) -> float | None:
@@ -66,7 +66,8 @@ def timeseries(snap: Snapshot, tiers: list[str]) -> list[dict]:
         src = snap.series.get(sec, {})
         prompt, cached = src.get("tokens.prompt", 0), src.get("tokens.cached", 0)
         row = {"t_s": sec, "ops": src.get("ops", 0), "requests": src.get("requests", 0),
-               "tokens_prompt": prompt, "tokens_cached": cached, "hit_rate": _rate(cached, prompt)}
+               "tokens_prompt": prompt, "tokens_cached": cached, "tokens_generated": src.get("tokens.generated", 0),
+               "hit_rate": _rate(cached, prompt)}
         for t in tiers:
             for d in ("read", "write"):
                 row[f"{t}_{d}_gbps"] = src.get(f"bytes.{t}.{d}", 0) / 1e9

@@ -10,6 +10,8 @@ import subprocess
 import pytest
 from conftest import SMALL, bounded, run_cli
 
+from kv_cache.run.mlperf_output import write_output
+
 pytestmark = pytest.mark.slow  # make test-all (CI): a loop device, bpftrace attaching
 
 
@@ -48,6 +50,10 @@ def test_the_device_latency_is_the_block_layers_and_below_the_per_block_latency(
     assert r.returncode == 0, r.stderr
     res = json.loads((out / "d" / "results.json").read_text())
     d = res["telemetry"]["device_latency"]
+    mlperf = write_output(str(tmp_path / "m.json"), out / "d", "latency")  # what --output writes for this run
+    cache = json.loads(mlperf.read_text())["summary"]["cache_stats"]  # its device fields: the block layer's
+    assert cache["storage_read_device_p95_ms"] == d["read"]["p95"]
+    assert cache["storage_write_device_p50_ms"] == d["write"]["p50"]
     assert d["unavailable"] == "" and d["device"] == device, d
     app = res["latency_ms"]["nvme"]
     for op in ("read", "write"):
@@ -67,5 +73,6 @@ def test_without_a_local_disk_the_device_fields_are_null_with_the_reason(tmp_pat
     d = json.loads((out / "n" / "results.json").read_text())["telemetry"]["device_latency"]
     assert d["unavailable"]  # off in small.yaml, or the null tier: said, not made up
     m = json.loads((tmp_path / "m.json").read_text())
-    assert m["nvme_read_device_p95_ms"] is None and m["nvme_write_device_p95_ms"] is None
+    cache = m["summary"]["cache_stats"]
+    assert cache["storage_read_device_p95_ms"] is None and cache["storage_write_device_p95_ms"] is None
     assert any("the device's latency was not measured" in n for n in m["notes"])

@@ -1,17 +1,17 @@
 """Issue 19: the MLPerf reference's command lines run here, map to our settings, and --output writes its fields."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import SMALL, bounded, run_cli
 from helpers import assert_clean_error
+from mlperf_reference import key_paths
 
 from kv_cache.config import resolve
 from kv_cache.run.mlperf import speaks_reference, translate
 
-FIELDS = ("decode_bytes_read_gb", "avg_throughput_tokens_per_sec", "storage_read_bandwidth_gbps",
-          "storage_write_bandwidth_gbps", "nvme_read_device_p95_ms", "nvme_write_device_p95_ms",
-          "end_to_end_latency_p95_ms", "cache_hit_rate", "autoscaling_stats", "qos_stats")
+REFERENCE_KEYS = json.loads((Path(__file__).parents[1] / "fixtures" / "mlperf_reference_keys.json").read_text())
 
 
 def settings_of(*argv):
@@ -49,14 +49,14 @@ def test_their_documented_tests_run_and_write_their_fields(name, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "MLPerf reference command line, run here as:" in r.stdout
     data = json.loads(out.read_text())
-    for f in FIELDS:
-        assert f in data, f
-    assert data["requests_completed"] > 0 and data["storage_write_bandwidth_gbps"] > 0
-    assert data["seed"] == 42 and (tmp_path / "reports" / data["results_json"]).exists()
-    health = data["summary"]["cache_stats"]["storage_health"]  # its criteria are for whole-request objects
-    assert health["unit"].startswith("per block of 16 tokens: NOT the unit"), health
+    cache = data["summary"]["cache_stats"]
+    assert data["requests_completed"] > 0 and cache["tier_storage_write_bandwidth_gbps"] > 0
+    assert data["seed"] == 42 and (tmp_path / "reports" / data["kv_cache_bench"]["results_json"]).exists()
+    health = cache["storage_health"]  # its criteria are for whole-request objects
+    assert health["judged_on"].startswith("per block of 16 tokens: NOT the unit"), health
     if "autoscaler" in name:
-        assert data["autoscaling_stats"] and data["autoscaling_stats"][0]["mode"] in ("qos", "capacity")
+        stats = data["summary"]["autoscaling_stats"]
+        assert stats and stats[0]["mode"] in ("qos", "capacity") and data["summary"]["autoscaling_summary"]
 
 
 MAPPED = [  # (their flags, our key, expected value)
@@ -173,3 +173,53 @@ def test_a_qos_distribution_with_one_key_takes_the_reference_default_for_the_oth
     cfg.write_text("qos_distribution: {interactive_probability: 0.3}\n")
     s, _ = settings_of("--config", str(cfg))
     assert s.qos.mix == "interactive=0.3,responsive=0.2,batch=0.5"
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(tmp_path_factory):
+    """--output of a plain latency-profile run and of a capacity-autoscaler run (whose stop entry and peak are
+    only written in that mode), with each run's results.json."""
+    tmp = tmp_path_factory.mktemp("ref")
+    runs = {"latency": ["--num-users", "6", *bounded(16), "--generation-mode", "fast"],
+            "capacity": ["--num-users", "4", "--duration", "3", "--enable-autoscaling", "--autoscaler-mode",
+                         "capacity", "--generation-mode", "none", "--set", "autoscale.step_s=0.5", "--set",
+                         "autoscale.cooldown_s=0.1", "--set", "autoscale.start_users=2", "--set",
+                         "autoscale.step_users=2"]}
+    outs = {}
+    for name, flags in runs.items():
+        out = tmp / f"{name}.json"
+        r = run_cli(["--model", "llama3.1-8b", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.03", "--cache-dir", str(tmp),
+                     "--storage-capacity-gb", "0.25", "--seed", "42", "--output", str(out), "--config", str(SMALL),
+                     "--output-dir", str(tmp / "reports"), *flags], timeout=120)
+        assert r.returncode == 0, r.stderr
+        data = json.loads(out.read_text())
+        outs[name] = data, json.loads((tmp / "reports" / data["kv_cache_bench"]["results_json"]).read_text())
+    return outs
+
+
+def test_output_holds_every_key_path_a_real_reference_run_writes(reference_outputs):
+    ours = set().union(*(key_paths(data) for data, _ in reference_outputs.values()))
+    missing = sorted(set(REFERENCE_KEYS["key_paths"]) - ours)
+    assert not missing, f"{len(missing)} of the reference's key paths missing: {missing}"
+    assert len(REFERENCE_KEYS["key_paths"]) > 150  # the list really is a reference run's, not a stub
+
+
+def test_output_values_are_in_the_reference_units_and_every_null_is_explained(reference_outputs):
+    data, res = reference_outputs["latency"]
+    cache, window = data["summary"]["cache_stats"], res["run"]["duration_s"]
+    moved = res["bytes"]["nvme"]
+    assert cache["tier_storage_read_bandwidth_gbps"] == pytest.approx(moved["read"] / 2**30 / window, rel=1e-4)
+    assert cache["tier_storage_kv_bytes_written_gb"] == pytest.approx(moved["write"] / 2**30, rel=1e-6)  # GiB
+    assert data["summary"]["elapsed_time"] == window and data["requests_completed"] == res["requests"]["completed"]
+    assert data["summary"]["total_tokens"] == res["tokens"]["generated"]
+    e2e = data["summary"]["end_to_end_latency_ms"]
+    assert e2e["p50"] <= e2e["p95"] <= e2e["p99"] <= e2e["p999"] <= e2e["p9999"]
+    assert data["summary"]["generation_latency_ms"]["p50"] > 0 and data["total_generation_latency"] > 0
+    assert cache["cache_hits"] + cache["cache_misses"] > 0 and data["summary"]["multi_turn_stats"]["cache_hits"] >= 0
+    for name, qos in data["summary"]["qos_metrics"].items():
+        assert qos["no_data"] == (qos["total_requests"] == 0), name
+    notes = " ".join(data["notes"])
+    for path in ("gpu_*", "end_to_end_latencies", "storage_*_host_*_ms", "storage_*_device_*_ms"):
+        assert path in notes, path  # a null says why
+    stats = reference_outputs["capacity"][0]["summary"]["autoscaling_stats"]
+    assert stats[0]["action"] == "start" and stats[-1]["action"] == "stop"

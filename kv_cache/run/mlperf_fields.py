@@ -1,0 +1,88 @@
+"""The run's figures read under the MLPerf reference's names: histograms and counters of the run's snapshot, in
+the reference's units (GiB, GiB/s, ms), and one note for every field left null (README: "MLPerf front door").
+
+The reference's "storage" tier is our bottom tier; its "gpu" and "cpu" tiers are ours of those names."""
+
+from __future__ import annotations
+
+from kv_cache.recorder.histogram import at_ms, mean_value, merged
+from kv_cache.recorder.schema import Results
+from kv_cache.recorder.snapshot import Snapshot
+
+GiB = 2**30  # the reference's "gb" fields are GiB (bytes / 1024^3), its "gbps" GiB/s
+PCTS = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9, "p9999": 99.99}
+TIER_LABEL = {"gpu": "GPU", "cpu": "CPU"}
+
+
+class Fields:
+    """One run's figures by the reference's rules (its names), and the reasons for every null."""
+
+    def __init__(self, r: Results, snap: Snapshot):
+        self.r, self.snap, self.c = r, snap, snap.counters
+        self.notes: list[str] = []
+        self.window = r.run.duration_s
+        self.tiers = {"gpu": "gpu", "cpu": "cpu", "storage": r.bottom}  # theirs -> ours
+
+    def null(self, fields: str, why: str) -> None:
+        """A field that cannot be had here: null, and one note naming it and why."""
+        self.notes.append(f"{fields}: null: {why}")
+        return None
+
+    def has(self, ref_tier: str) -> bool:
+        return self.tiers[ref_tier] in self.r.run.tiers
+
+    def count(self, name: str) -> int:
+        return int(self.c.get(name, 0))
+
+    def prefixed(self, prefix: str) -> dict[str, int]:
+        return {k[len(prefix):]: v for k, v in self.c.items() if k.startswith(prefix)}
+
+    def hist(self, tier: str, op: str, phases: tuple[str, ...] = ()):
+        """The histogram of one tier and op over its phases (all of them when none is named), or None."""
+        parts = [h for (t, o, p), h in self.snap.hists.items() if t == tier and o == op and (not phases or p in phases)]
+        h = merged(parts) if parts else None
+        return h if h is not None and h.get_total_count() else None
+
+    @staticmethod
+    def latency_merged(hists):
+        """The sum of several histograms, or None when they hold nothing."""
+        h = merged(hists)
+        return h if h.get_total_count() else None
+
+    def phase_count(self, op: str, phases: tuple[str, ...]) -> int:
+        return sum(h.get_total_count() for (t, o, p), h in self.snap.hists.items()
+                   if o == op and p in phases and t in self.r.run.tiers)
+
+    def latency(self, h, keys=("mean", *PCTS)) -> dict[str, float | None]:
+        """mean and percentiles in ms of an ns histogram (None without samples)."""
+        out = {k: (at_ms(h, PCTS[k]) if k in PCTS else mean_value(h) / 1e6) if h is not None else None for k in keys}
+        if "max" in keys:
+            out["max"] = h.get_max_value() / 1e6 if h is not None else None
+        return out
+
+    def request_latency(self, kind: str, field: str) -> dict[str, float | None]:
+        h = self.snap.hists.get(("request", kind, "all"))
+        if h is None or not h.get_total_count():
+            why = ("no modelled generation (--generation-mode none)" if kind == "generation" else
+                   "no request completed in the measurement window")
+            self.null(f"summary.{field}.*", why)
+            return self.latency(None)
+        return self.latency(h)
+
+    def request_seconds(self, kind: str) -> float:
+        """The sum over the window's requests of their time in one part (s): mean x count of its histogram."""
+        h = self.snap.hists.get(("request", kind, "all"))
+        return mean_value(h) * h.get_total_count() / 1e9 if h is not None else 0.0
+
+    def moved_gib(self, ref_tier: str, direction: str) -> float | None:
+        b = self.r.bytes.get(self.tiers[ref_tier])
+        return (getattr(b, direction) if b else 0) / GiB if self.has(ref_tier) else None
+
+    def per_s(self, value: float | None) -> float | None:
+        return value / self.window if value is not None and self.window else None
+
+    def missing_tier_notes(self) -> None:
+        for ref, why in (("gpu", "--gpu-mem-gb 0 or no GPU found"), ("cpu", "--cpu-mem-gb 0")):
+            if not self.has(ref):
+                self.null(f"summary.cache_stats.{ref}_* and tier_{ref}_*",
+                          f"no {TIER_LABEL[ref]} tier in this run ({why})")
