@@ -299,8 +299,7 @@ def _count_hits_by_source(plan: KVPlan, hit: list[int], counts: dict) -> None:
     labels = plan.labels[:plan.num_prompt_blocks]
     for i in hit:
         _add(counts, f"blocks.hit_by_source.{labels[i]}", 1)
-    if labels:
-        _add(counts, "requests.prefix_hit" if hit else "requests.prefix_miss", 1)
+    _add(counts, "requests.prefix_hit" if hit else "requests.prefix_miss", 1)  # nothing to look up: a miss
     found = {labels[i] for i in hit}
     for label in (SYSTEM, HISTORY):
         if label in labels:

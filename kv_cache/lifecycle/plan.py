@@ -52,6 +52,8 @@ class KVPlan:
         bt = self.tokens_per_key[i]
         if self.chained and len(self.groups) == 1 and req.spans:
             return req.tokens_by_label(i * bt, min((i + 1) * bt, req.num_prompt_tokens))
+        if not self.chained and self.labels[i] == HISTORY and req.spans:  # whole-request mode: the prompt's prefix
+            return req.tokens_by_label(0, min(bt, req.num_prompt_tokens))
         return [(self.labels[i], min(bt, req.num_prompt_tokens))]
 
     def hit_tokens(self, req: Request, hits: list[int]) -> tuple[list[int], dict[str, int]]:

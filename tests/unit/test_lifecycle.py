@@ -157,3 +157,31 @@ def test_checksum_mode_keeps_each_written_blocks_checksum_and_catches_a_change(r
     victim.digest ^= 1  # as if its bytes had changed since the write
     lc.execute(request(tokens(64, 5), tokens(1, 7), ((64, USER),), seq=2), bufs)
     assert rec.counters()["verification.failures"] == 1
+
+
+def test_whole_request_mode_credits_each_source_its_own_tokens_and_counts_the_reference_hits(rig):
+    """The history object is the prompt's prefix: its system-prompt tokens are credited to the system prompt
+    (history's hit rate read 106 % when the whole object went to history); the MLPerf hit counters count it."""
+    life, cache, rec, bufs = rig
+    lc = life(block_tokens=0)
+    p1, o1 = tokens(40, 1), tokens(30, 2)
+    lc.execute(request(p1, o1, ((10, SYSTEM), (40, USER))), bufs)
+    p2 = np.concatenate([p1, o1, tokens(20, 3)])
+    lc.execute(request(p2, tokens(10, 4), ((10, SYSTEM), (70, HISTORY), (90, USER)), seq=2), bufs)
+    c = rec.counters()
+    assert c["tokens.cached_by_source.system"] == 10 and c["tokens.cached_by_source.history"] == 60
+    assert c["tokens.cached_by_source.history"] <= c["tokens.prompt_by_source.history"]
+    assert c["blocks.hit_by_source.history"] == 1 and c["requests.history_hit"] == 1
+    assert c["requests.prefix_hit"] == 1 and c["requests.prefix_miss"] == 1  # the first turn found nothing
+
+
+def test_chained_blocks_count_hits_by_source_and_the_system_prompt_found(rig):
+    life, cache, rec, bufs = rig
+    lc = life()
+    p = tokens(48, 8)
+    spans = ((32, SYSTEM), (48, USER))
+    lc.execute(request(p, tokens(1, 9), spans), bufs)
+    lc.execute(request(p, tokens(1, 10), spans, seq=2), bufs)
+    c = rec.counters()
+    assert c["blocks.hit_by_source.system"] == 2 and c["blocks.hit_by_source.user"] == 1
+    assert c["requests.system_hit"] == 1 and c["requests.system_miss"] == 1
