@@ -6,11 +6,9 @@ from kv_cache import signals
 signals.install()  # before the heavy imports: a SIGTERM during start-up is a clean exit too
 
 try:
-    from kv_cache.run.cli import main
+    from kv_cache.run.cli import leave, main
 except KeyboardInterrupt:
     raise SystemExit(signals.exit_status()) from None
 
 if __name__ == "__main__":
-    status = main()
-    signals.ignore()  # done: a late signal must not turn the exit into a traceback
-    raise SystemExit(status)
+    leave(main())

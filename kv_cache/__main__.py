@@ -1,7 +1,5 @@
 from kv_cache import signals
-from kv_cache.run.cli import main
+from kv_cache.run.cli import leave, main
 
 signals.install()
-status = main()
-signals.ignore()  # done: a late signal must not turn the exit into a traceback
-raise SystemExit(status)
+leave(main())

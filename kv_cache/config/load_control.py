@@ -75,6 +75,10 @@ class RoleSettings:
     handoff_dir: str = key("", "Shared directory between prefill and decode nodes: block files and the manifest "
                                "(prefill makes kvbench-handoff/ in it and removes it at the end).",
                            "--handoff-dir")
+    handoff: str = key("", "How the prefill node hands blocks over: file://DIR (the same as --handoff-dir DIR) or "
+                           "nixl://HOST:PORT: the decode node pulls them with NIXL READs (UCX) from the prefill "
+                           "node's registered memory; HOST:PORT is the prefill node's side channel (it listens "
+                           "there, the decode node connects).", "--handoff")
     handoff_gb: float = key(8.0, "Space of published blocks in GiB; beyond it the prefill node removes the oldest "
                                  "(a decode node that comes too late counts them missing).", lo=0.001,
                                  hi=MAX_GIB)

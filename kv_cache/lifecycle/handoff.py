@@ -123,8 +123,6 @@ class HandoffStore:
         """End line, then wait (at most wait_s) for attached decode nodes to finish; remove the folder."""
         with self._lock:
             self._append({"kind": "end", "done_wall": time.time()})
-        os.close(self._fd)
-        self._fd = -1
         deadline = time.monotonic() + wait_s
         attached = self.attached()
         while attached - self.finished() and time.monotonic() < deadline:
@@ -132,13 +130,23 @@ class HandoffStore:
         waiting = sorted(attached - self.finished())
         if waiting:
             say(f"  handoff: decode node(s) {', '.join(waiting)} still reading after {wait_s:g} s; removing anyway")
+        self._fd = self._close_manifest(remove)
+        return {"published_blocks": len(self._published), "decode_nodes": sorted(attached),
+                "decode_nodes_unfinished": waiting}
+
+    def _close_manifest(self, remove: bool) -> int:
+        """End of the prefill side: close the manifest, and remove the folder (remove); the fd's new value."""
+        os.close(self._fd)
         if remove:
             self.blocks.close(remove=True)
             for name in os.listdir(self.folder):
                 os.unlink(os.path.join(self.folder, name))
             os.rmdir(self.folder)
-        return {"published_blocks": len(self._published), "decode_nodes": sorted(attached),
-                "decode_nodes_unfinished": waiting}
+        return -1
+
+    @property
+    def engine(self) -> str:
+        return self.blocks.engine
 
     def abandon(self, remove: bool) -> None:
         """The run failed: end the manifest (decode nodes stop) and remove the folder, or detach."""

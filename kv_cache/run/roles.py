@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import os
 
+import psutil
+
 from kv_cache.config import Settings, flag_name, iter_keys
 from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.handoff import FOLDER, MANIFEST, HandoffStore, check_header
+from kv_cache.lifecycle.nixl_handoff import SCHEME, NixlDecode, NixlPrefill, parse_url
+from kv_cache.run.budget import HEADROOM
 from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.qos import QosPolicy
-from kv_cache.sources.handoff import ManifestFollower, wait_for_manifest
+from kv_cache.sources.handoff import ManifestFollower, RecordFollower, wait_for_manifest
 from kv_cache.tiers.fsinfo import FILES, probe_direct, refuse_system_dir
 from kv_cache.tiers.registry import kinds_by_name, remote_kind, shared_files
 from kv_cache.tiers.remote import medium_of
@@ -45,7 +49,8 @@ ONLY_WHEN = (
     ((*DISK_KEYS, "run.keep_data"), lambda s, mpi: not s.tiers.null_io, None),
 )
 NULL_IO = "{flag} has no effect with --null-io (no byte moves, no file is made): ignored"
-ENABLERS = {"trace.path", "rag.enabled", "semantic.enabled", "autoscale.mode", "disagg.role", "disagg.handoff_dir"}
+ENABLERS = {"trace.path", "rag.enabled", "semantic.enabled", "autoscale.mode", "disagg.role", "disagg.handoff_dir",
+            "disagg.handoff"}
 
 
 def _given(s: Settings) -> list[tuple[str, str]]:
@@ -119,11 +124,12 @@ def check_options(s: Settings, mpi: bool) -> list[str]:
         if d.role == "decode":
             raise UserError("--autoscale cannot drive --role decode: a decode node serves what prefill nodes "
                             "publish; autoscale the prefill node instead.")
-    if d.role != "both" and not d.handoff_dir:
+    kind, _ = handoff_target(s)
+    if d.role != "both" and not kind:
         raise UserError(f"--role {d.role} needs --handoff-dir DIR, the directory prefill and decode nodes share "
-                        f"(blocks and manifest).")
-    if d.role == "both" and d.handoff_dir:
-        raise UserError("--handoff-dir is for disaggregated nodes; add --role prefill or --role decode.")
+                        f"(blocks and manifest), or --handoff nixl://HOST:PORT (NIXL READs from the prefill node).")
+    if d.role == "both" and kind:
+        raise UserError("--handoff / --handoff-dir are for disaggregated nodes; add --role prefill or --role decode.")
     if d.role != "both" and mpi:
         raise UserError(f"--role {d.role} runs one process per role (start the prefill and the decode node "
                         f"separately); run it without mpirun.")
@@ -169,16 +175,40 @@ def handoff_identity(s: Settings, model_name: str) -> dict:
             "block_tokens": s.model.block_tokens, "seed": s.run.seed}
 
 
+def handoff_target(s: Settings) -> tuple[str, str]:
+    """("file", DIR), ("nixl", URL) or ("", ""): --handoff-dir DIR and --handoff file://DIR are one thing."""
+    d = s.disagg
+    if d.handoff and d.handoff_dir:
+        raise UserError("--handoff and --handoff-dir name the same thing; give one of them.")
+    if d.handoff.startswith("file://"):
+        return "file", d.handoff[len("file://"):]
+    if d.handoff.startswith(SCHEME):
+        parse_url(d.handoff)
+        return "nixl", d.handoff
+    if d.handoff:
+        raise UserError(f"--handoff {d.handoff}: expected file://DIR (a folder both nodes share) or "
+                        f"nixl://HOST:PORT (the prefill node's address and a free port).")
+    return ("file", d.handoff_dir) if d.handoff_dir else ("", "")
+
+
+_DECODE_LINKS: dict[str, NixlDecode] = {}  # a decode node's NIXL link: made with its traffic, then its store
+
+
 def _handoff_root(s: Settings) -> str:
-    root = os.path.abspath(s.disagg.handoff_dir)
+    root = os.path.abspath(handoff_target(s)[1])
     if not os.path.isdir(root) or not os.access(root, os.W_OK | os.X_OK):
         raise UserError(f"--handoff-dir {root} is not a writable directory; create it (on the storage both "
                         f"nodes share) or pass another.")
     return root
 
 
-def decode_traffic(s: Settings, model_name: str) -> ManifestFollower:
+def decode_traffic(s: Settings, model_name: str) -> ManifestFollower | RecordFollower:
     """A decode node's arrivals: wait for a prefill node's manifest, check it matches, follow it."""
+    kind, url = handoff_target(s)
+    if kind == "nixl":  # its side channel carries the manifest; the same link then loads the blocks
+        say = (lambda m: None) if s.run.quiet else (lambda m: print(m, flush=True))
+        link = _DECODE_LINKS[url] = NixlDecode(url, handoff_identity(s, model_name), s.disagg.wait_s, say)
+        return RecordFollower(link.next_record, s.disagg.wait_s)
     path = os.path.join(_handoff_root(s), FOLDER, MANIFEST)
     if not os.path.exists(path) and not s.run.quiet:  # started first: say what it waits for, and how long
         print(f"  waiting for a prefill node to publish into {os.path.dirname(path)} (up to {s.disagg.wait_s:g} s, "
@@ -192,6 +222,19 @@ def open_handoff(s: Settings, model_name: str, slot_bytes: int) -> tuple[Handoff
     """The prefill node makes the handoff folder, the decode node joins it; (store, engine note)."""
     if s.disagg.role == "both":
         return None, ""
+    kind, url = handoff_target(s)
+    if kind == "nixl":
+        tls = os.environ.get("UCX_TLS", "UCX's own choice")
+        note = f"the handoff moves blocks with NIXL READs over UCX (transports: {tls}) through {url}"
+        if s.disagg.role == "decode":
+            return _DECODE_LINKS.pop(url), note
+        need, left = int(s.disagg.handoff_gb * 2**30), int(psutil.virtual_memory().available * HEADROOM)
+        if need > left:  # pinned host memory, allocated now: the tiers' memory is already taken
+            raise UserError(f"--handoff {url}: the prefill node's registered region of {need / 2**30:.2f} GiB "
+                            f"(--disagg-handoff-gb) does not fit in the {left / 2**30:.2f} GiB of memory left after "
+                            f"the tiers; lower --disagg-handoff-gb.")
+        ident = handoff_identity(s, model_name)
+        return NixlPrefill.create_nixl(url, slot_bytes, need, ident), note
     root = _handoff_root(s)
     engine, note = s.tiers.io_engine, ""
     if engine == "mmap":  # blocks are files found by name: no mapping
@@ -210,7 +253,8 @@ def finish_role(store: HandoffStore | None, s: Settings, say) -> dict | None:
     node says it is done. Returns what the results' role section needs beyond the recorder's numbers."""
     if store is None:
         return None
-    out = {"role": s.disagg.role, "handoff_dir": store.folder, "engine": store.blocks.engine}
+    out = {"role": s.disagg.role, "handoff_dir": store.folder,
+           "engine": "nixl (UCX)" if store.engine == "nixl" else store.engine}
     if store.role == "prefill":
         say(f"  handoff: end of manifest written; waiting up to {s.disagg.wait_s:g} s for decode nodes")
         return {**out, **store.finish(s.disagg.wait_s, not s.run.keep_data, say)}

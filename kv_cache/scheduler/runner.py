@@ -207,6 +207,14 @@ class _Runner:
         self.recorder.stop_measuring(self.outcome.end_ns)
         return self.outcome
 
+    def _next_arrival(self):
+        """The next arrival (None: the end); a live source that lost its producer (RunFault) is a fault stop."""
+        try:
+            return next(self.arrivals, None)
+        except RunFault as e:
+            self._fail(str(e))
+            return None
+
     def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:
         raise NotImplementedError
 
@@ -368,7 +376,7 @@ class OpenLoopRunner(_Runner):
     def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:
         if hasattr(self.arrivals, "start"):  # a live source stamps its offsets from our start
             self.arrivals.start(start)
-        nxt = next(self.arrivals, None)
+        nxt = self._next_arrival()
         while not self._stop.is_set():
             with self._cond:
                 now = now_ns()
@@ -383,8 +391,8 @@ class OpenLoopRunner(_Runner):
                     if not idle:
                         continue
             if idle:
-                nxt = next(self.arrivals, None)
+                nxt = self._next_arrival()
                 continue
             req = nxt[1]()
             self._issue(req, due)
-            nxt = next(self.arrivals, None)
+            nxt = self._next_arrival()

@@ -16,7 +16,7 @@ from time import monotonic_ns as now_ns
 
 import numpy as np
 
-from kv_cache.errors import UserError
+from kv_cache.errors import RunFault, UserError
 from kv_cache.types import Handoff, Request
 
 POLL_S = 0.005
@@ -82,6 +82,43 @@ class ManifestFollower:
             if time.monotonic() >= give_up:
                 return (now_ns() - self._origin) / 1e9, None
             time.sleep(POLL_S)
+
+
+class RecordFollower:
+    """Open-loop arrivals from manifest records a link delivers (next_record(timeout) -> dict or None): the
+    NIXL handoff's side channel. A link lost before the manifest's end stops the run as a fault."""
+
+    def __init__(self, next_record, wait_s: float):
+        self.next_record, self.wait_s = next_record, wait_s
+        self._origin = now_ns()
+        self._last_news = time.monotonic()
+        self.records = 0
+        self.ended = False
+
+    def start(self, origin_ns: int) -> None:
+        self._origin = origin_ns
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        rec = self.next_record(IDLE_TICK_S)
+        offset = (now_ns() - self._origin) / 1e9
+        if rec is None:
+            if time.monotonic() - self._last_news > self.wait_s:
+                raise StopIteration
+            return offset, None
+        self._last_news = time.monotonic()
+        if rec["kind"] == "lost":
+            raise RunFault(rec["why"])
+        if rec["kind"] == "end":
+            self.ended = True
+            raise StopIteration
+        if rec["kind"] != "request":
+            return offset, None
+        self.records += 1
+        h = Handoff.from_dict(rec)
+        return offset, lambda h=h, n=self.records: _request(h, n)
 
 
 def _request(h: Handoff, n: int) -> Request:

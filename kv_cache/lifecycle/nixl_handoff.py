@@ -1,0 +1,275 @@
+"""Disaggregated prefill / decode over NIXL (--handoff nixl://HOST:PORT): the decode node pulls the blocks from
+the prefill node's registered memory with NIXL READ transfers (UCX: RDMA where there is, TCP where not).
+
+    prefill node                                        decode node
+    region: slots of registered host memory  <-- READ --  its workers' buffers (registered on first use)
+    tags:   one u64 per slot: the key it holds <-- READ --  checked after each block (below)
+    side channel: TCP on HOST:PORT, bound to that address only, newline-delimited JSON:
+        decode -> attach {identity}         prefill -> header {agent metadata, region, tags, slot size}
+                                             prefill -> every manifest line so far and then as they come,
+                                                        each request with the slot of each of its blocks
+        decode -> done                       prefill -> end
+
+A slot is reused (oldest published first, as the folder handoff removes its oldest files) when the handoff
+space is full. Reuse is made visible by the slot's tag, written as a seqlock: 0 before the block's bytes are
+copied in, its key after. The decode node reads the block, then the tag: a tag that is not the key means the
+block was (being) replaced while or before it was read, and the block counts as missing, never as read.
+Both agents are torn down before the process ends, and the region is deregistered: nothing of the prefill
+node's memory is reachable after its run.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+
+from kv_cache.buffers import aligned_buffer
+from kv_cache.errors import RunFault, UserError
+from kv_cache.lifecycle.handoff import HandoffStore
+from kv_cache.lifecycle.nixl_channel import Line, PrefillChannel, connect
+
+MISSING = ("the NIXL handoff needs NIXL's wheel: pip install --no-deps nixl-cu12 (make install does; its torch "
+           "dependency is not needed for host memory)")
+SCHEME = "nixl://"
+READ_TIMEOUT_S = 30.0  # a READ still in flight after this is a fault (the prefill node or the network is gone)
+
+
+def parse_url(url: str) -> tuple[str, int]:
+    """nixl://HOST:PORT -> (host, port), or one sentence."""
+    rest = url[len(SCHEME):] if url.startswith(SCHEME) else ""
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"--handoff {url}: expected nixl://HOST:PORT (the prefill node's address and a free port), "
+                        f"or file://DIR for a shared folder.")
+    return host.strip("[]"), int(port)
+
+
+def nixl_api():
+    try:
+        from nixl_cu12 import _api
+    except ImportError:
+        raise UserError(MISSING + ".") from None
+    import logging
+
+    logging.getLogger("nixl").setLevel(logging.WARNING)  # its INFO lines would interleave with ours
+    return _api
+
+
+def make_agent(name: str):
+    api = nixl_api()
+    conf = api.nixl_agent_config(enable_prog_thread=True, backends=["UCX"],
+                                 sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)  # many workers
+    try:
+        agent = api.nixl_agent(name, conf)
+    except Exception as e:  # noqa: BLE001 - NIXL raises plain exceptions for a missing backend
+        raise UserError(f"NIXL could not start its UCX backend ({e}).") from None
+    if "UCX" not in agent.backends:
+        raise UserError("NIXL has no UCX plugin here; the NIXL handoff moves blocks over UCX.")
+    return agent
+
+
+class RegisteredSlots:
+    """The prefill node's handoff space: slots of registered host memory and their tags (the blocks interface
+    HandoffStore uses: put, delete, slots_for, slot_bytes, capacity_bytes, engine, close)."""
+
+    engine, name, flags = "nixl", "handoff", frozenset()
+
+    def __init__(self, agent, capacity_bytes: int, slot_bytes: int):
+        self.slot_bytes = slot_bytes
+        self.nslots = max(capacity_bytes // slot_bytes, 1)
+        self.capacity_bytes = self.nslots * slot_bytes
+        self.region = aligned_buffer(self.capacity_bytes)
+        self.tags = np.zeros(self.nslots, np.uint64)
+        self.agent = agent
+        self.regs = [agent.register_memory([(a.ctypes.data, a.nbytes, 0, "")], "DRAM")
+                     for a in (self.region, self.tags)]
+        self.free = list(range(self.nslots - 1, -1, -1))
+        self.slot_of: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.description = (f"registered host memory read by decode nodes with NIXL (UCX), {self.nslots} slots of "
+                            f"{slot_bytes / 2**20:.2f} MiB")
+
+    def slots_for(self, nbytes: int) -> int:
+        if nbytes > self.slot_bytes:
+            raise RunFault(f"a block of {nbytes} bytes exceeds the handoff slot of {self.slot_bytes}.")
+        return 1
+
+    def put(self, key: int, data) -> None:
+        with self.lock:
+            slot = self.free.pop()
+            self.slot_of[key] = slot
+        self.tags[slot] = 0  # the seqlock: a reader that sees 0 or another key after its read drops the block
+        start = slot * self.slot_bytes
+        self.region[start:start + data.nbytes] = np.frombuffer(data, np.uint8)
+        self.tags[slot] = key
+
+    def delete(self, key: int) -> None:
+        with self.lock:
+            slot = self.slot_of.pop(key)
+            self.free.append(slot)
+
+    def where(self, keys) -> list[int]:
+        with self.lock:
+            return [self.slot_of.get(k, -1) for k in keys]
+
+    def close(self, remove: bool = True) -> None:
+        for reg in self.regs:
+            self.agent.deregister_memory(reg)
+        self.regs = []
+        self.region[:] = 0  # nothing of the run's blocks stays in memory a later owner of these pages could read
+
+
+class NixlPrefill(HandoffStore):
+    """A prefill node publishing into registered memory and announcing over the side channel."""
+
+    @classmethod
+    def create_nixl(cls, url: str, slot_bytes: int, capacity_bytes: int, identity: dict) -> NixlPrefill:
+        host, port = parse_url(url)
+        agent = make_agent(f"kvbench-prefill-{os.uname().nodename}-{os.getpid()}")
+        slots = RegisteredSlots(agent, capacity_bytes, slot_bytes)
+        store = cls(url, "prefill", lambda *_: slots, capacity_bytes, identity, f"p{os.getpid()}")
+        store.folder, store.agent = url, agent
+        try:
+            header = {**identity, "started_wall": time.time()}
+            store.channel = PrefillChannel(host, port, identity, slots, agent, header)
+        except BaseException:
+            slots.close()
+            raise
+        store._fd = 0  # open: finish() and abandon() end the manifest once
+        return store
+
+    def _append(self, record: dict | bytes) -> None:
+        self.channel.append(record)
+
+    def attached(self) -> set[str]:
+        return self.channel.attached()
+
+    def finished(self) -> set[str]:
+        return set(self.channel.done)
+
+    def _close_manifest(self, remove: bool) -> int:
+        self.channel.close()
+        self.blocks.close(remove)  # deregistered (and zeroed) whatever remove says: no one may read it after
+        return -1
+
+
+class RemoteSlots:
+    """What a decode node's results say of the handoff space it reads (the tier table's row)."""
+
+    engine, name, flags = "nixl", "handoff", frozenset()
+
+    def __init__(self, capacity_bytes: int, description: str):
+        self.capacity_bytes, self.description = capacity_bytes, description
+
+
+class NixlDecode:
+    """A decode node: the side channel's lines (for the follower) and NIXL READs of the published blocks."""
+
+    role, engine = "decode", "nixl"
+
+    def __init__(self, url: str, identity: dict, wait_s: float, say):
+        self.url, self.folder = url, url
+        host, port = parse_url(url)
+        self.link = Line(connect(host, port, wait_s, url, say))
+        self.name = f"decode-{os.uname().nodename}-{os.getpid()}"
+        self.link.send({"kind": "attach", "name": self.name, "identity": identity})
+        header = self.link.recv()
+        if header is None or header.get("kind") != "header":
+            why = header.get("why") if header else "it closed the connection"
+            self.link.close()
+            raise UserError(f"the prefill node at {url} refused this decode node: {why}; start both nodes with the "
+                            f"same --model, --kv-dtype, --tp, --block-tokens and --seed.")
+        self.header = header
+        self.blocks = RemoteSlots(header["nslots"] * header["slot_bytes"],
+                                  f"the prefill node's registered memory at {url}, read with NIXL READs (UCX)")
+        self.agent = make_agent(self.name)
+        self.peer = self.agent.add_remote_agent(base64.b64decode(header["metadata"]))
+        self.slot_of: dict[int, int] = {}
+        self.records: queue.Queue = queue.Queue()
+        self.registered: dict[int, object] = {}
+        self.tag = threading.local()
+        self.lock = threading.Lock()
+        self.lost = ""
+        threading.Thread(target=self._follow, name="handoff-follow", daemon=True).start()
+
+    def _follow(self) -> None:
+        while True:
+            try:
+                rec = self.link.recv()
+            except (OSError, ValueError):
+                rec = None
+            if rec is None:
+                self.lost = f"the prefill node at {self.url} closed its side channel before the end of its manifest"
+                self.records.put({"kind": "lost", "why": self.lost})
+                return
+            if rec.get("kind") == "request":
+                for k, slot in zip(rec["keys"], rec.pop("slots", ())):
+                    self.slot_of[int(k, 16)] = slot
+            self.records.put(rec)
+            if rec.get("kind") == "end":
+                return
+
+    def next_record(self, timeout: float) -> dict | None:
+        try:
+            return self.records.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _registered(self, arr: np.ndarray) -> None:
+        base = arr
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        with self.lock:
+            if base.ctypes.data not in self.registered:
+                self.registered[base.ctypes.data] = self.agent.register_memory(
+                    [(base.ctypes.data, base.nbytes, 0, "")], "DRAM")
+
+    def _read(self, local_addr: int, remote_addr: int, nbytes: int) -> None:
+        local = self.agent.get_xfer_descs([(local_addr, nbytes, 0)], "DRAM")
+        remote = self.agent.get_xfer_descs([(remote_addr, nbytes, 0)], "DRAM")
+        handle = self.agent.initialize_xfer("READ", local, remote, self.peer)
+        try:
+            state, deadline = self.agent.transfer(handle), time.monotonic() + READ_TIMEOUT_S
+            while state == "PROC" and time.monotonic() < deadline:
+                time.sleep(0)  # let the other workers' threads run between polls (the GIL)
+                state = self.agent.check_xfer_state(handle)
+            if state != "DONE":
+                raise RunFault(f"a NIXL READ from the prefill node at {self.url} failed ({state}, "
+                               f"{READ_TIMEOUT_S:g} s at most); the prefill node stopped or its network did.")
+        finally:
+            self.agent.release_xfer_handle(handle)
+
+    def load(self, key: int, out) -> bool:
+        """Read a published block into out; False when it is not (or no longer) in the prefill node's slots."""
+        slot = self.slot_of.get(key, -1)
+        if slot < 0:
+            return False
+        arr = np.frombuffer(out, np.uint8)
+        self._registered(arr)
+        tag = getattr(self.tag, "buf", None)
+        if tag is None:
+            tag = self.tag.buf = np.zeros(1, np.uint64)
+            self._registered(tag)
+        size = self.header["slot_bytes"]
+        self._read(arr.ctypes.data, self.header["region"] + slot * size, arr.nbytes)
+        self._read(tag.ctypes.data, self.header["tags"] + slot * 8, 8)  # after the block: the seqlock's check
+        return int(tag[0]) == key
+
+    def detach(self) -> None:
+        try:
+            self.link.send({"kind": "done"})
+        except OSError:
+            pass
+        self.link.close()
+        for reg in self.registered.values():
+            self.agent.deregister_memory(reg)
+        self.registered.clear()
+        self.agent.remove_remote_agent(self.peer)
+
+    def abandon(self, remove: bool) -> None:
+        self.detach()

@@ -1,0 +1,141 @@
+"""Issue 26: a prefill node hands its blocks to a decode node over NIXL (--handoff nixl://HOST:PORT): the decode
+node pulls them with NIXL READs (UCX over TCP here) from the prefill node's registered memory, verifies and times
+each. On localhost, and across two network stacks (two namespaces joined by a veth pair, root only)."""
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, bounded, run_cli
+from helpers import assert_clean_error
+from netns import NetnsPair, why_not
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("nixl_cu12") is None,
+                                                   reason="nixl-cu12 is not installed (make install)")]
+TCP = {"UCX_TLS": "tcp"}  # over TCP, as between two hosts without RDMA (not shared memory)
+ENV = {**os.environ, **TCP, "PYTHONUNBUFFERED": "1"}
+CLI = [sys.executable, str(REPO / "kv_cache_benchmark.py")]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def node_args(small_run, tmp_path, run_id: str, role: str, url: str, *extra: str) -> list[str]:
+    cache = tmp_path / f"{run_id}-cache"
+    cache.mkdir(exist_ok=True)
+    return [*small_run(run_id, "--role", role, "--handoff", url, "--disagg-wait-s", "30", "--disagg-handoff-gb",
+                       "0.25", *extra, quiet=False),
+            "--cache-dir", str(cache)]
+
+
+def start_decode(argv: list[str]) -> subprocess.Popen:
+    """A decode node, started first; returns once it says it waits for the prefill node."""
+    dec = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    seen = ""
+    while "waiting for a prefill node" not in seen and dec.poll() is None:
+        seen += dec.stdout.readline()
+    return dec
+
+
+def check_handed_over(small_run, url: str) -> None:
+    p, d = small_run.results("pre"), small_run.results("dec")
+    assert p["role"]["engine"] == d["role"]["engine"] == "nixl (UCX)"
+    assert p["role"]["handoff_dir"] == d["role"]["handoff_dir"] == url
+    assert p["blocks"]["handoff"]["write"] > 0 and len(p["role"]["decode_nodes"]) == 1
+    # every request handed over was served, every block arrived, and each read back the right bytes
+    assert d["requests"]["completed"] == p["requests"]["completed"] + p["warmup"]["requests"] > 0
+    assert d["blocks"]["handoff"]["read"] > 0 and d["role"]["missing_blocks"] == 0
+    assert d["latency_ms"]["handoff"]["read"]["count"] == d["blocks"]["handoff"]["read"]
+    assert d["verification"]["blocks_checked"] >= d["blocks"]["handoff"]["read"]
+    assert d["verification"]["failures"] == 0
+    assert d["role"]["prefill_done_to_decode_loaded_ms"]["count"] == d["requests"]["completed"]
+
+
+def test_prefill_and_decode_nodes_over_nixl_on_localhost(small_run, tmp_path):
+    url = f"nixl://127.0.0.1:{free_port()}"
+    dec = start_decode([*CLI, *node_args(small_run, tmp_path, "dec", "decode", url, "--duration", "600",
+                                         "--warmup", "0")])
+    pre = run_cli(node_args(small_run, tmp_path, "pre", "prefill", url, *bounded(12)), extra_env=TCP)
+    out, err = dec.communicate(timeout=120)
+    assert pre.returncode == 0, pre.stderr
+    assert dec.returncode == 0, err
+    check_handed_over(small_run, url)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
+def test_prefill_and_decode_nodes_over_nixl_on_two_network_stacks(small_run, tmp_path):
+    with NetnsPair() as net:
+        url = f"nixl://{net.addr['a']}:{free_port()}"
+        dec = subprocess.Popen(net.exec_argv("b", [*CLI, *node_args(small_run, tmp_path, "dec", "decode", url,
+                                                                     "--duration", "600", "--warmup", "0")]),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        seen = ""
+        while "waiting for a prefill node" not in seen and dec.poll() is None:
+            seen += dec.stdout.readline()
+        pre = subprocess.run(net.exec_argv("a", [*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url,
+                                                                   *bounded(12))]),
+                             capture_output=True, text=True, env=ENV, timeout=180)
+        out, err = dec.communicate(timeout=120)
+    assert pre.returncode == 0, pre.stderr
+    assert dec.returncode == 0, err
+    check_handed_over(small_run, url)
+    assert small_run.results("pre")["run"]["host"] != small_run.results("dec")["run"]["host"]  # two hosts' names
+
+
+def test_a_decode_node_with_no_prefill_node_says_so(small_run, tmp_path):
+    url = f"nixl://127.0.0.1:{free_port()}"
+    r = run_cli(small_run("lonely", "--role", "decode", "--handoff", url, "--disagg-wait-s", "0.5"), extra_env=TCP)
+    assert_clean_error(r, f"no prefill node answered at {url} within 0.5 s", "--role prefill")
+
+
+def test_a_port_in_use_is_one_sentence(small_run):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        url = f"nixl://127.0.0.1:{taken.getsockname()[1]}"
+        r = run_cli(small_run("pre", "--role", "prefill", "--handoff", url, "--disagg-handoff-gb", "0.25",
+                              *bounded(4)), extra_env=TCP)
+    assert_clean_error(r, f"--handoff {url}: cannot listen there", "a free port")
+
+
+def test_a_decode_node_of_another_run_is_refused_by_name(small_run, tmp_path):
+    url = f"nixl://127.0.0.1:{free_port()}"
+    pre = subprocess.Popen([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, "--duration", "20",
+                                             "--warmup", "0", "--seed", "1")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        while "running:" not in pre.stdout.readline() and pre.poll() is None:
+            pass
+        r = run_cli(small_run("dec", "--role", "decode", "--handoff", url, "--seed", "2"), extra_env=TCP)
+    finally:
+        pre.send_signal(signal.SIGINT)
+        pre.communicate(timeout=60)
+    assert_clean_error(r, f"the prefill node at {url} refused this decode node", "seed 1", "same --model")
+
+
+def test_the_prefill_node_dying_mid_run_is_a_fault_stop_of_the_decode_node(small_run, tmp_path):
+    url = f"nixl://127.0.0.1:{free_port()}"
+    dec = start_decode([*CLI, *node_args(small_run, tmp_path, "dec", "decode", url, "--duration", "600",
+                                         "--warmup", "0")])
+    pre = subprocess.Popen([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, "--duration", "600",
+                                             "--warmup", "0")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        while "running:" not in pre.stdout.readline() and pre.poll() is None:
+            pass
+        time.sleep(2)  # some requests handed over and loaded
+    finally:
+        pre.kill()  # no goodbye: the decode node must notice, not hang
+        pre.communicate(timeout=30)
+    out, err = dec.communicate(timeout=120)
+    assert dec.returncode == 1, err
+    d = small_run.results("dec")
+    assert d["run"]["stopped_reason"] == "fault" and url in d["run"]["fault"], d["run"]["fault"]
+    assert d["run"]["partial"] and d["requests"]["issued"] > 0  # it was serving when the prefill node died
