@@ -37,9 +37,10 @@ test-gpu:  ## The real-GPU tests (CuPy tier, NVML); they skip cleanly without a 
 test-mpi:  ## The 2-rank end-to-end tests alone (make test-all runs them too; make test does not)
 	$(PYTHON) -m pytest -q tests/mpi
 
-bench:  ## Ratios against fio, numpy memcpy and the null tier; the remote tiers against redis-benchmark and plain S3 loops
+bench:  ## Ratios against fio, numpy memcpy and the null tier; the remote tiers against redis-benchmark and plain S3 loops; the NIXL handoff against a plain NIXL READ loop
 	$(PYTHON) bench/run_bench.py $(ARGS)
 	$(PYTHON) bench/remote_bench.py $(REMOTE_ARGS)
+	$(PYTHON) bench/handoff_bench.py
 
 lint:
 	$(PYTHON) -m ruff check kv_cache tests bench kv_cache_benchmark.py

@@ -36,6 +36,8 @@ from kv_cache.lifecycle.nixl_channel import Line, PrefillChannel, connect
 MISSING = ("the NIXL handoff needs NIXL's wheel: pip install --no-deps nixl-cu12 (make install does; its torch "
            "dependency is not needed for host memory)")
 SCHEME = "nixl://"
+PUMP_S = 0.0002  # the prefill node's progress interval (Pump)
+POLL_S = 0.00005  # a decode worker's pause between polls of its READ
 READ_TIMEOUT_S = 30.0  # a READ still in flight after this is a fault (the prefill node or the network is gone)
 
 
@@ -62,7 +64,10 @@ def nixl_api():
 
 def make_agent(name: str):
     api = nixl_api()
-    conf = api.nixl_agent_config(enable_prog_thread=True, backends=["UCX"],
+    # No NIXL progress thread: its Python API runs it without a pause, a whole core spinning (2.99 CPU-s in 3 s
+    # idle, measured), which a 2-vCPU node cannot spare. The decode side progresses UCX while it polls its READs;
+    # the prefill side pumps it (Pump below).
+    conf = api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"],
                                  sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)  # many workers
     try:
         agent = api.nixl_agent(name, conf)
@@ -124,6 +129,24 @@ class RegisteredSlots:
         self.region[:] = 0  # nothing of the run's blocks stays in memory a later owner of these pages could read
 
 
+class Pump:
+    """The prefill node's UCX progress: the READs of decode nodes are served (over TCP, by the target's own
+    worker) only while it progresses, every PUMP_S here, with a pause between (NIXL's own thread never pauses)."""
+
+    def __init__(self, agent):
+        self.agent, self.stop = agent, threading.Event()
+        self.thread = threading.Thread(target=self._run, name="nixl-progress", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(PUMP_S):
+            self.agent.get_new_notifs()  # progresses the backend's worker
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 class NixlPrefill(HandoffStore):
     """A prefill node publishing into registered memory and announcing over the side channel."""
 
@@ -141,6 +164,7 @@ class NixlPrefill(HandoffStore):
             slots.close()
             raise
         store._fd = 0  # open: finish() and abandon() end the manifest once
+        store.pump = Pump(agent)
         return store
 
     def _append(self, record: dict | bytes) -> None:
@@ -154,6 +178,7 @@ class NixlPrefill(HandoffStore):
 
     def _close_manifest(self, remove: bool) -> int:
         self.channel.close()
+        self.pump.close()
         self.blocks.close(remove)  # deregistered (and zeroed) whatever remove says: no one may read it after
         return -1
 
@@ -236,7 +261,7 @@ class NixlDecode:
         try:
             state, deadline = self.agent.transfer(handle), time.monotonic() + READ_TIMEOUT_S
             while state == "PROC" and time.monotonic() < deadline:
-                time.sleep(0)  # let the other workers' threads run between polls (the GIL)
+                time.sleep(POLL_S)  # a pause: the other threads and processes of a small node get the CPU
                 state = self.agent.check_xfer_state(handle)
             if state != "DONE":
                 raise RunFault(f"a NIXL READ from the prefill node at {self.url} failed ({state}, "
