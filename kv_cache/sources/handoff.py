@@ -41,49 +41,6 @@ def wait_for_manifest(path: str, wait_s: float) -> dict:
         time.sleep(0.05)
 
 
-class ManifestFollower:
-    """Open-loop arrivals (offset_s, build) from a growing manifest; build None is an idle tick."""
-
-    def __init__(self, path: str, wait_s: float):
-        self.path, self.wait_s = path, wait_s
-        self._f = open(path, "rb")  # noqa: SIM115 - kept open while following
-        self._f.readline()  # the header, checked by the composition root
-        self._partial = b""
-        self._origin = now_ns()
-        self._last_news = time.monotonic()
-        self.records = 0
-        self.ended = False
-
-    def start(self, origin_ns: int) -> None:
-        self._origin = origin_ns
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        give_up = time.monotonic() + IDLE_TICK_S
-        while True:
-            line = self._f.readline()
-            if line.endswith(b"\n"):
-                line, self._partial = self._partial + line, b""
-                rec = json.loads(line)
-                self._last_news = time.monotonic()
-                if rec["kind"] == "end":
-                    self.ended = True
-                    self._f.close()
-                    raise StopIteration
-                self.records += 1
-                h = Handoff.from_dict(rec)
-                return (now_ns() - self._origin) / 1e9, lambda h=h, n=self.records: _request(h, n)
-            self._partial += line  # a line still being written: keep its start, wait for the rest
-            if time.monotonic() - self._last_news > self.wait_s:
-                self._f.close()
-                raise StopIteration
-            if time.monotonic() >= give_up:
-                return (now_ns() - self._origin) / 1e9, None
-            time.sleep(POLL_S)
-
-
 class RecordFollower:
     """Open-loop arrivals from manifest records a link delivers (next_record(timeout) -> dict or None): the
     NIXL handoff's side channel. A link lost before the manifest's end stops the run as a fault."""
@@ -98,6 +55,9 @@ class RecordFollower:
     def start(self, origin_ns: int) -> None:
         self._origin = origin_ns
 
+    def close(self) -> None:
+        """The source is done with (its end, or no news for wait_s)."""
+
     def __iter__(self):
         return self
 
@@ -106,6 +66,7 @@ class RecordFollower:
         offset = (now_ns() - self._origin) / 1e9
         if rec is None:
             if time.monotonic() - self._last_news > self.wait_s:
+                self.close()
                 raise StopIteration
             return offset, None
         self._last_news = time.monotonic()
@@ -113,12 +74,40 @@ class RecordFollower:
             raise RunFault(rec["why"])
         if rec["kind"] == "end":
             self.ended = True
+            self.close()
             raise StopIteration
         if rec["kind"] != "request":
             return offset, None
         self.records += 1
         h = Handoff.from_dict(rec)
         return offset, lambda h=h, n=self.records: _request(h, n)
+
+
+class ManifestFollower(RecordFollower):
+    """Open-loop arrivals from a growing manifest file (the folder handoff): its lines as records."""
+
+    def __init__(self, path: str, wait_s: float):
+        self.path = path
+        self._f = open(path, "rb")  # noqa: SIM115 - kept open while following
+        self._f.readline()  # the header, checked by the composition root
+        self._partial = b""
+        super().__init__(self._next_line, wait_s)
+
+    def _next_line(self, timeout: float) -> dict | None:
+        """The next whole line, or None when none came within timeout (a line still being written is kept)."""
+        give_up = time.monotonic() + timeout
+        while True:
+            line = self._f.readline()
+            if line.endswith(b"\n"):
+                line, self._partial = self._partial + line, b""
+                return json.loads(line)
+            self._partial += line
+            if time.monotonic() >= give_up:
+                return None
+            time.sleep(POLL_S)
+
+    def close(self) -> None:
+        self._f.close()
 
 
 def _request(h: Handoff, n: int) -> Request:
