@@ -104,6 +104,9 @@ def store_target(url: str, blocks: int) -> None:
     for k in keys:
         store.blocks.put(k, data)
     store.hand_over(Handoff("r", keys, (BLOCK,) * blocks, (), (), blocks * 16, 1, 16, time.time()))
+    deadline = time.monotonic() + 60
+    while not store.attached() and time.monotonic() < deadline:  # finish() waits only for readers attached
+        time.sleep(0.05)
     store.finish(120, True, print)
     os._exit(0)
 

@@ -255,6 +255,16 @@ class NixlDecode:
                     [(base.ctypes.data, base.nbytes, 0, "")], "DRAM")
 
     def _read(self, local_addr: int, remote_addr: int, nbytes: int) -> None:
+        """One NIXL READ, polled to its end (at most READ_TIMEOUT_S); a failure of any kind is a RunFault."""
+        try:
+            state = self._transfer(local_addr, remote_addr, nbytes)
+        except Exception as e:  # noqa: BLE001 - NIXL's bindings raise their own classes (nixlRemoteDisconnectError)
+            state = type(e).__name__
+        if state != "DONE":
+            raise RunFault(f"a NIXL READ from the prefill node at {self.url} failed ({state}; {READ_TIMEOUT_S:g} s "
+                           f"at most): the prefill node stopped or its network did.")
+
+    def _transfer(self, local_addr: int, remote_addr: int, nbytes: int) -> str:
         local = self.agent.get_xfer_descs([(local_addr, nbytes, 0)], "DRAM")
         remote = self.agent.get_xfer_descs([(remote_addr, nbytes, 0)], "DRAM")
         handle = self.agent.initialize_xfer("READ", local, remote, self.peer)
@@ -263,11 +273,12 @@ class NixlDecode:
             while state == "PROC" and time.monotonic() < deadline:
                 time.sleep(POLL_S)  # a pause: the other threads and processes of a small node get the CPU
                 state = self.agent.check_xfer_state(handle)
-            if state != "DONE":
-                raise RunFault(f"a NIXL READ from the prefill node at {self.url} failed ({state}, "
-                               f"{READ_TIMEOUT_S:g} s at most); the prefill node stopped or its network did.")
+            return state
         finally:
-            self.agent.release_xfer_handle(handle)
+            try:
+                self.agent.release_xfer_handle(handle)
+            except Exception:  # noqa: BLE001, S110 - a handle of a dead peer: nothing left to release
+                pass
 
     def load(self, key: int, out) -> bool:
         """Read a published block into out; False when it is not (or no longer) in the prefill node's slots."""
@@ -291,10 +302,13 @@ class NixlDecode:
         except OSError:
             pass
         self.link.close()
-        for reg in self.registered.values():
-            self.agent.deregister_memory(reg)
+        try:  # after a prefill node died, NIXL may refuse these too: the process ends anyway
+            for reg in self.registered.values():
+                self.agent.deregister_memory(reg)
+            self.agent.remove_remote_agent(self.peer)
+        except Exception:  # noqa: BLE001, S110
+            pass
         self.registered.clear()
-        self.agent.remove_remote_agent(self.peer)
 
     def abandon(self, remove: bool) -> None:
         self.detach()

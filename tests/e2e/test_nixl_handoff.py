@@ -139,3 +139,56 @@ def test_the_prefill_node_dying_mid_run_is_a_fault_stop_of_the_decode_node(small
     d = small_run.results("dec")
     assert d["run"]["stopped_reason"] == "fault" and url in d["run"]["fault"], d["run"]["fault"]
     assert d["run"]["partial"] and d["requests"]["issued"] > 0  # it was serving when the prefill node died
+
+
+# A prefill side that publishes two blocks and serves them until killed, and a decode side that reads one, waits
+# for the kill, then reads the other: in processes of their own (a NIXL agent in pytest's process would take its
+# bundled libnl's crash at exit with it).
+TARGET = """
+import sys, time, numpy as np
+from kv_cache.lifecycle.nixl_handoff import NixlPrefill
+from kv_cache.types import Handoff
+store = NixlPrefill.create_nixl(sys.argv[1], 2**20, 4 * 2**20, {"seed": 1})
+data = memoryview(np.ones(2**20, np.uint8))
+for k in (1, 2):
+    store.blocks.put(k, data)
+store.hand_over(Handoff("r", (1, 2), (2**20,) * 2, (), (), 32, 1, 16, time.time()))
+print("published", flush=True)
+time.sleep(600)
+"""
+READER = """
+import os, sys, time, numpy as np
+from kv_cache.errors import RunFault
+from kv_cache.lifecycle.nixl_handoff import NixlDecode
+link = NixlDecode(sys.argv[1], {"seed": 1}, 30, print)
+while len(link.slot_of) < 2:
+    time.sleep(0.01)
+out = memoryview(np.zeros(2**20, np.uint8))
+print("first", link.load(1, out), flush=True)
+sys.stdin.readline()  # the test kills the prefill side, then says go
+try:
+    print("second", link.load(2, out), flush=True)
+except RunFault as e:
+    print("RunFault:", e, flush=True)
+link.detach()
+os._exit(0)
+"""
+
+
+def test_a_read_from_a_prefill_node_that_died_is_a_run_fault_naming_it(tmp_path):
+    """A READ whose peer is gone raised NIXL's own exception class (nixlRemoteDisconnectError), which ended the
+    decode node as an internal error; it must be a RunFault (a fault stop) naming the prefill node."""
+    url = f"nixl://127.0.0.1:{free_port()}"
+    env = {**ENV, "PYTHONPATH": str(REPO)}
+    target = subprocess.Popen([sys.executable, "-c", TARGET, url], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert target.stdout.readline().strip() == "published"
+        reader = subprocess.Popen([sys.executable, "-c", READER, url], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert reader.stdout.readline().strip() == "first True"
+    finally:
+        target.kill()
+        target.wait()
+    out, err = reader.communicate("go\n", timeout=90)
+    assert reader.returncode == 0, err
+    assert f"RunFault: a NIXL READ from the prefill node at {url} failed" in out, out + err
