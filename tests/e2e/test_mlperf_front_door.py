@@ -197,6 +197,7 @@ def reference_outputs(tmp_path_factory):
     return outs
 
 
+@pytest.mark.slow  # two runs (make test-all, which CI runs)
 def test_output_holds_every_key_path_a_real_reference_run_writes(reference_outputs):
     ours = set().union(*(key_paths(data) for data, _ in reference_outputs.values()))
     missing = sorted(set(REFERENCE_KEYS["key_paths"]) - ours)
@@ -204,6 +205,7 @@ def test_output_holds_every_key_path_a_real_reference_run_writes(reference_outpu
     assert len(REFERENCE_KEYS["key_paths"]) > 150  # the list really is a reference run's, not a stub
 
 
+@pytest.mark.slow
 def test_output_values_are_in_the_reference_units_and_every_null_is_explained(reference_outputs):
     data, res = reference_outputs["latency"]
     cache, window = data["summary"]["cache_stats"], res["run"]["duration_s"]
