@@ -192,3 +192,13 @@ def test_a_read_from_a_prefill_node_that_died_is_a_run_fault_naming_it(tmp_path)
     out, err = reader.communicate("go\n", timeout=90)
     assert reader.returncode == 0, err
     assert f"RunFault: a NIXL READ from the prefill node at {url} failed" in out, out + err
+
+
+def test_without_nixl_the_nixl_handoff_is_one_sentence(small_run, tmp_path):
+    shadow = tmp_path / "shadow" / "nixl_cu12"  # a nixl_cu12 that cannot be imported, ahead of any installed one
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('not here')\n")
+    r = run_cli(small_run("pre", "--role", "prefill", "--handoff", f"nixl://127.0.0.1:{free_port()}",
+                          "--disagg-handoff-gb", "0.25", *bounded(2)),
+                extra_env={"PYTHONPATH": str(tmp_path / "shadow")})
+    assert_clean_error(r, "the NIXL handoff needs NIXL's wheel: pip install --no-deps nixl-cu12")
