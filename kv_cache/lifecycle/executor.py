@@ -215,8 +215,9 @@ class Lifecycle:
             storage_ns += got[0]
             tiers.append(got[1])
         counts["blocks.hit"] = len(hits)
-        _count_hits_by_source(plan, [i for i, _ in hits], counts)
-        per_block, by_source = plan.hit_tokens(req, [i for i, _ in hits])
+        hit = [i for i, _ in hits]
+        _count_hits_by_source(plan, hit, counts)
+        per_block, by_source = plan.hit_tokens(req, hit)
         for t, tokens in zip(tiers, per_block):
             _add(counts, f"tokens.cached_by_tier.{self.cache.names[t]}", tokens)
         for label, tokens in by_source.items():

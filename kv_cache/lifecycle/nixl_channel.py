@@ -40,9 +40,10 @@ class Line:
 class PrefillChannel:
     """The side channel of a prefill node: accepts decode nodes of this run, sends them every manifest line."""
 
-    def __init__(self, host: str, port: int, identity: dict, slots, agent, header: dict):
-        self.identity, self.slots, self.agent = identity, slots, agent
-        self.header = {"kind": "header", **header, "metadata": base64.b64encode(agent.get_agent_metadata()).decode(),
+    def __init__(self, host: str, port: int, identity: dict, slots, metadata: bytes, header: dict):
+        """metadata: the prefill node's NIXL agent metadata, for decode nodes to add it as a remote agent."""
+        self.identity, self.slots = identity, slots
+        self.header = {"kind": "header", **header, "metadata": base64.b64encode(metadata).decode(),
                        "region": slots.region.ctypes.data, "tags": slots.tags.ctypes.data,
                        "slot_bytes": slots.slot_bytes, "nslots": slots.nslots}
         self.lines: list[bytes] = []
@@ -115,7 +116,6 @@ class PrefillChannel:
             for peer in self.peers.values():
                 peer.close()
             self.peers.clear()
-
 
 
 def connect(host: str, port: int, wait_s: float, url: str, say) -> socket.socket:

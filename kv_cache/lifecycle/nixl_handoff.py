@@ -36,6 +36,7 @@ from kv_cache.lifecycle.nixl_channel import Line, PrefillChannel, connect
 MISSING = ("the NIXL handoff needs NIXL's wheel: pip install --no-deps nixl-cu12 (make install does; its torch "
            "dependency is not needed for host memory)")
 SCHEME = "nixl://"
+ENGINE = "nixl (UCX)"  # what the results' role section and tier table name
 PUMP_S = 0.0002  # the prefill node's progress interval (Pump)
 POLL_S = 0.00005  # a decode worker's pause between polls of its READ
 READ_TIMEOUT_S = 30.0  # a READ still in flight after this is a fault (the prefill node or the network is gone)
@@ -82,7 +83,7 @@ class RegisteredSlots:
     """The prefill node's handoff space: slots of registered host memory and their tags (the blocks interface
     HandoffStore uses: put, delete, slots_for, slot_bytes, capacity_bytes, engine, close)."""
 
-    engine, name, flags = "nixl", "handoff", frozenset()
+    engine, name, flags = ENGINE, "handoff", frozenset()
 
     def __init__(self, agent, capacity_bytes: int, slot_bytes: int):
         self.slot_bytes = slot_bytes
@@ -156,10 +157,10 @@ class NixlPrefill(HandoffStore):
         agent = make_agent(f"kvbench-prefill-{os.uname().nodename}-{os.getpid()}")
         slots = RegisteredSlots(agent, capacity_bytes, slot_bytes)
         store = cls(url, "prefill", lambda *_: slots, capacity_bytes, identity, f"p{os.getpid()}")
-        store.folder, store.agent = url, agent
+        store.folder = url
         try:
             header = {**identity, "started_wall": time.time()}
-            store.channel = PrefillChannel(host, port, identity, slots, agent, header)
+            store.channel = PrefillChannel(host, port, identity, slots, agent.get_agent_metadata(), header)
         except BaseException:
             slots.close()
             raise
@@ -186,7 +187,7 @@ class NixlPrefill(HandoffStore):
 class RemoteSlots:
     """What a decode node's results say of the handoff space it reads (the tier table's row)."""
 
-    engine, name, flags = "nixl", "handoff", frozenset()
+    engine, name, flags = ENGINE, "handoff", frozenset()
 
     def __init__(self, capacity_bytes: int, description: str):
         self.capacity_bytes, self.description = capacity_bytes, description
@@ -195,7 +196,7 @@ class RemoteSlots:
 class NixlDecode:
     """A decode node: the side channel's lines (for the follower) and NIXL READs of the published blocks."""
 
-    role, engine = "decode", "nixl"
+    role, engine = "decode", ENGINE
 
     def __init__(self, url: str, identity: dict, wait_s: float, say):
         self.url, self.folder = url, url
@@ -219,7 +220,6 @@ class NixlDecode:
         self.registered: dict[int, object] = {}
         self.tag = threading.local()
         self.lock = threading.Lock()
-        self.lost = ""
         threading.Thread(target=self._follow, name="handoff-follow", daemon=True).start()
 
     def _follow(self) -> None:
@@ -229,8 +229,8 @@ class NixlDecode:
             except (OSError, ValueError):
                 rec = None
             if rec is None:
-                self.lost = f"the prefill node at {self.url} closed its side channel before the end of its manifest"
-                self.records.put({"kind": "lost", "why": self.lost})
+                self.records.put({"kind": "lost", "why": f"the prefill node at {self.url} closed its side channel "
+                                                         f"before the end of its manifest"})
                 return
             if rec.get("kind") == "request":
                 for k, slot in zip(rec["keys"], rec.pop("slots", ())):

@@ -10,7 +10,8 @@ HIT_SOURCES = {"system_prompt_hits": ("system",), "multi_turn_hits": ("history",
 def cache_stats(f: Fields, profile: str) -> dict:
     r = f.r
     lookups, hits = f.count("blocks.lookup"), f.count("blocks.hit")
-    out: dict = {"cache_hit_rate": hits / lookups if lookups else f.null(
+    rate = r.hit_rate.blocks  # results.json's hit_rate.blocks: blocks.hit / blocks.lookup of the window
+    out: dict = {"cache_hit_rate": rate if rate is not None else f.null(
         "summary.cache_stats.cache_hit_rate", "no block was looked up in the measurement window"),
         "cache_hits": hits, "cache_misses": lookups - hits}
     for ref, ours in f.tiers.items():
@@ -58,10 +59,9 @@ def _hits_by_source(f: Fields) -> dict:
 
 def _totals(f: Fields) -> dict:
     r = f.r
-    tiers = [t for t in r.run.tiers]
-    read = sum(r.bytes[t].read for t in tiers if t in r.bytes)
-    write = sum(r.bytes[t].write for t in tiers if t in r.bytes)
-    ops = [r.ops.get(t, {}) for t in tiers]
+    read = sum(r.bytes[t].read for t in r.run.tiers if t in r.bytes)
+    write = sum(r.bytes[t].write for t in r.run.tiers if t in r.bytes)
+    ops = [r.ops.get(t, {}) for t in r.run.tiers]
     moved = r.bytes.get(r.bottom)
     per_token = r.run.bytes_per_token
     return {"total_read_bytes": int(read), "total_write_bytes": int(write), "total_read_gb": read / GiB,
@@ -87,7 +87,7 @@ def _device_and_host(f: Fields) -> dict:
     for op in ("read", "write"):
         lat = getattr(d, op) if d is not None and not d.unavailable else None
         for k in PCTS:
-            out[f"storage_{op}_device_{k}_ms"] = getattr(lat, k, None) if lat is not None and k != "p9999" else None
+            out[f"storage_{op}_device_{k}_ms"] = getattr(lat, k, None)  # None: not measured, or no p9999 kept
             out[f"storage_{op}_host_{k}_ms"] = None
     if d is None or d.unavailable:
         why = d.unavailable if d is not None else "telemetry off (--no-telemetry)"
@@ -116,9 +116,8 @@ def storage_health(f: Fields, profile: str) -> dict:
             if h is not None:
                 p95 = f.latency(h, ("p95",))["p95"]
                 crit.append({"name": name, "target": limit, "actual": p95, "unit": "ms", "passed": p95 < limit})
-        lookups = f.count("blocks.lookup")
-        if lookups:
-            rate = f.count("blocks.hit") / lookups
+        rate = r.hit_rate.blocks
+        if rate is not None:
             crit.append({"name": "Cache Hit Rate > 30%", "target": 0.3, "actual": rate, "unit": "ratio",
                          "passed": rate > 0.3})
     passed = sum(c["passed"] for c in crit)

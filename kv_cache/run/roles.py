@@ -253,8 +253,7 @@ def finish_role(store: HandoffStore | None, s: Settings, say) -> dict | None:
     node says it is done. Returns what the results' role section needs beyond the recorder's numbers."""
     if store is None:
         return None
-    out = {"role": s.disagg.role, "handoff_dir": store.folder,
-           "engine": "nixl (UCX)" if store.engine == "nixl" else store.engine}
+    out = {"role": s.disagg.role, "handoff_dir": store.folder, "engine": store.engine}
     if store.role == "prefill":
         say(f"  handoff: end of manifest written; waiting up to {s.disagg.wait_s:g} s for decode nodes")
         return {**out, **store.finish(s.disagg.wait_s, not s.run.keep_data, say)}

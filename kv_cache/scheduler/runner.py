@@ -207,14 +207,6 @@ class _Runner:
         self.recorder.stop_measuring(self.outcome.end_ns)
         return self.outcome
 
-    def _next_arrival(self):
-        """The next arrival (None: the end); a live source that lost its producer (RunFault) is a fault stop."""
-        try:
-            return next(self.arrivals, None)
-        except RunFault as e:
-            self._fail(str(e))
-            return None
-
     def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:
         raise NotImplementedError
 
@@ -372,6 +364,14 @@ class OpenLoopRunner(_Runner):
 
     def _held(self) -> int:
         return sum(len(q) for q in self._waiting.values())
+
+    def _next_arrival(self):
+        """The next arrival (None: the end); a live source that lost its producer (RunFault) is a fault stop."""
+        try:
+            return next(self.arrivals, None)
+        except RunFault as e:
+            self._fail(str(e))
+            return None
 
     def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:
         if hasattr(self.arrivals, "start"):  # a live source stamps its offsets from our start

@@ -36,12 +36,16 @@ def node_args(small_run, tmp_path, run_id: str, role: str, url: str, *extra: str
             "--cache-dir", str(cache)]
 
 
+def wait_for(proc: subprocess.Popen, text: str) -> None:
+    """Read proc's output until a line holds text (or proc ended)."""
+    while text not in proc.stdout.readline() and proc.poll() is None:
+        pass
+
+
 def start_decode(argv: list[str]) -> subprocess.Popen:
     """A decode node, started first; returns once it says it waits for the prefill node."""
     dec = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    seen = ""
-    while "waiting for a prefill node" not in seen and dec.poll() is None:
-        seen += dec.stdout.readline()
+    wait_for(dec, "waiting for a prefill node")
     return dec
 
 
@@ -75,12 +79,8 @@ def test_prefill_and_decode_nodes_over_nixl_on_localhost(small_run, tmp_path):
 def test_prefill_and_decode_nodes_over_nixl_on_two_network_stacks(small_run, tmp_path):
     with NetnsPair() as net:
         url = f"nixl://{net.addr['a']}:{free_port()}"
-        dec = subprocess.Popen(net.exec_argv("b", [*CLI, *node_args(small_run, tmp_path, "dec", "decode", url,
-                                                                     "--duration", "600", "--warmup", "0")]),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-        seen = ""
-        while "waiting for a prefill node" not in seen and dec.poll() is None:
-            seen += dec.stdout.readline()
+        dec = start_decode(net.exec_argv("b", [*CLI, *node_args(small_run, tmp_path, "dec", "decode", url,
+                                                                  "--duration", "600", "--warmup", "0")]))
         pre = subprocess.run(net.exec_argv("a", [*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url,
                                                                    *bounded(12))]),
                              capture_output=True, text=True, env=ENV, timeout=180)
@@ -111,8 +111,7 @@ def test_a_decode_node_of_another_run_is_refused_by_name(small_run, tmp_path):
                                              "--warmup", "0", "--seed", "1")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        while "running:" not in pre.stdout.readline() and pre.poll() is None:
-            pass
+        wait_for(pre, "running:")
         r = run_cli(small_run("dec", "--role", "decode", "--handoff", url, "--seed", "2"), extra_env=TCP)
     finally:
         pre.send_signal(signal.SIGINT)
@@ -128,8 +127,7 @@ def test_the_prefill_node_dying_mid_run_is_a_fault_stop_of_the_decode_node(small
                                              "--warmup", "0")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        while "running:" not in pre.stdout.readline() and pre.poll() is None:
-            pass
+        wait_for(pre, "running:")
         time.sleep(2)  # some requests handed over and loaded
     finally:
         pre.kill()  # no goodbye: the decode node must notice, not hang
