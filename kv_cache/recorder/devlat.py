@@ -23,15 +23,18 @@ import time
 
 from kv_cache.recorder.histogram import new_histogram, record, summary_ms
 
-# {dev}: the disk's dev_t as the kernel encodes it (major << 20 | minor); the sector keys a request in flight
+# {dev}: the disk's dev_t as the kernel encodes it (major << 20 | minor); the sector keys a request in flight.
+# "attached" comes from a probe that fires once probes are attached: BEGIN fires before they are (bpftrace's
+# manual), and a run that starts then loses its first block requests.
 PROGRAM = """
-BEGIN { printf("attached\\n"); }
 tracepoint:block:block_rq_issue /args->dev == {dev}/ { @start[args->sector] = nsecs; }
-tracepoint:block:block_rq_complete /args->dev == {dev} && @start[args->sector]/ {
-  printf("%s %d %d\\n", args->rwbs, args->nr_sector, nsecs - @start[args->sector]);
+tracepoint:block:block_rq_complete /args->dev == {dev}/ {
+  $t = @start[args->sector];
+  printf("%s %d %d\\n", args->rwbs, args->nr_sector, $t ? nsecs - $t : -1);
   delete(@start[args->sector]);
 }
-END { clear(@start); }
+interval:ms:10 /@ready == 0/ { @ready = 1; printf("attached\\n"); }
+END { clear(@start); clear(@ready); }
 """
 TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 START_S = 15.0  # bpftrace compiles and attaches in about half a second; a slow machine gets far longer
@@ -96,7 +99,7 @@ class DeviceLatency:
                 ready.set()
                 continue
             parts = line.split()
-            if len(parts) != 3 or not parts[2].isdigit():
+            if len(parts) != 3 or not parts[2].lstrip("-").isdigit():
                 if "Lost" in line:
                     self.lost += int("".join(c for c in line if c.isdigit()) or 0)
                 continue
@@ -105,9 +108,9 @@ class DeviceLatency:
             self.requests[op] += 1
             if op == "other":
                 continue
-            self.bytes[op] += int(parts[1]) * 512
-            if self.measuring:
-                record(self.hists[op], int(parts[2]))
+            self.bytes[op] += int(parts[1]) * 512  # every completion's bytes, a partial one's too
+            if self.measuring and int(parts[2]) >= 0:  # -1: no issue seen for its sector (the rest of a
+                record(self.hists[op], int(parts[2]))  # request completed in parts, or issued before the trace)
 
     def window(self, measuring: bool) -> None:
         self.measuring = measuring
