@@ -320,8 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     signals.install()  # SIGTERM and SIGHUP stop a run as Ctrl-C does
-    kinds()  # every medium's module imported: the settings sections they declare are part of the schema
     try:
+        kinds()  # every medium's module imported: the settings sections they declare are part of the schema
         commands = {"report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate, "run": _cmd_run,
                     "policies": _cmd_policies, "clean": _cmd_clean}
         return commands[command](rest)
