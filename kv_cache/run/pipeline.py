@@ -73,8 +73,9 @@ def new_run_id() -> str:
 
 
 def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0, join: bool = False,
-           probe: bool = True) -> RunContext:
-    """probe: --workers 0 may step the storage tier's concurrency (not under MPI: ranks would probe each other)."""
+           probe: bool = True, link=None) -> RunContext:
+    """probe: --workers 0 may step the storage tier's concurrency (not under MPI: ranks would probe each other);
+    link: the traffic's handoff link (a NIXL decode node's)."""
     if not probe and not s.schedule.workers:
         s = replace(s, "schedule.workers", default_workers())
     geo = geometry(s)
@@ -88,7 +89,7 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
     try:
         tiers, notes = build_tiers(sized, geo, site, fill, f"r{rank}", gpu, run_id)
         gds = gds_link(sized, tiers, gpu, geo)
-        handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes)
+        handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes, link)
         n, steps, probe_note = choose_workers(s, tiers, geo, ceiling, fill)
     except BaseException:
         if site:
@@ -152,7 +153,7 @@ def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Tr
         payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
         if not shared:
             b = _build(s, f"{run_id}-r{dist.rank}" if dist.active else run_id, payloads, dist.rank,
-                       probe=not dist.active)
+                       probe=not dist.active, link=traffic.handoff_link)
         elif dist.rank == 0:  # rank 0 makes the shared namespace; the others join it
             b = _build(s, run_id, payloads, 0, probe=False)
     except UserError as e:

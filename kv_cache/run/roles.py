@@ -191,9 +191,6 @@ def handoff_target(s: Settings) -> tuple[str, str]:
     return ("file", d.handoff_dir) if d.handoff_dir else ("", "")
 
 
-_DECODE_LINKS: dict[str, NixlDecode] = {}  # a decode node's NIXL link: made with its traffic, then its store
-
-
 def _handoff_root(s: Settings) -> str:
     root = os.path.abspath(handoff_target(s)[1])
     if not os.path.isdir(root) or not os.access(root, os.W_OK | os.X_OK):
@@ -202,24 +199,27 @@ def _handoff_root(s: Settings) -> str:
     return root
 
 
-def decode_traffic(s: Settings, model_name: str) -> ManifestFollower | RecordFollower:
-    """A decode node's arrivals: wait for a prefill node's manifest, check it matches, follow it."""
+def decode_traffic(s: Settings, model_name: str) -> tuple[ManifestFollower | RecordFollower, NixlDecode | None]:
+    """A decode node's arrivals: wait for a prefill node's manifest, check it matches, follow it; (arrivals, the
+    NIXL link that also loads the blocks, or None for a folder)."""
     kind, url = handoff_target(s)
     if kind == "nixl":  # its side channel carries the manifest; the same link then loads the blocks
         say = (lambda m: None) if s.run.quiet else (lambda m: print(m, flush=True))
-        link = _DECODE_LINKS[url] = NixlDecode(url, handoff_identity(s, model_name), s.disagg.wait_s, say)
-        return RecordFollower(link.next_record, s.disagg.wait_s)
+        link = NixlDecode(url, handoff_identity(s, model_name), s.disagg.wait_s, say)
+        return RecordFollower(link.next_record, s.disagg.wait_s), link
     path = os.path.join(_handoff_root(s), FOLDER, MANIFEST)
     if not os.path.exists(path) and not s.run.quiet:  # started first: say what it waits for, and how long
         print(f"  waiting for a prefill node to publish into {os.path.dirname(path)} (up to {s.disagg.wait_s:g} s, "
               f"--disagg-wait-s)", flush=True)
     header = wait_for_manifest(path, s.disagg.wait_s)
     check_header(header, handoff_identity(s, model_name), path)
-    return ManifestFollower(path, s.disagg.wait_s)
+    return ManifestFollower(path, s.disagg.wait_s), None
 
 
-def open_handoff(s: Settings, model_name: str, slot_bytes: int) -> tuple[HandoffStore | None, str]:
-    """The prefill node makes the handoff folder, the decode node joins it; (store, engine note)."""
+def open_handoff(s: Settings, model_name: str, slot_bytes: int,
+                 link: NixlDecode | None = None) -> tuple[HandoffStore | NixlDecode | None, str]:
+    """The prefill node makes the handoff folder, the decode node joins it; (store, engine note). link: a NIXL
+    decode node's link to its prefill node, made with its traffic (decode_traffic)."""
     if s.disagg.role == "both":
         return None, ""
     kind, url = handoff_target(s)
@@ -227,7 +227,7 @@ def open_handoff(s: Settings, model_name: str, slot_bytes: int) -> tuple[Handoff
         tls = os.environ.get("UCX_TLS", "UCX's own choice")
         note = f"the handoff moves blocks with NIXL READs over UCX (transports: {tls}) through {url}"
         if s.disagg.role == "decode":
-            return _DECODE_LINKS.pop(url), note
+            return link, note
         need, left = int(s.disagg.handoff_gb * 2**30), int(psutil.virtual_memory().available * HEADROOM)
         if need > left:  # pinned host memory, allocated now: the tiers' memory is already taken
             raise UserError(f"--handoff {url}: the prefill node's registered region of {need / 2**30:.2f} GiB "

@@ -51,6 +51,7 @@ class Traffic:
     analysis_total: int | None = None
     trace: TraceSet | None = None
     notes: list[str] = field(default_factory=list)
+    handoff_link: object = None  # a NIXL decode node's link to its prefill node: its arrivals, then its blocks
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -130,7 +131,8 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
         return u % size == rank
 
     if s.disagg.role == "decode":  # a decode node serves what a prefill node hands over
-        return Traffic("handoff", "handoff", arrivals=decode_traffic(s, geometry(s).model.name),
+        arrivals, link = decode_traffic(s, geometry(s).model.name)
+        return Traffic("handoff", "handoff", arrivals=arrivals, handoff_link=link,
                        analysis_items=iter(()), analysis_total=0,
                        notes=["requests come from the prefill node's manifest as it publishes them"])
     rate = s.schedule.request_rate / size

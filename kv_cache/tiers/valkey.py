@@ -12,6 +12,7 @@ This module is the whole medium: its settings section, its builder, its contract
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -62,8 +63,19 @@ def _exact(sock, n: int) -> bytes:
 
 
 def _line(sock, most: int = 1024) -> bytes:
-    """A reply's first line, without its CRLF, read a byte at a time (never past it: the value follows)."""
-    line = b""
+    """A reply's first line, without its CRLF, never read past (the value follows): peeked at, then taken to its
+    end, two system calls (a byte at a time it was a dozen, each a GIL hand-off beside the other threads')."""
+    try:
+        seen = sock.recv(most, socket.MSG_PEEK)
+    except ValueError:  # a TLS socket (rediss://) takes no flags
+        seen = b""
+    else:
+        if not seen:
+            raise ConnectionError("the server closed the connection")
+    end = seen.find(b"\r\n")
+    if end >= 0:
+        return _exact(sock, end + 2)[:-2]
+    line = b""  # TLS, or the line has not all arrived (a reply split inside its first line): a byte at a time
     while not line.endswith(b"\r\n"):
         if len(line) > most:
             raise ConnectionError(f"a reply line longer than {most} bytes: {line[:most]!r}")
@@ -103,6 +115,10 @@ class ValkeyStore:
         if isinstance(e, self.errors.AuthenticationError) or "NOAUTH" in text or "WRONGPASS" in text:
             return UserError(f"--remote-url {self.url}: the server refused the credentials ({text}); give "
                              f"user:password in the URL as the Redis clients read it.")
+        if "CERTIFICATE_VERIFY_FAILED" in text or "WRONG_VERSION_NUMBER" in text:
+            return UserError(f"--remote-url {self.url}: the TLS handshake failed ({text}); for a server whose "
+                             f"certificate authority is not the system's, add ?ssl_ca_certs=PATH to the URL, and "
+                             f"use rediss:// only for a TLS port.")
         if isinstance(e, (self.errors.ConnectionError, self.errors.TimeoutError)):
             return UserError(f"--remote-url {self.url}: no Valkey/Redis server answers there within "
                              f"{self.timeout:g} s ({text}); start it or fix the URL.")
@@ -123,6 +139,10 @@ class ValkeyStore:
                 self.part = int(self._config("proto-max-bulk-len", DEFAULT_MAX_VALUE))
         except self.errors.ValkeyError as e:
             raise self._refused(e) from None
+        except TypeError as e:  # a query option the connection class does not take (ssl_* on redis://)
+            scheme = self.url.split(":")[0]
+            raise UserError(f"--remote-url {self.url}: an option in its query is not one a {scheme}:// connection "
+                            f"takes ({e}); TLS options need rediss://.") from None
 
     def _config(self, name: str, default):
         """A CONFIG GET value, or default where the server does not let this user read its config."""
@@ -156,6 +176,10 @@ class ValkeyStore:
         if isinstance(e, self.errors.OutOfMemoryError) or text.startswith("OOM") or "maxmemory" in text:
             return RunFault(f"{self.url} is out of memory (its maxmemory) while {what}: {text}; lower --remote-gb "
                             f"or raise the server's maxmemory.")
+        if "CERTIFICATE_VERIFY_FAILED" in text or "WRONG_VERSION_NUMBER" in text:
+            return UserError(f"--remote-url {self.url}: the TLS handshake failed ({text}); for a server whose "
+                             f"certificate authority is not the system's, add ?ssl_ca_certs=PATH to the URL, and "
+                             f"use rediss:// only for a TLS port.")
         if isinstance(e, (self.errors.ConnectionError, self.errors.TimeoutError)):
             return RunFault(f"{self.url} stopped answering while {what} (within {self.timeout:g} s: {text}).")
         return RunFault(f"{self.url} refused {what}: {text}.")

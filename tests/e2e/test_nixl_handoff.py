@@ -105,6 +105,20 @@ def test_a_port_in_use_is_one_sentence(small_run):
     assert_clean_error(r, f"--handoff {url}: cannot listen there", "a free port")
 
 
+def test_an_unreachable_host_and_an_address_not_of_this_host_are_one_sentence(small_run, tmp_path):
+    """Across two network stacks: a decode node pointed at an address no host answers on its link (ARP finds no
+    one), and a prefill node told to listen on the other host's address."""
+    with NetnsPair() as net:
+        nobody = f"nixl://{net.subnet}.3:{free_port()}"  # in the subnet this test made; no namespace holds it
+        dec = net.run("b", [*CLI, *small_run("dec", "--role", "decode", "--handoff", nobody,
+                                             "--disagg-wait-s", "30")], env=ENV, timeout=120)
+        other = f"nixl://{net.addr['b']}:{free_port()}"
+        pre = net.run("a", [*CLI, *small_run("pre", "--role", "prefill", "--handoff", other,
+                                             "--disagg-handoff-gb", "0.25", *bounded(4))], env=ENV, timeout=120)
+    assert_clean_error(dec, f"--handoff {nobody}: cannot reach the prefill node", "route")
+    assert_clean_error(pre, f"--handoff {other}: cannot listen there", "a free port")
+
+
 def test_a_decode_node_of_another_run_is_refused_by_name(small_run, tmp_path):
     url = f"nixl://127.0.0.1:{free_port()}"
     pre = subprocess.Popen([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, "--duration", "20",
@@ -190,6 +204,49 @@ def test_a_read_from_a_prefill_node_that_died_is_a_run_fault_naming_it(tmp_path)
     out, err = reader.communicate("go\n", timeout=90)
     assert reader.returncode == 0, err
     assert f"RunFault: a NIXL READ from the prefill node at {url} failed" in out, out + err
+
+
+# Both sides in one process of its own: the prefill side publishes blocks 1 and 2 (stamped payloads, as a prefill
+# node's), the decode side reads them; then slot 1 is reused for block 3 and block 2's bytes are damaged in place.
+REUSE = """
+import os, sys, time, numpy as np
+from kv_cache.lifecycle.nixl_handoff import NixlDecode, NixlPrefill
+from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.types import Handoff
+size, pool = 2**20, PayloadPool(1)
+def payload(k):
+    out = np.zeros(size, np.uint8)
+    pool.fill(k, out)
+    return out
+store = NixlPrefill.create_nixl(sys.argv[1], size, 2 * size, {"seed": 1})
+for k in (1, 2):
+    store.blocks.put(k, memoryview(payload(k)))
+store.hand_over(Handoff("r", (1, 2), (size,) * 2, (), (), 32, 1, 16, time.time()))
+link = NixlDecode(sys.argv[1], {"seed": 1}, 30, lambda m: None)
+while len(link.slot_of) < 2:
+    time.sleep(0.01)
+out = np.zeros(size, np.uint8)
+print("before", link.load(1, out), pool.check(1, out, "full"), link.load(2, out), pool.check(2, out, "full"))
+store.blocks.delete(1)
+store.blocks.put(3, memoryview(payload(3)))  # block 1's slot now holds block 3
+slot2 = store.blocks.where([2])[0]
+store.blocks.region[slot2 * size + 5 * 4096] ^= 0xFF  # block 2 damaged in place: its tag still says 2
+print("after", link.load(1, out), link.load(2, out), pool.check(2, out, "full"), flush=True)
+os._exit(0)  # no detach: with both agents in one process NIXL's teardown can wait on itself
+"""
+
+
+def test_a_replaced_block_is_missing_and_a_damaged_one_is_read_and_fails_its_verification(tmp_path):
+    """A slot reused for another block while the decode node still expects the first: the block counts as missing,
+    never as read (its pages carry another key, and the tag says so); a block damaged in place is read (its tag
+    is still its key) and the verification that follows fails it, never hides it as missing."""
+    url = f"nixl://127.0.0.1:{free_port()}"
+    r = subprocess.run([sys.executable, "-c", REUSE, url], capture_output=True, text=True, timeout=120,
+                       env={**ENV, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert "before True True True True" in lines, r.stdout + r.stderr
+    assert "after False True False" in lines, r.stdout + r.stderr
 
 
 def test_without_nixl_the_nixl_handoff_is_one_sentence(small_run, tmp_path):
