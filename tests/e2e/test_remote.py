@@ -160,3 +160,33 @@ def test_a_run_over_rediss_moves_verifies_and_an_untrusted_certificate_is_one_se
     plain = tls_server.url.replace("rediss://", "redis://")  # TLS options on a plain connection: one sentence too
     refused = run_cli(remote_args(tmp_path, "p", plain))
     assert_clean_error(refused, "an option in its query is not one a redis:// connection takes", "rediss://")
+
+
+@pytest.fixture(scope="module")
+def https_s3(tmp_path_factory):
+    """SeaweedFS's S3 gateway on its https port, its certificate from an authority made for it (AWS_CA_BUNDLE in
+    its env); skips, saying why, where it cannot start."""
+    from servers import start_s3
+
+    try:
+        server = start_s3(tmp_path_factory.mktemp("https-s3"), tls=True)
+    except RuntimeError as e:
+        pytest.skip(f"no S3 gateway here: {e}")
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", ["obstore", "boto3"])
+def test_a_run_over_an_https_s3_endpoint_trusts_aws_ca_bundle_and_says_when_it_cannot(https_s3, tmp_path, client):
+    """An https endpoint whose authority is not the system's: with AWS_CA_BUNDLE, every block over TLS, verified,
+    nothing left (each client); without it, refused before the run in one sentence naming the variable."""
+    assert https_s3.env["AWS_ENDPOINT_URL"].startswith("https://")
+    r = run_cli(remote_args(tmp_path, client, https_s3.url, "--s3-client", client, requests=8), extra_env=https_s3.env)
+    assert r.returncode == 0, r.stderr
+    assert_moved_and_verified(json.loads((tmp_path / client / "results.json").read_text()), "s3")
+    assert s3_objects(https_s3) == []
+    untrusted = {**https_s3.env, "AWS_CA_BUNDLE": ""}
+    refused = run_cli(remote_args(tmp_path, f"{client}-u", https_s3.url, "--s3-client", client, requests=8),
+                      extra_env=untrusted)
+    assert_clean_error(refused, "the TLS handshake failed", "AWS_CA_BUNDLE")
