@@ -72,17 +72,23 @@ def small_tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
+def serving(what: str, start, folder, **kw):
+    """A fixture's server from tests/servers.py: started in folder, yielded, stopped after; skips, saying why,
+    where it cannot start."""
+    try:
+        server = start(folder, **kw)
+    except (RuntimeError, ImportError) as e:
+        pytest.skip(f"no {what} here: {e}")
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def valkey_server(tmp_path_factory):
     """A real valkey-server on 127.0.0.1 for the whole session (skips, saying why, where none can start)."""
     from servers import start_valkey
 
-    try:
-        server = start_valkey(tmp_path_factory.mktemp("valkey"), password=VALKEY_PASSWORD)
-    except RuntimeError as e:
-        pytest.skip(f"no Valkey server here: {e}")
-    yield server
-    server.stop()
+    yield from serving("Valkey server", start_valkey, tmp_path_factory.mktemp("valkey"), password=VALKEY_PASSWORD)
 
 
 @pytest.fixture(scope="session")
@@ -90,9 +96,4 @@ def s3_server(tmp_path_factory):
     """A real S3 gateway (SeaweedFS) on 127.0.0.1 for the whole session (skips, saying why, where none can start)."""
     from servers import start_s3
 
-    try:
-        server = start_s3(tmp_path_factory.mktemp("s3"))
-    except (RuntimeError, ImportError) as e:
-        pytest.skip(f"no S3 server here: {e}")
-    yield server
-    server.stop()
+    yield from serving("S3 server", start_s3, tmp_path_factory.mktemp("s3"))

