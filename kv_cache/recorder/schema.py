@@ -48,7 +48,8 @@ from kv_cache.recorder.sections import (
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 3  # 3: every section typed (sections.py), value types checked on load, bytes_whole_run
+SCHEMA_VERSION = 4  # 4: memory.budget.handoff (a NIXL prefill node's registered region)
+# (3: every section typed (sections.py), value types checked on load, bytes_whole_run)
 # (2: typed Results; run.bottom_tier; optional sections always present, null when off)
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 SIGNIFICANT = 6  # digits of a measured float in results.json

@@ -226,6 +226,7 @@ class BudgetParts:
     overhead: int
     donor_store: int
     bookkeeping: int
+    handoff: int  # a NIXL prefill node's registered region
     total: int
 
 

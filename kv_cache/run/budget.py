@@ -31,17 +31,18 @@ class MemoryBudget:
     overhead_bytes: int = OVERHEAD_BYTES
     donor_store_bytes: int = 0
     bookkeeping_bytes: int = 0  # BOOKKEEPING_BYTES per block the tiers can hold
+    handoff_bytes: int = 0  # a NIXL prefill node's registered region (--disagg-handoff-gb)
 
     @property
     def total_bytes(self) -> int:
         return (self.cpu_tier_bytes + self.staging_bytes + self.payload_pool_bytes + self.overhead_bytes
-                + self.donor_store_bytes + self.bookkeeping_bytes)
+                + self.donor_store_bytes + self.bookkeeping_bytes + self.handoff_bytes)
 
     def to_dict(self) -> dict:
         return {"cpu_tier": self.cpu_tier_bytes, "staging": self.staging_bytes,
                 "payload_pool": self.payload_pool_bytes, "overhead": self.overhead_bytes,
                 "donor_store": self.donor_store_bytes, "bookkeeping": self.bookkeeping_bytes,
-                "total": self.total_bytes}
+                "handoff": self.handoff_bytes, "total": self.total_bytes}
 
 
 def fits(budget: MemoryBudget, available: int | None = None) -> bool:
@@ -63,6 +64,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         (budget.donor_store_bytes, "lower --semantic-max-donors"),
         (budget.bookkeeping_bytes, "lower the tiers' capacity (--gpu-mem-gb, --nvme-gb) or raise --block-tokens: "
                                    "fewer, larger blocks"),
+        (budget.handoff_bytes, "lower --disagg-handoff-gb (the prefill node's registered region for NIXL)"),
         (budget.staging_bytes, f"lower --workers (each needs {2 * object_bytes / gib:.2f} GiB of staging) or use "
                                f"a smaller --block-tokens"),
     ]
@@ -72,7 +74,9 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         f"{workers} workers x 2 x {object_bytes / 2**20:.1f} MiB = {budget.staging_bytes / gib:.2f} + payload pool "
         f"{budget.payload_pool_bytes / gib:.2f} + donor store {budget.donor_store_bytes / gib:.2f} + bookkeeping "
         f"{budget.bookkeeping_bytes / gib:.2f} ({budget.bookkeeping_bytes // BOOKKEEPING_BYTES:,} blocks the tiers "
-        f"can hold x {BOOKKEEPING_BYTES / 1024:.1f} KiB) + overhead {budget.overhead_bytes / gib:.2f}) exceeds "
+        f"can hold x {BOOKKEEPING_BYTES / 1024:.1f} KiB)"
+        + (f" + NIXL handoff region {budget.handoff_bytes / gib:.2f}" if budget.handoff_bytes else "")
+        + f" + overhead {budget.overhead_bytes / gib:.2f}) exceeds "
         f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available; {suggestion}.")
 
 

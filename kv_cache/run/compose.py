@@ -149,8 +149,11 @@ def memory_budget(s: Settings, geo: Geometry, gpu=None) -> MemoryBudget:
     if gpu is not None:
         staging += (workers(s) + 1) * geo.max_object_bytes
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
+    # a NIXL prefill node registers its handoff space in host memory (a folder's handoff is files)
+    nixl = s.disagg.role == "prefill" and s.disagg.handoff.startswith("nixl://")
     return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s),
-                        bookkeeping_bytes=most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES)
+                        bookkeeping_bytes=most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES,
+                        handoff_bytes=int(s.disagg.handoff_gb * GiB) if nixl and not fake else 0)
 
 
 def _donor_store_bytes(s: Settings) -> int:

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import os
 
-import psutil
-
 from kv_cache.config import Settings, flag_name, iter_keys
 from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.handoff import FOLDER, MANIFEST, HandoffStore, check_header
 from kv_cache.lifecycle.nixl_handoff import SCHEME, NixlDecode, NixlPrefill, parse_url
-from kv_cache.run.budget import HEADROOM
 from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.qos import QosPolicy
 from kv_cache.sources.handoff import ManifestFollower, RecordFollower, wait_for_manifest
@@ -228,13 +225,8 @@ def open_handoff(s: Settings, model_name: str, slot_bytes: int,
         note = f"the handoff moves blocks with NIXL READs over UCX (transports: {tls}) through {url}"
         if s.disagg.role == "decode":
             return link, note
-        need, left = int(s.disagg.handoff_gb * 2**30), int(psutil.virtual_memory().available * HEADROOM)
-        if need > left:  # pinned host memory, allocated now: the tiers' memory is already taken
-            raise UserError(f"--handoff {url}: the prefill node's registered region of {need / 2**30:.2f} GiB "
-                            f"(--disagg-handoff-gb) does not fit in the {left / 2**30:.2f} GiB of memory left after "
-                            f"the tiers; lower --disagg-handoff-gb.")
-        ident = handoff_identity(s, model_name)
-        return NixlPrefill.create_nixl(url, slot_bytes, need, ident), note
+        ident = handoff_identity(s, model_name)  # its region is a part of the memory budget, checked before
+        return NixlPrefill.create_nixl(url, slot_bytes, int(s.disagg.handoff_gb * 2**30), ident), note
     root = _handoff_root(s)
     engine, note = s.tiers.io_engine, ""
     if engine == "mmap":  # blocks are files found by name: no mapping

@@ -23,6 +23,9 @@ from helpers import assert_clean_error
     (["--set", "tiers.cpu_memgb=1"], ["unknown key 'tiers.cpu_memgb'"]),
     (["--cpu-mem-gb", "100000"], ["memory budget", "lower --cpu-mem-gb"]),
     (["--nvme-gb", "100000"], ["memory budget", "bookkeeping", "--nvme-gb"]),  # 51 M blocks of 2 MiB to keep track of
+    # a NIXL prefill node's registered region: a part of the budget, refused before NIXL or a port is touched
+    (["--role", "prefill", "--handoff", "nixl://127.0.0.1:1", "--disagg-handoff-gb", "100000"],
+     ["memory budget", "NIXL handoff region 100000.00", "lower --disagg-handoff-gb"]),
 ])
 def test_bad_settings(small_run, extra, fragments):
     r = run_cli(small_run("x", *extra))

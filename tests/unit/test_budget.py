@@ -48,3 +48,17 @@ def test_default_run_fits_a_24_gib_machine():
     b = memory_budget(s, geometry(s))
     check_fits(b, 4, geometry(s).max_object_bytes, available=24 * GiB)
     assert b.total_bytes < 8 * GiB
+
+
+def test_a_nixl_prefill_nodes_region_is_a_part_of_the_budget_and_only_its():
+    """--disagg-handoff-gb is host memory a NIXL prefill node registers: counted (and in results' budget parts);
+    a decode node, or a folder handoff, registers none."""
+    def handoff_bytes(role: str, url: str) -> int:
+        s = resolve(None, [], {"disagg.role": role, "disagg.handoff": url, "disagg.handoff_gb": "3"})
+        b = memory_budget(s, geometry(s))
+        assert b.to_dict()["handoff"] == b.handoff_bytes and b.to_dict()["total"] == b.total_bytes
+        return b.handoff_bytes
+
+    assert handoff_bytes("prefill", "nixl://127.0.0.1:5555") == 3 * GiB
+    assert handoff_bytes("decode", "nixl://127.0.0.1:5555") == 0
+    assert handoff_bytes("prefill", "file:///tmp") == 0
