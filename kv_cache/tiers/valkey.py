@@ -83,6 +83,14 @@ def _line(sock, most: int = 1024) -> bytes:
     return line[:-2]
 
 
+def _tls_failed(text: str, url: str) -> str:
+    """The sentence for a TLS handshake the client refused (text: its error), or "" when text is not one."""
+    if "CERTIFICATE_VERIFY_FAILED" not in text and "WRONG_VERSION_NUMBER" not in text:
+        return ""
+    return (f"--remote-url {url}: the TLS handshake failed ({text}); for a server whose certificate authority is "
+            f"not the system's, add ?ssl_ca_certs=PATH to the URL, and use rediss:// only for a TLS port.")
+
+
 class ValkeyStore:
     """A Valkey/Redis server behind a URL, as a remote tier uses it (see tiers/remote.py's Store)."""
 
@@ -115,10 +123,8 @@ class ValkeyStore:
         if isinstance(e, self.errors.AuthenticationError) or "NOAUTH" in text or "WRONGPASS" in text:
             return UserError(f"--remote-url {self.url}: the server refused the credentials ({text}); give "
                              f"user:password in the URL as the Redis clients read it.")
-        if "CERTIFICATE_VERIFY_FAILED" in text or "WRONG_VERSION_NUMBER" in text:
-            return UserError(f"--remote-url {self.url}: the TLS handshake failed ({text}); for a server whose "
-                             f"certificate authority is not the system's, add ?ssl_ca_certs=PATH to the URL, and "
-                             f"use rediss:// only for a TLS port.")
+        if why := _tls_failed(text, self.url):
+            return UserError(why)
         if isinstance(e, (self.errors.ConnectionError, self.errors.TimeoutError)):
             return UserError(f"--remote-url {self.url}: no Valkey/Redis server answers there within "
                              f"{self.timeout:g} s ({text}); start it or fix the URL.")
@@ -176,10 +182,8 @@ class ValkeyStore:
         if isinstance(e, self.errors.OutOfMemoryError) or text.startswith("OOM") or "maxmemory" in text:
             return RunFault(f"{self.url} is out of memory (its maxmemory) while {what}: {text}; lower --remote-gb "
                             f"or raise the server's maxmemory.")
-        if "CERTIFICATE_VERIFY_FAILED" in text or "WRONG_VERSION_NUMBER" in text:
-            return UserError(f"--remote-url {self.url}: the TLS handshake failed ({text}); for a server whose "
-                             f"certificate authority is not the system's, add ?ssl_ca_certs=PATH to the URL, and "
-                             f"use rediss:// only for a TLS port.")
+        if why := _tls_failed(text, self.url):  # a reconnect during the run: a fault stop, as any refusal then
+            return RunFault(why)
         if isinstance(e, (self.errors.ConnectionError, self.errors.TimeoutError)):
             return RunFault(f"{self.url} stopped answering while {what} (within {self.timeout:g} s: {text}).")
         return RunFault(f"{self.url} refused {what}: {text}.")
