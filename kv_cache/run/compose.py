@@ -22,6 +22,7 @@ from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.model import ModelSpec, find_model, slot_bytes
 from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, fits
 from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
+from kv_cache.run.roles import nixl_region_bytes
 from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier, moves_real_bytes
 from kv_cache.tiers.devices import open_cupy
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct, refuse_system_dir
@@ -149,11 +150,9 @@ def memory_budget(s: Settings, geo: Geometry, gpu=None) -> MemoryBudget:
     if gpu is not None:
         staging += (workers(s) + 1) * geo.max_object_bytes
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
-    # a NIXL prefill node registers its handoff space in host memory (a folder's handoff is files)
-    nixl = s.disagg.role == "prefill" and s.disagg.handoff.startswith("nixl://")
     return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s),
                         bookkeeping_bytes=most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES,
-                        handoff_bytes=int(s.disagg.handoff_gb * GiB) if nixl and not fake else 0)
+                        handoff_bytes=nixl_region_bytes(s))
 
 
 def _donor_store_bytes(s: Settings) -> int:

@@ -188,6 +188,14 @@ def handoff_target(s: Settings) -> tuple[str, str]:
     return ("file", d.handoff_dir) if d.handoff_dir else ("", "")
 
 
+def nixl_region_bytes(s: Settings) -> int:
+    """The host memory a NIXL prefill node registers as its handoff space (--disagg-handoff-gb); 0 for any other
+    node (a decode node reads into its workers' buffers; a folder's handoff is files)."""
+    if s.disagg.role != "prefill" or handoff_target(s)[0] != "nixl":
+        return 0
+    return int(s.disagg.handoff_gb * 2**30)
+
+
 def _handoff_root(s: Settings) -> str:
     root = os.path.abspath(handoff_target(s)[1])
     if not os.path.isdir(root) or not os.access(root, os.W_OK | os.X_OK):
@@ -226,7 +234,7 @@ def open_handoff(s: Settings, model_name: str, slot_bytes: int,
         if s.disagg.role == "decode":
             return link, note
         ident = handoff_identity(s, model_name)  # its region is a part of the memory budget, checked before
-        return NixlPrefill.create_nixl(url, slot_bytes, int(s.disagg.handoff_gb * 2**30), ident), note
+        return NixlPrefill.create_nixl(url, slot_bytes, nixl_region_bytes(s), ident), note
     root = _handoff_root(s)
     engine, note = s.tiers.io_engine, ""
     if engine == "mmap":  # blocks are files found by name: no mapping
