@@ -105,14 +105,19 @@ def test_maxmemory_reached_is_a_fault_stop_with_partial_results_and_no_key_left(
         server.stop()
 
 
-def test_a_server_killed_mid_run_stops_the_run_with_partial_results(tmp_path):
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_a_server_killed_or_frozen_mid_run_stops_the_run_with_partial_results(tmp_path, how):
+    """killed: its connections reset; frozen (SIGSTOP): they stay open and silent, and only the timeout on each
+    call (--valkey-timeout-s) ends the run's calls."""
     server = start_valkey(tmp_path / "doomed")
     try:
         run = start(remote_args(tmp_path, "dies", server.url, "--remote-gb", "0.25", "--valkey-timeout-s", "2",
                                 requests=100000))
         wait_for(lambda: len(valkey_keys(server.url)) > 3)  # blocks reached the server
-        server.kill()
+        server.kill() if how == "killed" else os.kill(server.proc.pid, signal.SIGSTOP)
         _, err = run.communicate(timeout=90)  # a timeout on every call: never a hang
+        if how == "frozen":
+            os.kill(server.proc.pid, signal.SIGCONT)
         assert run.returncode == 1, err
         assert "stopped answering" in err and server.url in err and "Traceback" not in err
         res = json.loads((tmp_path / "dies" / "results.json").read_text())
