@@ -11,10 +11,14 @@ hosts' network stacks on one machine; without root, on 127.0.0.1. At one block s
 3. ours, NIXL: a --role prefill node in one namespace, a --role decode node (1 worker) in the other with
    --handoff nixl://; the decode node's per-block read p50 (latency_ms.handoff.read), its GB/s over its
    window, and the ratio anchor p50 / ours p50 (1.0: the decode node reads a block as fast as NIXL alone does).
-   Twice: "prefill serving", the prefill node publishes 60 requests in a moment and then only serves them, as
-   the anchor's target does; "prefill flat out", it publishes for 10 s as fast as it can, its own workload on
-   the core that also serves the READs (and, over veth, runs the network stack for them).
-4. ours, folder: the same two nodes with --handoff file://DIR on this machine's disk (its page cache included:
+   Each node's CPU tier holds its own blocks (--cpu-mem-gb 1), as a GPU node keeps its KV in HBM. Twice:
+   "prefill serving", the prefill node publishes 60 requests in a moment and then only serves them, as the
+   anchor's target does; "prefill flat out", it publishes for 10 s as fast as it can, its own workload on the
+   core that also serves the READs (and, over veth, runs the network stack for them).
+4. ours, NIXL, the decode node's blocks on its disk: "prefill serving" again with the nodes' CPU tiers of the
+   test settings (30 MB): the decode node demotes its decode blocks to its disk between READs, on its one core
+   (O_DIRECT writes, the file system's journal): what a node's own storage traffic costs its READs.
+5. ours, folder: the same two nodes with --handoff file://DIR on this machine's disk (its page cache included:
    a shared folder on one host is not a network), for scale.
 
 Each node, and each side of the anchor, runs on a core of its own (taskset), as on hosts of their own. The
@@ -149,16 +153,17 @@ def pair(run, target_args: list[str], reader_args: list[str]) -> dict:
 
 BACKLOG = ("--max-requests", "60", "--duration", "600")  # published in a moment; then the prefill node only serves
 FLAT_OUT = ("--duration", "10")  # the prefill node publishing all along, its core busy with its own workload
+IN_MEMORY = ("--cpu-mem-gb", "1")  # a node's own blocks stay in its CPU tier (a GPU node's in HBM), off its disk
 
 
-def handoff(run, tmp: Path, url: str, bound: tuple[str, ...] = FLAT_OUT) -> dict:
+def handoff(run, tmp: Path, url: str, bound: tuple[str, ...] = FLAT_OUT, own: tuple[str, ...] = IN_MEMORY) -> dict:
     """A prefill node (namespace a) and a decode node (namespace b, 1 worker); the decode node's figures."""
     def node(run_id: str, role: str, *extra: str) -> list[str]:
         cache = tmp / f"{run_id}-cache"
         cache.mkdir(parents=True, exist_ok=True)
         return [*CLI, "--config", str(SMALL), "--output-dir", str(tmp / "reports"), "--cache-dir", str(cache),
                 "--run-id", run_id, "--role", role, "--handoff", url, "--disagg-wait-s", "30",
-                "--disagg-handoff-gb", "2", "--warmup", "0", *extra]
+                "--disagg-handoff-gb", "2", "--warmup", "0", *own, *extra]
 
     dec = subprocess.Popen(run("b", node("dec", "decode", "--duration", "600", "--workers", "1")), env=ENV,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -200,14 +205,15 @@ def rounds(run, host: str, tmp: Path, n: int) -> list[dict]:
     out = []
     for i in range(n):
         (tmp / f"round{i}").mkdir()
-        out.append(one_round(run, host, tmp / f"round{i}", free_port(host) + 4 * i))
+        out.append(one_round(run, host, tmp / f"round{i}", free_port(host) + 5 * i))
     return out
 
 
 def one_round(run, host: str, folder: Path, port: int) -> dict:
     """The anchor, then each of ours (our load path alone, a decode node with the prefill node serving, one with
-    it flat out) followed by the anchor again. This VM's transfers speed up and slow down by tens of percent from
-    minute to minute, so each of ours is compared with the mean of the two anchors around it."""
+    it flat out, one serving with the decode node's blocks on its disk) followed by the anchor again. This VM's
+    transfers speed up and slow down by tens of percent from minute to minute, so each of ours is compared with
+    the mean of the two anchors around it."""
     def anchor(k: int) -> dict:
         (folder / f"a{k}").mkdir()
         return pair(run, ["--target", str(folder / f"a{k}"), "64"], ["--reader", str(folder / f"a{k}"), "64", "4"])
@@ -215,7 +221,8 @@ def one_round(run, host: str, folder: Path, port: int) -> dict:
     ours = {"alone": lambda: pair(run, ["--store-target", f"nixl://{host}:{port}", "64"],
                                   ["--store-reader", f"nixl://{host}:{port}", "64", "4"]),
             "served": lambda: handoff(run, folder / "served", f"nixl://{host}:{port + 1}", BACKLOG),
-            "node": lambda: handoff(run, folder / "flat", f"nixl://{host}:{port + 2}")}
+            "node": lambda: handoff(run, folder / "flat", f"nixl://{host}:{port + 2}"),
+            "disk": lambda: handoff(run, folder / "disk", f"nixl://{host}:{port + 3}", BACKLOG, own=())}
     anchors, got = [anchor(0)], {}
     for k, (name, measure) in enumerate(ours.items(), 1):
         got[name] = measure()
@@ -259,26 +266,28 @@ def main() -> None:
 def report(done: list[dict], folder: dict, where: str) -> None:
     print(f"Handoff, 2 MiB blocks, one in flight, UCX over TCP, {where}, each side on a core of its own; "
           f"{len(done)} rounds (median of the rounds' p50 and p99; GB/s and blocks of the median round; the anchor's "
-          f"row: each round's median of its 4 runs):")
-    print(f"  {'':34} {'p50 ms':>8} {'p99 ms':>8} {'GB/s':>8} {'blocks':>7}")
+          f"row: each round's median of its 5 runs):")
+    print(f"  {'':38} {'p50 ms':>8} {'p99 ms':>8} {'GB/s':>8} {'blocks':>7} {'missing':>8} {'failed':>7}")
     rows = [(name, [r[k] for r in done]) for name, k in (("anchor: plain NIXL READ loop", "anchor"),
                                                          ("ours: NixlDecode.load() alone", "alone"),
                                                          ("ours: decode node, prefill serving", "served"),
-                                                         ("ours: decode node, prefill flat out", "node"))]
+                                                         ("ours: decode node, prefill flat out", "node"),
+                                                         ("ours: decode node, its blocks on disk", "disk"))]
     for name, rs in [*rows, ("ours: decode node, file:// (local)", [folder])]:
         mid = sorted(rs, key=lambda r: r["p50_ms"])[len(rs) // 2]
-        print(f"  {name:34} {np.median([r['p50_ms'] for r in rs]):8.2f} {np.median([r['p99_ms'] for r in rs]):8.2f} "
-              f"{mid['gbps']:8.3f} {mid['blocks']:7d}")
+        lost = [f"{sum(r[k] for r in rs):8d}" if k in rs[0] else f"{'-':>8}" for k in ("missing", "failures")]
+        print(f"  {name:38} {np.median([r['p50_ms'] for r in rs]):8.2f} {np.median([r['p99_ms'] for r in rs]):8.2f} "
+              f"{mid['gbps']:8.3f} {mid['blocks']:7d} {lost[0]} {lost[1]:>7}")
     for name, k in (("load() alone", "alone"), ("decode node, prefill serving", "served"),
-                    ("decode node, prefill flat out", "node")):
+                    ("decode node, prefill flat out", "node"), ("decode node, its blocks on disk", "disk")):
         ratios = [r[k]["anchor_p50_ms"] / r[k]["p50_ms"] for r in done]
-        print(f"  ratio anchor p50 (mean of the runs before and after) / ours p50, {name:29}: "
+        print(f"  ratio anchor p50 (mean of the runs before and after) / ours p50, {name:31}: "
               f"{' '.join(f'{x:.2f}' for x in ratios)} per round, "
               f"median {np.median(ratios):.2f} (target >= 0.9)")
-    nodes = [r[k] for r in done for k in ("served", "node")]
-    print(f"  decode nodes: {sum(r['missing'] for r in nodes)} missing, "
-          f"{sum(r['failures'] for r in nodes)} verification failures; a decode node's GB/s is paced by the "
-          f"prefill node's publishing (the workload), the anchor's by the transport alone")
+    print("  missing / failed: blocks summed over the rounds (a block the prefill node replaced before the decode "
+          "node read it is missing: a prefill node flat out publishes faster than one decode worker reads); a "
+          "decode node's GB/s is paced by the prefill node's publishing (the workload), the anchor's by the "
+          "transport alone")
 
 
 if __name__ == "__main__":

@@ -116,7 +116,8 @@ class Handoff:
 
     keys / nbytes: the prompt's blocks, published in the handoff directory; decode_keys /
     decode_nbytes: the blocks the decode node appends; done_wall: when the prefill node finished
-    (time.time(), to measure prefill-complete -> decode-loaded).
+    (time.time(), to measure prefill-complete -> decode-loaded); digests: each prompt block's XXH3-64 as the
+    prefill node published it (0: not known), what the decode node's checksum verification compares with.
     """
 
     rid: str
@@ -128,16 +129,19 @@ class Handoff:
     output_tokens: int
     block_tokens: int
     done_wall: float
+    digests: tuple[int, ...] = ()
 
     def to_line(self) -> bytes:
         d = {"kind": "request", "rid": self.rid, "keys": [f"{k:016x}" for k in self.keys], "nbytes": self.nbytes,
              "decode_keys": [f"{k:016x}" for k in self.decode_keys], "decode_nbytes": self.decode_nbytes,
              "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
-             "block_tokens": self.block_tokens, "done_wall": self.done_wall}
+             "block_tokens": self.block_tokens, "done_wall": self.done_wall,
+             "digests": [f"{x:016x}" for x in self.digests]}
         return (json.dumps(d, separators=(",", ":")) + "\n").encode()
 
     @classmethod
     def from_dict(cls, d: dict) -> Handoff:
         return cls(d["rid"], tuple(int(k, 16) for k in d["keys"]), tuple(d["nbytes"]),
                    tuple(int(k, 16) for k in d["decode_keys"]), tuple(d["decode_nbytes"]), d["prompt_tokens"],
-                   d["output_tokens"], d["block_tokens"], d["done_wall"])
+                   d["output_tokens"], d["block_tokens"], d["done_wall"],
+                   tuple(int(x, 16) for x in d.get("digests", ())))

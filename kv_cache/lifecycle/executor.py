@@ -126,7 +126,7 @@ class Lifecycle:
         spent = self.handoff.publish(plan.keys[:n], sizes[:n], self.payloads.fill, bufs.scratch, self.recorder)
         self.handoff.hand_over(Handoff(f"{req.user_id}.{req.seq}", plan.keys[:n], tuple(sizes[:n]), plan.keys[n:],
                                        tuple(sizes[n:]), req.num_prompt_tokens, req.num_output_tokens,
-                                       self.block_tokens, time.time()))
+                                       self.block_tokens, time.time(), self.handoff.digests(plan.keys[:n])))
         return spent
 
     def _decode_node(self, req: Request, bufs: WorkerBuffers) -> None:
@@ -135,7 +135,8 @@ class Lifecycle:
         counts = {"tokens.prompt": h.prompt_tokens, "tokens.generated": h.output_tokens,
                   "tokens.prompt_by_source.handoff": h.prompt_tokens, "blocks.lookup": len(h.keys)}
         storage_ns = loaded = 0
-        for key, size in zip(h.keys, h.nbytes):
+        digests = h.digests or (0,) * len(h.keys)
+        for key, size, digest in zip(h.keys, h.nbytes, digests):
             data = bufs.view(size)
             start = now_ns()
             if not self.handoff.load(key, data):
@@ -144,7 +145,7 @@ class Lifecycle:
             spent = now_ns() - start
             storage_ns += spent
             self.recorder.op("handoff", "read", "load", start, spent, size, key)
-            self._check(key, data, start)
+            self._check(key, data, start, digest or None)
             loaded += 1
         ttft_ns = now_ns()
         self.recorder.handoff(ttft_ns, int((time.time() - h.done_wall) * 1e9))

@@ -1,16 +1,21 @@
 """The request lifecycle on real tiers: history hits, decode appends, verification, whole-request mode."""
 
+import json
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
 from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions, WorkerBuffers
+from kv_cache.lifecycle.handoff import HandoffStore
 from kv_cache.lifecycle.payload import PayloadPool, block_digest
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.cpu import CpuTier
 from kv_cache.tiers.nvme import NvmeTier
-from kv_cache.types import HISTORY, SYSTEM, USER, Request
+from kv_cache.tiers.registry import shared_files
+from kv_cache.types import HISTORY, SYSTEM, USER, Handoff, Request
 
 BT, BPT = 16, 4096  # 16-token blocks of 64 KiB
 BLOCK = BT * BPT
@@ -185,3 +190,34 @@ def test_chained_blocks_count_hits_by_source_and_the_system_prompt_found(rig):
     c = rec.counters()
     assert c["blocks.hit_by_source.system"] == 2 and c["blocks.hit_by_source.user"] == 1
     assert c["requests.system_hit"] == 1 and c["requests.system_miss"] == 1
+
+
+def test_a_decode_node_checks_handed_over_blocks_against_the_digests_its_prefill_node_published(rig, tmp_path):
+    """The prefill node takes each block's XXH3-64 as it publishes it, and the manifest line carries them; the
+    decode node's checksum verification compares what it read with those, not with a payload it regenerates
+    (a quarter of the CPU per block). A digest the bytes do not match fails the block though they are the
+    payload; a line without digests (0) falls back to comparing every byte."""
+    _, cache, rec, bufs = rig
+    pool = PayloadPool(seed=1, span_bytes=1 << 20)
+    opts = LifecycleOptions(BT, BPT, chain_root("test"), "checksum")
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    pre = HandoffStore.create(str(folder), shared_files("buffered", BLOCK), "buffered", 16 * BLOCK, {"seed": 1})
+    Lifecycle(cache, pool, rec, opts, handoff=pre).execute(request(tokens(40, 1), tokens(8, 2), ((40, USER),)), bufs)
+    with open(pre.manifest) as f:
+        h = Handoff.from_dict(json.loads(f.read().splitlines()[-1]))
+    expected = [np.empty(n, np.uint8) for n in h.nbytes]
+    for k, e in zip(h.keys, expected):
+        pool.fill(k, e)
+    assert len(h.keys) == 2 and h.digests == tuple(block_digest(e) for e in expected)
+    dec = HandoffStore.attach(str(folder), shared_files("buffered", BLOCK), {"seed": 1})
+    for digests, failures in ((h.digests, 0), ((h.digests[0] ^ 1, h.digests[1]), 1), ((0, 0), 0)):
+        drec = Recorder()
+        drec.start_measuring(1)
+        decode = Lifecycle(BlockCache([CpuTier(8 * BLOCK, BLOCK)], "lru", True, drec), pool, drec, opts, handoff=dec)
+        decode.execute(replace(request(tokens(1, 0), tokens(1, 0), ((1, USER),)), handoff=replace(h, digests=digests)),
+                       bufs)
+        c = drec.counters()
+        assert c["verification.blocks_checked"] == 2 and c.get("verification.failures", 0) == failures, digests
+    dec.detach()
+    pre.finish(0, True, print)
