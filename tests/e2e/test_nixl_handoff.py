@@ -36,18 +36,10 @@ def node_args(small_run, tmp_path, run_id: str, role: str, url: str, *extra: str
             "--cache-dir", str(cache)]
 
 
-def wait_for(proc: subprocess.Popen, text: str) -> None:
-    """Read proc's output until a line holds text (or proc ended)."""
-    while text not in proc.stdout.readline() and proc.poll() is None:
+def wait_for(proc: subprocess.Popen, pattern: str) -> None:
+    """Read proc's output until a line matches pattern (a regular expression), or proc ended."""
+    while not re.search(pattern, proc.stdout.readline()) and proc.poll() is None:
         pass
-
-
-def loaded_one(dec: subprocess.Popen) -> None:
-    """Read a decode node's output until its live line (one every 10 s off a terminal) counts a request done."""
-    while dec.poll() is None:
-        done = re.search(r"\] ([\d,]+) requests", dec.stdout.readline())
-        if done and int(done.group(1).replace(",", "")) > 0:
-            return
 
 
 def start_decode(argv: list[str]) -> subprocess.Popen:
@@ -149,7 +141,9 @@ def test_the_prefill_node_dying_mid_run_is_a_fault_stop_of_the_decode_node(small
                                              "--warmup", "0")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        loaded_one(dec)  # a request handed over and loaded: the decode node was serving when its prefill node died
+        # its live line (one every 10 s off a terminal) counts a request done: it was serving when its prefill
+        # node died
+        wait_for(dec, r"\] [1-9][\d,]* requests")
     finally:
         pre.kill()  # no goodbye: the decode node must notice, not hang
         pre.communicate(timeout=30)
