@@ -136,8 +136,8 @@ def redis_benchmark(port: int, threads: int, requests: int, block: int) -> dict 
         if op == "read":
             run("set", 4 * requests, requests)  # the keyspace the GETs read
         r, cpu = run(test, requests, keys)
-        if op == "write" and server.dbsize() < 0.99 * requests:  # a few random keys may repeat, no more
-            raise RuntimeError(f"{tool} -r {keys}: {requests} SETs made {server.dbsize()} keys, not new ones")
+        if op == "write" and (made := server.dbsize()) < 0.99 * requests:  # a few random keys may repeat, no more
+            raise RuntimeError(f"{tool} -r {keys}: {requests} SETs made {made} keys, not new ones")
         out[op] = {"ops": requests, "p50": float(r["p50_latency_ms"]), "p95": float(r["p95_latency_ms"]),
                    "p99": float(r["p99_latency_ms"]), "gbps": float(r["rps"]) * block / 1e9,
                    "cpu_s_per_gib": cpu / (requests * block / GiB)}
