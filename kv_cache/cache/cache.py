@@ -151,9 +151,9 @@ class BlockCache(PrefixStructure):
                     self.gds.demote(e.key)  # HBM -> NVMe slab, no host bounce
                     src.delete(e.key)
                 else:
-                    buf = scratch[: e.nbytes]
-                    src.get(e.key, buf)
-                    self.tiers[mv.dst].put(e.key, buf)
+                    if not src.move_to(e.key, self.tiers[mv.dst]):  # HBM -> a registered CPU arena: one copy
+                        src.get(e.key, scratch[: e.nbytes])
+                        self.tiers[mv.dst].put(e.key, scratch[: e.nbytes])
                     src.delete(e.key)
             except BaseException:
                 for failed in moves[i:]:  # nobody may wait forever on a MOVING block

@@ -52,8 +52,11 @@ class PayloadPool:
         words = self.pool.view(np.uint64)
         words[:] = rng.integers(0, np.iinfo(np.uint64).max, size=words.size, dtype=np.uint64, endpoint=True)
         self.num_offsets = span_bytes // PAGE
-        self._page_tags: dict[int, np.ndarray] = {}
-        self._page_stamps: dict[int, np.ndarray] = {}
+        # NOTE: one template each, for the most pages seen, sliced for fewer. A template per page count grew
+        # without bound in whole-request mode, where nearly every object has a size of its own: 24 MiB for each
+        # distinct 4 GiB object (the MLPerf reference's shape filled tens of GiB this way).
+        self._page_tags = np.zeros(0, dtype=np.uint64)
+        self._page_stamps = np.zeros((0, 2), dtype=np.uint64)
         self._regions = [threading.Lock() for _ in range(-(-self.pool.size // REGION_BYTES))]
 
     @property
@@ -73,17 +76,22 @@ class PayloadPool:
                 for i, at in enumerate(range(0, nbytes, SEGMENT_BYTES))]
 
     def _tags(self, pages: int) -> np.ndarray:
-        tags = self._page_tags.get(pages)
-        if tags is None:
-            tags = self._page_tags[pages] = MAGIC | np.arange(pages, dtype=np.uint64)
-        return tags
+        tags = self._page_tags
+        if tags.size < pages:  # replaced whole, never changed in place: a reader keeps the one it took
+            tags = self._page_tags = MAGIC | np.arange(pages, dtype=np.uint64)
+        return tags[:pages]
 
     def _stamps(self, pages: int) -> np.ndarray:
         """A (pages, 2) template of stamps: the tags in column 1, column 0 for the key."""
-        stamps = self._page_stamps.get(pages)
-        if stamps is None:
-            stamps = self._page_stamps[pages] = np.stack([np.zeros(pages, dtype=np.uint64), self._tags(pages)], 1)
-        return stamps
+        stamps = self._page_stamps
+        if stamps.shape[0] < pages:
+            stamps = self._page_stamps = np.stack([np.zeros(pages, dtype=np.uint64), self._tags(pages)], 1)
+        return stamps[:pages]
+
+    @property
+    def template_bytes(self) -> int:
+        """What the stamp templates hold: 24 bytes per page of the largest payload built or checked so far."""
+        return self._page_tags.nbytes + self._page_stamps.nbytes
 
     def fill(self, key: int, out: np.ndarray) -> None:
         """Write key's payload into out (length a multiple of 4 KiB)."""

@@ -48,7 +48,8 @@ from kv_cache.recorder.sections import (
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 4  # 4: memory.budget.handoff (a NIXL prefill node's registered region)
+SCHEMA_VERSION = 5  # 5: run.tiers.*.transfers (direct / staged), memory.budget.gpu_staging and payload_stamps
+# (4: memory.budget.handoff, a NIXL prefill node's registered region)
 # (3: every section typed (sections.py), value types checked on load, bytes_whole_run)
 # (2: typed Results; run.bottom_tier; optional sections always present, null when off)
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
@@ -75,11 +76,22 @@ class ReadWrite:
 
 
 @dataclass
+class Transfers:
+    """Host <-> device copies of a tier that moves bytes over PCIe, the whole run: direct from or into page-locked
+    host memory, or staged (a pinned bounce buffer plus a host copy, inside the timed operation)."""
+
+    direct: int = 0
+    staged: int = 0
+
+
+@dataclass
 class TierInfo:
     capacity_bytes: int
     description: str
     simulated: bool = False
     null: bool = False
+    transfers: dict[str, Transfers] | None = None  # host_to_device, device_to_host (a real GPU tier)
+    staged_why: str = ""  # the first staged transfer's buffer, when any was staged
 
 
 @dataclass

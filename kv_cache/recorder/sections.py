@@ -228,6 +228,8 @@ class BudgetParts:
     bookkeeping: int
     handoff: int  # a NIXL prefill node's registered region
     total: int
+    gpu_staging: int = 0  # a real GPU tier's lanes: one pinned buffer of the largest object each
+    payload_stamps: int = 0  # the payload pool's stamp template, 16 bytes per 4 KiB page of the largest object
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Memory budget: computed before the run, refused with the numbers when it does not fit.
 
 budget = CPU tier + staging (workers x 2 buffers x largest object, at least
-2 MiB each: one for the request's block, one for waterfall moves) + payload pool + the donor store
+2 MiB each: one for the request's block, one for waterfall moves) + a real GPU tier's staging (one pinned
+buffer of the largest object per lane: workers + 1) + payload pool and its stamp templates + the donor store
 when --semantic is on (its bound: every donor at the longest prompt) + the bookkeeping of every block
 the tiers can hold (index entry, policy entry, slot: BOOKKEEPING_BYTES each) + a
 fixed allowance for the interpreter, histograms and queues.
@@ -32,17 +33,21 @@ class MemoryBudget:
     donor_store_bytes: int = 0
     bookkeeping_bytes: int = 0  # BOOKKEEPING_BYTES per block the tiers can hold
     handoff_bytes: int = 0  # a NIXL prefill node's registered region (--disagg-handoff-gb)
+    gpu_staging_bytes: int = 0  # a real GPU tier's lanes: a pinned (page-locked) buffer of the largest object each
+    payload_stamps_bytes: int = 0  # the payload pool's stamp templates and the workers' stamp rows
 
     @property
     def total_bytes(self) -> int:
         return (self.cpu_tier_bytes + self.staging_bytes + self.payload_pool_bytes + self.overhead_bytes
-                + self.donor_store_bytes + self.bookkeeping_bytes + self.handoff_bytes)
+                + self.donor_store_bytes + self.bookkeeping_bytes + self.handoff_bytes + self.gpu_staging_bytes
+                + self.payload_stamps_bytes)
 
     def to_dict(self) -> dict:
         return {"cpu_tier": self.cpu_tier_bytes, "staging": self.staging_bytes,
                 "payload_pool": self.payload_pool_bytes, "overhead": self.overhead_bytes,
                 "donor_store": self.donor_store_bytes, "bookkeeping": self.bookkeeping_bytes,
-                "handoff": self.handoff_bytes, "total": self.total_bytes}
+                "handoff": self.handoff_bytes, "total": self.total_bytes, "gpu_staging": self.gpu_staging_bytes,
+                "payload_stamps": self.payload_stamps_bytes}
 
 
 def fits(budget: MemoryBudget, available: int | None = None) -> bool:
@@ -67,6 +72,8 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         (budget.handoff_bytes, "lower --disagg-handoff-gb (the prefill node's registered region for NIXL)"),
         (budget.staging_bytes, f"lower --workers (each needs {2 * object_bytes / gib:.2f} GiB of staging) or use "
                                f"a smaller --block-tokens"),
+        (budget.gpu_staging_bytes, f"lower --workers (each GPU lane pins {object_bytes / gib:.2f} GiB of host "
+                                   f"memory) or use a smaller --block-tokens"),
     ]
     suggestion = max(fixes, key=lambda f: f[0])[1]
     raise UserError(
@@ -76,6 +83,8 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         f"{budget.bookkeeping_bytes / gib:.2f} ({budget.bookkeeping_bytes // BOOKKEEPING_BYTES:,} blocks the tiers "
         f"can hold x {BOOKKEEPING_BYTES / 1024:.1f} KiB)"
         + (f" + NIXL handoff region {budget.handoff_bytes / gib:.2f}" if budget.handoff_bytes else "")
+        + (f" + GPU lanes' pinned staging {budget.gpu_staging_bytes / gib:.2f}" if budget.gpu_staging_bytes else "")
+        + (f" + payload stamps {budget.payload_stamps_bytes / gib:.2f}" if budget.payload_stamps_bytes else "")
         + f" + overhead {budget.overhead_bytes / gib:.2f}) exceeds "
         f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available; {suggestion}.")
 

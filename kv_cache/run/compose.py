@@ -16,14 +16,14 @@ from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.donors import store_bytes
 from kv_cache.lifecycle.executor import WorkerBuffers, buffer_bytes
 from kv_cache.lifecycle.handoff import HandoffStore
-from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
+from kv_cache.lifecycle.payload import PAGE, POOL_SPAN_BYTES, SEGMENT_BYTES
 from kv_cache.lifecycle.semantic import SemanticReuse
 from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.model import ModelSpec, find_model, slot_bytes
 from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, fits
 from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
 from kv_cache.run.roles import nixl_region_bytes
-from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier, moves_real_bytes
+from kv_cache.tiers.base import PINS_HOST, REMOTE, STORAGE, SlottedTier, moves_real_bytes
 from kv_cache.tiers.devices import open_cupy
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct, refuse_system_dir
 from kv_cache.tiers.gds import GdsLink, open_link
@@ -147,12 +147,14 @@ def memory_budget(s: Settings, geo: Geometry, gpu=None) -> MemoryBudget:
     fake = s.tiers.null_io
     cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
     staging = 0 if fake else workers(s) * 2 * buffer_bytes(geo.max_object_bytes)
-    if gpu is not None:
-        staging += (workers(s) + 1) * geo.max_object_bytes
+    lanes = 0 if gpu is None else (workers(s) + 1) * geo.max_object_bytes  # the GPU tier's lanes (StackContext.lanes)
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
+    pages = geo.max_object_bytes // PAGE
+    # the pool's templates (24 bytes a page, one set) and each worker's stamp rows and key column in flight (24)
+    stamps = 0 if fake else pages * 24 * (1 + workers(s))
     return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s),
                         bookkeeping_bytes=most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES,
-                        handoff_bytes=nixl_region_bytes(s))
+                        handoff_bytes=nixl_region_bytes(s), gpu_staging_bytes=lanes, payload_stamps_bytes=stamps)
 
 
 def _donor_store_bytes(s: Settings) -> int:
@@ -263,6 +265,24 @@ def semantic_reuse(s: Settings, recorder) -> SemanticReuse | None:
 
         return SemanticReuse(s.semantic, s.model.block_tokens, MiniLMEmbedder(), recorder)
     return SemanticReuse(s.semantic, s.model.block_tokens, ShingleSketch(), recorder)
+
+
+def pin_host_memory(tiers: list, payloads) -> None:
+    """Before the clock, register with a GPU tier every long-lived host buffer its transfers touch: the CPU tier's
+    arena (demotions land there, promotions leave from it) and the payload pool (new blocks are written from it).
+    The workers' buffers follow as each is made (worker_state). What is left is staged, counted and said."""
+    pinning = [t for t in tiers if PINS_HOST in t.flags]
+    if not pinning:
+        return
+    host = [arr for t in tiers for arr in t.host_memory()] + ([payloads.pool] if payloads is not None else [])
+    for t in pinning:
+        for arr in host:
+            try:
+                t.pin_host(arr)
+            except Exception as e:  # noqa: BLE001 - CUDA's refusal (a locked-memory limit, no room) is one sentence
+                raise UserError(f"the {t.name} tier could not register {arr.nbytes / GiB:.2f} GiB of host memory "
+                                f"for direct copies ({type(e).__name__}: {e}); lower --cpu-mem-gb, or raise the "
+                                f"locked-memory limit (ulimit -l).") from None
 
 
 def worker_state(tiers: list, max_object_bytes: int, fake_io: bool):

@@ -33,6 +33,14 @@ def _describe(traffic: Traffic, analysis: dict) -> list[str]:
     return lines + [f"  note: {n}" for n in traffic.notes]
 
 
+def _tier_info(t) -> dict:
+    """A tier's line in results.json (the handoff's block space is not a tier: it has no transfer counts)."""
+    transfers = getattr(t, "transfers", None)
+    return {"capacity_bytes": t.capacity_bytes, "description": t.description, "simulated": SIMULATED in t.flags,
+            "null": FAKE_IO in t.flags, "transfers": transfers() if transfers else None,
+            "staged_why": getattr(t, "staged_why", "")}
+
+
 def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist: Dist) -> dict:
     site = b.site
     return {
@@ -49,9 +57,7 @@ def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist:
         "io_engine_requested": s.tiers.io_engine,
         "io_engine_note": site.engine_note if site else "", "nvme_layout": s.tiers.nvme_layout,
         "cache_dir": site.cache_dir if site else None, "fs_type": site.fs_type if site else None,
-        "tiers": {t.name: {"capacity_bytes": t.capacity_bytes, "description": t.description,
-                           "simulated": SIMULATED in t.flags, "null": FAKE_IO in t.flags}
-                  for t in b.tiers + ([b.handoff.blocks] if b.handoff is not None else [])},
+        "tiers": {t.name: _tier_info(t) for t in b.tiers + ([b.handoff.blocks] if b.handoff is not None else [])},
         "bottom_tier": b.tiers[-1].name,
         "gds": None if b.gds is None else {"mode": b.gds.mode, "demoted_blocks": b.gds.demoted,
                                            "loaded_blocks": b.gds.loaded},
@@ -77,6 +83,12 @@ def warnings_of(results: Results) -> list[str]:
     if results.requests.completed and not (moved and (moved.read or moved.write)):
         out.append(f"the {results.bottom} tier saw no traffic in the window: the numbers describe memory tiers "
                    f"only; raise --users or lower --cpu-mem-gb.")
+    for name, tier in results.run.tiers.items():
+        staged = sum(t.staged for t in (tier.transfers or {}).values())
+        if staged:
+            total = staged + sum(t.direct for t in tier.transfers.values())
+            out.append(f"{staged:,} of {total:,} {name} transfers were staged through a pinned bounce buffer (a "
+                       f"host copy inside the timed operation): {tier.staged_why}.")
     if results.verification.failures:
         out.append(f"{results.verification.failures} blocks read back wrong (stamp mismatch): the storage "
                    f"returned torn, stale or foreign data.")

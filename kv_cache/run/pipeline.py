@@ -45,6 +45,7 @@ from kv_cache.run.compose import (
     geometry,
     memory_budget,
     open_gpu,
+    pin_host_memory,
     resolved,
     semantic_reuse,
     storage_site,
@@ -86,12 +87,16 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
     check_fits(budget, ceiling, buffer_bytes(geo.max_object_bytes))
     site = None if s.tiers.null_io or s.tiers.nvme == "off" else storage_site(s, run_id, join)
     fill = payloads.fill if payloads else None
+    tiers: list = []
     try:
         tiers, notes = build_tiers(sized, geo, site, fill, f"r{rank}", gpu, run_id)
+        pin_host_memory(tiers, payloads)
         gds = gds_link(sized, tiers, gpu, geo)
         handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes, link)
         n, steps, probe_note = choose_workers(s, tiers, geo, ceiling, fill)
     except BaseException:
+        for t in tiers:  # registered host memory and device slabs go back, files go
+            t.close()
         if site:
             shutil.rmtree(site.data_dir, ignore_errors=True)
         raise

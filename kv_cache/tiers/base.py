@@ -21,7 +21,9 @@ NEEDS_ALIGNMENT = "needs_alignment"  # buffers must be page-aligned
 FAKE_IO = "fake_io"                # moves no bytes (null tier): payloads need not be built
 SIMULATED = "simulated"            # timing comes from a model, not a device
 SHARED = "shared"                  # other processes write and evict blocks here too (hook: adopt)
-PINS_HOST = "pins_host"            # registers host buffers for direct DMA (hook: pin_host)
+PINS_HOST = "pins_host"            # registers host buffers for direct DMA (hooks: pin_host, move_to, transfers)
+HOST_SLOTS = "host_slots"          # its slots are host memory a device copies into directly (hooks: host_memory,
+                                   # alloc_views)
 PRECONDITIONS = "preconditions"    # can write its whole space before the run (hook: precondition)
 IO_UNITS = "io_units"              # moves a block as several timed I/Os (hook: io_times)
 STORAGE = "storage"                # holds blocks outside the process's memory (a disk, a remote store): a stack's
@@ -39,7 +41,7 @@ def moves_real_bytes(tier) -> bool:
 class Tier(Protocol):
     """What every tier implements."""
 
-    name: str           # gpu | cpu | nvme
+    name: str           # the medium: gpu, cpu, nvme, valkey, s3, handoff
     flags: frozenset    # capability flags above
     slot_bytes: int
     num_slots: int
@@ -92,6 +94,23 @@ class SlottedTier:
     # Optional hooks: a tier that has the capability overrides the hook and declares the flag.
     def pin_host(self, arr: np.ndarray) -> None:
         """PINS_HOST: register a host buffer for direct DMA; nothing to do elsewhere."""
+
+    def move_to(self, key: int, dst) -> bool:
+        """PINS_HOST: move a block's bytes straight into dst's slots when the two can; False: the cache copies
+        it through a worker's buffer (get, then put)."""
+        return False
+
+    def transfers(self) -> dict[str, dict[str, int]] | None:
+        """PINS_HOST: host <-> device copies by direction, direct or staged; None elsewhere."""
+        return None
+
+    def host_memory(self) -> list[np.ndarray]:
+        """HOST_SLOTS: the long-lived host buffers holding its slots (registered with a GPU tier before the clock)."""
+        return []
+
+    def alloc_views(self, key: int, nbytes: int) -> list[np.ndarray]:
+        """HOST_SLOTS: allocate key's slots and return a writable host view of each (a device copies into them)."""
+        raise NotImplementedError(f"the {self.name} tier has no host slots")
 
     def io_times(self) -> list[tuple[int, int]]:
         """IO_UNITS: (ns, bytes) of each I/O of this thread's last put or get; none elsewhere."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import UserError
-from kv_cache.tiers.base import NEEDS_ALIGNMENT, SlottedTier
+from kv_cache.tiers.base import HOST_SLOTS, NEEDS_ALIGNMENT, SlottedTier
 from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.registry import GiB, StackContext, holds_no_slot, register
 from kv_cache.tiers.slots import runs
@@ -20,7 +20,7 @@ class CpuTier(SlottedTier):
     """Host-memory tier over one aligned arena."""
 
     name = "cpu"
-    flags = frozenset({NEEDS_ALIGNMENT})
+    flags = frozenset({NEEDS_ALIGNMENT, HOST_SLOTS})
 
     def __init__(self, capacity_bytes: int, slot_bytes: int):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
@@ -41,6 +41,14 @@ class CpuTier(SlottedTier):
 
     def delete(self, key: int) -> None:
         self.slots.release(key)
+
+    def host_memory(self) -> list[np.ndarray]:
+        return [self.arena]
+
+    def alloc_views(self, key: int, nbytes: int) -> list[np.ndarray]:
+        sb = self.slot_bytes
+        return [self.arena[s * sb:s * sb + min(sb, nbytes - i * sb)]
+                for i, s in enumerate(self.slots.alloc(key, nbytes))]
 
 
 def _most_bytes(s) -> int:

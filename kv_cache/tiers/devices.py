@@ -2,10 +2,10 @@
 
 One small interface (the GPU tier knows nothing else): device slabs,
 pinned host buffers, registering existing host memory as pinned, one stream
-per (worker, device), asynchronous copies on a stream, and waiting for *one
-stream* — there is deliberately no device-wide synchronisation in it (the
-MLPerf reference timed every transfer with a device-wide sync, which couples
-all workers' transfers).
+per (worker, device), asynchronous copies on a stream (by array, or by
+address on the tier's hot path), and waiting for *one stream* — there is
+deliberately no device-wide synchronisation in it (the MLPerf reference timed
+every transfer with a device-wide sync, which couples all workers' transfers).
 
 The fake device keeps the same contract on the CPU (numpy copies, streams
 that count their synchronisations), so CI, which has no GPU, tests the tier's
@@ -15,6 +15,7 @@ as a run mode: a run has ``real``, ``simulated`` or no GPU tier.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 
@@ -44,6 +45,8 @@ class FakeDevice:
         self._count, self.hbm_bytes = count, hbm_bytes
         self.allocated = [0] * count
         self.registered: list[np.ndarray] = []
+        self.pinned_bytes = 0  # alloc_pinned's total (CUDA's page-locked host allocations)
+        self._pinned: list[tuple[int, int]] = []  # host ranges page-locked by alloc_pinned or register_host
         self.streams: list[FakeStream] = []
         self._lock = threading.Lock()
 
@@ -61,13 +64,29 @@ class FakeDevice:
         return aligned_buffer(nbytes)
 
     def alloc_pinned(self, nbytes: int) -> np.ndarray:
-        return aligned_buffer(nbytes)
+        arr = aligned_buffer(nbytes)
+        self.pinned_bytes += arr.nbytes
+        self._pinned.append((arr.ctypes.data, arr.ctypes.data + arr.nbytes))
+        return arr
+
+    def is_pinned(self, arr: np.ndarray) -> bool:
+        lo = arr.ctypes.data
+        return any(a <= lo < b for a, b in self._pinned)
 
     def register_host(self, arr: np.ndarray) -> None:
+        """As cudaHostRegister: memory already page-locked (pinned or registered) is an error."""
+        lo, hi = arr.ctypes.data, arr.ctypes.data + arr.nbytes
+        if any(a < hi and lo < b for a, b in self._pinned):
+            raise RuntimeError("cudaErrorHostMemoryAlreadyRegistered: part of this range is already page-locked")
+        self._pinned.append((lo, hi))
         self.registered.append(arr)
 
     def unregister_host(self, arr: np.ndarray) -> None:
+        """As cudaHostUnregister: memory this process did not register is an error."""
+        if not any(a is arr for a in self.registered):
+            raise RuntimeError("cudaErrorHostMemoryNotRegistered: this range was not registered")
         self.registered = [a for a in self.registered if a is not arr]
+        self._pinned.remove((arr.ctypes.data, arr.ctypes.data + arr.nbytes))
 
     def stream(self, device: int) -> FakeStream:
         s = FakeStream(device)
@@ -82,6 +101,18 @@ class FakeDevice:
             np.copyto(dev[dev_offset:dev_offset + host.size], host)
         else:
             np.copyto(host, dev[dev_offset:dev_offset + host.size])
+
+    def address(self, dev) -> int:
+        return dev.ctypes.data
+
+    def copy_ptr(self, kind: int, dev_addr: int, host_addr: int, nbytes: int, stream: FakeStream) -> None:
+        """copy() by addresses (the GPU tier's hot path: no array views made per transfer)."""
+        stream.copies += 1
+        stream.threads.add(threading.get_ident())
+        if kind == H2D:
+            ctypes.memmove(dev_addr, host_addr, nbytes)
+        else:
+            ctypes.memmove(host_addr, dev_addr, nbytes)
 
     def copy_device(self, dst, dst_offset: int, src, src_offset: int, nbytes: int, stream: FakeStream) -> None:
         stream.copies += 1
@@ -144,6 +175,13 @@ class CupyDevice:
         arr[::4096] = 0  # touch every page before the clock starts
         return arr
 
+    def is_pinned(self, arr: np.ndarray) -> bool:
+        """Page-locked already (CuPy's pinned allocations, or registered): registering it again is an error."""
+        try:
+            return self.rt.pointerGetAttributes(arr.ctypes.data).type == 1  # cudaMemoryTypeHost
+        except self.rt.CUDARuntimeError:  # pageable memory, on older drivers
+            return False
+
     def register_host(self, arr: np.ndarray) -> None:
         self.rt.hostRegister(arr.ctypes.data, arr.nbytes, 0)
 
@@ -159,6 +197,13 @@ class CupyDevice:
         dst, src = (d, h) if kind == H2D else (h, d)
         self.rt.memcpyAsync(dst, src, host.nbytes, kind, stream.ptr)
 
+    def address(self, dev) -> int:
+        return dev.data.ptr
+
+    def copy_ptr(self, kind: int, dev_addr: int, host_addr: int, nbytes: int, stream) -> None:
+        dst, src = (dev_addr, host_addr) if kind == H2D else (host_addr, dev_addr)
+        self.rt.memcpyAsync(dst, src, nbytes, kind, stream.ptr)
+
     def copy_device(self, dst, dst_offset: int, src, src_offset: int, nbytes: int, stream) -> None:
         self.rt.memcpyAsync(dst.data.ptr + dst_offset, src.data.ptr + src_offset, nbytes, D2D, stream.ptr)
 
@@ -172,18 +217,15 @@ class CupyDevice:
     def _kvikio(self):
         try:
             import kvikio
+            import kvikio.defaults  # noqa: F401 - a submodule: kvikio 26.x no longer imports it with the package
         except ImportError:
-            raise UserError("--gds needs kvikio: install the gds extra (pip install -e '.[gds]').") from None
+            raise UserError("--gds needs kvikio: install the gds extra (make install picks the wheel of this "
+                            "driver's CUDA: kvikio-cu12 or kvikio-cu13).") from None
         return kvikio
 
     def gds_mode(self) -> str:
         """Which path kvikio will really take: cuFile (GPUDirect Storage) or its POSIX compatibility mode."""
-        kvikio = self._kvikio()
-        try:
-            compat = kvikio.defaults.is_compat_mode_preferred()
-        except AttributeError:  # older kvikio
-            compat = bool(kvikio.defaults.compat_mode())
-        if compat:
+        if kvikio_compat_preferred(self._kvikio().defaults):
             return ("kvikio compatibility mode: POSIX I/O through host bounce buffers (cuFile unavailable: no "
                     "libcufile, no /run/udev, or KVIKIO_COMPAT_MODE=ON) - not GPUDirect")
         try:
@@ -207,6 +249,16 @@ class CupyDevice:
 
     def close_file(self, handle) -> None:
         handle.close()
+
+
+def kvikio_compat_preferred(defaults) -> bool:
+    """Whether kvikio will use its POSIX compatibility mode, through the API its version has: 24.12 to 26.x
+    answer is_compat_mode_preferred(); 24.x before it, compat_mode() (a bool, or a CompatMode where ON is 1)."""
+    preferred = getattr(defaults, "is_compat_mode_preferred", None)
+    if preferred is not None:
+        return bool(preferred())
+    mode = defaults.compat_mode()
+    return mode if isinstance(mode, bool) else int(mode) == 1
 
 
 def open_cupy() -> tuple[CupyDevice | None, str]:

@@ -22,6 +22,9 @@ def test_full_run_with_a_real_gpu_tier_verifies_every_block(small_run):
     assert not gpu["simulated"] and "cupy" in gpu["description"]
     assert res["ops"]["gpu"].get("write", 0) > 0 and res["ops"]["cpu"].get("demote", 0) > 0
     assert res["verification"]["blocks_checked"] > 0 and res["verification"]["failures"] == 0
+    moved = gpu["transfers"]  # the arena, the payload pool and the workers' buffers are registered: nothing staged
+    assert moved["host_to_device"]["staged"] == 0 and moved["device_to_host"]["staged"] == 0, gpu["staged_why"]
+    assert moved["device_to_host"]["direct"] > 0
     tele = res["telemetry"]
     assert tele["nvml"] == "ok" and tele["gpus"] and "mem_used_bytes_max" in tele["gpus"][0]
     assert any("gpu0_mem_used_bytes" in row for row in res["timeseries"])
@@ -55,3 +58,27 @@ def test_gds_run_says_which_path_ran_and_verifies_every_block(small_run):
     assert ("cuFile" in gds["mode"]) or ("compatibility mode" in gds["mode"])
     assert f"GDS path: {gds['mode']}" in r.stdout
     assert res["verification"]["failures"] == 0
+
+
+@needs_gpu
+def test_pinned_memory_is_used_directly_and_registered_memory_given_back():
+    """A CuPy pinned allocation is not registered again (cudaErrorInvalidValue / AlreadyRegistered), and close()
+    unregisters only what the tier registered (the gpu_bench crash of issue 35)."""
+    from kv_cache.buffers import aligned_buffer
+    from kv_cache.tiers.gpu import GpuTier
+
+    slot = 1 << 20
+    tier = GpuTier(BACKEND, 4 * slot, slot, [0], lanes=1, staging_bytes=slot)
+    pinned, plain = BACKEND.alloc_pinned(slot), aligned_buffer(slot)
+    assert BACKEND.is_pinned(pinned) and not BACKEND.is_pinned(plain)
+    tier.pin_host(pinned)
+    tier.pin_host(plain)
+    assert BACKEND.is_pinned(plain)
+    pinned[:] = 3
+    tier.put(1, pinned)
+    tier.get(1, plain)
+    assert (plain == 3).all()
+    assert tier.transfers() == {"host_to_device": {"direct": 1, "staged": 0},
+                                "device_to_host": {"direct": 1, "staged": 0}}
+    tier.close()
+    assert not BACKEND.is_pinned(plain)

@@ -104,3 +104,20 @@ def test_a_block_loaded_through_gds_is_promoted_device_to_device(tiers, monkeypa
     cache.read(e, out, "load")  # now from HBM: the device-to-device copy carried the right bytes
     assert pool.check(1, out, "full")
     cache.unpin([e])
+
+
+def test_kvikios_compatibility_mode_is_read_through_the_api_its_version_has():
+    """kvikio 24.12 to 26.x answer is_compat_mode_preferred(); earlier 24.x compat_mode(), a bool or a CompatMode
+    (OFF 0, ON 1, AUTO 2). 26.10's `kvikio.defaults` must be imported as a submodule (the AttributeError of
+    issue 35): CupyDevice imports it."""
+    import inspect
+    from types import SimpleNamespace
+
+    from kv_cache.tiers.devices import CupyDevice, kvikio_compat_preferred
+
+    assert kvikio_compat_preferred(SimpleNamespace(is_compat_mode_preferred=lambda: True))
+    assert not kvikio_compat_preferred(SimpleNamespace(is_compat_mode_preferred=lambda: False))
+    assert kvikio_compat_preferred(SimpleNamespace(compat_mode=lambda: True))
+    assert not kvikio_compat_preferred(SimpleNamespace(compat_mode=lambda: 0))
+    assert kvikio_compat_preferred(SimpleNamespace(compat_mode=lambda: 1))
+    assert "import kvikio.defaults" in inspect.getsource(CupyDevice._kvikio)

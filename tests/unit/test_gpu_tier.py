@@ -79,9 +79,9 @@ def test_pinned_buffers_skip_the_staging_copy(pool, monkeypatch):
     pinned, plain = aligned_buffer(SLOT), aligned_buffer(SLOT)
     t.pin_host(pinned)
     seen = []
-    real_copy = dev.copy
-    monkeypatch.setattr(dev, "copy", lambda kind, d, off, host, s: (seen.append(host.ctypes.data),
-                                                                     real_copy(kind, d, off, host, s)))
+    real_copy = dev.copy_ptr
+    monkeypatch.setattr(dev, "copy_ptr", lambda kind, d, host, n, s: (seen.append(host),
+                                                                       real_copy(kind, d, host, n, s)))
     pool.fill(1, pinned)
     t.put(1, pinned)
     pool.fill(2, plain)
@@ -143,3 +143,92 @@ def test_build_puts_a_real_gpu_tier_on_top_and_checks_the_device_count(tmp_path)
             t.close()
     with pytest.raises(UserError, match="--gpus 3 asks for more GPUs than the 2"):
         build_tiers(resolve(None, ["tiers.gpus=3", "tiers.null_io=true"], {}), geo, None, gpu=FakeDevice(count=2))
+
+
+def test_demotions_land_straight_in_the_registered_cpu_arena(pool, monkeypatch):
+    """GPU -> CPU is one D2H copy into the CPU tier's slots (registered before the clock), never through a
+    worker's buffer or the lane's staging, and it is counted as direct."""
+    from kv_cache.run.compose import pin_host_memory
+
+    dev = FakeDevice()
+    gpu = GpuTier(dev, 2 * SLOT, SLOT, [0], lanes=1, staging_bytes=SLOT)
+    cpu = CpuTier(8 * SLOT, SLOT)
+    pin_host_memory([gpu, cpu], pool)
+    assert {a.ctypes.data for a in dev.registered} == {cpu.arena.ctypes.data, pool.pool.ctypes.data}
+    targets = []
+    real_copy = dev.copy_ptr
+    monkeypatch.setattr(dev, "copy_ptr", lambda kind, d, host, n, s: (targets.append((kind, host)),
+                                                                       real_copy(kind, d, host, n, s)))
+    rec = Recorder()
+    rec.start_measuring(0)
+    cache = BlockCache([gpu, cpu], "lru", False, rec)
+    scratch = aligned_buffer(SLOT)
+    for k in range(1, 5):  # written from the payload pool itself (lend): registered, so direct too
+        res = cache.reserve_write(k, SLOT, "user")
+        payload, held = pool.lend(k, scratch)
+        cache.commit_write(res, payload, "prefill", scratch)
+        pool.give_back(held)
+    lo, hi = cpu.arena.ctypes.data, cpu.arena.ctypes.data + cpu.arena.nbytes
+    d2h = [ptr for kind, ptr in targets if kind == 2]
+    assert len(d2h) == 2 and all(lo <= p < hi for p in d2h)  # blocks 1 and 2 went down, into the arena
+    assert gpu.transfers() == {"host_to_device": {"direct": 4, "staged": 0},
+                               "device_to_host": {"direct": 2, "staged": 0}}
+    out = aligned_buffer(SLOT)
+    for k in (1, 2):
+        cpu.get(k, out)
+        assert pool.check(k, out, "full"), k
+    gpu.close()
+    assert dev.registered == []
+
+
+def test_a_staged_transfer_is_counted_and_its_buffer_said(pool):
+    dev = FakeDevice()
+    t = GpuTier(dev, 4 * SLOT, SLOT, [0], lanes=1, staging_bytes=SLOT)
+    plain = _block(pool, 1)
+    t.put(1, plain)
+    t.get(1, aligned_buffer(SLOT))
+    assert t.transfers() == {"host_to_device": {"direct": 0, "staged": 1},
+                             "device_to_host": {"direct": 0, "staged": 1}}
+    assert t.staged_why.startswith("host -> HBM: a 0.06 MiB host buffer that is not page-locked")
+    t.close()
+
+
+def test_memory_already_pinned_is_used_directly_and_never_registered_or_unregistered(pool):
+    """bench/gpu_bench.py registered a buffer alloc_pinned had pinned (cudaErrorInvalidValue on a real GPU) and
+    close() unregistered memory the tier had not registered: the fake device now refuses both, as CUDA does."""
+    dev = FakeDevice()
+    t = GpuTier(dev, 4 * SLOT, SLOT, [0], lanes=1, staging_bytes=SLOT)
+    host = dev.alloc_pinned(SLOT)
+    t.pin_host(host)
+    assert dev.registered == []
+    pool.fill(3, host)
+    t.put(3, host)
+    assert t.transfers()["host_to_device"] == {"direct": 1, "staged": 0}
+    with pytest.raises(RuntimeError, match="AlreadyRegistered"):
+        dev.register_host(host)
+    t.close()  # unregisters nothing it did not register: no error
+
+
+def test_a_fake_gpu_run_stages_nothing_and_says_so_in_results(small_run, monkeypatch):
+    """A whole run (GPU over CPU over NVMe, the real pipeline, on the fake device): every host <-> HBM copy is
+    direct, counted per direction in results.json; the arena and the payload pool were registered and are
+    unregistered at the end."""
+    import json
+
+    from kv_cache.run import cli, compose
+
+    dev = FakeDevice(hbm_bytes=1 << 30)
+    monkeypatch.setattr(compose, "open_cupy", lambda: (dev, ""))
+    status = cli.main(small_run("fakegpu", "--gpu", "real", "--gpu-mem-gb", "0.01", "--max-requests", "40",
+                                "--duration", "30"))
+    assert status == 0
+    res = small_run.results("fakegpu")
+    gpu = res["run"]["tiers"]["gpu"]
+    assert "fake" in gpu["description"]
+    moved = gpu["transfers"]
+    assert moved["host_to_device"]["staged"] == 0 and moved["device_to_host"]["staged"] == 0, gpu["staged_why"]
+    assert moved["host_to_device"]["direct"] > 0 and moved["device_to_host"]["direct"] > 0
+    assert res["ops"]["cpu"]["demote"] > 0 and res["verification"]["failures"] == 0
+    assert not any("staged" in w for w in res["warnings"])
+    assert res["memory"]["budget"]["gpu_staging"] > 0
+    assert dev.registered == [] and json.dumps(res["run"]["tiers"]["cpu"]["transfers"]) == "null"

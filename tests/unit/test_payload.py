@@ -151,3 +151,26 @@ def test_lent_payloads_that_overlap_in_the_pool_never_change_under_each_other():
     for t in threads:
         t.join()
     assert not bad
+
+
+def test_stamp_templates_stay_one_set_whatever_the_number_of_object_sizes():
+    """Whole-request mode gives nearly every object a size of its own: the stamp templates are one set for the
+    most pages seen (a template per size grew without bound: 24 MiB per distinct 4 GiB object)."""
+    import tracemalloc
+
+    from kv_cache.buffers import aligned_buffer
+
+    pool = PayloadPool(seed=3, span_bytes=1 << 20)
+    out = aligned_buffer(4 << 20)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for pages in range(600, 1024, 7):  # 61 distinct sizes, up to 4 MiB
+            view = out[:pages * 4096]
+            pool.fill(pages, view)
+            assert pool.check(pages, view, "stamps")
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    largest = 1020
+    assert held <= 24 * largest * 2 + 64 * 1024, held  # one set (and the one it replaced), not one per size

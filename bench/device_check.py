@@ -1,0 +1,169 @@
+"""make device-check: everything that needs a GPU, in one pass (under 5 minutes), as one table.
+
+1. the GPU tests (pytest -m gpu);
+2. gpu_bench at 80, 32, 2 and 0.5 MiB: tier put / get against a raw copy from the same registered buffer, and
+   the GPU -> CPU demotion against a raw D2H copy into pinned memory (targets: >= 0.95 from 2 MiB, >= 0.85 at
+   0.5 MiB);
+3. a full `--gpu real` run (llama8b, 32 MiB blocks) with a CPU and an NVMe tier under it: every block verified,
+   no staged transfer, GPU write p50 and GPU -> CPU demote p50 within 1.2x of a 32 MiB block over the raw copy
+   bandwidth step 2 measured;
+4. a `--gds` run (no CPU tier: demotions cross the link), saying which path ran;
+5. the MLPerf reference's line with a GPU tier (`--model llama3.1-8b --num-users 20 --gpu-mem-gb 16
+   --cpu-mem-gb 8`): it runs, or is refused with numbers (exit 2), never killed.
+
+Without a GPU it says so in one line and exits 0. The table goes to stdout and, with --out DIR, to DIR/table.md
+beside each step's log and results. Exit 1 when a step missed its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path[:0] = [str(REPO), str(HERE)]
+
+TARGET_LARGE, TARGET_SMALL, TARGET_RUN = 0.95, 0.85, 1.2
+
+
+def _run(cmd: list[str], log: Path, timeout: float) -> tuple[int, str, float]:
+    """(exit status, output, seconds) of a step; its output kept in log."""
+    start = time.monotonic()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        rc, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = 124, f"{e.stdout or ''}{e.stderr or ''}\n(stopped after {timeout:.0f} s)"
+    log.write_text(" ".join(cmd) + "\n" + (out if isinstance(out, str) else out.decode(errors="replace")))
+    return rc, out if isinstance(out, str) else "", time.monotonic() - start
+
+
+def _tail(out: str) -> str:
+    lines = [x for x in out.strip().splitlines() if x.strip()]
+    return lines[-1][:110] if lines else ""
+
+
+def _bench(rows: list, out: Path) -> dict | None:
+    rc, text, secs = _run([sys.executable, str(HERE / "gpu_bench.py"), "--rounds", "3", "--json",
+                           str(out / "gpu_bench.json")], out / "gpu_bench.log", 150)
+    if rc or not (out / "gpu_bench.json").exists():
+        rows.append(("gpu_bench", "FAIL", _tail(text), "ratios"))
+        return None
+    res = json.loads((out / "gpu_bench.json").read_text())
+    for r in res["sizes"]:
+        target = TARGET_LARGE if r["block_mib"] >= 2 else TARGET_SMALL
+        for op in ("put", "get", "demote"):
+            ok = r[f"{op}_ratio"] >= target
+            rows.append((f"gpu_bench {op} {r['block_mib']:g} MiB", "ok" if ok else "MISS",
+                         f"{r[op + '_ratio']:.2f} of the raw copy ({r[op + '_gbps']:.1f} GB/s)", f">= {target}"))
+    return res
+
+
+def _results(folder: Path) -> dict | None:
+    found = sorted(folder.glob("*/results.json"))
+    return json.loads(found[-1].read_text()) if found else None
+
+
+def _full_run(rows: list, out: Path, work: Path, bench: dict | None) -> None:
+    cache = work / "cache-full"
+    cache.mkdir()
+    rc, text, secs = _run([sys.executable, "kv_cache_benchmark.py", "--model", "llama8b", "--gpu", "real",
+                           "--gpu-mem-gb", "4", "--cpu-mem-gb", "4", "--nvme-gb", "16", "--users", "32",
+                           "--warmup", "3", "--duration", "20", "--cache-dir", str(cache), "--output-dir",
+                           str(out / "full"), "--quiet"], out / "full_run.log", 150)
+    res = _results(out / "full")
+    if rc or res is None:
+        rows.append(("full --gpu real run", "FAIL", f"exit {rc}: {_tail(text)}", "exit 0"))
+        return
+    failures, checked = res["verification"]["failures"], res["verification"]["blocks_checked"]
+    rows.append(("full run: blocks verified", "ok" if not failures and checked else "FAIL",
+                 f"{checked:,} checked, {failures} failed", "0 failed"))
+    moved = res["run"]["tiers"]["gpu"]["transfers"] or {}
+    staged = sum(v["staged"] for v in moved.values())
+    rows.append(("full run: staged transfers", "ok" if not staged else "MISS",
+                 f"{staged} staged, {sum(v['direct'] for v in moved.values()):,} direct", "0 staged"))
+    size = res["run"]["block_bytes"]
+    r32 = next((r for r in (bench or {}).get("sizes", []) if r["block_mib"] == 32), None)
+    for name, tier, op, raw in (("GPU write p50", "gpu", "write", "raw_h2d_gbps"),
+                                ("GPU -> CPU demote p50", "cpu", "demote", "raw_d2h_pinned_gbps")):
+        p50 = ((res["latency_ms"].get(tier) or {}).get(op) or {}).get("p50")
+        if p50 is None or r32 is None:
+            rows.append((f"full run: {name}", "MISS", f"{p50} ms (no raw figure)" if p50 else "no samples", "<= 1.2x"))
+            continue
+        limit_ms = size / (r32[raw] * 1e9) * 1e3
+        ratio = p50 / limit_ms
+        rows.append((f"full run: {name}", "ok" if ratio <= TARGET_RUN else "MISS",
+                     f"{p50:.2f} ms = {ratio:.2f}x of {size / 2**20:.0f} MiB at {r32[raw]:.1f} GB/s", "<= 1.2x"))
+
+
+def _gds_run(rows: list, out: Path, work: Path) -> None:
+    cache = work / "cache-gds"
+    cache.mkdir()
+    rc, text, secs = _run([sys.executable, "kv_cache_benchmark.py", "--model", "llama8b", "--gpu", "real",
+                           "--gpu-mem-gb", "2", "--cpu-mem-gb", "0", "--nvme-gb", "8", "--gds", "--users", "16",
+                           "--warmup", "2", "--duration", "12", "--cache-dir", str(cache), "--output-dir",
+                           str(out / "gds"), "--quiet"], out / "gds_run.log", 120)
+    res = _results(out / "gds")
+    if rc or res is None:
+        rows.append(("--gds run", "FAIL", f"exit {rc}: {_tail(text)}", "exit 0"))
+        return
+    gds, ver = res["run"]["gds"], res["verification"]
+    ok = gds["demoted_blocks"] > 0 and gds["loaded_blocks"] > 0 and not ver["failures"]
+    rows.append(("--gds run", "ok" if ok else "FAIL", f"{gds['mode'][:60]}; {gds['demoted_blocks']} demoted, "
+                 f"{gds['loaded_blocks']} loaded, {ver['failures']} failed", "verified"))
+
+
+def _mlperf_line(rows: list, out: Path, work: Path) -> None:
+    cache = work / "cache-mlperf"
+    cache.mkdir()
+    rc, text, secs = _run([sys.executable, "kv_cache_benchmark.py", "--model", "llama3.1-8b", "--num-users", "20",
+                           "--duration", "10", "--gpu-mem-gb", "16", "--cpu-mem-gb", "8", "--cache-dir", str(cache),
+                           "--output", str(out / "mlperf.json")], out / "mlperf_line.log", 150)
+    ok = rc == 0 or (rc == 2 and "memory budget" in text)
+    what = "ran" if rc == 0 else ("refused with numbers" if ok else f"exit {rc}")
+    rows.append(("MLPerf line, GPU tier", "ok" if ok else "FAIL", f"{what}: {_tail(text)}", "runs or refused"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="keep the table, the logs and the results here (default: a temporary folder)")
+    a = p.parse_args()
+    from kv_cache.tiers.devices import open_cupy
+
+    backend, why = open_cupy()
+    if backend is None:
+        print(f"device-check: no GPU here ({why}); nothing to check.")
+        return 0
+    model = backend.model(0)
+    with tempfile.TemporaryDirectory(prefix="device-check-", dir=REPO / "reports") as tmp:
+        work = Path(tmp)
+        out = Path(a.out) if a.out else work / "out"
+        out.mkdir(parents=True, exist_ok=True)
+        rows: list[tuple[str, str, str, str]] = []
+        start = time.monotonic()
+        rc, text, _ = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests", "-p", "no:cacheprovider"],
+                           out / "gpu_tests.log", 240)
+        rows.append(("GPU tests (pytest -m gpu)", "ok" if rc == 0 else "FAIL", _tail(text), "all pass"))
+        bench = _bench(rows, out)
+        _full_run(rows, out, work, bench)
+        _gds_run(rows, out, work)
+        _mlperf_line(rows, out, work)
+        table = [f"device-check on {model}, {time.monotonic() - start:.0f} s", "",
+                 "| check | verdict | measured | target |", "|---|---|---|---|"]
+        table += [f"| {c} | {v} | {m} | {t} |" for c, v, m, t in rows]
+        text = "\n".join(table)
+        print(text)
+        (out / "table.md").write_text(text + "\n")
+    return 0 if all(v == "ok" for _, v, _, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
