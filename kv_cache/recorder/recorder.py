@@ -309,7 +309,7 @@ class StepMeter:
 
     def __init__(self, start_ns: int):
         self.start_ns, self.end_ns = start_ns, 0
-        self.completed = self.prompt_tokens = 0
+        self.completed = self.prompt_tokens = self.generated_tokens = 0
         self.ttft: dict[str, object] = defaultdict(new_histogram)
         self.e2e: dict[str, object] = defaultdict(new_histogram)
         self._lock = threading.Lock()
@@ -318,6 +318,7 @@ class StepMeter:
         with self._lock:
             self.completed += 1
             self.prompt_tokens += counts.get("tokens.prompt", 0)
+            self.generated_tokens += counts.get("tokens.generated", 0)
             record(self.ttft[qos], ttft_ns)
             record(self.e2e[qos], e2e_ns)
 

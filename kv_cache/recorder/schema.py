@@ -132,6 +132,7 @@ class RunInfo:
     stopped_reason: str | None
     fault: str
     duration_s: float = 0.0          # the measurement window
+    issuing_s: float = 0.0           # the window until issuing stopped (the drain after it excluded)
 
 
 @dataclass

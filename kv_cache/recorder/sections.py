@@ -99,11 +99,12 @@ class AutoscaleStep:
     window_s: float
     offered_per_s: float
     requests_per_s: float
-    tokens_per_s: float
+    tokens_per_s: float              # prompt tokens served per second (what the capacity search maximises)
     ttft_p95_ms: float | None
     attainment: float | None
     sla_met: bool | None
     classes: dict[str, StepClass]
+    generated_tokens_per_s: float = 0.0  # answer tokens per second (the MLPerf reference's throughput)
 
 
 @dataclass

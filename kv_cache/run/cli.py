@@ -132,11 +132,25 @@ def _cmd_run(argv: list[str]) -> int:
         say("MLPerf reference command line, run here as: " + " ".join(reference.argv))
         for note in reference.notes:
             say(f"  note: {note}")
-    status = execute(settings, say)
+    try:
+        status = execute(settings, say)
+    except UserError:
+        for made in reference.made_dirs if reference is not None else []:
+            if not os.listdir(made):  # refused before anything ran: the folders it made go again
+                os.rmdir(made)
+        raise
     if reference is not None and reference.output:
         folder = Path(settings.run.output_dir) / settings.run.run_id
         if (folder / "results.json").exists():
-            say(f"MLPerf fields: {write_output(reference.output, folder, reference.profile)}")
+            path, fields = write_output(reference.output, folder, reference.profile)
+            say(f"MLPerf fields: {path}")
+            if reference.xlsx:
+                from kv_cache.run.mlperf_xlsx import write_xlsx
+
+                params = {"Model": settings.model.name, "Num Users": settings.workload.users,
+                          "Duration (s)": settings.run.duration_s, "Trace Speedup": settings.trace.speedup,
+                          "Replay Cycles": settings.trace.replay_cycles}
+                say(f"MLPerf spreadsheet: {write_xlsx(reference.xlsx, fields, params, reference.profile)}")
     return status
 
 

@@ -62,6 +62,7 @@ def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist:
         "gds": None if b.gds is None else {"mode": b.gds.mode, "demoted_blocks": b.gds.demoted,
                                            "loaded_blocks": b.gds.loaded},
         "notes": b.notes, "partial": outcome.partial, "stopped_reason": outcome.stopped_reason,
+        "issuing_s": outcome.issuing_s,
         "fault": outcome.fault,
     }
 

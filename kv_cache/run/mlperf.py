@@ -28,9 +28,12 @@ from kv_cache.run.mlperf_load import load_model
 
 GENERATION_MS = {"none": 0.0, "fast": 2.0, "realistic": 30.0}  # the reference's sleep per output token
 DEFAULTS = {"model.name": "llama3.1-8b", "workload.users": 100, "workload.generation_ms_per_token": 30.0,
-            "tiers.cpu_mem_gb": 32.0, "run.warmup_s": 0.0}  # what the reference does when its flags are left out
+            "tiers.cpu_mem_gb": 32.0, "run.warmup_s": 0.0,  # what the reference does when its flags are left out
+            # its qos_profiles: the end-to-end p95 / p99 targets its summary judges (ours are 2 / 5 / 30 s at p95)
+            "qos.interactive.e2e_p95_ms": 50.0, "qos.interactive.e2e_p99_ms": 100.0,
+            "qos.responsive.e2e_p95_ms": 100.0, "qos.responsive.e2e_p99_ms": 200.0,
+            "qos.batch.e2e_p95_ms": 1000.0, "qos.batch.e2e_p99_ms": 5000.0}
 REFUSED = {  # reference flags with no honest equivalent here: one sentence each
-    "--xlsx-output": "spreadsheets are not written here; results.json, timeseries.csv and summary.md are",
     "--validation-trace": "its validation engine compares a hit rate to a trace; here "
                           "tests/scenario/test_hit_rate_reference.py checks hits against a reference simulator",
     "--precondition-threads": "preconditioning here writes the tier sequentially with one writer per slab",
@@ -78,6 +81,7 @@ def _parser() -> Parser:
     add("--log-level")
     add("--target-saturation", type=_amount)
     add("--enable-latency-tracing", action="store_true")
+    add("--xlsx-output")
     for flag in REFUSED:
         add(flag, nargs="?")
     return p
@@ -134,6 +138,9 @@ class Translation:
     output: str | None = None
     profile: str = "latency"
     origins: dict[str, str] = field(default_factory=dict)
+    xlsx: str | None = None  # --xlsx-output FILE: the reference's spreadsheet of the --output fields
+    made_dirs: list[str] = field(default_factory=list)  # folders made for --cache-dir, deepest first (removed
+    # again, where still empty, when the run is refused)
 
 
 class Sets(dict):
@@ -178,9 +185,15 @@ def translate(argv: list[str]) -> Translation:
     for flag, why in REFUSED.items():
         if getattr(ns, flag[2:].replace("-", "_")) is not None or flag in argv:
             raise UserError(f"{flag} (MLPerf reference) is not supported here: {why}; drop it.")
-    if ns.output:
-        _check_output(ns.output)
     sets, notes = Sets(), []
+    if not ns.output:  # the reference always writes its results file: benchmark_results_<time>.json, here
+        ns.output = f"benchmark_results_{time.strftime('%Y%m%d_%H%M%S')}.json"
+        notes.append(f"no --output: the reference's fields go to {ns.output} in this folder, as the reference "
+                     f"writes them by default")
+    _check_output(ns.output)
+    if ns.xlsx_output:
+        _check_xlsx(ns.xlsx_output)
+    made = _make_cache_dir(rest, notes)
     given = {a.split("=", 1)[0] for a in rest if a.startswith("--")}
     _config(rest, sets, notes)
     _load(ns, sets, notes)
@@ -196,8 +209,9 @@ def translate(argv: list[str]) -> Translation:
     for k in idle:
         del sets[k]
         sets.origin.pop(k)
+    user_sets = {rest[i + 1].split("=", 1)[0] for i, a in enumerate(rest[:-1]) if a == "--set"}
     for dotted, value in DEFAULTS.items():  # the reference's defaults for what its command line left out
-        if dotted not in sets and not given & _OUR_FLAGS.get(dotted, set()):
+        if dotted not in sets and dotted not in user_sets and not given & _OUR_FLAGS.get(dotted, set()):
             sets.put(dotted, value, f"the MLPerf reference's default {dotted}")
     load_model(ns, rest, sets, notes, DEFAULTS["workload.users"])
     if ns.log_level:
@@ -208,22 +222,54 @@ def translate(argv: list[str]) -> Translation:
         argv_out += ["--set", f"{dotted}={json.dumps(value)}"]  # JSON is YAML: --set parses it back
     if ns.output and not _value_of(rest, "--run-id"):  # --output reads the run's folder: name it
         argv_out += ["--run-id", f"{Path(ns.output).stem or 'mlperf'}-{time.strftime('%Y%m%dT%H%M%S')}"]
-    return Translation(argv_out, notes, ns.output, ns.performance_profile or "latency", sets.origin)
+    return Translation(argv_out, notes, ns.output, ns.performance_profile or "latency", sets.origin,
+                       ns.xlsx_output, made)
 
 
-def _check_output(path: str) -> None:
-    """--output FILE, checked before the run (not found unwritable after it)."""
+def _check_output(path: str, flag: str = "--output") -> None:
+    """--output FILE (or --xlsx-output), checked before the run (not found unwritable after it)."""
     from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 
     target = Path(path)
     if target.is_dir():
-        raise UserError(f"--output {path} is a folder; name a file in it (e.g. {target / 'mlperf.json'}).")
+        raise UserError(f"{flag} {path} is a folder; name a file in it (e.g. {target / 'mlperf.json'}).")
     parent = target.parent
     if not parent.is_dir():
-        raise UserError(f"--output {path}: folder {parent} does not exist; create it or name a file elsewhere.")
-    refuse_system_dir(str(parent), "--output", FILES)
+        raise UserError(f"{flag} {path}: folder {parent} does not exist; create it or name a file elsewhere.")
+    refuse_system_dir(str(parent), flag, FILES)
     if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise UserError(f"--output {path} cannot be written (permissions); name a file you may write.")
+        raise UserError(f"{flag} {path} cannot be written (permissions); name a file you may write.")
+
+
+def _check_xlsx(path: str) -> None:
+    """--xlsx-output: openpyxl (the xlsx extra) is there and the file can be written, before the run."""
+    try:
+        import openpyxl  # noqa: F401
+    except ImportError:
+        raise UserError("--xlsx-output needs openpyxl: pip install -e '.[xlsx]' (make install adds it), or drop "
+                        "--xlsx-output (--output's JSON holds the same fields).") from None
+    _check_output(path, "--xlsx-output")
+
+
+def _make_cache_dir(rest: list[str], notes: list[str]) -> list[str]:
+    """The reference makes its --cache-dir when it does not exist: so does a reference command line here."""
+    from kv_cache.tiers.fsinfo import refuse_system_dir
+
+    path = _value_of(rest, "--cache-dir")
+    if not path or os.path.exists(path):
+        return []
+    refuse_system_dir(os.path.abspath(path), "--cache-dir")
+    missing, at = [], os.path.abspath(path)
+    while not os.path.exists(at):
+        missing.append(at)
+        at = os.path.dirname(at)
+    try:
+        os.makedirs(path)
+    except OSError as e:
+        raise UserError(f"--cache-dir {path} does not exist and cannot be made ({e.strerror}); pass a folder you "
+                        f"may write.") from None
+    notes.append(f"--cache-dir {path}: made (it did not exist; the reference makes it too); it stays after the run")
+    return missing
 
 
 def _refuse_twice(sets: Sets, rest: list[str]) -> None:
@@ -283,7 +329,10 @@ def _load(ns, sets: dict, notes: list[str]) -> None:
 
 def _tiers(ns, sets: dict, notes: list[str], given: set[str]) -> None:
     gpus = ns.num_gpus or 1
-    if ns.num_gpus is not None:
+    if ns.num_gpus is not None and ns.gpu_mem_gb == 0:  # the reference's pool is num_gpus x 0: no GPU tier
+        notes.append(f"--num-gpus {ns.num_gpus}: no GPU tier with --gpu-mem-gb 0 (the reference's pool is "
+                     f"{ns.num_gpus} x 0 GiB), so there is nothing to spread")
+    elif ns.num_gpus is not None:
         sets.put("tiers.gpus", ns.num_gpus, "--num-gpus")
     if ns.gpu_mem_gb is not None:  # the reference's budget is per GPU; ours is over all of them
         if ns.gpu_mem_gb == 0:
@@ -297,7 +346,8 @@ def _tiers(ns, sets: dict, notes: list[str], given: set[str]) -> None:
     if ns.precondition_size_gb:
         cap = ns.storage_capacity_gb
         passes = max(1, math.ceil(ns.precondition_size_gb / cap)) if cap else 2
-        sets.put("tiers.precondition", True, "--precondition-size-gb")
+        if "--precondition" not in given:  # with it (its DESIGN.md's form) the pass-through flag turns it on
+            sets.put("tiers.precondition", True, "--precondition-size-gb")
         sets.put("tiers.precondition_passes", passes, "--precondition-size-gb")
         notes.append(f"--precondition-size-gb {ns.precondition_size_gb:g}: {passes} pass(es) over the storage tier"
                      + ("" if cap else " (its size is chosen at start: the reference's default of 2 x capacity)"))

@@ -20,13 +20,22 @@ class Fields:
     def __init__(self, r: Results, snap: Snapshot):
         self.r, self.snap, self.c = r, snap, snap.counters
         self.notes: list[str] = []
-        self.window = r.run.duration_s
+        # the reference's duration: until its stop event (its rates divide by it); ours, with the drain, is
+        # results.json's run.duration_s
+        self.window = r.run.issuing_s or r.run.duration_s
         self.tiers = {"gpu": "gpu", "cpu": "cpu", "storage": r.bottom}  # theirs -> ours
 
     def null(self, fields: str, why: str) -> None:
         """A field that cannot be had here: null, and one note naming it and why."""
         self.notes.append(f"{fields}: null: {why}")
         return None
+
+    def zero(self, fields: str, why: str, value=0):
+        """A number the reference writes where we have nothing to count (a tier not in the run, no sample): 0, as
+        the reference's own readers take for a key it leaves out (mlpstorage's aggregation, json_to_xlsx), and one
+        note naming it and why; a null there crashed their max() and sums."""
+        self.notes.append(f"{fields}: {value}: {why}")
+        return value
 
     def has(self, ref_tier: str) -> bool:
         return self.tiers[ref_tier] in self.r.run.tiers
@@ -53,19 +62,19 @@ class Fields:
         return sum(h.get_total_count() for (t, o, p), h in self.snap.hists.items()
                    if o == op and p in phases and t in self.r.run.tiers)
 
-    def latency(self, h, keys=("mean", *PCTS)) -> dict[str, float | None]:
-        """mean and percentiles in ms of an ns histogram (None without samples)."""
-        out = {k: (at_ms(h, PCTS[k]) if k in PCTS else mean_value(h) / 1e6) if h is not None else None for k in keys}
+    def latency(self, h, keys=("mean", *PCTS)) -> dict[str, float]:
+        """mean and percentiles in ms of an ns histogram (0.0 without samples: the caller notes why)."""
+        out = {k: (at_ms(h, PCTS[k]) if k in PCTS else mean_value(h) / 1e6) if h is not None else 0.0 for k in keys}
         if "max" in keys:
-            out["max"] = h.get_max_value() / 1e6 if h is not None else None
+            out["max"] = h.get_max_value() / 1e6 if h is not None else 0.0
         return out
 
-    def request_latency(self, kind: str, field: str) -> dict[str, float | None]:
+    def request_latency(self, kind: str, field: str) -> dict[str, float]:
         h = self.snap.hists.get(("request", kind, "all"))
         if h is None or not h.get_total_count():
             why = ("no modelled generation (--generation-mode none)" if kind == "generation" else
                    "no request completed in the measurement window")
-            self.null(f"summary.{field}.*", why)
+            self.zero(f"summary.{field}.*", f"no sample ({why})")
             return self.latency(None)
         return self.latency(h)
 
@@ -74,15 +83,15 @@ class Fields:
         h = self.snap.hists.get(("request", kind, "all"))
         return mean_value(h) * h.get_total_count() / 1e9 if h is not None else 0.0
 
-    def moved_gib(self, ref_tier: str, direction: str) -> float | None:
+    def moved_gib(self, ref_tier: str, direction: str) -> float:
         b = self.r.bytes.get(self.tiers[ref_tier])
-        return (getattr(b, direction) if b else 0) / GiB if self.has(ref_tier) else None
+        return (getattr(b, direction) if b else 0) / GiB
 
-    def per_s(self, value: float | None) -> float | None:
-        return value / self.window if value is not None and self.window else None
+    def per_s(self, value: float) -> float:
+        return value / self.window if self.window else 0.0
 
     def missing_tier_notes(self) -> None:
         for ref, why in (("gpu", "--gpu-mem-gb 0 or no GPU found"), ("cpu", "--cpu-mem-gb 0")):
             if not self.has(ref):
-                self.null(f"summary.cache_stats.{ref}_* and tier_{ref}_*",
-                          f"no {TIER_LABEL[ref]} tier in this run ({why})")
+                self.zero(f"summary.cache_stats.{ref}_* and tier_{ref}_*",
+                          f"no {TIER_LABEL[ref]} tier in this run ({why}): nothing there, as the reference counts it")

@@ -13,7 +13,7 @@ from pathlib import Path
 from kv_cache.errors import UserError
 from kv_cache.recorder.schema import Results
 from kv_cache.recorder.snapshot import Snapshot
-from kv_cache.run.mlperf_cache import cache_stats
+from kv_cache.run.mlperf_cache import cache_stats, device_latency
 from kv_cache.run.mlperf_fields import Fields
 
 RAW_LISTS = ("end_to_end_latencies", "storage_latencies", "generation_latencies", "prefill_latencies",
@@ -24,6 +24,10 @@ def reference_output(r: Results, snap: Snapshot, profile: str) -> dict:
     f = Fields(r, snap)
     f.missing_tier_notes()
     window = f.window
+    f.notes.append(f"summary.elapsed_time and every rate: over {window:.3f} s, the window until issuing stopped, as "
+                   f"the reference times it; the drain after it ({r.run.duration_s - window:.3f} s, its requests and "
+                   f"bytes counted, as the reference counts what completes while its threads join) is in results_json "
+                   f"run.duration_s")
     generated = r.tokens.generated
     storage_s, generation_s = f.request_seconds("storage"), f.request_seconds("generation")
     multi = (f.count("requests.history_hit"), f.count("requests.history_miss"))
@@ -33,7 +37,7 @@ def reference_output(r: Results, snap: Snapshot, profile: str) -> dict:
         "total_storage_io_time": storage_s,
         # the reference's rule (generated tokens / the sum of per-request storage seconds), kept for its tables
         "storage_throughput_tokens_per_sec": generated / storage_s if storage_s else 0,
-        "requests_per_second": r.requests.per_s,
+        "requests_per_second": r.requests.completed / window if window else 0.0,
         "end_to_end_latency_ms": f.request_latency("e2e", "end_to_end_latency_ms"),
         "storage_io_latency_ms": f.request_latency("storage", "storage_io_latency_ms"),
         "generation_latency_ms": f.request_latency("generation", "generation_latency_ms"),
@@ -54,7 +58,7 @@ def reference_output(r: Results, snap: Snapshot, profile: str) -> dict:
         "throughput_timeline": _timeline(r),
         "multi_turn_cache_hits": multi[0], "multi_turn_cache_misses": multi[1],
         "seed": r.run.seed, "summary": summary,
-        "kv_cache_bench": _ours(r),
+        "kv_cache_bench": {**_ours(r), "device_latency": device_latency(f)},
         "notes": f.notes,
     }
 
@@ -83,7 +87,7 @@ def _qos(r: Results) -> dict:
 
 def _prefix(f: Fields) -> dict:
     return {"prefix_hits": f.count("requests.prefix_hit"), "prefix_misses": f.count("requests.prefix_miss"),
-            "system_prompt_reuse": f.count("requests.system_hit"), "common_phrase_reuse": None,
+            "system_prompt_reuse": f.count("requests.system_hit"), "common_phrase_reuse": 0,
             "bytes_saved": f.r.tokens.cached * f.r.run.bytes_per_token}
 
 
@@ -113,11 +117,11 @@ def _autoscaling(f: Fields) -> list[dict]:
                   "scale_down" if p.users < prev else "hold")
         out.append({"timestamp": (start + timedelta(seconds=at)).isoformat() if start else None, "mode": a.mode,
                     "action": action, "users": p.users, "saturation_level": None, "read_latency_p95_ms": None,
-                    "write_latency_p95_ms": None, "throughput_tokens_per_sec": p.tokens_per_s})
+                    "write_latency_p95_ms": None, "throughput_tokens_per_sec": p.generated_tokens_per_s})
         prev = p.users
     if a.mode == "capacity" and a.best is not None:
         out.append({**out[-1], "action": "stop", "users": out[-1]["users"],
-                    "peak_throughput_tokens_per_sec": a.best.tokens_per_s})
+                    "peak_throughput_tokens_per_sec": a.best.generated_tokens_per_s})
     return out
 
 
@@ -128,8 +132,8 @@ def _autoscaling_summary(r: Results) -> dict | None:
     events = sum(1 for p, q in zip(a.curve, a.curve[1:]) if p.users != q.users)
     out = {"initial_users": a.curve[0].users, "final_users": a.curve[-1].users, "total_scale_events": events}
     if a.mode == "capacity":
-        out.update(peak_user_count=a.best.users if a.best else None,
-                   peak_throughput_tokens_per_sec=a.best.tokens_per_s if a.best else None)
+        out.update(peak_user_count=a.best.users if a.best else 0,
+                   peak_throughput_tokens_per_sec=a.best.generated_tokens_per_s if a.best else 0.0)
     return out
 
 
@@ -140,8 +144,8 @@ def _started(r: Results) -> datetime | None:
         return None
 
 
-def write_output(path: str, results_dir: Path, profile: str) -> Path:
-    """--output FILE: the reference's schema from the run's results.json."""
+def write_output(path: str, results_dir: Path, profile: str) -> tuple[Path, dict]:
+    """--output FILE: the reference's schema from the run's results.json; (the file, what it holds)."""
     data = json.loads((results_dir / "results.json").read_text())
     out = reference_output(Results.from_dict(data), Snapshot.from_dict(data["snapshot"]), profile)
     target = Path(path)
@@ -151,4 +155,4 @@ def write_output(path: str, results_dir: Path, profile: str) -> Path:
     except OSError as e:
         raise UserError(f"--output {path}: cannot write there ({e.strerror}); the run's results are in "
                         f"{results_dir}.") from None
-    return target
+    return target, out

@@ -77,6 +77,7 @@ class Autoscaler:
         ok = sum(c["attainment"] * c["requests"] for c in classes.values() if c["requests"])
         return {"users": self.users, "window_s": step.seconds, "offered_per_s": issued / step.seconds,
                 "requests_per_s": step.completed / step.seconds, "tokens_per_s": step.prompt_tokens / step.seconds,
+                "generated_tokens_per_s": step.generated_tokens / step.seconds,
                 "ttft_p95_ms": max(p95) if p95 else None,
                 "attainment": ok / step.completed if step.completed else None,
                 "sla_met": bool(overall(classes)) and step.completed > 0,

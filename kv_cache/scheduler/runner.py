@@ -45,6 +45,7 @@ class RunOutcome:
     fault: str = ""
     start_ns: int = 0
     end_ns: int = 0
+    issuing_s: float = 0.0   # the window until issuing stopped: the measured time without the drain
 
     @property
     def partial(self) -> bool:
@@ -200,6 +201,7 @@ class _Runner:
             self.peers.notify_fault(self.outcome.fault)
         with self._cond:
             self._tally()
+        self.outcome.issuing_s = max(0.0, (now_ns() - measure_at) / 1e9)
         self._drain(threads)
         self.outcome.end_ns = now_ns()
         if self.recorder.measure_start_ns is None:
