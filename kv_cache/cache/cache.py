@@ -1,11 +1,9 @@
 """The multi-tier block cache: where blocks live, and the waterfall between tiers.
 
-Vocabulary: tiers are ordered fastest first (e.g. gpu, cpu, nvme). A new block
-goes to the top tier; when that tier is full its policy picks *victims*
-that are *demoted* to the next tier (waterfall), and the bottom tier
-*evicts* for good. A hit read from a lower tier is *promoted* back to the
-top tier unless promotion is off. A block being read is *pinned* and never
-chosen as a victim.
+Vocabulary: tiers are ordered fastest first (e.g. gpu, cpu, nvme). A new block goes to the top tier; when that
+tier is full its policy picks *victims* that are *demoted* to the next tier (waterfall), and the bottom tier
+*evicts* for good. A hit read from a lower tier is *promoted* back to the top tier unless promotion is off. A
+block being read is *pinned* and never chosen as a victim. An object larger than one I/O moves as parts (parts.py).
 
 Prefix structure: a block written as part of a chain names its *parent*
 (the block before it); each entry counts its children per tier. A block
@@ -32,6 +30,7 @@ from time import monotonic_ns as now_ns
 import numpy as np
 
 from kv_cache.cache.chains import CORRUPT, DROPPING, READY, Entry, PrefixStructure
+from kv_cache.cache.parts import Parts
 from kv_cache.cache.policies import make_policy
 from kv_cache.tiers.base import IO_UNITS, SHARED, moves_real_bytes
 
@@ -40,11 +39,9 @@ MOVING = "moving"
 
 @dataclass(frozen=True)
 class Move:
-    """One planned waterfall step: demote entry from src to dst, or evict it (dst None).
-
-    ``leaving_slots`` is the part of the entry's slots held in ``BlockCache.leaving`` until
-    the move has physically freed them (the rest is owed to the reservation that chose it).
-    """
+    """One planned waterfall step: demote entry from src to dst, or evict it (dst None). ``leaving_slots``: the
+    part of its slots held in ``BlockCache.leaving`` until the move frees them (the rest is owed to the reservation
+    that chose it)."""
 
     entry: Entry
     src: int
@@ -63,9 +60,10 @@ class Reservation:
 class BlockCache(PrefixStructure):
     """Index + per-tier policies + placement over an ordered list of tiers."""
 
-    def __init__(self, tiers: list, policy: str, promote: bool, recorder, gds=None):
+    def __init__(self, tiers: list, policy: str, promote: bool, recorder, gds=None, parts: Parts | None = None):
         self.tiers = tiers
         self.gds = gds  # a GdsLink: NVMe <-> HBM without the host bounce (--gds)
+        self.parts = parts or Parts()  # objects larger than one I/O move as parts (--io-chunk-mb)
         self.names = [t.name for t in tiers]
         # a read can be checked only where real bytes came back (not from the null or a simulated tier)
         self.verifiable = [moves_real_bytes(t) for t in tiers]
@@ -145,27 +143,20 @@ class BlockCache(PrefixStructure):
             e, src = mv.entry, self.tiers[mv.src]
             start = now_ns()
             try:
-                if mv.dst is None:
-                    src.delete(e.key)
-                elif self.gds is not None and self.gds.links(src, self.tiers[mv.dst]):
+                if mv.dst is not None and self._gds_whole(e) and self.gds.links(src, self.tiers[mv.dst]):
                     self.gds.demote(e.key)  # HBM -> NVMe slab, no host bounce
-                    src.delete(e.key)
-                else:
-                    if not src.move_to(e.key, self.tiers[mv.dst]):  # HBM -> a registered CPU arena: one copy
-                        src.get(e.key, scratch[: e.nbytes])
-                        self.tiers[mv.dst].put(e.key, scratch[: e.nbytes])
-                    src.delete(e.key)
+                elif mv.dst is not None:  # HBM -> a registered CPU arena is one copy (move_to), else via scratch
+                    self.parts.move(src, self.tiers[mv.dst], e.key, e.nbytes, scratch)
+                self.parts.delete(src, e.key, e.nbytes)
             except BaseException:
                 for failed in moves[i:]:  # nobody may wait forever on a MOVING block
                     self._forget(failed.entry, failed, src_accounted=True)
                 raise
-            dur = now_ns() - start
             if mv.dst is None:
-                self.recorder.op(src.name, "evict", "evict", start, dur, e.nbytes, e.key)
+                self.recorder.op(src.name, "evict", "evict", start, now_ns() - start, e.nbytes, e.key)
             else:
-                self.recorder.op(self.names[mv.dst], "demote", "evict", start, dur, e.nbytes, e.key)
+                self._timed(mv.dst, e, "demote", "evict", start, [(now_ns() - start, e.nbytes)])
                 self.recorder.add_bytes(src.name, "read", start, e.nbytes)
-                self._io_units(mv.dst, "demote", "evict", start)
             with self._lock:
                 self.leaving[mv.src] -= mv.leaving_slots  # its slots are physically free now
                 if mv.dst is None:
@@ -191,10 +182,8 @@ class BlockCache(PrefixStructure):
                 self.used[mv.src] -= self._slots(mv.src, e.nbytes)
             if mv.dst is not None:
                 self.used[mv.dst] -= self._slots(mv.dst, e.nbytes)
-                if self.tiers[mv.dst].contains(e.key):
-                    self.tiers[mv.dst].delete(e.key)
-            if self.tiers[mv.src].contains(e.key):
-                self.tiers[mv.src].delete(e.key)
+                self.parts.delete(self.tiers[mv.dst], e.key, e.nbytes, present_only=True)
+            self.parts.delete(self.tiers[mv.src], e.key, e.nbytes, present_only=True)
             self._wake()
         self._empty_trash()
 
@@ -242,7 +231,8 @@ class BlockCache(PrefixStructure):
                 if not e.remote:
                     self.used[e.tier] -= self._slots(e.tier, e.nbytes)
                     self._unplaced(e)
-                    self.tiers[e.tier].release(e.key)
+                    for k, _, _ in self.parts.of(e.key, e.nbytes):
+                        self.tiers[e.tier].release(k)
             self._wake()
         self._empty_trash()
 
@@ -273,22 +263,28 @@ class BlockCache(PrefixStructure):
         if e.state == CORRUPT and not e.pins and self.index.get(e.key) is e:
             self._drop(e)
 
-    def _io_units(self, t: int, op: str, phase: str, start: int) -> None:
-        """A tier that cut the block into timed I/Os (--io-unit layer): their latencies beside the block's."""
-        if IO_UNITS in self.tiers[t].flags:
-            self.recorder.io_units(self.names[t], op, phase, start, self.tiers[t].io_times())
+    def _timed(self, t: int, e: Entry, op: str, phase: str, start: int, times: list[tuple[int, int]]) -> None:
+        """One block operation: an object of parts takes the sum of its parts' I/O times, each beside it (as a tier's
+        own --io-unit layer I/Os are)."""
+        self.recorder.op(self.names[t], op, phase, start, sum(ns for ns, _ in times), e.nbytes, e.key)
+        units = times if len(times) > 1 else self.tiers[t].io_times() if IO_UNITS in self.tiers[t].flags else []
+        if units:
+            self.recorder.io_units(self.names[t], op, phase, start, units)
 
-    def read(self, e: Entry, out: np.ndarray, phase: str, op: str = "read") -> int:
-        """Read a pinned block into out; return the tier index it came from (op: read, donor_read)."""
+    def _gds_whole(self, e: Entry) -> bool:  # GDS moves whole blocks (its landing buffer holds one I/O)
+        return self.gds is not None and not self.parts.many(e.nbytes)
+
+    def read(self, e: Entry, out: np.ndarray, phase: str, op: str = "read", consume=None) -> int:
+        """Read a pinned block into out; return the tier index it came from (op: read, donor_read). An object of
+        parts is read part by part into out's start, consume(offset, part) taking each (see parts.py)."""
         t = e.tier
-        gds = self.gds is not None and self.gds.lands(self.tiers[t]) and not e.remote
+        gds = self._gds_whole(e) and self.gds.lands(self.tiers[t]) and not e.remote
         start = now_ns()
         if gds:
             land = self.gds.load(e.key)  # NVMe -> HBM: the timed read
-        else:
-            self.tiers[t].get(e.key, out[: e.nbytes])
-        self.recorder.op(self.names[t], op, phase, start, now_ns() - start, e.nbytes, e.key)
-        self._io_units(t, op, phase, start)
+        times = self.parts.read(self.tiers[t], e.key, e.nbytes, out, consume) if not gds else \
+            [(now_ns() - start, e.nbytes)]
+        self._timed(t, e, op, phase, start, times)
         if gds:
             self.gds.to_host(land, out[: e.nbytes])  # untimed: only to verify the stamps
         return t
@@ -313,11 +309,13 @@ class BlockCache(PrefixStructure):
         try:
             self.run_moves(moves, scratch)
             start = now_ns()
-            direct = self.gds is not None and self.gds.promotes(self.tiers[src], self.tiers[0])
-            if not (direct and self.gds.promote(e.key, e.nbytes)):  # GDS: the block is in HBM already
+            direct = self._gds_whole(e) and self.gds.promotes(self.tiers[src], self.tiers[0])
+            if self.parts.many(e.nbytes):  # its parts were read one by one: copied again, tier to tier
+                self.parts.move(self.tiers[src], self.tiers[0], e.key, e.nbytes, scratch)
+            elif not (direct and self.gds.promote(e.key, e.nbytes)):  # GDS: the block is in HBM already
                 self.tiers[0].put(e.key, data[: e.nbytes])
             if not e.remote:  # another rank's block stays where it is: we take a copy
-                self.tiers[src].delete(e.key)
+                self.parts.delete(self.tiers[src], e.key, e.nbytes)
             self.recorder.op(self.names[0], "promote", "load", start, now_ns() - start, e.nbytes, e.key)
         except BaseException:
             self._forget(e, move, src_accounted=e.remote)
@@ -360,15 +358,16 @@ class BlockCache(PrefixStructure):
                     p.pins -= 1
         return None
 
-    def commit_write(self, res: Reservation, buf: np.ndarray, phase: str, scratch: np.ndarray) -> None:
-        """Run the reservation's moves, then write the block (timed) into its tier."""
+    def commit_write(self, res: Reservation, buf: np.ndarray, phase: str, scratch: np.ndarray,
+                     produce=None) -> None:
+        """Run the reservation's moves, then write the block (timed) into its tier; an object of parts is made
+        part by part into buf's start by produce(offset, view) (see parts.py)."""
         e = res.entry
         try:
             self.run_moves(res.moves, scratch)
             start = now_ns()
-            self.tiers[e.tier].put(e.key, buf[: e.nbytes])
-            self.recorder.op(self.names[e.tier], "write", phase, start, now_ns() - start, e.nbytes, e.key)
-            self._io_units(e.tier, "write", phase, start)
+            times = self.parts.write(self.tiers[e.tier], e.key, e.nbytes, buf, produce)
+            self._timed(e.tier, e, "write", phase, start, times)
         except BaseException:
             self.abort(res)
             raise

@@ -125,8 +125,8 @@ class PrefixStructure:
         with self._lock:
             trash, self._trash = self._trash, []
         for e in trash:
-            if not e.remote and self.tiers[e.tier].contains(e.key):
-                self.tiers[e.tier].delete(e.key)
+            if not e.remote:
+                self.parts.delete(self.tiers[e.tier], e.key, e.nbytes, present_only=True)
         with self._lock:
             for e in trash:
                 if self.index.get(e.key) is e:

@@ -111,6 +111,11 @@ class TierSettings:
                                 "latency is recorded beside the block's, as <op>_io).", "--io-unit",
                        choices=("block", "layer"))
     layers_per_io: int = key(1, "With --io-unit layer: layers moved by one I/O.", lo=1, hi=1024)
+    io_chunk_mb: int = key(64, "The largest I/O of a whole-request object (--block-tokens 0), MiB, in whole 16 MiB "
+                               "slots: a larger object is written and read as parts of this size from per-worker "
+                               "buffers, its checksum taken part by part, its latency the sum of its parts' (each "
+                               "part's beside it, as <op>_io). Memory grows with workers x this, not with the "
+                               "largest object.", "--io-chunk-mb", lo=16, hi=1 << 20)
     allow_tmpfs: bool = key(False, "Accept a cache directory on tmpfs/ramfs (then the NVMe tier measures RAM).")
     precondition: bool = key(False, "Before measuring, write the NVMe tier's space sequentially (SNIA habit), "
                                     "showing each pass's bandwidth; not part of any statistic.")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from time import monotonic_ns as now_ns
 
 import numpy as np
+import xxhash
 
 from kv_cache.buffers import HUGE, aligned_buffer
 from kv_cache.errors import BlockVanished
@@ -40,6 +41,26 @@ class WorkerBuffers:
 
     def view(self, nbytes: int) -> np.ndarray:
         return self.block[:nbytes] if not self.fake_io else np.empty(nbytes, dtype=np.uint8)
+
+
+class PartsCheck:
+    """The verification of an object read part by part (parts.py): its XXH3-64 taken incrementally and compared at
+    the end (the same digest as the whole object's), or each part's stamps or bytes checked as it arrives."""
+
+    def __init__(self, payloads, key: int, mode: str, digest: int | None):
+        self.payloads, self.key, self.digest = payloads, key, digest
+        self.mode = "full" if mode == "checksum" and digest is None else mode  # written elsewhere: every byte
+        self.hash = xxhash.xxh3_64() if self.mode == "checksum" else None
+        self.ok = True
+
+    def __call__(self, offset: int, part: np.ndarray) -> None:
+        if self.hash is not None:
+            self.hash.update(part)
+        elif self.ok:
+            self.ok = self.payloads.check(self.key, part, self.mode, None, offset)
+
+    def intact(self) -> bool:
+        return self.ok if self.hash is None else self.hash.intdigest() == self.digest
 
 
 @dataclass(frozen=True)
@@ -177,17 +198,22 @@ class Lifecycle:
         None when another rank evicted it from shared storage first: it is a miss now. A block that
         reads back wrong (intact False) is discarded from the cache: the engine would recompute it.
         """
-        data = bufs.view(e.nbytes)
+        parted = self.cache.parts.many(e.nbytes)
+        data = bufs.view(self.cache.parts.part_bytes if parted else e.nbytes)
+        checked = self.cache.verifiable[e.tier] and self.verify != "off"
+        parts = PartsCheck(self.payloads, e.key, self.verify, e.digest) if parted and checked else None
         start = now_ns()
         try:
-            tier = self.cache.read(e, data, "load", op)
+            tier = self.cache.read(e, data, "load", op, parts)
         except BlockVanished:
             self.cache.forget_vanished(e)
             self.recorder.count("shared.vanished", start_ns=start)
             return None
         spent = now_ns() - start
         intact = True
-        if self.cache.verifiable[tier]:
+        if parts is not None:
+            intact = self._verdict(parts.intact(), start)
+        elif self.cache.verifiable[tier]:
             intact = self._check(e.key, data, start, e.digest)
         start = now_ns()
         if intact:
@@ -249,8 +275,12 @@ class Lifecycle:
         """
         if self.verify == "off":
             return True
+        return self._verdict(self.payloads.check(key, data, self.verify, digest), start_ns)
+
+    def _verdict(self, ok: bool, start_ns: int) -> bool:
+        """Count a block checked, and a failure (in warm-up too) when it is not what was written."""
         self.recorder.count("verification.blocks_checked")
-        if self.payloads.check(key, data, self.verify, digest):
+        if ok:
             return True
         self.recorder.count("verification.failures")
         if not self.recorder.in_window(start_ns):
@@ -266,6 +296,9 @@ class Lifecycle:
             if res is None:
                 _add(counts, "blocks.write_skipped", 1)
                 continue
+            if self.cache.parts.many(nbytes):  # made part by part in the worker's buffer, hashed as it goes
+                storage_ns += self._write_parts(res, key, nbytes, bufs, phase)
+                continue
             data, held = (bufs.view(nbytes), None) if self.fake_io else self.payloads.lend(key, bufs.view(nbytes))
             try:
                 start = now_ns()
@@ -280,6 +313,26 @@ class Lifecycle:
                 if held:
                     self.payloads.give_back(held)
         return storage_ns
+
+
+    def _write_parts(self, res, key: int, nbytes: int, bufs: WorkerBuffers, phase: str) -> int:
+        """Write an object larger than one I/O as parts (parts.py): each made into the worker's buffer untimed,
+        its checksum taken incrementally (the same XXH3-64 as the whole object's)."""
+        digest = xxhash.xxh3_64() if self.verify == "checksum" else None
+
+        def produce(offset: int, out: np.ndarray) -> np.ndarray:
+            if not self.fake_io:
+                self.payloads.fill(key, out, offset)
+                if digest is not None:
+                    digest.update(out)
+            return out
+
+        start = now_ns()
+        self.cache.commit_write(res, bufs.view(self.cache.parts.part_bytes), phase, bufs.scratch, produce)
+        spent = now_ns() - start
+        if digest is not None:
+            res.entry.digest = digest.intdigest()
+        return spent
 
 
 def _add(counts: dict, name: str, n: int) -> None:

@@ -68,12 +68,18 @@ class PayloadPool:
         mixed = ((int(key) + segment * 0x632BE59BD9B4E019) * 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF
         return (mixed >> 40) % self.num_offsets * PAGE
 
-    def _segments(self, key: int, nbytes: int) -> list[tuple[int, int, int]]:
-        """(start in block, pool offset, length) of each segment of key's payload."""
-        if nbytes <= SEGMENT_BYTES:  # one segment: the hot path of every block written
+    def _segments(self, key: int, nbytes: int, offset: int = 0) -> list[tuple[int, int, int]]:
+        """(start in the range, pool offset, length) of each segment of key's payload over the range of nbytes
+        from offset in the object (a part of a larger one, --io-chunk-mb)."""
+        if not offset and nbytes <= SEGMENT_BYTES:  # one segment: the hot path of every block written
             return [(0, self._offset(key, 0), nbytes)]
-        return [(at, self._offset(key, i), min(SEGMENT_BYTES, nbytes - at))
-                for i, at in enumerate(range(0, nbytes, SEGMENT_BYTES))]
+        out, at = [], offset
+        while at < offset + nbytes:
+            i, within = divmod(at, SEGMENT_BYTES)
+            n = min(SEGMENT_BYTES - within, offset + nbytes - at)
+            out.append((at - offset, self._offset(key, i) + within, n))
+            at += n
+        return out
 
     def _tags(self, pages: int) -> np.ndarray:
         tags = self._page_tags
@@ -93,11 +99,12 @@ class PayloadPool:
         """What the stamp templates hold: 24 bytes per page of the largest payload built or checked so far."""
         return self._page_tags.nbytes + self._page_stamps.nbytes
 
-    def fill(self, key: int, out: np.ndarray) -> None:
-        """Write key's payload into out (length a multiple of 4 KiB)."""
-        for at, off, n in self._segments(key, out.size):
+    def fill(self, key: int, out: np.ndarray, offset: int = 0) -> None:
+        """Write key's payload into out (length a multiple of 4 KiB); offset: out is the part of the object that
+        starts there (a multiple of 4 KiB), the same bytes as that range of the whole payload."""
+        for at, off, n in self._segments(key, out.size, offset):
             np.copyto(out[at:at + n], self.pool[off:off + n])
-        self._stamp(key, out)
+        self._stamp(key, out, offset // PAGE)
 
     def lend(self, key: int, out: np.ndarray) -> tuple[np.ndarray, range]:
         """key's payload to write from, without copying it: (the payload, the pool regions held).
@@ -124,15 +131,17 @@ class PayloadPool:
         for r in held:
             self._regions[r].release()
 
-    def _stamp(self, key: int, out: np.ndarray) -> None:
+    def _stamp(self, key: int, out: np.ndarray, first_page: int = 0) -> None:
         words = out.view(np.uint64).reshape(-1, WORDS_PER_PAGE)
-        stamps = self._stamps(words.shape[0]).copy()  # (key, tag) rows, written in one strided pass
+        pages = words.shape[0]
+        stamps = self._stamps(first_page + pages)[first_page:].copy()  # (key, tag) rows, one strided pass
         stamps[:, 0] = key
         words[:, :2] = stamps
 
-    def check(self, key: int, data: np.ndarray, mode: str, digest: int | None = None) -> bool:
+    def check(self, key: int, data: np.ndarray, mode: str, digest: int | None = None, offset: int = 0) -> bool:
         """True when data is what fill(key) wrote: by its checksum (digest: the XXH3-64 taken at write), its
-        stamps only, or every byte."""
+        stamps only, or every byte. offset: data is the part of the object that starts there (checksum mode
+        checks a whole object: a part's digest is taken by the caller, incrementally)."""
         if mode == "off":
             return True
         if mode == "checksum":
@@ -140,15 +149,16 @@ class PayloadPool:
                 return block_digest(data) == digest
             mode = "full"  # written elsewhere (another rank, a prefill node): compare every byte
         words = data.view(np.uint64).reshape(-1, WORDS_PER_PAGE)
+        first = offset // PAGE
         if not (np.array_equal(words[:, 0], np.full(words.shape[0], int(key), dtype=np.uint64))
-                and np.array_equal(words[:, 1], self._tags(words.shape[0]))):
+                and np.array_equal(words[:, 1], self._tags(first + words.shape[0])[first:])):
             return False
         if mode == "stamps":
             return True
-        return self._same_as_pool(key, data, words)
+        return self._same_as_pool(key, data, words, offset)
 
-    def _same_as_pool(self, key: int, data: np.ndarray, words: np.ndarray) -> bool:
-        for at, off, n in self._segments(key, data.size):
+    def _same_as_pool(self, key: int, data: np.ndarray, words: np.ndarray, offset: int = 0) -> bool:
+        for at, off, n in self._segments(key, data.size, offset):
             got = words[at // PAGE:(at + n) // PAGE, 2:]
             expected = self.pool[off:off + n].view(np.uint64).reshape(-1, WORDS_PER_PAGE)[:, 2:]
             if not np.array_equal(got, expected):

@@ -50,7 +50,13 @@ class Geometry:
     bytes_per_token: int
     block_bytes: int        # logical bytes of one full block (0 in whole-request mode)
     slot_bytes: int         # bytes one tier slot holds (block rounded up to 4 KiB)
-    max_object_bytes: int   # largest object a worker stages
+    max_object_bytes: int   # largest object (a tier must hold one)
+    part_bytes: int = 0     # whole-request objects larger than this move as parts of it (0: every object is one I/O)
+
+    @property
+    def io_bytes(self) -> int:
+        """The largest single I/O, which every per-worker buffer and GPU lane is sized for."""
+        return min(self.max_object_bytes, self.part_bytes) if self.part_bytes else self.max_object_bytes
 
 
 
@@ -94,7 +100,8 @@ def geometry(s: Settings) -> Geometry:
         return Geometry(model, bpt, block, slot_bytes(block), slot_bytes(block))
     profiles = [getattr(s.profiles, n) for n in s.profiles.__dataclass_fields__]
     longest = max(p.max_context_tokens + p.output_tokens[1] for p in profiles)
-    return Geometry(model, bpt, 0, WHOLE_REQUEST_SLOT_BYTES, slot_bytes(longest * bpt))
+    part = max(1, (s.tiers.io_chunk_mb << 20) // WHOLE_REQUEST_SLOT_BYTES) * WHOLE_REQUEST_SLOT_BYTES
+    return Geometry(model, bpt, 0, WHOLE_REQUEST_SLOT_BYTES, slot_bytes(longest * bpt), part)
 
 
 AUTO_MAX = 32  # --workers 0 (auto): the most threads the concurrency probe tries, as memory allows
@@ -126,7 +133,7 @@ def choose_workers(s: Settings, tiers: list, geo: Geometry, ceiling: int, fill) 
     if s.schedule.workers or not moves_real_bytes(bottom):
         return workers(s), [], ""
     try:
-        saturated, steps = concurrency(bottom, geo.max_object_bytes, ceiling, fill=fill)
+        saturated, steps = concurrency(bottom, geo.io_bytes, ceiling, fill=fill)
     except RunFault as e:  # before the clock: a sentence, not a traceback
         raise UserError(f"--workers 0 (auto) probes the {bottom.name} tier before the run, and it failed: {e} "
                         f"Fix the device, or pass --workers N to skip the probe.") from None
@@ -136,7 +143,7 @@ def choose_workers(s: Settings, tiers: list, geo: Geometry, ceiling: int, fill) 
     seen = " / ".join(f"{g:.2f}" for _, g in steps)
     counts = " / ".join(str(k) for k, _ in steps)
     return chosen, steps, (f"workers: auto chose {chosen}: the {bottom.name} tier moved {seen} GB/s with {counts} "
-                           f"threads (each writing and reading one {geo.max_object_bytes / 2**20:.1f} MiB object, "
+                           f"threads (each writing and reading one {geo.io_bytes / 2**20:.1f} MiB object, "
                            f"0.5 s a step), within 10 % of its best from {saturated}; twice that, as a worker also "
                            f"works outside the device, and at least {min(default_workers(), ceiling)} (as memory "
                            f"allows: at most {ceiling}; --workers N fixes it)")
@@ -146,12 +153,12 @@ def memory_budget(s: Settings, geo: Geometry, gpu=None) -> MemoryBudget:
     """gpu: the GPU backend when a real GPU tier will be built (its lanes' pinned staging is host memory)."""
     fake = s.tiers.null_io
     cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
-    staging = 0 if fake else workers(s) * 2 * buffer_bytes(geo.max_object_bytes)
-    lanes = 0 if gpu is None else (workers(s) + 1) * geo.max_object_bytes  # the GPU tier's lanes (StackContext.lanes)
+    staging = 0 if fake else workers(s) * 2 * buffer_bytes(geo.io_bytes)
+    lanes = 0 if gpu is None else (workers(s) + 1) * geo.io_bytes  # the GPU tier's lanes (StackContext.lanes)
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
-    pages = geo.max_object_bytes // PAGE
-    # the pool's templates (24 bytes a page, one set) and each worker's stamp rows and key column in flight (24)
-    stamps = 0 if fake else pages * 24 * (1 + workers(s))
+    # the pool's templates (24 bytes a page of the largest object, one set) and each worker's stamp rows and key
+    # column in flight (24 bytes a page of one I/O)
+    stamps = 0 if fake else (geo.max_object_bytes + geo.io_bytes * workers(s)) // PAGE * 24
     return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s),
                         bookkeeping_bytes=most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES,
                         handoff_bytes=nixl_region_bytes(s), gpu_staging_bytes=lanes, payload_stamps_bytes=stamps)
@@ -245,7 +252,7 @@ def gds_link(s: Settings, tiers: list, backend, geo: Geometry) -> GdsLink | None
     """The NVMe <-> HBM path of --gds, between the real GPU tier and the NVMe tier."""
     if not s.tiers.gds:
         return None
-    return open_link(tiers, backend, workers(s) + 1, geo.max_object_bytes)
+    return open_link(tiers, backend, workers(s) + 1, geo.io_bytes)
 
 
 def io_unit_bytes(s: Settings, geo: Geometry) -> int:
@@ -305,7 +312,7 @@ def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, fill=None,
     gpu: the device backend of a real GPU tier (see open_gpu), or None. run_id: a remote tier's namespace.
     """
     ctx = StackContext(s.tiers, geo.slot_bytes, geo.max_object_bytes, workers(s) + 1, site, fill, writer, gpu,
-                       io_unit_bytes(s, geo), s.tiers.null_io, run_id, s.media)
+                       io_unit_bytes(s, geo), s.tiers.null_io, run_id, s.media, geo.io_bytes)
     tiers, notes = build_stack(ctx)
     if not s.tiers.null_io and (not tiers or STORAGE not in tiers[-1].flags):
         for t in tiers:

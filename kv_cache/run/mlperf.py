@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from kv_cache.config import Settings, flag_name, iter_keys, read_config_file
 from kv_cache.errors import UserError
 from kv_cache.run.args import Parser
 from kv_cache.run.mlperf_config import apply_config, is_reference_config
+from kv_cache.run.mlperf_files import check_output, check_xlsx, make_cache_dir
 from kv_cache.run.mlperf_load import load_model
 
 GENERATION_MS = {"none": 0.0, "fast": 2.0, "realistic": 30.0}  # the reference's sleep per output token
@@ -190,10 +190,10 @@ def translate(argv: list[str]) -> Translation:
         ns.output = f"benchmark_results_{time.strftime('%Y%m%d_%H%M%S')}.json"
         notes.append(f"no --output: the reference's fields go to {ns.output} in this folder, as the reference "
                      f"writes them by default")
-    _check_output(ns.output)
+    check_output(ns.output)
     if ns.xlsx_output:
-        _check_xlsx(ns.xlsx_output)
-    made = _make_cache_dir(rest, notes)
+        check_xlsx(ns.xlsx_output)
+    made = make_cache_dir(_value_of(rest, "--cache-dir"), notes)
     given = {a.split("=", 1)[0] for a in rest if a.startswith("--")}
     _config(rest, sets, notes)
     _load(ns, sets, notes)
@@ -224,52 +224,6 @@ def translate(argv: list[str]) -> Translation:
         argv_out += ["--run-id", f"{Path(ns.output).stem or 'mlperf'}-{time.strftime('%Y%m%dT%H%M%S')}"]
     return Translation(argv_out, notes, ns.output, ns.performance_profile or "latency", sets.origin,
                        ns.xlsx_output, made)
-
-
-def _check_output(path: str, flag: str = "--output") -> None:
-    """--output FILE (or --xlsx-output), checked before the run (not found unwritable after it)."""
-    from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
-
-    target = Path(path)
-    if target.is_dir():
-        raise UserError(f"{flag} {path} is a folder; name a file in it (e.g. {target / 'mlperf.json'}).")
-    parent = target.parent
-    if not parent.is_dir():
-        raise UserError(f"{flag} {path}: folder {parent} does not exist; create it or name a file elsewhere.")
-    refuse_system_dir(str(parent), flag, FILES)
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise UserError(f"{flag} {path} cannot be written (permissions); name a file you may write.")
-
-
-def _check_xlsx(path: str) -> None:
-    """--xlsx-output: openpyxl (the xlsx extra) is there and the file can be written, before the run."""
-    try:
-        import openpyxl  # noqa: F401
-    except ImportError:
-        raise UserError("--xlsx-output needs openpyxl: pip install -e '.[xlsx]' (make install adds it), or drop "
-                        "--xlsx-output (--output's JSON holds the same fields).") from None
-    _check_output(path, "--xlsx-output")
-
-
-def _make_cache_dir(rest: list[str], notes: list[str]) -> list[str]:
-    """The reference makes its --cache-dir when it does not exist: so does a reference command line here."""
-    from kv_cache.tiers.fsinfo import refuse_system_dir
-
-    path = _value_of(rest, "--cache-dir")
-    if not path or os.path.exists(path):
-        return []
-    refuse_system_dir(os.path.abspath(path), "--cache-dir")
-    missing, at = [], os.path.abspath(path)
-    while not os.path.exists(at):
-        missing.append(at)
-        at = os.path.dirname(at)
-    try:
-        os.makedirs(path)
-    except OSError as e:
-        raise UserError(f"--cache-dir {path} does not exist and cannot be made ({e.strerror}); pass a folder you "
-                        f"may write.") from None
-    notes.append(f"--cache-dir {path}: made (it did not exist; the reference makes it too); it stays after the run")
-    return missing
 
 
 def _refuse_twice(sets: Sets, rest: list[str]) -> None:

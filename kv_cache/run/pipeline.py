@@ -16,6 +16,7 @@ from pathlib import Path
 from kv_cache import runlog, signals
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
+from kv_cache.cache.parts import Parts
 from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import Analysis, analyse
@@ -84,7 +85,7 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
     ceiling = worker_ceiling(s, geo, gpu)
     sized = replace(s, "schedule.workers", ceiling)  # buffers, lanes and the budget for the most threads
     budget = memory_budget(sized, geo, gpu)
-    check_fits(budget, ceiling, buffer_bytes(geo.max_object_bytes))
+    check_fits(budget, ceiling, buffer_bytes(geo.io_bytes))
     site = None if s.tiers.null_io or s.tiers.nvme == "off" else storage_site(s, run_id, join)
     fill = payloads.fill if payloads else None
     tiers: list = []
@@ -274,7 +275,7 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
     recorder = Recorder()
     if s.run.io_trace:
         recorder.io_trace = IOTraceWriter(_io_trace_path(s, dist, trial), time.monotonic_ns(), b.tiers[-1].name)
-    cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder, b.gds)
+    cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder, b.gds, Parts(b.geo.part_bytes))
     fake = all(FAKE_IO in t.flags for t in b.tiers)
     options = LifecycleOptions(s.model.block_tokens, b.geo.bytes_per_token,
                                chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify,
@@ -288,7 +289,7 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
     tele = Telemetry(b.site.cache_dir if b.site else None, device_latency=device_latency_mode(s, b)) \
         if s.run.telemetry else None
     progress = Progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0, tele)
-    args = (b.workers, life.execute, worker_state(b.tiers, b.geo.max_object_bytes, fake), recorder, progress,
+    args = (b.workers, life.execute, worker_state(b.tiers, b.geo.io_bytes, fake), recorder, progress,
             dist if dist.active else None)
     scaler = autoscaler(s, traffic.users, recorder)
     pace = s.schedule.admission == "paced" and scaler is None  # the autoscaler sets the users itself

@@ -92,6 +92,21 @@ def _without_effect(s: Settings, mpi: bool) -> list[str]:
     return ignored
 
 
+def _whole_objects_in_parts(s: Settings) -> None:
+    """Objects larger than --io-chunk-mb move as parts (cache/parts.py), which a rank adopting another's object
+    (--shared-storage) or a handoff (one object per published block) do not read: one sentence."""
+    from kv_cache.run.compose import geometry
+
+    if s.model.block_tokens or not (s.tiers.shared_storage or s.disagg.role != "both"):
+        return
+    geo = geometry(s)
+    if geo.max_object_bytes > geo.part_bytes:
+        what = "--shared-storage" if s.tiers.shared_storage else f"--role {s.disagg.role}"
+        raise UserError(f"{what} moves whole objects, and this run's largest ({geo.max_object_bytes / 2**20:.0f} MiB, "
+                        f"--block-tokens 0) is larger than --io-chunk-mb {s.tiers.io_chunk_mb}; raise --io-chunk-mb "
+                        f"to {-(-geo.max_object_bytes // 2**24) * 16} or give --block-tokens N.")
+
+
 def check_options(s: Settings, mpi: bool) -> list[str]:
     """One clear sentence per contradiction between options (a flag without effect here is one); returns the
     lines saying which flags are ignored (said before the run and kept in its notes)."""
@@ -101,6 +116,7 @@ def check_options(s: Settings, mpi: bool) -> list[str]:
     if s.tiers.remote_url and s.tiers.shared_storage:
         raise UserError("--shared-storage shares the NVMe tier's directory between ranks; a remote tier gives each "
                         "rank a namespace of its own: drop --shared-storage.")
+    _whole_objects_in_parts(s)
     if s.run.io_trace:
         trace = os.path.abspath(s.run.io_trace)
         refuse_system_dir(os.path.dirname(trace), "--io-trace", FILES)

@@ -264,4 +264,4 @@ def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     devices = list(range(n))
     total = capacity_of(s.gpu_mem_gb, slot)
     check_fits(ctx.gpu, devices, -(-total // n))
-    return GpuTier(ctx.gpu, total, slot, devices, ctx.lanes, ctx.max_object_bytes), ""
+    return GpuTier(ctx.gpu, total, slot, devices, ctx.lanes, ctx.io_bytes or ctx.max_object_bytes), ""

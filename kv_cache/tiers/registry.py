@@ -55,6 +55,7 @@ class StackContext:
     null_io: bool = False       # --null-io: every tier is the null tier
     run_id: str = ""            # the run's name: a remote tier's namespace
     media: dict = field(default_factory=dict)  # Settings.media: each medium's own section
+    io_bytes: int = 0           # the largest single I/O (an object, or a part of a larger one): a GPU lane's staging
 
     def section(self, medium: str):
         """The settings section a medium declared (its defaults when the settings hold none)."""

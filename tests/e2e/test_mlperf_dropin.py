@@ -124,3 +124,23 @@ def test_a_cache_dir_made_for_a_refused_run_is_removed_again(tmp_path):
                  "--output", str(tmp_path / "o.json")], timeout=60)
     assert r.returncode == 2 and "memory budget" in r.stderr
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow  # writes a few GiB: the reference's objects are GiBs each (make test-all, which CI runs)
+def test_its_closed_workload_runs_as_typed_in_bounded_memory(tmp_path):
+    """Its CLOSED option 1 as mlpstorage types it (one object per request, up to 4,196 MiB at llama3.1-8b, 16
+    concurrent allocations): refused before (131 GiB of staging), now run with objects streamed as parts of
+    --io-chunk-mb, every object verified, peak memory within its budget."""
+    out = tmp_path / "opt1.json"
+    r = run_cli(["--model", "llama3.1-8b", "--num-users", "200", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
+                 "--max-concurrent-allocs", "16", "--generation-mode", "none", "--max-requests", "3", "--duration",
+                 "600", "--cache-dir", str(tmp_path), "--output", str(out), "--output-dir", str(tmp_path / "r")],
+                timeout=600)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    res = json.loads((tmp_path / "r" / data["kv_cache_bench"]["results_json"]).read_text())
+    assert res["run"]["block_tokens"] == 0 and res["run"]["workers"] == 16
+    writes = res["latency_ms"]["nvme"]
+    assert writes["write"]["count"] >= 3 and writes["write_io"]["count"] > writes["write"]["count"]  # in parts
+    assert res["memory"]["peak_rss_bytes"] <= res["memory"]["budget_bytes"] < 8 * 2**30
+    assert res["verification"]["failures"] == 0

@@ -75,7 +75,7 @@ def test_a_real_gpu_tiers_lanes_are_their_own_part_and_their_fix():
     s = resolve(None, [], {"tiers.cpu_mem_gb": "0.5", "schedule.workers": "8", "model.block_tokens": "0"})
     geo = geometry(s)
     b = memory_budget(s, geo, FakeDevice())
-    assert b.gpu_staging_bytes == 9 * geo.max_object_bytes
+    assert b.gpu_staging_bytes == 9 * geo.io_bytes
     assert memory_budget(s, geo).gpu_staging_bytes == 0
     with pytest.raises(UserError, match="GPU lanes' pinned staging .* lower --workers"):
         check_fits(MemoryBudget(0, 1 * GiB, 128 << 20, gpu_staging_bytes=30 * GiB), 8, 1 * GiB, available=16 * GiB)
@@ -108,14 +108,32 @@ def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monke
     payloads = PayloadPool(s.run.seed)
     b = pipeline._build(s, "budget-check", payloads)
     try:
-        bufs = [compose.worker_state(b.tiers, b.geo.max_object_bytes, False)() for _ in range(b.workers)]
-        for i, w in enumerate(bufs):  # each worker stamps and checks its largest object once
-            payloads.fill(i, w.block[:b.geo.max_object_bytes])
-            assert payloads.check(i, w.block[:b.geo.max_object_bytes], "stamps")
+        geo = b.geo
+        bufs = [compose.worker_state(b.tiers, geo.io_bytes, False)() for _ in range(b.workers)]
+        for i, w in enumerate(bufs):  # each worker stamps and checks the last part of the largest object once
+            last = (geo.max_object_bytes - 1) // geo.io_bytes * geo.io_bytes
+            part = w.block[:min(geo.io_bytes, geo.max_object_bytes - last)]
+            payloads.fill(i, part, last)
+            assert payloads.check(i, part, "stamps", None, last)
         grown = _rss() - before - sum(dev.allocated)
         budget = b.budget
         allocated = budget.total_bytes - budget.overhead_bytes - budget.bookkeeping_bytes
-        assert budget.gpu_staging_bytes == (b.workers + 1) * b.geo.max_object_bytes > 0
+        assert budget.gpu_staging_bytes == (b.workers + 1) * geo.io_bytes > 0
         assert abs(grown - allocated) <= 0.10 * allocated, (grown, budget.to_dict())
     finally:
         pipeline._close(b, remove=True)
+
+
+def test_the_references_object_per_request_streams_through_buffers_of_one_part():
+    """Issue 36: its CLOSED workloads' objects reach 4,196 MiB at llama3.1-8b; held whole, 16 workers needed
+    131 GiB of staging. Moved as parts of --io-chunk-mb, the budget grows with workers x part: it fits 24 GiB."""
+    s = resolve(None, [], {"model.name": "llama3.1-8b", "model.block_tokens": "0", "schedule.workers": "16",
+                           "tiers.cpu_mem_gb": "4"})
+    geo = geometry(s)
+    assert geo.max_object_bytes > 4000 * 2**20 and geo.io_bytes == 64 * 2**20 == geo.part_bytes
+    b = memory_budget(s, geo)
+    assert b.staging_bytes == 16 * 2 * 64 * 2**20
+    check_fits(b, 16, geo.io_bytes, available=24 * GiB)
+    assert geometry(resolve(None, [], {"model.block_tokens": "0", "tiers.io_chunk_mb": "40"})).part_bytes == 32 * 2**20
+    blocks = geometry(resolve(None, [], {"model.name": "llama8b"}))  # blocks: every block one I/O, no parts
+    assert blocks.part_bytes == 0 and blocks.io_bytes == blocks.max_object_bytes

@@ -62,3 +62,17 @@ def test_the_users_gauges_count_conversations_and_waiting_users_not_the_pool():
     last = runner.levels()
     assert last["users_waiting"] == outcome.users_waiting
     assert outcome.users_started + outcome.users_waiting <= 50
+
+
+def test_the_workers_buffers_are_made_before_the_clock_starts():
+    """16 workers' buffers of 2 x 64 MiB took seconds to touch inside a 3 s window, and the reference's 4-user
+    line issued nothing: every worker's state exists before the run's clock starts."""
+    made: list[int] = []
+
+    def make_state():
+        made.append(time.monotonic_ns())
+        return None
+
+    runner = ClosedLoopRunner([_User(u) for u in range(2)], 3, lambda req, state: None, make_state, Recorder())
+    outcome = runner.run(0.0, 0.05, max_requests=2)
+    assert len(made) == 3 and max(made) <= outcome.start_ns

@@ -1,0 +1,55 @@
+"""The files of a reference command line, checked or made before the run: --output and --xlsx-output must be
+writable (not found unwritable after the run), and a --cache-dir that does not exist is made, as the reference
+makes it (the folders made are removed again when the run is then refused: cli.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kv_cache.errors import UserError
+
+
+def check_output(path: str, flag: str = "--output") -> None:
+    """--output FILE (or --xlsx-output), checked before the run (not found unwritable after it)."""
+    from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
+
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"{flag} {path} is a folder; name a file in it (e.g. {target / 'mlperf.json'}).")
+    parent = target.parent
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: folder {parent} does not exist; create it or name a file elsewhere.")
+    refuse_system_dir(str(parent), flag, FILES)
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UserError(f"{flag} {path} cannot be written (permissions); name a file you may write.")
+
+
+def check_xlsx(path: str) -> None:
+    """--xlsx-output: openpyxl (the xlsx extra) is there and the file can be written, before the run."""
+    try:
+        import openpyxl  # noqa: F401
+    except ImportError:
+        raise UserError("--xlsx-output needs openpyxl: pip install -e '.[xlsx]' (make install adds it), or drop "
+                        "--xlsx-output (--output's JSON holds the same fields).") from None
+    check_output(path, "--xlsx-output")
+
+
+def make_cache_dir(path: str | None, notes: list[str]) -> list[str]:
+    """The reference makes its --cache-dir when it does not exist: so does a reference command line here."""
+    from kv_cache.tiers.fsinfo import refuse_system_dir
+
+    if not path or os.path.exists(path):
+        return []
+    refuse_system_dir(os.path.abspath(path), "--cache-dir")
+    missing, at = [], os.path.abspath(path)
+    while not os.path.exists(at):
+        missing.append(at)
+        at = os.path.dirname(at)
+    try:
+        os.makedirs(path)
+    except OSError as e:
+        raise UserError(f"--cache-dir {path} does not exist and cannot be made ({e.strerror}); pass a folder you "
+                        f"may write.") from None
+    notes.append(f"--cache-dir {path}: made (it did not exist; the reference makes it too); it stays after the run")
+    return missing
