@@ -48,7 +48,7 @@ device-check:  ## On a GPU host, everything that needs the GPU in one pass (test
 	$(PYTHON) bench/device_check.py $(ARGS)
 
 lint:
-	$(PYTHON) -m ruff check kv_cache tests bench kv_cache_benchmark.py
+	$(PYTHON) -m ruff check kv_cache tests bench mlperf kv_cache_benchmark.py
 
 clean:
 	rm -rf reports/*/ build *.egg-info .pytest_cache .ruff_cache

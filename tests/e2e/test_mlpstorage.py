@@ -41,7 +41,8 @@ def mlpstorage(tmp_path_factory):
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     # editable: it finds its source root (pyproject.toml) from its code. Its heavy dependencies (dlio-benchmark, s3
     # clients) serve other benchmarks: the kvcache path needs these
-    for args in ([*pip, "--no-deps", "--ignore-requires-python", "-e", CHECKOUT], [*pip, "rich", "pydantic", "python-dotenv"]):
+    for args in ([*pip, "--no-deps", "--ignore-requires-python", "-e", CHECKOUT],
+                 [*pip, "rich", "pydantic", "python-dotenv"]):
         r = subprocess.run(args, capture_output=True, text=True, timeout=600)
         if r.returncode:
             pytest.skip(f"mlpstorage could not be installed: {r.stderr.strip()[-300:]}")
