@@ -50,6 +50,11 @@ class RunSettings:
                           choices=("", "v1", "smoke"))
     io_trace: str = key("", "Write every block operation to this CSV file (zstd-compressed if it ends in .zst), "
                             "and a fio job file approximating the measured NVMe mix beside it.", "--io-trace")
+    io_trace_schema: str = key("kv-cache-bench", "The --io-trace file's columns: kv-cache-bench (intended and real "
+                                                 "start, latency, op, tier, bytes, key, phase, measured) or mlperf "
+                                                 "(the MLPerf reference's --io-trace-log: Timestamp, Operation, "
+                                                 "Object_Size_Bytes, Tier, Key, Phase; a reference command line "
+                                                 "chooses it).", choices=("kv-cache-bench", "mlperf"))
     steady_tolerance: float = key(0.0, "Steady-state detection on the throughput series: the first window of "
                                        "steady_window_s seconds whose requests/s stay within this fraction of their "
                                        "mean marks steady state (0: off).", "--steady-state", lo=0.0, hi=1.0)

@@ -12,19 +12,31 @@ import csv
 import io
 import queue
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
 from kv_cache.errors import UserError
 
 COLUMNS = ("intended_start_s", "start_s", "latency_ms", "op", "tier", "bytes", "key", "phase", "measured")
+# the MLPerf reference's --io-trace-log (its docs/io_trace_log_usage.md): one row per KV object I/O
+MLPERF_COLUMNS = ("Timestamp", "Operation", "Object_Size_Bytes", "Tier", "Key", "Phase")
+MLPERF_OPS = {"write": ("Write", "Prefill"), "read": ("Read", "Decode"), "donor_read": ("Read", "Decode"),
+              "demote": ("Write", "Evict"), "promote": ("Write", "Decode")}  # evict (a delete) moves no bytes
+
+
+def mlperf_tier(tier: str, storage_tier: str) -> str:
+    """Its three tiers: Tier-0 GPU, Tier-1 CPU, Tier-2 the storage (ours: the bottom tier)."""
+    return {"gpu": "Tier-0", "cpu": "Tier-1"}.get(tier, "Tier-2" if tier == storage_tier else tier)
 
 
 class IOTraceWriter:
     """Background CSV writer of block operations; also tallies the NVMe mix for the fio job."""
 
-    def __init__(self, path: str, t0_ns: int, storage_tier: str):
+    def __init__(self, path: str, t0_ns: int, storage_tier: str, schema: str = "kv-cache-bench"):
         self.path, self.t0_ns, self.storage_tier = Path(path), t0_ns, storage_tier  # the fio job's tier
+        self.mlperf = schema == "mlperf"
+        self.t0_wall = time.time() - (time.monotonic_ns() - t0_ns) / 1e9  # its Timestamp is the Unix time
         try:
             if self.path.suffix == ".zst":
                 import zstandard
@@ -40,7 +52,7 @@ class IOTraceWriter:
         except OSError as e:
             raise UserError(f"--io-trace {path}: cannot write there ({e.strerror}).") from None
         self._csv = csv.writer(self._file)
-        self._csv.writerow(COLUMNS)
+        self._csv.writerow(MLPERF_COLUMNS if self.mlperf else COLUMNS)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.sizes: Counter = Counter()   # storage tier's (op kind, bytes) -> count
         self.rows = 0
@@ -57,8 +69,13 @@ class IOTraceWriter:
             if item is None:
                 return
             intended, start, op, tier, nbytes, key, dur, phase, measured = item
-            self._csv.writerow((f"{(intended - t0) / 1e9:.6f}", f"{(start - t0) / 1e9:.6f}", f"{dur / 1e6:.4f}", op,
-                                tier, nbytes, f"{key:016x}", phase, int(measured)))
+            if not self.mlperf:
+                self._csv.writerow((f"{(intended - t0) / 1e9:.6f}", f"{(start - t0) / 1e9:.6f}", f"{dur / 1e6:.4f}",
+                                    op, tier, nbytes, f"{key:016x}", phase, int(measured)))
+            elif op in MLPERF_OPS:
+                operation, ref_phase = MLPERF_OPS[op]
+                self._csv.writerow((f"{self.t0_wall + (start - t0) / 1e9:.6f}", operation, nbytes,
+                                    mlperf_tier(tier, self.storage_tier), f"{key:016x}", ref_phase))
             self.rows += 1
             if tier == self.storage_tier and op != "evict":
                 self.sizes[("read" if op == "read" else "write", nbytes)] += 1

@@ -143,6 +143,10 @@ def _cmd_run(argv: list[str]) -> int:
         folder = Path(settings.run.output_dir) / settings.run.run_id
         if (folder / "results.json").exists():
             path, fields = write_output(reference.output, folder, reference.profile)
+            from kv_cache.run.mlperf_console import reference_summary
+
+            for line in reference_summary(fields):
+                say(line)
             say(f"MLPerf fields: {path}")
             if reference.xlsx:
                 from kv_cache.run.mlperf_xlsx import write_xlsx

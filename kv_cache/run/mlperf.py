@@ -150,6 +150,7 @@ class Sets(dict):
         super().__init__()
         self.origin: dict[str, str] = {}
         self.source = ""  # while a config file is applied: its name, the origin of what it sets
+        self.timing = dict(GENERATION_MS)  # ms per output token of each --generation-mode (its generation_timing)
 
     def __setitem__(self, dotted: str, value) -> None:
         super().__setitem__(dotted, value)
@@ -210,7 +211,8 @@ def translate(argv: list[str]) -> Translation:
         del sets[k]
         sets.origin.pop(k)
     user_sets = {rest[i + 1].split("=", 1)[0] for i, a in enumerate(rest[:-1]) if a == "--set"}
-    for dotted, value in DEFAULTS.items():  # the reference's defaults for what its command line left out
+    defaults = {**DEFAULTS, "workload.generation_ms_per_token": sets.timing["realistic"]}  # its default mode
+    for dotted, value in defaults.items():  # the reference's defaults for what its command line left out
         if dotted not in sets and dotted not in user_sets and not given & _OUR_FLAGS.get(dotted, set()):
             sets.put(dotted, value, f"the MLPerf reference's default {dotted}")
     load_model(ns, rest, sets, notes, DEFAULTS["workload.users"])
@@ -245,7 +247,7 @@ def _load(ns, sets: dict, notes: list[str]) -> None:
     if ns.num_users is not None:
         sets.put("workload.users", ns.num_users, "--num-users")
     if ns.generation_mode is not None:
-        sets.put("workload.generation_ms_per_token", GENERATION_MS[ns.generation_mode], "--generation-mode")
+        sets.put("workload.generation_ms_per_token", sets.timing[ns.generation_mode], "--generation-mode")
     if ns.disable_multi_turn:
         sets.put("workload.max_turns", 1, "--disable-multi-turn")
     if ns.disable_prefix_caching:
@@ -307,7 +309,9 @@ def _tiers(ns, sets: dict, notes: list[str], given: set[str]) -> None:
                      + ("" if cap else " (its size is chosen at start: the reference's default of 2 x capacity)"))
     if ns.io_trace_log:
         sets.put("run.io_trace", ns.io_trace_log, "--io-trace-log")
-        notes.append("--io-trace-log: every block operation is logged as measured on the real tiers (the reference "
+        sets.put("run.io_trace_schema", "mlperf", "--io-trace-log")
+        notes.append("--io-trace-log: every object operation is logged in the reference's columns (Timestamp, "
+                     "Operation, Object_Size_Bytes, Tier, Key, Phase) as measured on the real tiers (the reference "
                      "replaces every tier by a null backend; add --null-io for that)")
 
 

@@ -61,6 +61,12 @@ def apply_config(path: str, data: dict, chosen_model: str, sets, notes: list[str
         _models(data.pop("model_configs"), chosen_model, sets, notes)
     sets.source = f"config file {path}: qos_distribution"
     unused = _qos_mix(data.pop("qos_distribution", None) or {}, sets)
+    for mode, seconds in (data.pop("generation_timing", None) or {}).items():  # its sleep per token, by mode
+        sets.timing[mode] = float(seconds) * 1000.0
+    docs = _doc_tokens(data.get("rag") or {}, chosen_model)
+    if docs:
+        sets.source = f"config file {path}: rag.*_doc_tokens_*"
+        sets["rag.document_tokens"] = docs
     for section, body in data.items():
         for k, v in (body or {}).items():
             sets.source = f"config file {path}: {section}.{k}"
@@ -90,6 +96,17 @@ def _check_keys(path: str, section: str, body) -> None:
                     _unknown(path, f"{section}.{k}.{kk}", fields)
         elif k not in known:
             _unknown(path, f"{section}.{k}", known)
+
+
+def _doc_tokens(rag: dict, model: str) -> list[int] | None:
+    """Its model-aware document lengths: the large_model_* range for models of 70B parameters and more (by their
+    name, as its model table sizes them), the small_model_* range for the others."""
+    import re
+
+    size = re.search(r"(\d+(?:\.\d+)?)b\b", model.lower())
+    prefix = "large" if size and float(size.group(1)) >= 70 else "small"
+    lo, hi = rag.get(f"{prefix}_model_doc_tokens_min"), rag.get(f"{prefix}_model_doc_tokens_max")
+    return [int(lo), int(hi)] if lo is not None and hi is not None else None
 
 
 def _unknown(path: str, dotted: str, known) -> None:
@@ -160,7 +177,10 @@ def _config_key(section: str, k: str, v, sets: dict) -> list[str]:
         # the reference judges end-to-end latency against its p95 target; p99.9 / p99.99 are not judged here
         names = {"target_latency_p95_ms": "e2e_p95_ms", "target_latency_p99_ms": "e2e_p99_ms", "priority": "priority"}
         return _nested(v, names, f"qos.{k}", sets)
+    if section == "rag" and "_doc_tokens_" in k:
+        return []  # applied as one range (_doc_tokens)
     simple = {("conversation", "max_turns_per_conv"): "workload.max_turns",
+              ("sharegpt", "max_generation_tokens"): "trace.max_output_tokens",
               ("conversation", "end_conversation_probability"): "workload.end_probability",
               ("rag", "top_k_chunks"): "rag.top_k", ("rag", "request_probability"): "rag.request_probability"}
     if (section, k) in simple:

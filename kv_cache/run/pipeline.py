@@ -274,7 +274,8 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
             trial: int) -> Stages:
     recorder = Recorder()
     if s.run.io_trace:
-        recorder.io_trace = IOTraceWriter(_io_trace_path(s, dist, trial), time.monotonic_ns(), b.tiers[-1].name)
+        recorder.io_trace = IOTraceWriter(_io_trace_path(s, dist, trial), time.monotonic_ns(), b.tiers[-1].name,
+                                          s.run.io_trace_schema)
     cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder, b.gds, Parts(b.geo.part_bytes))
     fake = all(FAKE_IO in t.flags for t in b.tiers)
     options = LifecycleOptions(s.model.block_tokens, b.geo.bytes_per_token,

@@ -1,10 +1,8 @@
 """Scheduling: closed-loop users or open-loop arrivals, over one pool of workers.
 
-Vocabulary: the *dispatcher* (the main thread) decides when each request is
-due and stamps its *intended start*: every latency runs from there, so a
-late dispatcher or a full queue never hides queueing (no coordinated
-omission). A pool of *workers* (sized for storage concurrency, not one per
-user) executes requests.
+Vocabulary: the *dispatcher* (the main thread) decides when each request is due and stamps its *intended
+start*: every latency runs from there, so a late dispatcher or a full queue never hides queueing (no
+coordinated omission). A pool of *workers* (sized for storage concurrency, not one per user) executes requests.
 
 - closed loop: a heap of (time the user is ready, user); a finished request
   puts its user back after its think time; a user with nothing left leaves.
@@ -176,9 +174,7 @@ class _Runner:
 
         Signals are deferred when it returns (see signals.py): the caller calls signals.resume().
         """
-        # the workers' buffers are allocated and touched before the clock starts (16 workers' 2 x 64 MiB took
-        # seconds of a short window)
-        states = [self.make_worker_state() for _ in range(self.num_workers)]
+        states = [self.make_worker_state() for _ in range(self.num_workers)]  # touched before the clock starts
         start = now_ns()
         self.outcome.start_ns = start
         measure_at = start + int(warmup_s * 1e9)

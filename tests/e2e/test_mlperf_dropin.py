@@ -4,6 +4,7 @@ what it accepts is accepted (--precondition with --precondition-size-gb, --num-g
 make); its names mean its quantities (generated tokens/s, its SLA targets, elapsed_time without our drain)."""
 
 import json
+import re
 
 import pytest
 from conftest import SMALL, bounded, run_cli
@@ -144,3 +145,37 @@ def test_its_closed_workload_runs_as_typed_in_bounded_memory(tmp_path):
     assert writes["write"]["count"] >= 3 and writes["write_io"]["count"] > writes["write"]["count"]  # in parts
     assert res["memory"]["peak_rss_bytes"] <= res["memory"]["budget_bytes"] < 8 * 2**30
     assert res["verification"]["failures"] == 0
+
+
+def test_a_reference_line_prints_its_sections_and_its_pass_fail_after_ours(tmp_path):
+    r = run_cli([*BASE, *bounded(6), "--cache-dir", str(tmp_path), "--output", str(tmp_path / "o.json"),
+                 "--output-dir", str(tmp_path / "reports")], timeout=120)
+    assert r.returncode == 0, r.stderr
+    ours, _, theirs = r.stdout.partition("BENCHMARK RESULTS - MLPerf KV Cache Storage Benchmark")
+    assert "Per-block latency" in ours and theirs  # ours first, then theirs
+    for section in ("### OVERALL PERFORMANCE ###", "Throughput (storage I/O):", "### STORAGE KV BANDWIDTH ###",
+                    "GiB/s", "SLA Met:", "### STORAGE PERFORMANCE ASSESSMENT:"):
+        assert section in theirs, section
+    assert re.search(r"^MLPerf reference assessment: (PASS|FAIL)$", theirs, re.M)
+    data = json.loads((tmp_path / "o.json").read_text())
+    assert f"Requests Completed: {data['summary']['total_requests']}" in theirs
+    plain = run_cli(["--config", str(SMALL), *bounded(4), "--cache-dir", str(tmp_path), "--output-dir",
+                     str(tmp_path / "reports")], timeout=120)
+    assert plain.returncode == 0 and "BENCHMARK RESULTS - MLPerf" not in plain.stdout  # only under their line
+
+
+def test_io_trace_log_writes_the_references_columns(tmp_path):
+    import csv
+    import time
+
+    trace = tmp_path / "kv_trace.csv"
+    before = time.time()
+    r = run_cli([*BASE, *bounded(8), "--cache-dir", str(tmp_path), "--io-trace-log", str(trace), "--output",
+                 str(tmp_path / "o.json"), "--output-dir", str(tmp_path / "reports")], timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(trace.open()))
+    assert list(rows[0]) == ["Timestamp", "Operation", "Object_Size_Bytes", "Tier", "Key", "Phase"]
+    assert {x["Operation"] for x in rows} <= {"Write", "Read"} and {x["Tier"] for x in rows} <= {"Tier-1", "Tier-2"}
+    assert {x["Phase"] for x in rows} <= {"Prefill", "Decode", "Evict"} and "Prefill" in {x["Phase"] for x in rows}
+    assert all(before - 5 <= float(x["Timestamp"]) <= time.time() + 5 for x in rows)  # Unix time, as theirs
+    assert all(int(x["Object_Size_Bytes"]) > 0 for x in rows)
