@@ -72,8 +72,9 @@ BUILTIN = (
 )
 
 
-def _from_config(name: str, spec) -> ModelSpec:
-    where = f"config models.{name}"
+def check_model(name: str, spec, origin: str = "config") -> ModelSpec:
+    """A model of the settings' models section, or one sentence naming what set it (origin) and what is wrong."""
+    where = f"{origin}: models.{name}" if origin != "config" else f"config models.{name}"
     if not isinstance(spec, dict):
         raise UserError(f"{where} must be a mapping with layers, kv_heads, head_dim (or MLA keys).")
     allowed = {"layers", "kv_heads", "head_dim", "attention", "kv_lora_rank", "rope_dim", "aliases", "note"}
@@ -96,7 +97,7 @@ def _from_config(name: str, spec) -> ModelSpec:
 def all_models(extra: dict | None = None) -> list[ModelSpec]:
     models = list(BUILTIN)
     for name, spec in (extra or {}).items():
-        models = [m for m in models if m.name != name] + [_from_config(name, spec)]
+        models = [m for m in models if m.name != name] + [check_model(name, spec)]
     return models
 
 

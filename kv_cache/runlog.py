@@ -88,3 +88,35 @@ def internal(context: str, exc: BaseException) -> str:
 def warn(message: str) -> None:
     """A warning kept in the log beside the run's own output."""
     LOG.warning(message)
+
+
+class PipeSafe:
+    """stdout that outlives its reader: `... | head` closed the pipe and the run ended as an internal error
+    (BrokenPipeError) with its results unwritten. Once the reader is gone the run goes on, printing nowhere."""
+
+    def __init__(self, stream):
+        self._stream, self.gone = stream, False
+
+    def _closed(self) -> None:
+        self.gone = True
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's own flush at exit must not fail either
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._closed()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._closed()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)

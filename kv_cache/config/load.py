@@ -18,6 +18,7 @@ from kv_cache.config.keys import coerce, flag_name
 from kv_cache.config.schema import REPO_CONFIG, Settings
 from kv_cache.errors import UserError
 from kv_cache.inputs import read_text
+from kv_cache.model import check_model
 
 
 @functools.cache
@@ -65,7 +66,8 @@ def _origin(origins: dict, dotted: str, where: str) -> str:
     for n in range(len(parts), 0, -1):
         if ".".join(parts[:n]) in origins:
             return origins[".".join(parts[:n])]
-    return where
+    below = sorted(k for k in origins if k.startswith(dotted + "."))  # --set nosuch.key=1 made the section
+    return origins[below[0]] if below else where
 
 
 def _build(cls, data: dict, where: str, prefix: str = "", origins: dict | None = None):
@@ -120,13 +122,15 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _set_dotted(tree: dict, dotted: str, value) -> None:
+def _set_dotted(tree: dict, dotted: str, value, where: str = "", origin: str = "") -> None:
     parts = dotted.split(".")
     node = tree
-    for p in parts[:-1]:
+    for i, p in enumerate(parts[:-1]):
         node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise UserError(f"--set {dotted}: '{p}' is not a section.")
+        if not isinstance(node, dict):  # a settings file made it a scalar: that file is what is wrong
+            section = ".".join(parts[:i + 1])
+            raise UserError(f"{where}: section {section} must be a mapping, got {node!r} (so {origin or dotted} "
+                            f"cannot set a key in it)." if where else f"--set {dotted}: '{p}' is not a section.")
     node[parts[-1]] = value
 
 
@@ -174,13 +178,16 @@ def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any],
         if _section(dotted) and not isinstance(parsed, dict):
             raise UserError(f"--set {item}: {dotted} is a section; set one of its keys (--set {dotted}.KEY=VALUE) "
                             f"or give a mapping ({{key: value, ...}}).")
-        _set_dotted(tree, dotted, parsed)
         origins[dotted] = typed.get(dotted, f"--set {dotted}")
+        _set_dotted(tree, dotted, parsed, where if path is not None else "", origins[dotted])
     fields = {d: f for d, f, _ in (*iter_keys(Settings), *iter_media_keys())}
     for dotted, value in flags.items():
-        _set_dotted(tree, dotted, value)
         origins[dotted] = flag_name(dotted, fields[dotted]) if dotted in fields else f"--{dotted}"
-    return _build(Settings, tree, where, origins=origins)
+        _set_dotted(tree, dotted, value, where if path is not None else "", origins[dotted])
+    settings = _build(Settings, tree, where, origins=origins)
+    for name, spec in settings.models.items():  # checked here, where what set them is known
+        check_model(name, spec, _origin(origins, f"models.{name}", where))
+    return settings
 
 
 def _section(dotted: str) -> bool:

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from kv_cache.errors import UserError
+from kv_cache.safefiles import write_file
 
 COLUMNS = ("intended_start_s", "start_s", "latency_ms", "op", "tier", "bytes", "key", "phase", "measured")
 # the MLPerf reference's --io-trace-log (its docs/io_trace_log_usage.md): one row per KV object I/O
@@ -28,6 +29,12 @@ MLPERF_OPS = {"write": ("Write", "Prefill"), "read": ("Read", "Decode"), "donor_
 def mlperf_tier(tier: str, storage_tier: str) -> str:
     """Its three tiers: Tier-0 GPU, Tier-1 CPU, Tier-2 the storage (ours: the bottom tier)."""
     return {"gpu": "Tier-0", "cpu": "Tier-1"}.get(tier, "Tier-2" if tier == storage_tier else tier)
+
+
+def fio_job_path(trace) -> Path:
+    """The fio job written beside a trace: its name without .zst and .csv, then .fio."""
+    trace = Path(trace)
+    return trace.with_name(trace.name.removesuffix(".zst").removesuffix(".csv") + ".fio")
 
 
 class IOTraceWriter:
@@ -91,9 +98,8 @@ class IOTraceWriter:
         writes = sum(n * b for (kind, b), n in self.sizes.items() if kind == "write")
         bs = max(self.sizes, key=self.sizes.get)[1] if self.sizes else 4096
         mix = round(100 * reads / (reads + writes)) if reads + writes else 0
-        name = self.path.name.removesuffix(".zst").removesuffix(".csv")
-        path = self.path.with_name(name + ".fio")
-        path.write_text(
+        path = fio_job_path(self.path)
+        write_file(path,
             f"; fio job approximating the NVMe I/O mix kv-cache-bench measured ({self.rows:,} operations traced)\n"
             f"; read {reads:,} B, written {writes:,} B (demotions included); most common block size {bs:,} B\n"
             f"; run: fio {path.name}\n"

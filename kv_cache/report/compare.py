@@ -115,8 +115,6 @@ def comparison_plots(runs: list[tuple[str, Results]], folder: Path) -> list[Path
     ax.set_title("Headline numbers relative to the first run")
     ax.grid(axis="y", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path = folder / "compare_headlines.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    from kv_cache.report.figure import save
+
+    return [save(fig, folder, "compare_headlines.png")]

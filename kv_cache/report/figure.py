@@ -9,10 +9,13 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+from kv_cache.safefiles import write_with
+
 
 def save(fig, folder: Path, name: str) -> Path:
-    path = folder / name
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    try:
+        return write_with(folder / name, lambda f: fig.savefig(f, dpi=100, format=Path(name).suffix[1:] or "png"),
+                          "report", binary=True)
+    finally:
+        plt.close(fig)

@@ -16,6 +16,7 @@ import yaml
 
 from kv_cache.recorder.schema import Results
 from kv_cache.report.console import render
+from kv_cache.safefiles import write_file, write_with
 
 
 def _plain(obj):
@@ -27,10 +28,8 @@ def _plain(obj):
 
 
 def write_settings(results: Results, folder: Path) -> Path:
-    path = folder / "settings.yaml"
-    path.write_text("# The resolved settings of this run: python kv_cache_benchmark.py --config settings.yaml\n"
-                    + yaml.safe_dump(_plain(results.settings), sort_keys=False))
-    return path
+    return write_file(folder / "settings.yaml", "# The resolved settings of this run: python kv_cache_benchmark.py "
+                      "--config settings.yaml\n" + yaml.safe_dump(_plain(results.settings), sort_keys=False), "report")
 
 
 def _significant(v: float, digits: int) -> float:
@@ -52,23 +51,21 @@ def csv_value(column: str, v) -> str:
 
 
 def write_timeseries(results: Results, folder: Path) -> Path:
-    path = folder / "timeseries.csv"
     rows = results.timeseries
     columns = list(dict.fromkeys(k for row in rows for k in row)) or ["t_s"]
-    with path.open("w", newline="") as f:
+
+    def rows_to(f) -> None:
         w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         for row in rows:
             w.writerow({k: csv_value(k, row.get(k)) for k in columns})
-    return path
+    return write_with(folder / "timeseries.csv", rows_to, "report")
 
 
 def write_summary(results: Results, folder: Path, plots: list[Path]) -> Path:
-    path = folder / "summary.md"
     lines = [f"# kv-cache-bench run {results.run.run_id}", "", "```", render(results), "```", ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_file(folder / "summary.md", "\n".join(lines) + "\n", "report")
 
 
 def write_report(results: Results, folder: Path) -> list[Path]:

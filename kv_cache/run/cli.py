@@ -100,7 +100,6 @@ def run_parser(full: bool = True) -> Parser:
 
 def _cmd_run(argv: list[str]) -> int:
     from kv_cache.run import mlperf
-    from kv_cache.run.mlperf_output import write_output
 
     parser = run_parser(full="--help-all" in argv)
     argv, expanded = mlperf.expand_prefixes(argv, {s for a in parser._actions for s in a.option_strings})
@@ -139,22 +138,10 @@ def _cmd_run(argv: list[str]) -> int:
             if not os.listdir(made):  # refused before anything ran: the folders it made go again
                 os.rmdir(made)
         raise
-    if reference is not None and reference.output:
-        folder = Path(settings.run.output_dir) / settings.run.run_id
-        if (folder / "results.json").exists():
-            path, fields = write_output(reference.output, folder, reference.profile)
-            from kv_cache.run.mlperf_console import reference_summary
+    if reference is not None:
+        from kv_cache.run.mlperf_console import after_run
 
-            for line in reference_summary(fields):
-                say(line)
-            say(f"MLPerf fields: {path}")
-            if reference.xlsx:
-                from kv_cache.run.mlperf_xlsx import write_xlsx
-
-                params = {"Model": settings.model.name, "Num Users": settings.workload.users,
-                          "Duration (s)": settings.run.duration_s, "Trace Speedup": settings.trace.speedup,
-                          "Replay Cycles": settings.trace.replay_cycles}
-                say(f"MLPerf spreadsheet: {write_xlsx(reference.xlsx, fields, params, reference.profile)}")
+        after_run(reference, settings, say)
     return status
 
 
@@ -333,6 +320,9 @@ def _clean_remote(url: str, other_hosts: bool, dry_run: bool, kept: bool) -> int
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    stdout = sys.stdout
+    if not isinstance(stdout, runlog.PipeSafe):
+        sys.stdout = runlog.PipeSafe(stdout)
     runlog.set_debug(DEBUG in argv)  # any sub-command: an internal error's traceback on stderr too
     argv = [a for a in argv if a != DEBUG]
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
@@ -357,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         runlog.close()
+        sys.stdout = stdout
 
 
 def leave(status: int) -> typing.NoReturn:

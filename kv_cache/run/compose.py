@@ -215,24 +215,37 @@ def storage_site(s: Settings, run_id: str, join: bool = False) -> StorageSite:
             warnings.append(note)
     try:
         os.makedirs(data_dir, exist_ok=join)
-        if not join:
-            write_marker(data_dir, run_id)
     except FileExistsError:
         why = describe_dead(data_dir) or "a run with the same --run-id kept its data (--keep-data)"
         raise UserError(f"{data_dir} already exists: {why}; remove it (`kv_cache_benchmark.py clean --cache-dir "
                         f"{cache_dir}` removes what killed runs left) or choose another --run-id.") from None
     except OSError as e:
-        shutil.rmtree(data_dir, ignore_errors=True) if not join else None
         raise UserError(f"cannot create {data_dir}: {e.strerror}; pass a writable --cache-dir with free "
                         f"space.") from None
-    engine, note = s.tiers.io_engine, ""
-    if engine == "direct":
-        why = probe_direct(data_dir)
-        if why:
-            engine, note = "buffered", f"fallback: {mount.fs_type} refused O_DIRECT ({why})"
-            warnings.append(f"O_DIRECT is not available in {cache_dir} ({why}); the buffered engine "
-                            f"(write + fsync, page cache dropped before reads) runs instead.")
+    try:  # from here until the caller holds the site, anything that stops the run (a signal too) removes it
+        if not join:
+            write_marker(data_dir, run_id)
+        engine, note = _engine(s.tiers.io_engine, data_dir, cache_dir, mount.fs_type, warnings)
+    except BaseException as e:
+        if not join:  # an empty folder, or one holding only its marker: a start-up signal left it (issue 37)
+            shutil.rmtree(data_dir, ignore_errors=True)
+        if isinstance(e, (OSError, UserError)):
+            raise UserError(f"cannot create {data_dir}: {getattr(e, 'strerror', None) or e}; pass a writable "
+                            f"--cache-dir with free space.") from None
+        raise
     return StorageSite(cache_dir, data_dir, mount.fs_type, mount.mount_point, engine, note, warnings)
+
+
+def _engine(engine: str, data_dir: str, cache_dir: str, fs_type: str, warnings: list[str]) -> tuple[str, str]:
+    """The NVMe engine that will run, and the note saying why when it is not the one asked for."""
+    if engine != "direct":
+        return engine, ""
+    why = probe_direct(data_dir)
+    if not why:
+        return engine, ""
+    warnings.append(f"O_DIRECT is not available in {cache_dir} ({why}); the buffered engine (write + fsync, page "
+                    f"cache dropped before reads) runs instead.")
+    return "buffered", f"fallback: {fs_type} refused O_DIRECT ({why})"
 
 
 

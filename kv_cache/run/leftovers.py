@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kv_cache.markers import is_alive, is_ours, leftover, marker_body, sweep
+from kv_cache.safefiles import write_file
 
 MARKER = ".kvbench-run.json"
 DATA_PREFIX = "kvbench-"
@@ -27,10 +28,7 @@ DATA_PREFIX = "kvbench-"
 
 def write_marker(folder: str | os.PathLike, run_id: str, state: str = "running") -> None:
     """Write (atomically) the marker that says which run made folder and whether it is still running."""
-    path = Path(folder) / MARKER
-    tmp = path.with_name(MARKER + ".tmp")
-    tmp.write_text(json.dumps(marker_body(run_id, state)))
-    os.replace(tmp, path)
+    write_file(Path(folder) / MARKER, json.dumps(marker_body(run_id, state)), "marker")
 
 
 def read_marker(folder: str | os.PathLike) -> dict | None:
@@ -130,6 +128,4 @@ def set_state(folder: str | os.PathLike, state: str) -> None:
     m = read_marker(folder)
     if m is not None:
         m["state"] = state
-        tmp = Path(folder) / (MARKER + ".tmp")
-        tmp.write_text(json.dumps(m))
-        os.replace(tmp, Path(folder) / MARKER)
+        write_file(Path(folder) / MARKER, json.dumps(m), "marker")

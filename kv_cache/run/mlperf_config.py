@@ -140,6 +140,9 @@ def _models(body: dict, chosen: str, sets, notes: list[str]) -> None:
             notes.append(f"model_configs.{key}: not applied, it lacks what sizes a token here ({', '.join(missing)}"
                          f"; the reference merges a partial entry over its built-in, whose fields are not ours)")
             continue
+        if "dtype" in spec and spec["dtype"] not in _DTYPES:
+            raise UserError(f"{sets.source}.{key}.dtype {spec['dtype']!r} is not a dtype the reference knows "
+                            f"({', '.join(_DTYPES)}).")
         models[builtin.get(key, key)] = ours  # a built-in's name or alias: that model is replaced
         if key == chosen and spec.get("dtype") in _DTYPES:
             sets["model.kv_dtype"] = _DTYPES[spec["dtype"]]
@@ -153,6 +156,10 @@ def _qos_mix(body: dict, sets: dict) -> list[str]:
         return []
     a = body.get("interactive_probability", 0.15)
     b = body.get("responsive_threshold", 0.50)
+    for name, v, lo in (("interactive_probability", a, 0.0), ("responsive_threshold", b, a)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= 1.0:
+            raise UserError(f"{sets.source}.{name} must be a number from {lo:g} to 1 (responsive_threshold is "
+                            f"cumulative, at least interactive_probability); got {v!r}.")
     sets["qos.mix"] = f"interactive={a:g},responsive={b - a:g},batch={1 - b:g}"
     return [f"qos_distribution.{k}" for k in sorted(set(body) - {"interactive_probability", "responsive_threshold"})]
 

@@ -100,3 +100,25 @@ def _assessment(health: dict) -> list[str]:
              f"  Criteria Passed: {health['passed_count']}/{health['total_count']} ({health['profile']} profile)"]
             + [_criterion(c) for c in health["criteria"]]
             + [f"MLPerf reference assessment: {status}"])
+
+
+def after_run(reference, settings, say) -> None:
+    """After a reference command line's run: its --output file, its console sections, its spreadsheet."""
+    from pathlib import Path
+
+    from kv_cache.run.mlperf_output import write_output
+
+    folder = Path(settings.run.output_dir) / settings.run.run_id
+    if not reference.output or not (folder / "results.json").exists():
+        return
+    path, fields = write_output(reference.output, folder, reference.profile)
+    for line in reference_summary(fields):
+        say(line)
+    say(f"MLPerf fields: {path}")
+    if reference.xlsx:
+        from kv_cache.run.mlperf_xlsx import write_xlsx
+
+        params = {"Model": settings.model.name, "Num Users": settings.workload.users,
+                  "Duration (s)": settings.run.duration_s, "Trace Speedup": settings.trace.speedup,
+                  "Replay Cycles": settings.trace.replay_cycles}
+        say(f"MLPerf spreadsheet: {write_xlsx(reference.xlsx, fields, params, reference.profile)}")

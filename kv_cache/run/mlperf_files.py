@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from kv_cache.errors import UserError
+from kv_cache.safefiles import refuse_link
 
 
 def check_output(path: str, flag: str = "--output") -> None:
@@ -15,7 +16,8 @@ def check_output(path: str, flag: str = "--output") -> None:
     from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 
     target = Path(path)
-    if target.is_dir():
+    refuse_link(target, flag)
+    if target.is_dir() or path.endswith(os.sep):
         raise UserError(f"{flag} {path} is a folder; name a file in it (e.g. {target / 'mlperf.json'}).")
     parent = target.parent
     if not parent.is_dir():

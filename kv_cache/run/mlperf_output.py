@@ -15,6 +15,7 @@ from kv_cache.recorder.schema import Results
 from kv_cache.recorder.snapshot import Snapshot
 from kv_cache.run.mlperf_cache import cache_stats, device_latency
 from kv_cache.run.mlperf_fields import Fields
+from kv_cache.safefiles import write_file
 
 RAW_LISTS = ("end_to_end_latencies", "storage_latencies", "generation_latencies", "prefill_latencies",
              "decode_latencies")
@@ -148,11 +149,8 @@ def write_output(path: str, results_dir: Path, profile: str) -> tuple[Path, dict
     """--output FILE: the reference's schema from the run's results.json; (the file, what it holds)."""
     data = json.loads((results_dir / "results.json").read_text())
     out = reference_output(Results.from_dict(data), Snapshot.from_dict(data["snapshot"]), profile)
-    target = Path(path)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(out, indent=1))
-    except OSError as e:
-        raise UserError(f"--output {path}: cannot write there ({e.strerror}); the run's results are in "
-                        f"{results_dir}.") from None
+        target = write_file(path, json.dumps(out, indent=1), "--output")
+    except UserError as e:
+        raise UserError(f"{e}; the run's results are in {results_dir}.") from None
     return target, out

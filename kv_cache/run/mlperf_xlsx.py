@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from kv_cache.errors import UserError
+from kv_cache.safefiles import write_with
 
 PCT_NAMES = (("p50", "P50"), ("p95", "P95"), ("p99", "P99"), ("p999", "P99.9"), ("p9999", "P99.99"))
 
@@ -82,9 +82,4 @@ def write_xlsx(path: str, reference: dict, params: dict, profile: str) -> Path:
             met = "N/A (throughput mode)" if profile == "throughput" else _dig(d, "sla", "met")
             ws.append([level, d.get("total_requests"), _dig(d, "latency_ms", "p95"), _dig(d, "latency_ms", "p99"),
                        met])
-    target = Path(path)
-    try:
-        wb.save(target)
-    except OSError as e:
-        raise UserError(f"--xlsx-output {path}: cannot write there ({e.strerror}).") from None
-    return target
+    return write_with(path, wb.save, "--xlsx-output", binary=True)

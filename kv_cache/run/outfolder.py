@@ -24,6 +24,7 @@ from kv_cache.errors import UserError
 from kv_cache.recorder.schema import Results
 from kv_cache.run.describe import nothing_measured
 from kv_cache.run.leftovers import MARKER, describe_dead, write_marker
+from kv_cache.safefiles import write_file
 from kv_cache.tiers.fsinfo import refuse_system_dir
 
 RESERVE = ".kvbench-reserve"
@@ -117,9 +118,10 @@ def fallback_folder(run_id: str) -> Path:
 
 def write_json(path: Path, data: dict) -> None:
     """Write atomically: a reader never sees half a file."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+    try:
+        write_file(path, json.dumps(data, indent=1, default=str), "results")
+    except UserError as e:  # the caller falls back to another folder on an OSError
+        raise OSError(str(e)) from None
 
 
 def write_results(merged: Results, report_dir: Path, extra: dict) -> tuple[Path, bool]:

@@ -86,10 +86,10 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
     sized = replace(s, "schedule.workers", ceiling)  # buffers, lanes and the budget for the most threads
     budget = memory_budget(sized, geo, gpu)
     check_fits(budget, ceiling, buffer_bytes(geo.io_bytes))
-    site = None if s.tiers.null_io or s.tiers.nvme == "off" else storage_site(s, run_id, join)
     fill = payloads.fill if payloads else None
-    tiers: list = []
+    tiers, site = [], None
     try:
+        site = None if s.tiers.null_io or s.tiers.nvme == "off" else storage_site(s, run_id, join)
         tiers, notes = build_tiers(sized, geo, site, fill, f"r{rank}", gpu, run_id)
         pin_host_memory(tiers, payloads)
         gds = gds_link(sized, tiers, gpu, geo)
@@ -98,7 +98,7 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
     except BaseException:
         for t in tiers:  # registered host memory and device slabs go back, files go
             t.close()
-        if site:
+        if site and not join:
             shutil.rmtree(site.data_dir, ignore_errors=True)
         raise
     gds_note = f"GDS path: {gds.mode}" if gds else ""

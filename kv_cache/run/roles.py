@@ -10,6 +10,8 @@ from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.handoff import FOLDER, MANIFEST, HandoffStore, check_header
 from kv_cache.lifecycle.nixl_handoff import SCHEME, NixlDecode, NixlPrefill, parse_url
+from kv_cache.recorder.iotrace import fio_job_path
+from kv_cache.safefiles import refuse_link
 from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.qos import QosPolicy
 from kv_cache.sources.handoff import ManifestFollower, RecordFollower, wait_for_manifest
@@ -120,6 +122,8 @@ def check_options(s: Settings, mpi: bool) -> list[str]:
     if s.run.io_trace:
         trace = os.path.abspath(s.run.io_trace)
         refuse_system_dir(os.path.dirname(trace), "--io-trace", FILES)
+        refuse_link(trace, "--io-trace")
+        refuse_link(fio_job_path(trace), "--io-trace's fio job")
         if os.path.exists(trace) and not mpi and s.run.trials == 1:  # else <name>.trial<k>.rank<r>: the writer refuses
             raise UserError(f"--io-trace {s.run.io_trace} exists; pass a new file name (a trace is never written "
                             f"over an existing file).")

@@ -26,6 +26,7 @@ import yaml
 
 from kv_cache import __version__
 from kv_cache.recorder.schema import Results, SchemaError
+from kv_cache.safefiles import write_file
 from kv_cache.tiers.fsinfo import mount_of
 
 
@@ -179,13 +180,11 @@ def _files(folder: Path) -> list[Path]:
 
 
 def write_package(folder: Path, settings: dict, rules: Rules, cache_dir: str) -> Path:
-    (folder / "system.json").write_text(json.dumps(system_description(cache_dir), indent=1))
-    (folder / "settings.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    write_file(folder / "system.json", json.dumps(system_description(cache_dir), indent=1), "--submission")
+    write_file(folder / "settings.yaml", yaml.safe_dump(settings, sort_keys=False), "--submission")
     manifest = {"rules": rules.name, "for_submission": rules.for_submission, "tool_version": __version__,
                 "files": {str(p.relative_to(folder)): _sha256(p) for p in _files(folder)}}
-    path = folder / "manifest.json"
-    path.write_text(json.dumps(manifest, indent=1))
-    return path
+    return write_file(folder / "manifest.json", json.dumps(manifest, indent=1), "--submission")
 
 
 def validate(folder: Path) -> tuple[list[str], str]:

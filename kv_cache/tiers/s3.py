@@ -58,6 +58,29 @@ def _where(url: str, env) -> tuple[str, str, str]:
     return parts.netloc, f"{prefix}/" if prefix else "", env.get("AWS_ENDPOINT_URL", "")
 
 
+def _check_setup(url: str, endpoint: str, env) -> None:
+    """The setup an S3 client needs, refused in one sentence before any client is made: credentials (both keys:
+    one missing was obstore's TypeError) and an endpoint that is an http(s) URL (a malformed one was a Rust
+    panic with a 109-line traceback, or boto3's ValueError)."""
+    missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not env.get(k)]
+    if missing:
+        raise UserError(f"--remote-url {url}: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                        f"set; the S3 tier reads its credentials from the environment (AWS_ACCESS_KEY_ID, "
+                        f"AWS_SECRET_ACCESS_KEY, and AWS_ENDPOINT_URL for a server other than AWS).")
+    if not endpoint:
+        return
+    try:
+        parts = urlsplit(endpoint)  # an unclosed [ raises here
+        parts.port  # noqa: B018 - a port that is not a number raises here
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.path in ("", "/") \
+            and not parts.query and not parts.fragment
+    except ValueError:
+        valid = False
+    if not valid:
+        raise UserError(f"AWS_ENDPOINT_URL={endpoint} is not an http:// or https:// URL of a server "
+                        f"(scheme://HOST[:PORT]); fix it, or unset it for AWS itself.")
+
+
 def _ca_bundle(path: str) -> str:
     try:
         with open(path) as f:
@@ -197,8 +220,19 @@ class S3ObjectStore:
         self.where = f"{url} at {endpoint or 'AWS'}"
         self.timeout = settings.timeout_s
         self.version = f"S3 ({settings.client})"
-        self.ops = (_Obstore(self.bucket, endpoint, env, settings) if settings.client == "obstore"
-                    else _Boto3(self.bucket, endpoint, env, settings, lanes))
+        _check_setup(url, endpoint, env)
+        try:
+            self.ops = (_Obstore(self.bucket, endpoint, env, settings) if settings.client == "obstore"
+                        else _Boto3(self.bucket, endpoint, env, settings, lanes))
+        except UserError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a client's refusal (obstore's Rust panic is a BaseException)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            raise UserError(f"--remote-url {url}: the {settings.client} client refused its settings "
+                            f"({type(e).__name__}: {first}); check AWS_ENDPOINT_URL, AWS_REGION and the "
+                            f"credentials.") from None
 
     def _error(self, what: str, e: Exception, before: bool = False):
         kind = self.ops.kind(e)

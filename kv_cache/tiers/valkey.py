@@ -15,6 +15,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -91,6 +92,28 @@ def _tls_failed(text: str, url: str) -> str:
             f"not the system's, add ?ssl_ca_certs=PATH to the URL, and use rediss:// only for a TLS port.")
 
 
+def check_url(url: str) -> None:
+    """Refuse, naming the part, a URL the client would read as something else: an empty host (it took
+    localhost), port 0 (it took 6379), a db that is not a number (`abc`, `0 extra`: db 0), any white space or
+    control character (a newline inside it was dropped)."""
+    shown = redact(url)
+    bad = next((c for c in url if c.isspace() or ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise UserError(f"--remote-url {shown!r} holds a white-space or control character ({bad!r}); remove it.")
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        raise UserError(f"--remote-url {shown}: the port is not a number from 1 to 65535.") from None
+    if not parts.hostname:
+        raise UserError(f"--remote-url {shown}: the host is empty; name it (e.g. redis://127.0.0.1:6379/0).")
+    if port is not None and not 1 <= port <= 65535:
+        raise UserError(f"--remote-url {shown}: port {port} is not a port from 1 to 65535.")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise UserError(f"--remote-url {shown}: the database {db!r} is not a number (the path is /DB, e.g. /0).")
+
+
 class ValkeyStore:
     """A Valkey/Redis server behind a URL, as a remote tier uses it (see tiers/remote.py's Store)."""
 
@@ -107,6 +130,7 @@ class ValkeyStore:
         # NOTE: the pure-Python packer sends a block's memoryview as it is (no copy); libvalkey's copies it into one
         # string first (a 2 MiB SET 5x slower under 4 threads): libvalkey parses the replies only
         packer = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+        check_url(url)
         try:
             self.pool = valkey.ConnectionPool.from_url(url, max_connections=lanes + 4, socket_timeout=self.timeout,
                                                        socket_connect_timeout=self.timeout, command_packer=packer)
@@ -126,8 +150,11 @@ class ValkeyStore:
         if why := _tls_failed(text, self.url):
             return UserError(why)
         if isinstance(e, (self.errors.ConnectionError, self.errors.TimeoutError)):
+            tls = self.url.split("://", 1)[0] in ("rediss", "valkeys")
             return UserError(f"--remote-url {self.url}: no Valkey/Redis server answers there within "
-                             f"{self.timeout:g} s ({text}); start it or fix the URL.")
+                             f"{self.timeout:g} s ({text}); start it or fix the URL"
+                             + (" (rediss:// speaks TLS first: a plain port never answers it; use redis:// "
+                                "there)." if tls else "."))
         return UserError(f"--remote-url {self.url}: the server refused ({text}).")
 
     def check(self) -> None:

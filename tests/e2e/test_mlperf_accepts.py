@@ -113,3 +113,16 @@ def test_its_rag_trace_and_autoscaler_defaults_apply_unless_set():
     s, t = settings_of("--num-users", "4", "--enable-autoscaling")  # the reference starts at 4, no ceiling at 4
     assert (s.autoscale.start_users, s.workload.users) == (4, 500)
     assert "the autoscaler starting at 4 users" in t.notes[0]
+
+
+def test_a_bad_value_in_their_config_is_refused_naming_its_key(tmp_path):
+    """Issue 37, item 7: a model_configs dtype of float99 was ignored; interactive_probability 2 was blamed on
+    --qos-mix, which was not given."""
+    cfg = tmp_path / "theirs.yaml"
+    cfg.write_text("model_configs:\n  llama3.1-8b: {dtype: float99, num_layers: 32, hidden_dim: 4096, num_heads: 32, "
+                   "kv_heads: 8}\n")
+    with pytest.raises(UserError, match=r"model_configs.llama3.1-8b.dtype 'float99' is not a dtype"):
+        translate(["--config", str(cfg), "--num-users", "2", "--output", str(tmp_path / "o.json")])
+    cfg.write_text("qos_distribution:\n  interactive_probability: 2\n")
+    with pytest.raises(UserError, match=r"qos_distribution.interactive_probability must be a number from 0 to 1"):
+        translate(["--config", str(cfg), "--num-users", "2", "--output", str(tmp_path / "o.json")])

@@ -266,3 +266,14 @@ def test_the_traces_readme_example_runs(tmp_path):
                 timeout=120)
     assert r.returncode == 0, r.stderr  # its pre-run checks pass (the warm-up swallowed the trace before)
     assert Path(tmp_path).iterdir()
+
+
+def test_a_reader_that_closes_the_pipe_does_not_stop_the_run(small_run):
+    """Issue 37, item 7: `| head` gave "internal error: BrokenPipeError" and a report folder with only run.log."""
+    p = subprocess.Popen([sys.executable, str(REPO / "kv_cache_benchmark.py"), *small_run("pipe")[:-1],
+                          *bounded(12)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.readline()
+    p.stdout.close()  # as head does after its lines
+    err = p.stderr.read()
+    assert p.wait(timeout=180) == 0 and "BrokenPipe" not in err and "internal error" not in err, err
+    assert small_run.results("pipe")["requests"]["completed"] > 0

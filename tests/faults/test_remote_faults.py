@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, SMALL, VALKEY_PASSWORD, bounded, run_cli
+from helpers import assert_clean_error
 from servers import HOST, free_port, s3_objects, start_valkey, valkey_keys
 
 pytestmark = pytest.mark.slow  # make test-all (CI)
@@ -157,3 +158,51 @@ def test_a_killed_runs_leftovers_are_reported_and_cleaned(request, tmp_path, med
     cleaned = run_cli(["clean", "--remote-url", server.url], extra_env=server.env)
     assert cleaned.returncode == 0 and "removed" in cleaned.stdout, cleaned.stderr
     assert names() == []
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"AWS_ENDPOINT_URL": "http://127.0.0.1:1"}, "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set"),
+    ({"AWS_ACCESS_KEY_ID": "a", "AWS_ENDPOINT_URL": "http://127.0.0.1:1"}, "AWS_SECRET_ACCESS_KEY is not set"),
+    ({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "AWS_ENDPOINT_URL": "htp:/x"}, "is not an http://"),
+    ({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "AWS_ENDPOINT_URL": "http://127.0.0.1:99999"},
+     "is not an http://"),
+    ({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "AWS_ENDPOINT_URL": "http://[::1"}, "is not an http://"),
+])
+@pytest.mark.parametrize("client", ["obstore", "boto3"])
+def test_an_s3_setup_mistake_is_one_sentence_before_the_run(tmp_path, env, says, client):
+    """Issue 37, item 3: no endpoint or no credentials was obstore's internal TypeError, a malformed endpoint a Rust
+    panic (109 lines) or boto3's ValueError. Nothing is contacted: each is refused before the run."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    r = subprocess.run([sys.executable, str(REPO / "kv_cache_benchmark.py"), "--config", str(SMALL), "--remote-url",
+                        "s3://bucket/p", "--set", f"media.s3.client={client}", "--cache-dir", str(tmp_path),
+                        "--output-dir", str(tmp_path / "r"), "--max-requests", "2"], capture_output=True, text=True,
+                       timeout=120, env={**base, **env})
+    assert_clean_error(r, says)
+    assert not list(tmp_path.glob("r/*/results.json"))
+
+
+@pytest.mark.parametrize("tail, says", [
+    ("/abc", "the database 'abc' is not a number"), ("/0 extra", "white-space or control character"),
+    ("/0\nx", "white-space or control character"), ("/0x", "the database '0x' is not a number")])
+def test_a_malformed_valkey_url_is_refused_naming_the_part(valkey_server, tmp_path, tail, says):
+    """Issue 37, item 4: a db of abc, '0 extra' or '0\\nx' became db 0, an empty host localhost, port 0 6379: each
+    went to another place than the one named, silently (exit 0)."""
+    r = run_cli(remote_args(tmp_path, "bad", valkey_server.url.rstrip("/0123456789") + tail, "--remote-gb", "0.25"))
+    assert r.returncode == 2
+    one_sentence(r, says)
+
+
+@pytest.mark.parametrize("url, says", [("redis://:6379/0", "the host is empty"),
+                                       (f"redis://{HOST}:0/0", "port 0 is not a port"),
+                                       (f"redis://{HOST}:port/0", "the port is not a number")])
+def test_an_empty_host_or_a_port_out_of_range_is_refused(tmp_path, url, says):
+    r = run_cli(remote_args(tmp_path, "bad", url, "--remote-gb", "0.25"))
+    assert r.returncode == 2
+    one_sentence(r, says)
+
+
+def test_rediss_against_a_plain_port_says_it_speaks_tls_first(valkey_server, tmp_path):
+    tls = valkey_server.url.replace("valkey://", "valkeys://").replace("redis://", "rediss://")
+    r = run_cli(remote_args(tmp_path, "tls", tls, "--remote-gb", "0.25", "--set", "media.valkey.timeout_s=2"))
+    assert r.returncode == 2
+    one_sentence(r, "speaks TLS first")

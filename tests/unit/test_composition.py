@@ -1,5 +1,7 @@
 """The composition root's seams: the tier registry, capability hooks, per-rank seeds, runner gauges, flags."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -101,3 +103,20 @@ def test_negative_flags_say_they_turn_the_feature_off():
     helps = {a.option_strings[0]: a.help for a in run_parser()._actions if a.option_strings}
     for flag in ("--no-telemetry", "--no-promote"):
         assert helps[flag].startswith("Turn off"), (flag, helps[flag])
+
+
+@pytest.mark.parametrize("where", ["write_marker", "probe_direct"])
+def test_a_signal_while_the_data_folder_is_made_leaves_no_folder(tmp_path, monkeypatch, where):
+    """Issue 37, item 6: a signal at start-up said "temporary data was removed" but left kvbench-<id>/ (empty, or
+    holding only its marker; the empty one had no marker, so clean could not find it)."""
+    from kv_cache.config import resolve
+    from kv_cache.run import compose
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compose, where, interrupted)
+    s = resolve(None, [f"tiers.cache_dir={tmp_path}"], {"tiers.null_io": False})
+    with pytest.raises(KeyboardInterrupt):
+        compose.storage_site(s, "sig")
+    assert os.listdir(tmp_path) == []

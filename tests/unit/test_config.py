@@ -95,3 +95,18 @@ def test_every_number_a_user_gives_is_bounded_above():
 def test_a_number_past_its_ceiling_is_refused_with_the_flag(flag, value):
     with pytest.raises(UserError, match="must be <="):
         resolve(None, [], {flag: value})
+
+
+def test_a_mistake_names_what_the_user_typed_not_another_source(tmp_path):
+    """Issue 37, item 7: `--set nosuch.key=1` was blamed on config.yaml, `--set models.tiny=...` on "config", and a
+    settings file's scalar section on the --set (or flag) that set a key inside it."""
+    from kv_cache.errors import UserError
+
+    with pytest.raises(UserError, match=r"^--set nosuch.key: unknown key 'nosuch'"):
+        resolve(None, ["nosuch.key=1"], {})
+    with pytest.raises(UserError, match=r"^--set models.tiny: models.tiny must be a mapping"):
+        resolve(None, ["models.tiny=3"], {})
+    scalar = tmp_path / "s.yaml"
+    scalar.write_text("run: 5\n")
+    with pytest.raises(UserError, match=r"^config file .*s.yaml: section run must be a mapping, got 5"):
+        resolve(str(scalar), ["run.seed=1"], {})

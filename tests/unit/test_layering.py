@@ -16,7 +16,8 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "kv_cache"
 FLOW = ["sources", "scheduler", "lifecycle", "cache", "tiers"]
-SHARED = {"__init__", "types", "errors", "model", "signals", "buffers", "runlog", "inputs", "markers", "config"}
+SHARED = {"__init__", "types", "errors", "model", "signals", "buffers", "runlog", "inputs", "markers", "config",
+          "safefiles"}
 ROOT = "run"
 
 
