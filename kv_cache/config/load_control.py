@@ -85,6 +85,10 @@ class RoleSettings:
     wait_s: float = key(60.0, "decode: give up when no prefill node publishes anything for this long; prefill: "
                               "wait this long at the end for decode nodes to finish reading.", lo=0.0,
                               hi=DAY_S)
+    peer_timeout_s: float = key(10.0, "NIXL handoff: the longest a node waits on its peer (the side channel's "
+                                      "header, its next line or heartbeat - a prefill node sends one every second "
+                                      "-, one READ) before it stops the run as a fault naming the peer.",
+                                "--disagg-peer-timeout-s", lo=1.0, hi=DAY_S)
 
 
 SEMANTIC_MIX = ("exact_repeat=1,instruction_variant=1,same_evidence_new_task=1,leading_evidence_new_task=1,"

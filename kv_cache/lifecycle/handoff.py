@@ -135,12 +135,16 @@ class HandoffStore:
         with self._lock:
             self._append({"kind": "end", "done_wall": time.time()})
         deadline = time.monotonic() + wait_s
-        attached = self.attached()
-        while attached - self.finished() and time.monotonic() < deadline:
+        while self.reading() and time.monotonic() < deadline:
             time.sleep(0.05)
+        attached = self.attached()
         waiting = sorted(attached - self.finished())
-        if waiting:
-            say(f"  handoff: decode node(s) {', '.join(waiting)} still reading after {wait_s:g} s; removing anyway")
+        lost = sorted(set(waiting) - self.reading())
+        if set(waiting) - set(lost):
+            say(f"  handoff: decode node(s) {', '.join(sorted(set(waiting) - set(lost)))} still reading after "
+                f"{wait_s:g} s; removing anyway")
+        if lost:
+            say(f"  handoff: decode node(s) {', '.join(lost)} left before the end (their connection ended)")
         self._fd = self._close_manifest(remove)
         return {"published_blocks": len(self._published), "decode_nodes": sorted(attached),
                 "decode_nodes_unfinished": waiting}
@@ -171,6 +175,10 @@ class HandoffStore:
 
     def finished(self) -> set[str]:
         return {n.rsplit(".", 1)[0] for n in os.listdir(self.folder) if n.endswith(".done")}
+
+    def reading(self) -> set[str]:
+        """Decode nodes that are still reading: waited for at the end (the folder cannot tell a dead one)."""
+        return self.attached() - self.finished()
 
     # ------------------------------------------------------------------ decode side
 

@@ -13,6 +13,9 @@ import time
 
 from kv_cache.errors import UserError
 
+HEARTBEAT_S = 1.0
+HEARTBEAT = b'{"kind":"alive"}\n'
+
 
 class Line:
     """Newline-delimited JSON over a socket."""
@@ -50,6 +53,7 @@ class PrefillChannel:
         self.lines: list[bytes] = []
         self.peers: dict[str, Line] = {}
         self.done: set[str] = set()
+        self.ever: set[str] = set()  # every decode node that attached (one that died is still one that came)
         self.lock = threading.Lock()
         try:
             self.server = socket.create_server((host, port))
@@ -59,6 +63,21 @@ class PrefillChannel:
         self.server.settimeout(0.2)
         self.closed = False
         threading.Thread(target=self._accept, name="handoff-accept", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="handoff-heartbeat", daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        """A line every HEARTBEAT_S, so that a decode node tells an idle prefill node from a frozen one."""
+        while not self.closed:
+            time.sleep(HEARTBEAT_S)
+            self._send_all(HEARTBEAT)
+
+    def _send_all(self, line: bytes) -> None:
+        with self.lock:
+            for name, peer in list(self.peers.items()):
+                try:
+                    peer.send(line)
+                except OSError:
+                    self.peers.pop(name, None)
 
     def _accept(self) -> None:
         while not self.closed:
@@ -72,6 +91,21 @@ class PrefillChannel:
             threading.Thread(target=self._serve, args=(Line(sock),), name="handoff-peer", daemon=True).start()
 
     def _serve(self, peer: Line) -> None:
+        """One decode node's connection; junk, a reset or a vanished peer ends it quietly (its thread printed a
+        traceback on junk before)."""
+        try:
+            self._talk(peer)
+        except (OSError, ValueError, AttributeError, TypeError):
+            pass
+        finally:
+            with self.lock:
+                for name, p in list(self.peers.items()):
+                    if p is peer:
+                        self.peers.pop(name)
+            peer.close()
+
+    def _talk(self, peer: Line) -> None:
+        peer.sock.settimeout(None)
         hello = peer.recv()
         if not hello or hello.get("kind") != "attach":
             return peer.close()
@@ -86,11 +120,10 @@ class PrefillChannel:
             for line in self.lines:
                 peer.send(line)
             self.peers[name] = peer
+            self.ever.add(name)
         while (msg := peer.recv()) is not None:
             if msg.get("kind") == "done":
                 self.done.add(name)
-        with self.lock:
-            self.peers.pop(name, None)
 
     def append(self, record: dict | bytes) -> None:
         line = record if isinstance(record, bytes) else (json.dumps(record) + "\n").encode()
@@ -100,15 +133,16 @@ class PrefillChannel:
             line = (json.dumps(d, separators=(",", ":")) + "\n").encode()
         with self.lock:
             self.lines.append(line)
-            for name, peer in list(self.peers.items()):
-                try:
-                    peer.send(line)
-                except OSError:
-                    self.peers.pop(name, None)
+        self._send_all(line)
 
     def attached(self) -> set[str]:
+        """Every decode node that attached during the run (connected now or not)."""
         with self.lock:
-            return set(self.peers) | set(self.done)
+            return set(self.ever)
+
+    def connected(self) -> set[str]:
+        with self.lock:
+            return set(self.peers)
 
     def close(self) -> None:
         self.closed = True

@@ -44,7 +44,6 @@ SCHEME = "nixl://"
 ENGINE = "nixl (UCX)"  # what the results' role section and tier table name
 PROGRESS_DELAY_US = 1000  # NIXL's progress thread wakes on UCX's events, and at the latest after this (make_agent)
 POLL_S = 0.00005  # a decode worker's pause between polls of its READ
-READ_TIMEOUT_S = 30.0  # a READ still in flight after this is a fault (the prefill node or the network is gone)
 
 
 def parse_url(url: str) -> tuple[str, int]:
@@ -58,13 +57,20 @@ def parse_url(url: str) -> tuple[str, int]:
 
 
 def nixl_api():
+    # NOTE: NIXL's and UCX's own log lines (a peer that reset its connection, a backend's warnings) broke the
+    # one-line stderr rule: silenced unless --debug, before the libraries load (they read these once)
+    from kv_cache import runlog
+
+    quiet = not runlog.debugging()
+    os.environ.setdefault("UCX_LOG_LEVEL", "fatal" if quiet else "warn")
+    os.environ.setdefault("NIXL_LOG_LEVEL", "FATAL" if quiet else "WARN")
     try:
         from nixl_cu12 import _api
     except ImportError:
         raise UserError(MISSING + ".") from None
     import logging
 
-    logging.getLogger("nixl").setLevel(logging.WARNING)  # its INFO lines would interleave with ours
+    logging.getLogger("nixl").setLevel(logging.CRITICAL if quiet else logging.WARNING)
     return _api
 
 
@@ -174,6 +180,10 @@ class NixlPrefill(HandoffStore):
     def finished(self) -> set[str]:
         return set(self.channel.done)
 
+    def reading(self) -> set[str]:
+        """Decode nodes still connected and not done (one whose connection ended is not waited for)."""
+        return self.channel.connected() - self.finished()
+
     def _close_manifest(self, remove: bool) -> int:
         self.channel.close()
         self.blocks.close(remove)  # deregistered (and zeroed) whatever remove says: no one may read it after
@@ -194,13 +204,22 @@ class NixlDecode:
 
     role, engine = "decode", ENGINE
 
-    def __init__(self, url: str, identity: dict, wait_s: float, say):
-        self.url, self.folder = url, url
+    def __init__(self, url: str, identity: dict, wait_s: float, say, peer_timeout_s: float = 10.0):
+        self.url, self.folder, self.peer_timeout_s = url, url, peer_timeout_s
         host, port = parse_url(url)
         self.link = Line(connect(host, port, wait_s, url, say))
+        # NOTE: every read of the side channel has a deadline: a port that accepts and never speaks, or a frozen
+        # prefill node (no line, not even its heartbeat), is a fault, never a hang
+        self.link.sock.settimeout(peer_timeout_s)
         self.name = f"decode-{os.uname().nodename}-{os.getpid()}"
-        self.link.send({"kind": "attach", "name": self.name, "identity": identity})
-        header = self.link.recv()
+        try:
+            self.link.send({"kind": "attach", "name": self.name, "identity": identity})
+            header = self.link.recv()
+        except (OSError, ValueError) as e:
+            self.link.close()
+            raise UserError(f"the peer at {url} accepted the connection but sent no handoff header within "
+                            f"{peer_timeout_s:g} s ({type(e).__name__}); is it a --role prefill run of this "
+                            f"benchmark? (--disagg-peer-timeout-s)") from None
         if header is None or header.get("kind") != "header":
             why = header.get("why") if header else "it closed the connection"
             self.link.close()
@@ -220,14 +239,20 @@ class NixlDecode:
 
     def _follow(self) -> None:
         while True:
+            why = "closed its side channel"
             try:
                 rec = self.link.recv()
+            except TimeoutError:
+                rec, why = None, (f"sent nothing, not even its heartbeat, for {self.peer_timeout_s:g} s "
+                                  f"(--disagg-peer-timeout-s): it stopped or its network did")
             except (OSError, ValueError):
                 rec = None
             if rec is None:
-                self.records.put({"kind": "lost", "why": f"the prefill node at {self.url} closed its side channel "
-                                                         f"before the end of its manifest"})
+                self.records.put({"kind": "lost", "why": f"the prefill node at {self.url} {why} before the end of "
+                                                         f"its manifest"})
                 return
+            if rec.get("kind") == "alive":  # its heartbeat: alive, nothing to hand over
+                continue
             if rec.get("kind") == "request":
                 for k, slot in zip(rec["keys"], rec.pop("slots", ())):
                     self.slot_of[int(k, 16)] = slot
@@ -251,21 +276,22 @@ class NixlDecode:
                     [(base.ctypes.data, base.nbytes, 0, "")], "DRAM")
 
     def _read(self, local_addr: int, remote_addr: int, nbytes: int) -> None:
-        """One NIXL READ, polled to its end (at most READ_TIMEOUT_S); a failure of any kind is a RunFault."""
+        """One NIXL READ, polled to its end (at most --disagg-peer-timeout-s); a failure of any kind is a RunFault."""
         try:
             state = self._transfer(local_addr, remote_addr, nbytes)
         except Exception as e:  # noqa: BLE001 - NIXL's bindings raise their own classes (nixlRemoteDisconnectError)
             state = type(e).__name__
         if state != "DONE":
-            raise RunFault(f"a NIXL READ from the prefill node at {self.url} failed ({state}; {READ_TIMEOUT_S:g} s "
-                           f"at most): the prefill node stopped or its network did.")
+            raise RunFault(f"a NIXL READ from the prefill node at {self.url} failed ({state}; "
+                           f"{self.peer_timeout_s:g} s at most, --disagg-peer-timeout-s): the prefill node stopped "
+                           f"or its network did.")
 
     def _transfer(self, local_addr: int, remote_addr: int, nbytes: int) -> str:
         local = self.agent.get_xfer_descs([(local_addr, nbytes, 0)], "DRAM")
         remote = self.agent.get_xfer_descs([(remote_addr, nbytes, 0)], "DRAM")
         handle = self.agent.initialize_xfer("READ", local, remote, self.peer)
         try:
-            state, deadline = self.agent.transfer(handle), time.monotonic() + READ_TIMEOUT_S
+            state, deadline = self.agent.transfer(handle), time.monotonic() + self.peer_timeout_s
             while state == "PROC" and time.monotonic() < deadline:
                 time.sleep(POLL_S)  # a pause: the other threads and processes of a small node get the CPU
                 state = self.agent.check_xfer_state(handle)

@@ -8,6 +8,7 @@ Here a parse error is a UserError like every other bad input: one line, the flag
 from __future__ import annotations
 
 import argparse
+import math
 
 from kv_cache.errors import UserError
 
@@ -17,3 +18,14 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UserError(f"{message}; see {self.prog} --help.")
+
+
+def amount(text: str) -> float:
+    """A finite number >= 0: NaN passes every comparison and would reach the arithmetic of a size."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value

@@ -26,7 +26,7 @@ from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import RunFault, UserError
 from kv_cache.inputs import read_text
 from kv_cache.recorder.schema import Results, SchemaError
-from kv_cache.run.args import Parser
+from kv_cache.run.args import Parser, amount
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 from kv_cache.tiers.registry import kinds
 
@@ -152,7 +152,7 @@ def _cmd_policies(argv: list[str]) -> int:
     p.prog = "kv_cache_benchmark.py policies"
     p.description = "Replay one deterministic request sequence through several eviction policies and compare."
     p.add_argument("--policies", default=",".join(POLICIES), help="Comma-separated policies [default: all].")
-    p.add_argument("--prefill-ms-per-token", type=float, default=0.08,
+    p.add_argument("--prefill-ms-per-token", type=amount, default=0.08,
                    help="Recompute cost of a missed prompt token in the modelled TTFT [default: 0.08].")
     args = vars(p.parse_args(argv))
     names = [n.strip() for n in args.pop("policies").split(",") if n.strip()]

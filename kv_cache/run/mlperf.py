@@ -12,7 +12,6 @@ The flags the reference shares with us by name and meaning (--model, --duration,
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from kv_cache.config import Settings, flag_name, iter_keys, read_config_file
 from kv_cache.errors import UserError
-from kv_cache.run.args import Parser
+from kv_cache.run.args import Parser, amount
 from kv_cache.run.mlperf_config import apply_config, is_reference_config
 from kv_cache.run.mlperf_files import check_output, check_xlsx, make_cache_dir
 from kv_cache.run.mlperf_load import load_model
@@ -40,22 +39,11 @@ REFUSED = {  # reference flags with no honest equivalent here: one sentence each
 }
 
 
-def _amount(text: str) -> float:
-    """A finite number >= 0: NaN passes every comparison and would reach the arithmetic of a size."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
 def _parser() -> Parser:
     p = Parser(prog="kv_cache_benchmark.py", add_help=False, allow_abbrev=False)
     add = p.add_argument
     add("--num-users", type=int)
-    add("--gpu-mem-gb", type=_amount)
+    add("--gpu-mem-gb", type=amount)
     add("--num-gpus", type=int)
     add("--tensor-parallel", type=int)
     add("--generation-mode", choices=tuple(GENERATION_MS))
@@ -72,14 +60,14 @@ def _parser() -> Parser:
     add("--max-conversations", type=int)
     add("--output")
     add("--max-concurrent-allocs", type=int)
-    add("--request-rate", type=_amount)
-    add("--precondition-size-gb", type=_amount)
+    add("--request-rate", type=amount)
+    add("--precondition-size-gb", type=amount)
     add("--prefill-only", action="store_true")
     add("--decode-only", action="store_true")
     add("--io-trace-log")
-    add("--storage-capacity-gb", type=_amount)
+    add("--storage-capacity-gb", type=amount)
     add("--log-level")
-    add("--target-saturation", type=_amount)
+    add("--target-saturation", type=amount)
     add("--enable-latency-tracing", action="store_true")
     add("--xlsx-output")
     for flag in REFUSED:

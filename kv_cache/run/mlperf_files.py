@@ -10,6 +10,8 @@ from pathlib import Path
 from kv_cache.errors import UserError
 from kv_cache.safefiles import refuse_link
 
+MIN_FREE_BYTES = 16 << 20  # --output's JSON is tens of KiB, its spreadsheet a few hundred
+
 
 def check_output(path: str, flag: str = "--output") -> None:
     """--output FILE (or --xlsx-output), checked before the run (not found unwritable after it)."""
@@ -25,6 +27,10 @@ def check_output(path: str, flag: str = "--output") -> None:
     refuse_system_dir(str(parent), flag, FILES)
     if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UserError(f"{flag} {path} cannot be written (permissions); name a file you may write.")
+    st = os.statvfs(parent)
+    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:  # found before the run, not after it
+        raise UserError(f"{flag} {path}: its filesystem has {st.f_bavail * st.f_frsize // 1024:,} KiB free, less than "
+                        f"the {MIN_FREE_BYTES >> 20} MiB the file may take; free space or name a file elsewhere.")
 
 
 def check_xlsx(path: str) -> None:

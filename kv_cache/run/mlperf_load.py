@@ -13,7 +13,7 @@ def load_model(ns, rest: list[str], sets, notes: list[str], default_users: int) 
     or --set) or a reference flag did; one line lists each difference and how to get ours. sets: mlperf.Sets."""
     users = ns.num_users if ns.num_users is not None else default_users
     model = [  # (key, value, applies, what the reference does, how to get ours)
-        ("schedule.admission", "all", True, "all users start at once", "--admission paced"),
+        ("schedule.admission", "all", not _open_loop(ns, sets), "all users start at once", "--admission paced"),
         ("model.block_tokens", 0, True, "one object per request", "--block-tokens 256 for honest blocks"),
         ("rag.num_documents", 10, bool(ns.enable_rag), "10 RAG documents", "--set rag.num_documents=1000"),
         ("trace.replay_cycles", 0, bool(ns.use_burst_trace and not ns.dataset_path),
@@ -32,6 +32,12 @@ def load_model(ns, rest: list[str], sets, notes: list[str], default_users: int) 
         said.append(f"{what} (ours: {ours})")
     if said:
         notes.insert(0, "the MLPerf reference's load model, not ours: " + "; ".join(said))
+
+
+def _open_loop(ns, sets) -> bool:
+    """Arrivals that do not wait for answers (a request rate, or the burst trace's timestamps): no users to admit."""
+    arrival = sets.get("schedule.arrival")
+    return arrival == "poisson" or (bool(ns.use_burst_trace) and not ns.dataset_path and arrival != "closed")
 
 
 def _typed(dotted: str, rest: list[str]) -> bool:

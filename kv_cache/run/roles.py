@@ -32,7 +32,8 @@ ONLY_WHEN = (
     (("rag.",), lambda s, mpi: s.rag.enabled, "--rag"),
     (("semantic.",), lambda s, mpi: s.semantic.enabled, "--semantic"),
     (("autoscale.",), lambda s, mpi: s.autoscale.mode != "off", "--autoscale qos or capacity"),
-    (("disagg.wait_s", "disagg.handoff_gb"), lambda s, mpi: s.disagg.role != "both", "--role prefill or decode"),
+    (("disagg.wait_s", "disagg.handoff_gb", "disagg.peer_timeout_s"), lambda s, mpi: s.disagg.role != "both",
+     "--role prefill or decode"),
     (("tiers.precondition_passes", "tiers.precondition_steady"), lambda s, mpi: s.tiers.precondition,
      "--precondition"),
     (("tiers.layers_per_io",), lambda s, mpi: s.tiers.io_unit == "layer", "--io-unit layer"),
@@ -119,6 +120,8 @@ def check_options(s: Settings, mpi: bool) -> list[str]:
         raise UserError("--shared-storage shares the NVMe tier's directory between ranks; a remote tier gives each "
                         "rank a namespace of its own: drop --shared-storage.")
     _whole_objects_in_parts(s)
+    if not s.trace.shuffle and not s.trace.path:  # off is "nothing" to the rules above, but asks for file order
+        raise UserError("--no-shuffle acts only with a replayed trace (--trace FILE); drop it.")
     if s.run.io_trace:
         trace = os.path.abspath(s.run.io_trace)
         refuse_system_dir(os.path.dirname(trace), "--io-trace", FILES)
@@ -230,7 +233,7 @@ def decode_traffic(s: Settings, model_name: str) -> tuple[ManifestFollower | Rec
     kind, url = handoff_target(s)
     if kind == "nixl":  # its side channel carries the manifest; the same link then loads the blocks
         say = (lambda m: None) if s.run.quiet else (lambda m: print(m, flush=True))
-        link = NixlDecode(url, handoff_identity(s, model_name), s.disagg.wait_s, say)
+        link = NixlDecode(url, handoff_identity(s, model_name), s.disagg.wait_s, say, s.disagg.peer_timeout_s)
         return RecordFollower(link.next_record, s.disagg.wait_s), link
     path = os.path.join(_handoff_root(s), FOLDER, MANIFEST)
     if not os.path.exists(path) and not s.run.quiet:  # started first: say what it waits for, and how long

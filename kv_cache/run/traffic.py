@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kv_cache.config import Settings
+from kv_cache.config.schema import TraceSettings
 from kv_cache.errors import UserError
 from kv_cache.run.compose import geometry
 from kv_cache.run.roles import decode_traffic
@@ -87,6 +88,7 @@ def _user_traffic(source: str, arrival: str, users, rate: float, seed: int, rank
 def load_trace(s: Settings) -> TraceSet:
     t = s.trace
     files, fmt = _trace_format(s)
+    _filters_of_other_formats(s, fmt)
     log = TraceLog(strict=t.strict, detected=fmt)
     vocab = s.workload.vocab_size
     tokenizer = ""
@@ -112,6 +114,19 @@ def load_trace(s: Settings) -> TraceSet:
     return TraceSet(fmt, records, log, tokenizer)
 
 
+# a trace filter acts on one kind of trace only: given for another, it would do nothing (said, not ignored)
+FILTERS = {"first_turn_only": ("--first-turn-only", ("sharegpt",)), "shuffle": ("--no-shuffle", ("sharegpt",)),
+           "model_filter": ("--trace-model", ("burstgpt",)), "log_type": ("--trace-log-type", ("burstgpt",))}
+
+
+def _filters_of_other_formats(s: Settings, fmt: str) -> None:
+    for key, (flag, formats) in FILTERS.items():
+        given = getattr(s.trace, key) != TraceSettings.__dataclass_fields__[key].default
+        if given and fmt not in formats:
+            raise UserError(f"{flag} acts on {' and '.join(formats)} traces only, and {s.trace.path} is a {fmt} "
+                            f"trace; drop {flag}.")
+
+
 def _arrival(s: Settings, trace: TraceSet | None) -> str:
     arrival = s.schedule.arrival
     if arrival == "auto":
@@ -120,6 +135,9 @@ def _arrival(s: Settings, trace: TraceSet | None) -> str:
         raise UserError("--arrival poisson needs --request-rate R (requests per second, > 0).")
     if arrival == "trace" and trace is None:
         raise UserError("--arrival trace needs --trace with timestamps (BurstGPT, Azure, Mooncake, Bailian).")
+    if arrival != "closed" and s.schedule.admission != "paced":
+        raise UserError(f"--admission {s.schedule.admission} paces the first turns of closed-loop users, and this "
+                        f"run's arrival is {arrival} (open loop); drop --admission.")
     return arrival
 
 

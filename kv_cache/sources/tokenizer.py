@@ -65,6 +65,12 @@ class TiktokenTokenizer:
     """tiktoken's cl100k_base from a bundled file (no network)."""
 
     def __init__(self) -> None:
+        import os
+
+        # NOTE: an empty cache folder turns tiktoken's cache off: it read the bundled file and copied it into
+        # $TMPDIR/data-gym-cache, left behind by every trace run (a folder the user set stays theirs)
+        if "TIKTOKEN_CACHE_DIR" not in os.environ and "DATA_GYM_CACHE_DIR" not in os.environ:
+            os.environ["TIKTOKEN_CACHE_DIR"] = ""
         import tiktoken
 
         names = tiktoken.list_encoding_names()

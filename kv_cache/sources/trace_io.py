@@ -170,6 +170,9 @@ def need_int(rec: dict, name: str, where: str, log: TraceLog, minimum: int = 0) 
     return out
 
 
+MAX_SPAN_S = 365 * 86400.0  # a year: a later timestamp is a broken record, and the run would wait for it
+
+
 class ArrivalClock:
     """Checks that a file's timestamps never go backwards and plays several files one after another."""
 
@@ -181,7 +184,11 @@ class ArrivalClock:
     def arrival(self, path: str, where: str, t_s: float) -> float:
         if path != self.path:  # a new file starts where the previous one ended
             self.offset_s = self.last_s if self.last_s is not None else 0.0
-            self.path, self._file_last = path, None
+            self.path, self._file_last, self._file_first = path, None, t_s
+        if not math.isfinite(t_s) or t_s - self._file_first > MAX_SPAN_S:
+            raise UserError(f"{where}: timestamp {t_s:g} s is {t_s - self._file_first:g} s after the file's first: "
+                            f"a trace spans at most {MAX_SPAN_S / 86400:g} days here (is the field in the unit its "
+                            f"format says?); fix the record or drop it.")
         if self._file_last is not None and t_s < self._file_last:
             raise UserError(f"{where}: timestamp goes backwards ({t_s:g} s after {self._file_last:g} s); "
                             f"a trace must be sorted by time.")

@@ -13,6 +13,7 @@ latency is the network and the server together: the output says so and never cal
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -107,8 +108,11 @@ class RemoteTier(SlottedTier):
                 remove_run(self.store, self.run_id)
             else:
                 write_marker(self.store, self.run_id, "kept")
-        except (RunFault, UserError):
-            pass  # the server is gone: the next run against it reports what is left
+        except (RunFault, UserError) as e:  # the server is gone or silent: say what stays there, and how to go
+            what = "could not remove this run's objects from" if remove else "could not mark this run's objects kept in"
+            print(f"kv_cache_benchmark.py: {what} {self.store.url} ({str(e).rstrip('.')}); once the server answers, "
+                  f"`kv_cache_benchmark.py clean --remote-url {self.store.url}` removes them.", file=sys.stderr,
+                  flush=True)
         finally:
             self.store.close()
 

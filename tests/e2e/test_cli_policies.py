@@ -32,3 +32,10 @@ def test_policies_needs_a_sequence_length_and_known_names(small_run):
     assert_clean_error(run_cli(["policies", *small_run("p1")]), "--max-requests N")
     assert_clean_error(run_cli(["policies", *small_run("p2", "--max-requests", "5"), "--policies", "mru"]),
                        "unknown policy 'mru'")
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "inf"])
+def test_a_recompute_cost_that_is_not_a_finite_number_is_refused(value):
+    """Issue 37, item 7: NaN and -1 were accepted (a negative cost rewards a miss)."""
+    r = run_cli(["policies", "--prefill-ms-per-token", value], timeout=60)
+    assert_clean_error(r, "--prefill-ms-per-token", "finite number >= 0")

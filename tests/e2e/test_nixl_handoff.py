@@ -154,6 +154,92 @@ def test_the_prefill_node_dying_mid_run_is_a_fault_stop_of_the_decode_node(small
     assert d["run"]["partial"] and d["requests"]["completed"] > 0  # it was serving when the prefill node died
 
 
+def test_a_frozen_prefill_node_is_a_fault_stop_within_the_peer_timeout(small_run, tmp_path):
+    """Issue 37, item 2: a frozen prefill node (SIGSTOP) left its decode node silent and running at 150 s. It
+    sends a heartbeat every second; nothing for --disagg-peer-timeout-s is a fault stop naming it, with the
+    results so far."""
+    import time
+
+    url = f"nixl://127.0.0.1:{free_port()}"
+    dec = start_decode([*CLI, *node_args(small_run, tmp_path, "dec", "decode", url, "--duration", "600",
+                                         "--warmup", "0", "--disagg-peer-timeout-s", "3")])
+    pre = subprocess.Popen([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, "--duration", "600",
+                                             "--warmup", "0")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        wait_for(dec, r"\] [1-9][\d,]* requests")
+        pre.send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        out, err = dec.communicate(timeout=120)
+        took = time.monotonic() - frozen
+    finally:
+        pre.send_signal(signal.SIGCONT)
+        pre.kill()
+        pre.communicate(timeout=30)
+    assert dec.returncode == 1, err
+    d = small_run.results("dec")
+    assert d["run"]["stopped_reason"] == "fault" and url in d["run"]["fault"], d["run"]["fault"]
+    assert "--disagg-peer-timeout-s" in d["run"]["fault"] and d["run"]["partial"]
+    assert len(err.strip().splitlines()) <= 1, err  # one sentence: no NIXL or UCX log line beside it
+    assert took < 90, took  # the 3 s peer timeout, the drain of READs bound by it, the results: never unbounded
+
+
+def test_a_decode_node_killed_mid_run_is_reported_by_its_prefill_node(small_run, tmp_path):
+    """Issue 37, item 7: after its decode node was killed, the prefill node reported "decode nodes attached:
+    none", and waited --disagg-wait-s for it at the end."""
+    import time
+
+    url = f"nixl://127.0.0.1:{free_port()}"
+    dec = start_decode([*CLI, *node_args(small_run, tmp_path, "dec", "decode", url, "--duration", "600",
+                                         "--warmup", "0")])
+    pre = subprocess.Popen([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, "--duration", "600",
+                                             "--warmup", "0")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        wait_for(dec, r"\] [1-9][\d,]* requests")
+        dec.kill()
+        dec.communicate(timeout=30)
+        pre.send_signal(signal.SIGINT)  # the prefill node stops cleanly and ends its manifest
+        killed = time.monotonic()
+        out, err = pre.communicate(timeout=120)
+    finally:
+        pre.kill()
+    assert pre.returncode == 130 and "Traceback" not in err, err
+    role = small_run.results("pre")["role"]
+    assert len(role["decode_nodes"]) == 1 and role["decode_nodes_unfinished"] == role["decode_nodes"]
+    assert "left before the end" in out
+    assert time.monotonic() - killed < 30  # it did not wait --disagg-wait-s (30 s here) for a dead node
+
+
+def test_junk_on_the_side_channel_is_ignored_without_a_traceback(small_run, tmp_path):
+    """Issue 37, item 7: junk sent to a prefill node's side channel printed a thread's traceback."""
+    port = free_port()
+    url = f"nixl://127.0.0.1:{port}"
+    pre = subprocess.Popen([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, "--disagg-wait-s", "1",
+                                             *bounded(30))],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        wait_for(pre, "running:")
+        for junk in (b"not json\n", b'{"kind": "attach"}\n', b"\xff\xfe\n"):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(junk)
+        out, err = pre.communicate(timeout=180)
+    finally:
+        pre.kill()
+    assert pre.returncode == 0 and "Traceback" not in err and "Exception" not in err, err
+
+
+def test_a_port_that_accepts_and_never_speaks_is_one_sentence(small_run, tmp_path):
+    server = socket.create_server(("127.0.0.1", 0))
+    url = f"nixl://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        r = run_cli([*node_args(small_run, tmp_path, "dec", "decode", url, "--disagg-peer-timeout-s", "2")],
+                    timeout=60, extra_env=TCP)
+    finally:
+        server.close()
+    assert_clean_error(r, url, "sent no handoff header within 2 s")
+
+
 # A prefill side that publishes two blocks and serves them until killed, and a decode side that reads one, waits
 # for the kill, then reads the other: in processes of their own (a NIXL agent in pytest's process would take its
 # bundled libnl's crash at exit with it).

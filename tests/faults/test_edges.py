@@ -277,3 +277,49 @@ def test_a_reader_that_closes_the_pipe_does_not_stop_the_run(small_run):
     err = p.stderr.read()
     assert p.wait(timeout=180) == 0 and "BrokenPipe" not in err and "internal error" not in err, err
     assert small_run.results("pipe")["requests"]["completed"] > 0
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--trace", "traces/mooncake_conversation_sample.jsonl", "--first-turn-only"], "--first-turn-only acts on"),
+    (["--trace", "traces/mooncake_conversation_sample.jsonl", "--trace-model", "GPT-4"], "--trace-model acts on"),
+    (["--no-shuffle"], "--no-shuffle acts only with a replayed trace"),
+    (["--arrival", "poisson", "--request-rate", "5", "--admission", "all"], "--admission all paces"),
+])
+def test_a_flag_that_would_do_nothing_here_is_refused(small_run, extra, says):
+    """Issue 37, item 7: accepted though meaningless."""
+    r = run_cli([*small_run("nothing"), *extra, *bounded(2)], cwd=REPO)
+    assert_clean_error(r, says)
+
+
+def test_a_trace_run_leaves_no_tokenizer_cache_in_tmpdir(small_run, tmp_path):
+    """Issue 37, item 7: tiktoken copied its table into $TMPDIR/data-gym-cache on every trace run."""
+    pytest.importorskip("tiktoken")
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    trace = REPO.parent / "shared" / "traces" / "sharegpt"
+    files = sorted(trace.glob("*.json*")) if trace.is_dir() else []
+    if not files:
+        pytest.skip("no ShareGPT trace in ../shared/traces")
+    r = run_cli([*small_run("tok"), "--trace", str(files[0]), "--tokenizer", "tiktoken", *bounded(2)],
+                extra_env={"TMPDIR": str(tmp)})
+    assert r.returncode == 0, r.stderr
+    assert not (tmp / "data-gym-cache").exists()
+
+
+@pytest.mark.root
+def test_an_output_on_a_full_filesystem_is_refused_before_the_run(small_tmpfs, tmp_path):
+    """Issue 37, item 7: --output on a full filesystem was found only after the run."""
+    full = small_tmpfs(1)
+    (full / "filler").write_bytes(b"\0" * (900 << 10))
+    r = run_cli(["--num-users", "2", "--gpu-mem-gb", "0", "--output", str(full / "o.json"), "--cache-dir",
+                 str(tmp_path), *bounded(2)], timeout=60)
+    assert_clean_error(r, "--output", "KiB free")
+
+
+def test_a_trace_timestamp_years_after_its_first_is_refused(small_run, tmp_path):
+    """Issue 37, item 7: a huge timestamp was accepted: the run would wait for a request due in 3,000 years."""
+    trace = tmp_path / "burst.csv"
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "0.0,ChatGPT,100,20,120,Conversation log\n1e11,ChatGPT,100,20,120,Conversation log\n")
+    r = run_cli([*small_run("huge"), "--trace", str(trace), *bounded(2)])
+    assert_clean_error(r, "after the file's first", "spans at most 365 days")

@@ -121,6 +121,8 @@ def test_a_server_killed_or_frozen_mid_run_stops_the_run_with_partial_results(tm
             os.kill(server.proc.pid, signal.SIGCONT)
         assert run.returncode == 1, err
         assert "stopped answering" in err and server.url in err and "Traceback" not in err
+        if how == "frozen":  # still frozen when the run closed: what stays there is said, and how it goes
+            assert "could not remove this run's objects" in err and "clean --remote-url" in err, err
         res = json.loads((tmp_path / "dies" / "results.json").read_text())
         assert res["run"]["partial"] and res["run"]["stopped_reason"] == "fault"
     finally:
