@@ -182,17 +182,23 @@ class HandoffStore:
 
     # ------------------------------------------------------------------ decode side
 
+    @staticmethod
+    def mark_reading(folder: str) -> str:
+        """Say in the folder that this decode node reads it (the prefill node waits for it at its end)."""
+        marker = f"decode-{os.uname().nodename}-{os.getpid()}"
+        try:
+            open(os.path.join(folder, marker + ".reading"), "w").close()
+        except FileNotFoundError:  # the prefill node ended between its manifest being found and now
+            raise UserError(f"the prefill node finished and removed {folder} before this decode node could attach "
+                            f"(it waits only for decode nodes already reading); start the decode node before the "
+                            f"prefill node ends.") from None
+        return marker
+
     @classmethod
     def attach(cls, root: str, open_blocks, identity: dict):
         """Join a folder a prefill node made (its header already read and checked)."""
         store = cls(root, "decode", open_blocks, 0, identity, f"d{os.getpid()}")
-        store.marker = f"decode-{os.uname().nodename}-{os.getpid()}"
-        try:
-            open(os.path.join(store.folder, store.marker + ".reading"), "w").close()
-        except FileNotFoundError:  # the prefill node ended between its manifest being found and now
-            raise UserError(f"the prefill node finished and removed {store.folder} before this decode node could "
-                            f"attach (it waits only for decode nodes already reading); start the decode node before "
-                            f"the prefill node ends.") from None
+        store.marker = cls.mark_reading(store.folder)
         return store
 
     def load(self, key: int, out) -> bool:

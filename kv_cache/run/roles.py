@@ -241,6 +241,9 @@ def decode_traffic(s: Settings, model_name: str) -> tuple[ManifestFollower | Rec
               f"--disagg-wait-s)", flush=True)
     header = wait_for_manifest(path, s.disagg.wait_s)
     check_header(header, handoff_identity(s, model_name), path)
+    # NOTE: attached as soon as the manifest is found, before this node builds its tiers (seconds): the prefill
+    # node waits at its end for the decode nodes attached, and a short run ended before this one had
+    HandoffStore.mark_reading(os.path.dirname(path))
     return ManifestFollower(path, s.disagg.wait_s), None
 
 

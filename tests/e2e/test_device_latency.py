@@ -65,7 +65,7 @@ def test_the_device_latency_is_the_block_layers_and_below_the_per_block_latency(
     assert d["lost_events"] == 0
 
 
-def test_without_a_local_disk_the_device_fields_are_null_with_the_reason(tmp_path):
+def test_without_a_local_disk_the_block_layer_latency_is_unavailable_with_the_reason(tmp_path):
     out = tmp_path / "out"
     r = run_cli(["--num-users", "2", "--null-io", "--config", str(SMALL), "--output", str(tmp_path / "m.json"),
                  "--output-dir", str(out), "--run-id", "n", "--quiet", *bounded(4)])
@@ -74,5 +74,8 @@ def test_without_a_local_disk_the_device_fields_are_null_with_the_reason(tmp_pat
     assert d["unavailable"]  # off in small.yaml, or the null tier: said, not made up
     m = json.loads((tmp_path / "m.json").read_text())
     cache = m["summary"]["cache_stats"]
-    assert cache["storage_read_device_p95_ms"] is None and cache["storage_write_device_p95_ms"] is None
-    assert any("the device's latency was not measured" in n for n in m["notes"])
+    # the reference's "device" is its storage call: a number (0 here: the null tier times nothing), never null, so
+    # mlpstorage's max() over ranks works; the block layer's own figure is said unavailable, with the reason
+    assert cache["storage_read_device_p95_ms"] == cache["storage_read_p95_ms"]
+    assert m["kv_cache_bench"]["device_latency"]["unavailable"] == d["unavailable"]
+    assert any("storage_*_device_*_ms: the storage call's time" in n for n in m["notes"])

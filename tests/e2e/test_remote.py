@@ -81,7 +81,7 @@ def test_keep_data_marks_the_namespace_kept_and_no_later_run_calls_it_a_leftover
 
 
 @pytest.mark.slow
-def test_the_mlperf_output_names_the_remote_bottom_tier_and_claims_no_device_latency(valkey_server, tmp_path):
+def test_the_mlperf_output_names_the_remote_bottom_tier_and_claims_no_block_layer_latency(valkey_server, tmp_path):
     out = tmp_path / "mlperf.json"
     r = run_cli(["--model", "llama3.1-8b", "--num-users", "4", "--duration", "600", "--max-requests", "6",
                  "--block-tokens", "16", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.03", "--nvme", "off",
@@ -91,8 +91,10 @@ def test_the_mlperf_output_names_the_remote_bottom_tier_and_claims_no_device_lat
     d = json.loads(out.read_text())
     cache = d["summary"]["cache_stats"]
     assert d["kv_cache_bench"]["bottom_tier"] == "valkey" and cache["tier_storage_write_bandwidth_gbps"] > 0
-    assert cache["storage_read_device_p95_ms"] is None and cache["storage_write_device_p95_ms"] is None
-    assert any("not measured" in n and "valkey is network + server" in n for n in d["notes"]), d["notes"]
+    # its "device" is the storage call (network + server here), as the reference defines it; no block-layer figure
+    # is claimed for a remote tier
+    assert cache["storage_write_device_p95_ms"] == cache["storage_write_p95_ms"] > 0
+    assert "valkey is network + server" in d["kv_cache_bench"]["device_latency"]["unavailable"]
     assert valkey_keys(valkey_server.url) == []
 
 
