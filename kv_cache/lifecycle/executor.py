@@ -169,6 +169,7 @@ class Lifecycle:
             self._check(key, data, start, digest or None)
             loaded += 1
         ttft_ns = now_ns()
+        self.handoff.loaded(h)  # its blocks may go (the NIXL prefill node holds them until now)
         self.recorder.handoff(ttft_ns, int((time.time() - h.done_wall) * 1e9))
         tokens = min(loaded * h.block_tokens, h.prompt_tokens)
         counts.update({"blocks.hit": loaded, "tokens.cached": tokens, "tokens.cached_by_tier.handoff": tokens,

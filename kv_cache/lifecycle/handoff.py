@@ -50,6 +50,14 @@ class HandoffStore:
         self._writing: dict[int, threading.Event] = {}
         self._used = 0
         self._lock = threading.Lock()
+        # acks (the NIXL handoff): a block is held by each request handed over with it until the decode node that
+        # loaded the request acknowledges it; a held block is never replaced (no reader meets another's bytes)
+        self.acks = False
+        self._holds: dict[int, int] = {}  # key -> requests handed over with it, not yet acknowledged
+        self._pins: dict[int, int] = {}   # key -> requests being published with it (not handed over yet)
+        self._space = threading.Condition(self._lock)
+        self.wait_s = 60.0  # the most a publisher waits for room before it drops the oldest unread blocks
+        self.readers = lambda: True  # whether a decode node is there to acknowledge (else no wait is worth it)
         self._fd = -1
         self.marker = ""
 
@@ -80,7 +88,7 @@ class HandoffStore:
         """Publish the blocks of keys not yet published (fill(key, view) makes their bytes); storage ns."""
         spent = 0
         for key, size in zip(keys, nbytes):
-            mine, waiting = self._claim(key, size)
+            mine, waiting = self._claim(key, size, recorder)
             if waiting is not None:
                 waiting.wait()
             if not mine:
@@ -100,26 +108,72 @@ class HandoffStore:
             recorder.op("handoff", "write", "prefill", start, now_ns() - start, size, key)
         return spent
 
-    def _claim(self, key: int, size: int) -> tuple[bool, threading.Event | None]:
-        """(write it myself, event to wait for when another worker is writing it)."""
+    def _claim(self, key: int, size: int, recorder=None) -> tuple[bool, threading.Event | None]:
+        """(write it myself, event to wait for when another worker is writing it). With acks the request being
+        published holds the block, and a full space makes the publisher wait (timed) for a decode node's ack."""
         size = self.blocks.slots_for(size) * self.blocks.slot_bytes  # the space is counted in slots
         with self._lock:
+            if self.acks:
+                self._pins[key] = self._pins.get(key, 0) + 1
             if key in self._writing:
                 return False, self._writing[key]
             if key in self._published:
                 self._published.move_to_end(key)  # still referenced: not the oldest any more
                 return False, None
-            for old in list(self._published):  # oldest first; never one a worker is writing now
-                if self._used + size <= self.blocks.capacity_bytes:
-                    break
-                if old not in self._writing:
-                    self._used -= self._published.pop(old)
-                    self._digests.pop(old, None)
-                    self.blocks.delete(old)
+            self._make_room(size, recorder)
             self._published[key] = size
             self._used += size
             self._writing[key] = threading.Event()
             return True, None
+
+    def _make_room(self, size: int, recorder) -> None:
+        """Lock held: free room for size bytes. Without acks: the oldest blocks go (a late reader finds them
+        missing). With acks: only blocks no request holds go; else wait for an ack (backpressure, timed as the
+        handoff's "wait"), at most wait_s and while a decode node is attached, then the oldest held blocks go,
+        counted as dropped unread."""
+        start = now_ns()
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            for old in list(self._published):  # oldest first; never one a worker is writing now
+                if self._used + size <= self.blocks.capacity_bytes:
+                    break
+                if old not in self._writing and not self._holds.get(old) and not self._pins.get(old):
+                    self._drop(old)
+            if self._used + size <= self.blocks.capacity_bytes or not self.acks:
+                break
+            left = deadline - time.monotonic()
+            # waiting helps only while a decode node is there and some block waits for its acknowledgement
+            if left <= 0 or not self.readers() or not any(self._holds.values()):
+                for old in [k for k in self._published if k not in self._writing]:
+                    if self._used + size <= self.blocks.capacity_bytes:
+                        break
+                    self._holds.pop(old, None)
+                    self._drop(old)
+                    if recorder is not None:
+                        recorder.count("handoff.dropped_unread")
+                break
+            self._space.wait(min(left, 0.5))
+        if self.acks and recorder is not None and now_ns() - start > 1_000_000:  # waited (not a lock's hiccup)
+            recorder.op("handoff", "wait", "prefill", start, now_ns() - start, size, 0)
+
+    def _drop(self, key: int) -> None:
+        self._used -= self._published.pop(key)
+        self._digests.pop(key, None)
+        self.blocks.delete(key)
+
+    def release(self, keys) -> None:
+        """A decode node loaded the request these keys were handed over with: its holds go, and a block no
+        request holds leaves the space (a waiting publisher is woken)."""
+        with self._lock:
+            for key in keys:
+                left = self._holds.get(key, 0) - 1
+                if left > 0:
+                    self._holds[key] = left
+                    continue
+                self._holds.pop(key, None)
+                if key in self._published and key not in self._writing and not self._pins.get(key):
+                    self._drop(key)
+            self._space.notify_all()
 
     def digests(self, keys) -> tuple[int, ...]:
         """The published blocks' digests (0: one not published any more)."""
@@ -128,6 +182,13 @@ class HandoffStore:
 
     def hand_over(self, record: Handoff) -> None:
         with self._lock:
+            for key in record.keys if self.acks else ():  # published for this request: held until it is loaded
+                pins = self._pins.get(key, 0) - 1
+                if pins > 0:
+                    self._pins[key] = pins
+                else:
+                    self._pins.pop(key, None)
+                self._holds[key] = self._holds.get(key, 0) + 1
             self._append(record.to_line())
 
     def finish(self, wait_s: float, remove: bool, say) -> dict:
@@ -200,6 +261,9 @@ class HandoffStore:
         store = cls(root, "decode", open_blocks, 0, identity, f"d{os.getpid()}")
         store.marker = cls.mark_reading(store.folder)
         return store
+
+    def loaded(self, record: Handoff) -> None:
+        """A decode node's word that it loaded a request (the folder's blocks are not held: nothing to say)."""
 
     def load(self, key: int, out) -> bool:
         """Read a published block into out; False when it is gone (removed for space, or the prefill ended)."""

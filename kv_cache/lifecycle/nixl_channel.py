@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 
 from kv_cache.errors import UserError
 
@@ -42,7 +43,12 @@ class Line:
 
 
 class PrefillChannel:
-    """The side channel of a prefill node: accepts decode nodes of this run, sends them every manifest line."""
+    """The side channel of a prefill node: accepts decode nodes of this run and hands each request to one of them.
+
+    A request line goes to one attached decode node (in turn), which loads it and acknowledges it ("ack"): only
+    then are its blocks released (on_ack(keys)), so a block is never replaced while a decode node may read it. A
+    decode node that leaves, or says nothing (not even its heartbeat) for peer_timeout_s, has its requests handed
+    to another; requests that arrive while none is attached wait for one. Other lines (the end) go to all."""
 
     def __init__(self, host: str, port: int, identity: dict, slots, metadata: bytes, header: dict):
         """metadata: the prefill node's NIXL agent metadata, for decode nodes to add it as a remote agent."""
@@ -50,10 +56,17 @@ class PrefillChannel:
         self.header = {"kind": "header", **header, "metadata": base64.b64encode(metadata).decode(),
                        "region": slots.region.ctypes.data, "tags": slots.tags.ctypes.data,
                        "slot_bytes": slots.slot_bytes, "nslots": slots.nslots}
-        self.lines: list[bytes] = []
+        self.lines: list[bytes] = []  # lines for every decode node (the end)
+        self.pending: deque[tuple[str, list[int], bytes]] = deque()  # requests no decode node has yet
+        self.assigned: dict[str, dict[str, tuple[list[int], bytes]]] = {}  # node -> rid -> (keys, line)
+        self.heard: dict[str, float] = {}
         self.peers: dict[str, Line] = {}
         self.done: set[str] = set()
         self.ever: set[str] = set()  # every decode node that attached (one that died is still one that came)
+        self.turn = 0
+        self.on_ack = lambda keys: None  # the store's release of a request's blocks
+        self.peer_timeout_s = 10.0
+        self.lost_requests = 0  # handed to a node that left after the end: no one can load them any more
         self.lock = threading.Lock()
         try:
             self.server = socket.create_server((host, port))
@@ -66,10 +79,17 @@ class PrefillChannel:
         threading.Thread(target=self._heartbeat, name="handoff-heartbeat", daemon=True).start()
 
     def _heartbeat(self) -> None:
-        """A line every HEARTBEAT_S, so that a decode node tells an idle prefill node from a frozen one."""
+        """A line every HEARTBEAT_S (a decode node tells an idle prefill node from a frozen one), and a decode
+        node silent for peer_timeout_s is let go (its requests go to another)."""
         while not self.closed:
             time.sleep(HEARTBEAT_S)
             self._send_all(HEARTBEAT)
+            now = time.monotonic()
+            with self.lock:
+                silent = [self.peers[n] for n, t in self.heard.items() if now - t > self.peer_timeout_s
+                          and n in self.peers]
+            for peer in silent:
+                peer.close()  # its _serve thread ends and hands its requests on
 
     def _send_all(self, line: bytes) -> None:
         with self.lock:
@@ -92,48 +112,99 @@ class PrefillChannel:
 
     def _serve(self, peer: Line) -> None:
         """One decode node's connection; junk, a reset or a vanished peer ends it quietly (its thread printed a
-        traceback on junk before)."""
+        traceback on junk before), and its requests not yet acknowledged go to another node."""
+        name = None
         try:
-            self._talk(peer)
+            name = self._talk(peer)
         except (OSError, ValueError, AttributeError, TypeError):
             pass
         finally:
-            with self.lock:
-                for name, p in list(self.peers.items()):
-                    if p is peer:
-                        self.peers.pop(name)
             peer.close()
+            if name is not None:
+                self._leave(name, peer)
 
-    def _talk(self, peer: Line) -> None:
+    def _talk(self, peer: Line) -> str | None:
         peer.sock.settimeout(None)
         hello = peer.recv()
         if not hello or hello.get("kind") != "attach":
-            return peer.close()
+            return None
         wrong = [k for k in self.identity if hello.get("identity", {}).get(k) != self.identity[k]]
         if wrong:
             runs = ", ".join(f"{k} {self.identity[k]!r}" for k in wrong)
             peer.send({"kind": "refused", "why": f"this prefill node runs {runs}"})
-            return peer.close()
+            return None
         name = str(hello.get("name"))
-        with self.lock:  # the header and every line so far, then the peer gets each new line as it is sent
+        with self.lock:  # the header, then this node takes its turn in the requests
             peer.send(self.header)
+            self.peers[name], self.heard[name] = peer, time.monotonic()
+            self.assigned.setdefault(name, {})
+            self.ever.add(name)
+            self._dispatch()
             for line in self.lines:
                 peer.send(line)
-            self.peers[name] = peer
-            self.ever.add(name)
         while (msg := peer.recv()) is not None:
-            if msg.get("kind") == "done":
+            with self.lock:
+                self.heard[name] = time.monotonic()
+            if msg.get("kind") == "ack":
+                with self.lock:
+                    got = self.assigned.get(name, {}).pop(str(msg.get("rid")), None)
+                if got is not None:
+                    self.on_ack(got[0])
+            elif msg.get("kind") == "done":
                 self.done.add(name)
+        return name
+
+    def _leave(self, name: str, peer: Line) -> None:
+        """A decode node left: what it had not acknowledged goes to another node, or waits for one."""
+        with self.lock:
+            if self.peers.get(name) is peer:
+                self.peers.pop(name)
+            self.heard.pop(name, None)
+            orphans = self.assigned.pop(name, {})
+            if self.lines:  # the end was sent: no node follows the manifest any more
+                self.lost_requests += len(orphans)
+                release = [keys for keys, _ in orphans.values()]
+            else:
+                self.pending.extendleft((rid, keys, line) for rid, (keys, line) in reversed(orphans.items()))
+                release = []
+                self._dispatch()
+        for keys in release:
+            self.on_ack(keys)
+
+    def _dispatch(self) -> None:
+        """Lock held: hand the pending requests to the attached nodes, in turn."""
+        while self.pending and self.peers:
+            names = sorted(self.peers)
+            name = names[self.turn % len(names)]
+            self.turn += 1
+            rid, keys, line = self.pending.popleft()
+            try:
+                self.peers[name].send(line)
+            except OSError:
+                self.pending.appendleft((rid, keys, line))
+                self.peers.pop(name, None)
+                continue
+            self.assigned.setdefault(name, {})[rid] = (keys, line)
 
     def append(self, record: dict | bytes) -> None:
         line = record if isinstance(record, bytes) else (json.dumps(record) + "\n").encode()
-        if line.startswith(b'{"kind":"request"'):  # where each of its blocks is, now
-            d = json.loads(line)
-            d["slots"] = self.slots.where(int(k, 16) for k in d["keys"])
-            line = (json.dumps(d, separators=(",", ":")) + "\n").encode()
+        if not line.startswith(b'{"kind":"request"'):
+            with self.lock:
+                self.lines.append(line)
+            self._send_all(line)
+            return
+        d = json.loads(line)
+        keys = [int(k, 16) for k in d["keys"]]
+        d["slots"] = self.slots.where(keys)  # where each of its blocks is, now (held there until acknowledged)
+        line = (json.dumps(d, separators=(",", ":")) + "\n").encode()
         with self.lock:
-            self.lines.append(line)
-        self._send_all(line)
+            self.pending.append((str(d["rid"]), keys, line))
+            self._dispatch()
+
+    def unread(self) -> int:
+        """Requests handed over that no decode node has acknowledged (pending or in a node's hands)."""
+        with self.lock:
+            return len(self.pending) + sum(len(a) for a in self.assigned.values())
 
     def attached(self) -> set[str]:
         """Every decode node that attached during the run (connected now or not)."""

@@ -35,7 +35,7 @@ import numpy as np
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.handoff import HandoffStore
-from kv_cache.lifecycle.nixl_channel import Line, PrefillChannel, connect
+from kv_cache.lifecycle.nixl_channel import HEARTBEAT, HEARTBEAT_S, Line, PrefillChannel, connect
 from kv_cache.lifecycle.payload import stamped_with
 
 MISSING = ("the NIXL handoff needs NIXL's wheel: pip install --no-deps nixl-cu12 (make install does; its torch "
@@ -97,7 +97,9 @@ def make_agent(name: str, serves: bool):
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - NIXL raises plain exceptions for a missing backend
-        raise UserError(f"NIXL could not start its UCX backend ({e}).") from None
+        raise UserError(f"NIXL could not start its UCX backend ({e}); check that this host's loopback (lo) and the "
+                        f"interface to the other node are up, and that UCX_TLS names transports it has (e.g. "
+                        f"UCX_TLS=tcp).") from None
     return agent
 
 
@@ -169,6 +171,9 @@ class NixlPrefill(HandoffStore):
             slots.close()
             raise
         store._fd = 0  # open: finish() and abandon() end the manifest once
+        store.acks = True  # blocks held until the decode node that loaded them says so (no reader meets a reuse)
+        store.channel.on_ack = store.release
+        store.readers = lambda: bool(store.channel.connected())
         return store
 
     def _append(self, record: dict | bytes) -> None:
@@ -183,6 +188,14 @@ class NixlPrefill(HandoffStore):
     def reading(self) -> set[str]:
         """Decode nodes still connected and not done (one whose connection ended is not waited for)."""
         return self.channel.connected() - self.finished()
+
+    def finish(self, wait_s: float, remove: bool, say) -> dict:
+        out = super().finish(wait_s, remove, say)
+        unread = self.channel.unread() + self.channel.lost_requests
+        if unread:
+            say(f"  handoff: {unread} request(s) handed over were never loaded by a decode node (none attached, or "
+                f"the one holding them left); their blocks were released")
+        return out
 
     def _close_manifest(self, remove: bool) -> int:
         self.channel.close()
@@ -235,7 +248,26 @@ class NixlDecode:
         self.registered: dict[int, object] = {}
         self.tag = threading.local()
         self.lock = threading.Lock()
+        self.attached = True
         threading.Thread(target=self._follow, name="handoff-follow", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="handoff-heartbeat", daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        """This node's heartbeat: the prefill node tells a busy decode node from a frozen one (it hands a silent
+        one's requests to another)."""
+        while self.attached:
+            time.sleep(HEARTBEAT_S)
+            try:
+                self.link.send(HEARTBEAT)
+            except OSError:
+                return
+
+    def loaded(self, record) -> None:
+        """This node loaded the request: the prefill node may release its blocks."""
+        try:
+            self.link.send({"kind": "ack", "rid": record.rid})
+        except OSError:
+            pass  # the prefill node is gone: its follower says so
 
     def _follow(self) -> None:
         while True:
@@ -323,6 +355,7 @@ class NixlDecode:
         return int(tag[0])
 
     def detach(self) -> None:
+        self.attached = False
         try:
             self.link.send({"kind": "done"})
         except OSError:

@@ -31,7 +31,7 @@ from kv_cache.recorder.snapshot import Snapshot, copy_second
 
 # Which byte direction an op moves into the tier it is recorded under.
 OP_DIRECTION = {"read": "read", "donor_read": "read", "write": "write", "demote": "write", "promote": "write",
-                "evict": None}
+                "evict": None, "wait": None}  # wait: a NIXL prefill node's wait for room in its handoff space
 
 
 _OP_NAMES: dict[tuple[str, str], tuple[str, str | None, str | None, str | None]] = {}

@@ -164,7 +164,7 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
         "ops": {t: _prefixed(c, f"ops.{t}.") for t in tiers},
         "requests": requests,
         "load": load_verdict(requests, window, request_latency.get("queue", {}), request_latency.get("storage", {}),
-                             run_info["workers"], series),
+                             run_info["workers"], series, (settings.get("disagg") or {}).get("role", "both")),
         "tokens": {"prompt": prompt, "cached": cached, "generated": c.get("tokens.generated", 0),
                    "per_s": prompt / window, "cached_per_s": cached / window,
                    "generated_per_s": c.get("tokens.generated", 0) / window,

@@ -20,7 +20,7 @@ def _mean(rows: list[dict], key: str) -> float | None:
 
 
 def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: dict, workers: int,
-                 rows: list[dict]) -> dict | None:
+                 rows: list[dict], role: str = "both") -> dict | None:
     """{kind: storage | queue | users, the rates, waits and backlog it rests on, advice}; None without a
     request. requests: the Results' request counts; queue_ms / storage_ms: the per-request latency summaries."""
     offered, served, dropped = requests["issued_in_window"], requests["completed"], requests.get("dropped_at_stop", 0)
@@ -47,6 +47,11 @@ def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: di
                           f"generator's queue; raise --workers or lower the load (--users, --request-rate, "
                           f"--trace-speedup)"}
     if busy is not None and busy < IDLE_WORKERS * workers:
+        if role == "decode":  # its requests are what prefill nodes hand over: their pace is its load
+            return {**out, "kind": "users",
+                    "advice": f"on average {busy:.1f} of {workers} workers were busy: the prefill nodes' pace set "
+                              f"the load (a decode node loads what they hand over), not this node's transfer or "
+                              f"storage; load the prefill nodes harder (their --users) to load it"}
         return {**out, "kind": "users",
                 "advice": f"on average {busy:.1f} of {workers} workers were busy: the users' think time or the "
                           f"arrival rate set the load, not the storage; raise --users (or --request-rate, "

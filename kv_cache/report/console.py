@@ -160,9 +160,10 @@ def telemetry_section(results: Results) -> list[str]:
     d = t.disk
     if d is not None and d.device_over_benchmark is not None:
         ratio = {"read": d.device_over_benchmark.read, "write": d.device_over_benchmark.write}
+        shown = [f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None]
         parts.append(f"disk {d.device} (block layer): read {d.read_bytes / 1e9:.2f} GB, written "
-                     f"{d.write_bytes / 1e9:.2f} GB = " + ", ".join(
-                         f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None) + " the benchmark's")
+                     f"{d.write_bytes / 1e9:.2f} GB" + (f" = {', '.join(shown)} the benchmark's" if shown else
+                                                        " (the benchmark moved nothing there to compare with)"))
     gpus = "; ".join(f"GPU {g['index']} {g['name']}: util {g.get('util_pct_mean', float('nan')):.0f}%, "
                      f"PCIe rx {g.get('pcie_rx_mbps_mean', float('nan')):.0f} / tx "
                      f"{g.get('pcie_tx_mbps_mean', float('nan')):.0f} MB/s" for g in t.gpus)

@@ -219,6 +219,20 @@ def nixl_region_bytes(s: Settings) -> int:
     return int(s.disagg.handoff_gb * 2**30)
 
 
+def _room_for_a_request(s: Settings, slot_bytes: int) -> None:
+    """The blocks of a request are held until a decode node has loaded it: a space smaller than one request's
+    prompt could never hold it whole (one sentence with the numbers; synthetic traffic, whose longest is known)."""
+    if s.trace.path or not s.model.block_tokens:
+        return
+    longest = max(getattr(s.profiles, n).max_context_tokens for n in s.profiles.__dataclass_fields__)
+    need = -(-longest // s.model.block_tokens) * slot_bytes
+    if nixl_region_bytes(s) < need:
+        raise UserError(f"--disagg-handoff-gb {s.disagg.handoff_gb:g} holds {nixl_region_bytes(s) // slot_bytes} "
+                        f"blocks, fewer than the longest prompt's {need // slot_bytes} ({longest:,} tokens): a "
+                        f"request's blocks are held until a decode node loads them; raise it to at least "
+                        f"{need / 2**30:.2f}.")
+
+
 def _handoff_root(s: Settings) -> str:
     root = os.path.abspath(handoff_target(s)[1])
     if not os.path.isdir(root) or not os.access(root, os.W_OK | os.X_OK):
@@ -260,7 +274,10 @@ def open_handoff(s: Settings, model_name: str, slot_bytes: int,
         if s.disagg.role == "decode":
             return link, note
         ident = handoff_identity(s, model_name)  # its region is a part of the memory budget, checked before
-        return NixlPrefill.create_nixl(url, slot_bytes, nixl_region_bytes(s), ident), note
+        _room_for_a_request(s, slot_bytes)
+        store = NixlPrefill.create_nixl(url, slot_bytes, nixl_region_bytes(s), ident)
+        store.wait_s, store.channel.peer_timeout_s = s.disagg.wait_s, s.disagg.peer_timeout_s
+        return store, note
     root = _handoff_root(s)
     engine, note = s.tiers.io_engine, ""
     if engine == "mmap":  # blocks are files found by name: no mapping

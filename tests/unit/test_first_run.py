@@ -83,3 +83,25 @@ def test_the_drain_is_said_on_the_window_line():
     r.settings["run"]["duration_s"] = 60
     r.run.duration_s = 64.1
     assert "window 64.1 s (--duration 60 + 4.1 s drain" in render(r)
+
+
+def test_an_idle_decode_node_is_told_about_its_prefill_nodes_not_its_users():
+    """Issue 38, item 6: a decode node was advised to "raise --users", which means nothing there."""
+    rows = [{"in_flight": 0.2}] * 30
+    args = ({"issued_in_window": 10, "completed": 10}, 30.0, {"p50": 1.0}, {"p50": 5.0}, 4, rows)
+    assert "raise --users" in load_verdict(*args)["advice"]
+    decode = load_verdict(*args, role="decode")["advice"]
+    assert "prefill nodes' pace" in decode and "raise --users" not in decode
+
+
+def test_a_disk_the_benchmark_moved_nothing_on_reads_as_a_sentence():
+    """Issue 38, item 6: the decode node printed "... written 0.00 GB =  the benchmark's"."""
+    from dataclasses import replace
+
+    from kv_cache.recorder.sections import DeviceOverBenchmark, DiskTelemetry, TelemetrySummary
+    from kv_cache.report.console import telemetry_section
+
+    tele = TelemetrySummary(5, DiskTelemetry("vda", 0, 0, 0, 0, DeviceOverBenchmark(None, None)), [], "off", 8.0,
+                            2**30)
+    text = "\n".join(telemetry_section(replace(results(), telemetry=tele)))
+    assert "=  the benchmark's" not in text and "the benchmark moved nothing there" in text
