@@ -72,14 +72,19 @@ def _results(folder: Path) -> dict | None:
     return json.loads(found[-1].read_text()) if found else None
 
 
-def _full_run(rows: list, out: Path, work: Path, bench: dict | None) -> None:
-    cache = work / "cache-full"
+def _our_run(name: str, args: list[str], out: Path, work: Path) -> tuple[int, str, dict | None]:
+    """A --gpu real run of llama8b (32 MiB blocks) with its own cache folder: (status, output, its results)."""
+    cache = work / f"cache-{name}"
     cache.mkdir()
-    rc, text, secs = _run([sys.executable, "kv_cache_benchmark.py", "--model", "llama8b", "--gpu", "real",
-                           "--gpu-mem-gb", "4", "--cpu-mem-gb", "4", "--nvme-gb", "16", "--users", "32",
-                           "--warmup", "3", "--duration", "20", "--cache-dir", str(cache), "--output-dir",
-                           str(out / "full"), "--quiet"], out / "full_run.log", 150)
-    res = _results(out / "full")
+    rc, text, _ = _run([sys.executable, "kv_cache_benchmark.py", "--model", "llama8b", "--gpu", "real", *args,
+                        "--cache-dir", str(cache), "--output-dir", str(out / name), "--quiet"],
+                       out / f"{name}_run.log", 150)
+    return rc, text, _results(out / name)
+
+
+def _full_run(rows: list, out: Path, work: Path, bench: dict | None) -> None:
+    rc, text, res = _our_run("full", ["--gpu-mem-gb", "4", "--cpu-mem-gb", "4", "--nvme-gb", "16", "--users", "32",
+                                      "--warmup", "3", "--duration", "20"], out, work)
     if rc or res is None:
         rows.append(("full --gpu real run", "FAIL", f"exit {rc}: {_tail(text)}", "exit 0"))
         return
@@ -105,13 +110,8 @@ def _full_run(rows: list, out: Path, work: Path, bench: dict | None) -> None:
 
 
 def _gds_run(rows: list, out: Path, work: Path) -> None:
-    cache = work / "cache-gds"
-    cache.mkdir()
-    rc, text, secs = _run([sys.executable, "kv_cache_benchmark.py", "--model", "llama8b", "--gpu", "real",
-                           "--gpu-mem-gb", "2", "--cpu-mem-gb", "0", "--nvme-gb", "8", "--gds", "--users", "16",
-                           "--warmup", "2", "--duration", "12", "--cache-dir", str(cache), "--output-dir",
-                           str(out / "gds"), "--quiet"], out / "gds_run.log", 120)
-    res = _results(out / "gds")
+    rc, text, res = _our_run("gds", ["--gpu-mem-gb", "2", "--cpu-mem-gb", "0", "--nvme-gb", "8", "--gds", "--users",
+                                     "16", "--warmup", "2", "--duration", "12"], out, work)
     if rc or res is None:
         rows.append(("--gds run", "FAIL", f"exit {rc}: {_tail(text)}", "exit 0"))
         return

@@ -284,10 +284,10 @@ def report(done: list[dict], folder: dict, where: str) -> None:
         print(f"  ratio anchor p50 (mean of the runs before and after) / ours p50, {name:31}: "
               f"{' '.join(f'{x:.2f}' for x in ratios)} per round, "
               f"median {np.median(ratios):.2f} (target >= 0.9)")
-    print("  missing / failed: blocks summed over the rounds (a block the prefill node replaced before the decode "
-          "node read it is missing: a prefill node flat out publishes faster than one decode worker reads); a "
-          "decode node's GB/s is paced by the prefill node's publishing (the workload), the anchor's by the "
-          "transport alone")
+    print("  missing / failed: blocks summed over the rounds (over NIXL a prefill node holds its blocks until the "
+          "decode node acknowledges them, and waits when its space is full: none should go missing; the folder "
+          "handoff replaces the oldest when a prefill node outruns its decode node); a decode node's GB/s is "
+          "paced by the prefill node's publishing (the workload), the anchor's by the transport alone")
 
 
 if __name__ == "__main__":

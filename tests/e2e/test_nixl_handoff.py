@@ -50,6 +50,19 @@ def start_decode(argv: list[str]) -> subprocess.Popen:
     return dec
 
 
+def serving_pair(small_run, tmp_path, *dec_extra: str) -> tuple[str, subprocess.Popen, subprocess.Popen]:
+    """A decode node and a prefill node (run long), returned once the decode node has served a request (its live
+    line, one every 10 s off a terminal, counts one done): (url, decode, prefill)."""
+    url = f"nixl://127.0.0.1:{free_port()}"
+    dec = start_decode([*CLI, *node_args(small_run, tmp_path, "dec", "decode", url, "--duration", "600",
+                                         "--warmup", "0", *dec_extra)])
+    pre = subprocess.Popen([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, "--duration", "600",
+                                             "--warmup", "0")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    wait_for(dec, r"\] [1-9][\d,]* requests")
+    return url, dec, pre
+
+
 def check_handed_over(small_run, url: str) -> None:
     p, d = small_run.results("pre"), small_run.results("dec")
     assert p["role"]["engine"] == d["role"]["engine"] == "nixl (UCX)"
@@ -135,19 +148,9 @@ def test_a_decode_node_of_another_run_is_refused_by_name(small_run, tmp_path):
 
 
 def test_the_prefill_node_dying_mid_run_is_a_fault_stop_of_the_decode_node(small_run, tmp_path):
-    url = f"nixl://127.0.0.1:{free_port()}"
-    dec = start_decode([*CLI, *node_args(small_run, tmp_path, "dec", "decode", url, "--duration", "600",
-                                         "--warmup", "0")])
-    pre = subprocess.Popen([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, "--duration", "600",
-                                             "--warmup", "0")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    try:
-        # its live line (one every 10 s off a terminal) counts a request done: it was serving when its prefill
-        # node died
-        wait_for(dec, r"\] [1-9][\d,]* requests")
-    finally:
-        pre.kill()  # no goodbye: the decode node must notice, not hang
-        pre.communicate(timeout=30)
+    url, dec, pre = serving_pair(small_run, tmp_path)  # it was serving when its prefill node died
+    pre.kill()  # no goodbye: the decode node must notice, not hang
+    pre.communicate(timeout=30)
     out, err = dec.communicate(timeout=120)
     assert dec.returncode == 1, out[-3000:] + err
     d = small_run.results("dec")
@@ -197,14 +200,8 @@ def test_a_frozen_prefill_node_is_a_fault_stop_within_the_peer_timeout(small_run
     results so far."""
     import time
 
-    url = f"nixl://127.0.0.1:{free_port()}"
-    dec = start_decode([*CLI, *node_args(small_run, tmp_path, "dec", "decode", url, "--duration", "600",
-                                         "--warmup", "0", "--disagg-peer-timeout-s", "3")])
-    pre = subprocess.Popen([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, "--duration", "600",
-                                             "--warmup", "0")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    url, dec, pre = serving_pair(small_run, tmp_path, "--disagg-peer-timeout-s", "3")
     try:
-        wait_for(dec, r"\] [1-9][\d,]* requests")
         pre.send_signal(signal.SIGSTOP)
         frozen = time.monotonic()
         out, err = dec.communicate(timeout=120)
@@ -226,14 +223,8 @@ def test_a_decode_node_killed_mid_run_is_reported_by_its_prefill_node(small_run,
     none", and waited --disagg-wait-s for it at the end."""
     import time
 
-    url = f"nixl://127.0.0.1:{free_port()}"
-    dec = start_decode([*CLI, *node_args(small_run, tmp_path, "dec", "decode", url, "--duration", "600",
-                                         "--warmup", "0")])
-    pre = subprocess.Popen([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, "--duration", "600",
-                                             "--warmup", "0")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    url, dec, pre = serving_pair(small_run, tmp_path)
     try:
-        wait_for(dec, r"\] [1-9][\d,]* requests")
         dec.kill()
         dec.communicate(timeout=30)
         pre.send_signal(signal.SIGINT)  # the prefill node stops cleanly and ends its manifest
