@@ -13,6 +13,10 @@ class RunFault(Exception):
     """A fault during the measured run (disk full, I/O error): stop, drain, write partial results."""
 
 
+class ServerDown(RunFault):
+    """A remote tier's server stopped answering within its timeout: the run's later calls to it fail at once."""
+
+
 class VerificationError(Exception):
     """A block read back did not carry the bytes that were written."""
 

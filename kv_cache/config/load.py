@@ -6,6 +6,7 @@ Every error names what the user typed: the flag, the ``--set`` item or the confi
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import typing
 from pathlib import Path
@@ -84,9 +85,12 @@ def _build(cls, data: dict, where: str, prefix: str = "", origins: dict | None =
     names = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(names))
     if unknown:
-        known = ", ".join(prefix + n for n in names)
-        raise UserError(f"{_origin(origins, prefix + unknown[0], where)}: unknown key '{prefix}{unknown[0]}' (known "
-                        f"here: {known}).")
+        near = difflib.get_close_matches(unknown[0], list(names), 3)
+        hint = (f"did you mean {' or '.join(prefix + n for n in near)}?" if near else
+                f"known here: {', '.join(prefix + n for n in names)}" if len(names) <= 16 else
+                f"{len(names)} keys are known here (config.yaml lists them)")
+        raise UserError(f"{_origin(origins, prefix + unknown[0], where)}: unknown key '{prefix}{unknown[0]}' "
+                        f"({hint}).")
     kwargs = {}
     for fname, value in data.items():
         typ = hints[fname]

@@ -108,7 +108,8 @@ def _plain_numbers(value, where: str) -> None:
         return
     if isinstance(value, float) and not math.isfinite(value) or isinstance(value, (int, float)) \
             and abs(value) >= 2**63:
-        raise SchemaError(f"{where} is {value!r}, not a finite number within 64 bits")
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:20]}... ({len(repr(value))} characters)"
+        raise SchemaError(f"{where} is {shown}, not a finite number within 64 bits")
     if isinstance(value, dict):
         for k, v in value.items():
             _plain_numbers(v, f"{where}.{k}")

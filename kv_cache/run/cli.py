@@ -190,7 +190,7 @@ def load_results(arg: str) -> tuple[Path, Results]:
     if not isinstance(data, dict) or "schema_version" not in data:
         raise UserError(f"{path} is not a kv-cache-bench results file (no schema_version).")
     try:
-        return path, Results.from_dict(data, str(path))
+        return path, Results.from_dict(data, path.name)  # the message names the path once, not in every field
     except SchemaError as e:
         raise UserError(f"{path} is an incomplete or damaged results file ({e}); re-run or restore it.") from None
 

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from kv_cache.errors import RunFault, UserError
+from kv_cache.errors import RunFault, ServerDown, UserError
 from kv_cache.markers import leftover, marker_body, sweep
 from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier
 from kv_cache.tiers.null import NullTier
@@ -83,23 +83,33 @@ class RemoteTier(SlottedTier):
         self.name, self.store, self.run_id = name, store, run_id
         self.flags = frozenset({STORAGE, REMOTE})
         self.description = description
-        write_marker(store, run_id)
+        self.down = ""  # why the server stopped answering: the run's later calls fail at once, not each after
+        write_marker(store, run_id)  # its timeout (a frozen server's stop took 4-5 timeouts of in-flight calls)
+
+    def _call(self, op, *args):
+        if self.down:
+            raise ServerDown(self.down)
+        try:
+            return op(*args)
+        except ServerDown as e:
+            self.down = str(e)
+            raise
 
     def put(self, key: int, buf: np.ndarray) -> None:
         self.slots.alloc(key, buf.size)
         try:
-            self.store.put(self.store.object_name(self.run_id, key), buf)
+            self._call(self.store.put, self.store.object_name(self.run_id, key), buf)
         except BaseException:
             self.slots.release(key)
             raise
 
     def get(self, key: int, out: np.ndarray) -> None:
         _, nbytes = self.slots.lookup(key)
-        self.store.get_into(self.store.object_name(self.run_id, key), out[:nbytes])
+        self._call(self.store.get_into, self.store.object_name(self.run_id, key), out[:nbytes])
 
     def delete(self, key: int) -> None:
         _, nbytes = self.slots.release(key)
-        self.store.delete([(self.store.object_name(self.run_id, key), nbytes)])
+        self._call(self.store.delete, [(self.store.object_name(self.run_id, key), nbytes)])
 
     def close(self, remove: bool = True) -> None:
         """Remove every object of the run's namespace (its marker last), or mark it kept."""

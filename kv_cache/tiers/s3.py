@@ -24,7 +24,7 @@ import numpy as np
 
 from kv_cache.config.keys import key
 from kv_cache.config.media import section
-from kv_cache.errors import RunFault, UserError
+from kv_cache.errors import RunFault, ServerDown, UserError
 from kv_cache.tiers.registry import GiB
 from kv_cache.tiers.remote import (
     MARKER_OBJECT,
@@ -237,7 +237,7 @@ class S3ObjectStore:
     def _error(self, what: str, e: Exception, before: bool = False):
         kind = self.ops.kind(e)
         text = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        cls = UserError if before else RunFault
+        cls = UserError if before else (ServerDown if kind == "down" else RunFault)
         if any(w in str(e) for w in ("certificate", "CERTIFICATE", "UnknownIssuer")):  # obstore: in its causes
             return cls(f"--remote-url {self.where}: the TLS handshake failed ({text}); for an endpoint whose "
                        f"certificate authority is not the system's, set AWS_CA_BUNDLE to its PEM file.")

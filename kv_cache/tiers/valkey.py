@@ -21,7 +21,7 @@ import numpy as np
 
 from kv_cache.config.keys import key
 from kv_cache.config.media import section
-from kv_cache.errors import RunFault, UserError
+from kv_cache.errors import RunFault, ServerDown, UserError
 from kv_cache.tiers.registry import GiB
 from kv_cache.tiers.remote import (
     NAMESPACE,
@@ -212,7 +212,7 @@ class ValkeyStore:
         if why := _tls_failed(text, self.url):  # a reconnect during the run: a fault stop, as any refusal then
             return RunFault(why)
         if isinstance(e, (self.errors.ConnectionError, self.errors.TimeoutError)):
-            return RunFault(f"{self.url} stopped answering while {what} (within {self.timeout:g} s: {text}).")
+            return ServerDown(f"{self.url} stopped answering while {what} (within {self.timeout:g} s: {text}).")
         return RunFault(f"{self.url} refused {what}: {text}.")
 
     def _parts(self, name: str, nbytes: int) -> list[tuple[str, int, int]]:

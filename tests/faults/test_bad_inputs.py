@@ -1,4 +1,4 @@
-"""At least 60 bad inputs: each gets one sentence on stderr, exit 2, no traceback, nothing left behind.
+"""At least 68 bad inputs: each gets one sentence on stderr, exit 2, no traceback, nothing left behind.
 
 Every case runs the real CLI against small settings in a fresh output and cache folder; the
 fragments are the words a user needs (the flag or file at fault, and what is wrong).
@@ -76,6 +76,16 @@ CASES = [
     (["--request-rate", "5"], ["--request-rate", "--arrival"]),
     (["--first-turn-only"], ["--first-turn-only", "--trace"]),
     (["--arrival", "poisson", "--request-rate", "1e9"], ["--request-rate"]),
+    # issue 37: what was accepted, or went elsewhere, or was blamed on something else
+    (["--no-shuffle"], ["--no-shuffle", "replayed trace"]),
+    (["--arrival", "poisson", "--request-rate", "5", "--admission", "all"], ["--admission all", "open loop"]),
+    (["--set", "nosuch.key=1"], ["--set nosuch.key", "unknown key 'nosuch'"]),
+    (["--set", "models.tiny=3"], ["--set models.tiny", "must be a mapping"]),
+    (["--remote-url", "redis://:6379/0"], ["the host is empty"]),
+    (["--remote-url", "redis://127.0.0.1:0/0"], ["port 0"]),
+    (["--remote-url", "redis://127.0.0.1:6379/abc"], ["'abc' is not a number"]),
+    (["--disagg-peer-timeout-s", "0.5", "--role", "decode", "--handoff", "nixl://127.0.0.1:7"],
+     ["--disagg-peer-timeout-s", "must be >= 1"]),
 ]
 
 
@@ -88,7 +98,7 @@ def test_bad_input_is_one_sentence(small_run, extra, fragments):
 
 
 def test_table_is_at_least_sixty_cases():
-    assert len(CASES) + len(FILE_CASES) >= 60
+    assert len(CASES) + len(FILE_CASES) >= 68
 
 
 def _binary(p):

@@ -112,11 +112,15 @@ def test_a_server_killed_or_frozen_mid_run_stops_the_run_with_partial_results(tm
     call (--valkey-timeout-s) ends the run's calls."""
     server = start_valkey(tmp_path / "doomed")
     try:
-        run = start(remote_args(tmp_path, "dies", server.url, "--remote-gb", "0.25", "--valkey-timeout-s", "2",
+        run = start(remote_args(tmp_path, "dies", server.url, "--remote-gb", "0.25", "--valkey-timeout-s", "4",
                                 requests=100000))
         wait_for(lambda: len(valkey_keys(server.url)) > 3)  # blocks reached the server
         server.kill() if how == "killed" else os.kill(server.proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
         _, err = run.communicate(timeout=90)  # a timeout on every call: never a hang
+        # issue 37: one timeout for the call that found it silent, one for the cleanup's attempt, then the drain:
+        # the in-flight requests' later calls fail at once (they each waited a timeout: 4-5 timeouts in all)
+        assert time.monotonic() - stopped < 2 * 4 + 6
         if how == "frozen":
             os.kill(server.proc.pid, signal.SIGCONT)
         assert run.returncode == 1, err
