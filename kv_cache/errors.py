@@ -17,6 +17,10 @@ class ServerDown(RunFault):
     """A remote tier's server stopped answering within its timeout: the run's later calls to it fail at once."""
 
 
+class Abandoned(Exception):
+    """A request still in flight when the run's drain time ran out: stopped between two block operations."""
+
+
 class VerificationError(Exception):
     """A block read back did not carry the bytes that were written."""
 

@@ -11,6 +11,7 @@ their source.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -108,6 +109,19 @@ class RequestOutcome:
     blocks_written: int = 0
     blocks_skipped: int = 0
     storage_ns: int = 0
+
+
+class StopAfter:
+    """When requests still in flight at a run's end are abandoned: the scheduler sets it once it stops issuing,
+    the lifecycle reads it between two block operations (a run ends within --duration + --drain-s)."""
+
+    __slots__ = ("at_ns",)
+
+    def __init__(self) -> None:
+        self.at_ns = 0
+
+    def due(self) -> bool:
+        return bool(self.at_ns) and time.monotonic_ns() > self.at_ns
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,10 @@ class RunSettings:
                        lo=0.1, hi=DAY_S)
     warmup_s: float = key(5.0, "Seconds at the start excluded from statistics (at most a day).", "--warmup",
                      lo=0.0, hi=DAY_S)
+    drain_s: float = key(5.0, "After --duration (or the last request issued), requests in flight get this long to "
+                              "finish; then each stops at its next block operation (or modelled decode step) and "
+                              "is counted as abandoned (requests.abandoned_at_stop). A run ends within about "
+                              "--duration + this + one block operation.", "--drain-s", lo=0.0, hi=DAY_S)
     max_requests: int = key(0, "Stop after issuing this many requests (0: no limit, the duration decides).", lo=0,
                         hi=MAX_COUNT)
     processes: int = key(1, "Run as this many processes on this host (mpirun, launched for you): each with its "

@@ -18,11 +18,11 @@ import numpy as np
 import xxhash
 
 from kv_cache.buffers import HUGE, aligned_buffer
-from kv_cache.errors import BlockVanished
+from kv_cache.errors import Abandoned, BlockVanished
 from kv_cache.lifecycle.payload import block_digest
 from kv_cache.lifecycle.plan import KVPlan, Planner
 from kv_cache.model import slot_bytes
-from kv_cache.types import HISTORY, SYSTEM, Handoff, Request
+from kv_cache.types import HISTORY, SYSTEM, Handoff, Request, StopAfter
 
 
 def buffer_bytes(max_object_bytes: int) -> int:
@@ -90,6 +90,7 @@ class Lifecycle:
         self.gen_s_per_token = o.generation_ms_per_token / 1000.0
         self.handoff = handoff  # a HandoffStore: a prefill node publishes into it, a decode node loads from it
         self.semantic = semantic  # a SemanticReuse: donor discovery, when --semantic is on
+        self.stop_after = StopAfter()  # the scheduler's drain deadline: past it a request stops between blocks
 
     def object_bytes(self, tokens: int) -> int:
         return slot_bytes(tokens * self.bytes_per_token)
@@ -136,7 +137,10 @@ class Lifecycle:
         generation_ns = 0
         if self.gen_s_per_token:  # the sleep is timed: what the run really waited, not what was asked
             start = now_ns()
-            time.sleep(output_tokens * self.gen_s_per_token)
+            end = start + int(output_tokens * self.gen_s_per_token * 1e9)
+            while (left := end - now_ns()) > 0:  # in steps: a run's drain deadline can end it
+                self._check_stop()
+                time.sleep(min(left / 1e9, 0.05))
             generation_ns = now_ns() - start
         self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, counts, ttft_ns, req.qos,
                               generation_ns)
@@ -158,6 +162,7 @@ class Lifecycle:
         storage_ns = loaded = 0
         digests = h.digests or (0,) * len(h.keys)
         for key, size, digest in zip(h.keys, h.nbytes, digests):
+            self._check_stop()
             data = bufs.view(size)
             start = now_ns()
             if not self.handoff.load(key, data):
@@ -192,6 +197,11 @@ class Lifecycle:
             else:
                 pinned += list(enumerate(self.cache.pin_prefix(plan.keys[first:end]), first))
         return pinned
+
+    def _check_stop(self) -> None:
+        """Past the run's drain deadline a request stops here, between two block operations (counted)."""
+        if self.stop_after.due():
+            raise Abandoned
 
     def _read(self, e, bufs: WorkerBuffers, op: str) -> tuple[int, int, bool] | None:
         """Read one pinned block (timed), verify it, unpin it (promoting if due): (storage ns, tier, intact).
@@ -231,6 +241,7 @@ class Lifecycle:
         storage_ns, tiers = 0, []  # the tier each hit was read from
         for n, (_, e) in enumerate(hits):
             try:
+                self._check_stop()
                 got = self._read(e, bufs, "read")
             except BaseException:
                 self.cache.unpin([e for _, e in hits[n + 1:]])
@@ -291,6 +302,7 @@ class Lifecycle:
     def _write(self, plan: KVPlan, indices, bufs: WorkerBuffers, phase: str, counts: dict) -> int:
         storage_ns = 0
         for i in indices:
+            self._check_stop()
             key = plan.keys[i]
             nbytes = self.object_bytes(plan.tokens_per_key[i])
             res = self.cache.reserve_write(key, nbytes, plan.labels[i], plan.parent(i))

@@ -144,7 +144,7 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
     # every issued request is accounted for: completed before or in the window, dropped at the stop, or still
     # in flight (0 after the drain)
     requests["in_flight_at_end"] = (requests.get("issued", 0) - requests["warmup_completed"] - requests["completed"]
-                                    - requests.get("dropped_at_stop", 0))
+                                    - requests.get("dropped_at_stop", 0) - requests.get("abandoned_at_stop", 0))
     request_latency = {k: summary_ms(snap.hists[("request", k, "all")]) for k in REQUEST_LATENCIES
                        if ("request", k, "all") in snap.hists}
     return Results.from_dict({

@@ -147,7 +147,8 @@ class Requests:
     held_for_previous_turn: int = 0  # open loop: turns that arrived before their session's previous answer
     issued_in_window: int = 0        # offered load: requests that arrived (were due) inside the window
     warmup_completed: int = 0        # completed before the window opened
-    in_flight_at_end: int = 0        # issued - warm-up - completed - dropped: 0 after a full drain
+    in_flight_at_end: int = 0        # issued - warm-up - completed - dropped - abandoned: 0 after the drain
+    abandoned_at_stop: int = 0       # in flight when --drain-s ran out: stopped at their next block operation
 
 
 @dataclass

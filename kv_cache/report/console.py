@@ -122,7 +122,8 @@ def traffic_section(results: Results) -> list[str]:
     lines = ["",
              f"Requests   {req.issued:,} issued = {req.warmup_completed:,} completed in warm-up + {req.completed:,} "
              f"completed in the window ({req.per_s:.2f}/s) + {req.dropped_at_stop:,} queued at stop (dropped) + "
-             f"{req.in_flight_at_end:,} in flight",
+             + (f"{req.abandoned_at_stop:,} abandoned after --drain-s + " if req.abandoned_at_stop else "")
+             + f"{req.in_flight_at_end:,} in flight",
              *_verdict(results),
              *_pacing(results), *_turn_order(results),
              f"  storage time per request {pcts('storage')}",

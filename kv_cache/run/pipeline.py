@@ -69,7 +69,6 @@ EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # interrupted: 128 + the sig
 ANALYSIS_LIMIT = 100_000  # requests analysed before the run at most
 
 
-
 def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
 
@@ -296,6 +295,7 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
     pace = s.schedule.admission == "paced" and scaler is None  # the autoscaler sets the users itself
     runner = ClosedLoopRunner(traffic.users, *args, qos=qos_policy(s), controller=scaler, pace=pace) \
         if traffic.users is not None else OpenLoopRunner(traffic.arrivals, *args, qos=qos_policy(s))
+    runner.stop_after, runner.drain_s = life.stop_after, s.run.drain_s
     return Stages(recorder, cache, life, analysis, runner, progress, scaler, tele)
 
 
@@ -319,6 +319,7 @@ def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: 
         say(f"  I/O trace: {trace.rows:,} operations in {trace.path}; fio job: {job}")
     results = build_results(st.recorder.snapshot(), run_info(s, b, run_id, outcome, dist), resolved(s, b).to_dict(), {
         "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop,
+                     "abandoned_at_stop": outcome.abandoned,
                      "users_started": outcome.users_started, "users_paced": outcome.users_paced,
                      "users_waiting_at_stop": outcome.users_waiting,
                      "held_for_previous_turn": outcome.held_for_turn},

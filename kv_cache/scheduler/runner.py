@@ -4,14 +4,13 @@ Vocabulary: the *dispatcher* (the main thread) decides when each request is due 
 start*: every latency runs from there, so a late dispatcher or a full queue never hides queueing (no
 coordinated omission). A pool of *workers* (sized for storage concurrency, not one per user) executes requests.
 
-- closed loop: a heap of (time the user is ready, user); a finished request
-  puts its user back after its think time; a user with nothing left leaves.
-- open loop: arrivals (offset, build) from a pacer (trace timestamps or a
-  Poisson process); nothing waits for answers.
+- closed loop: a heap of (time the user is ready, user); a finished request puts its user back after its think
+  time; a user with nothing left leaves.
+- open loop: arrivals (offset, build) from a pacer (trace timestamps or a Poisson process); nothing waits.
 
-Stopping: at the deadline, after max_requests, when the traffic runs out, on
-a run fault or on Ctrl-C the dispatcher stops issuing, queued requests that
-have not started are dropped (and counted), and in-flight requests drain.
+Stopping: at the deadline, after max_requests, when the traffic runs out, on a run fault or on Ctrl-C the
+dispatcher stops issuing, queued requests that have not started are dropped (and counted), and in-flight
+requests drain for at most --drain-s (then each stops at its next block operation, counted as abandoned).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from time import monotonic_ns as now_ns
 
 from kv_cache import runlog, signals
-from kv_cache.errors import RunFault
+from kv_cache.errors import Abandoned, RunFault
 from kv_cache.scheduler.qos import PriorityRequests
 
 
@@ -41,6 +40,7 @@ class RunOutcome:
     users_waiting: int = 0   # users never started, still waiting for a short queue at the stop (pacing)
     held_for_turn: int = 0   # open loop: turns that arrived before their session's previous answer, held
     fault: str = ""
+    abandoned: int = 0       # in flight when the drain's time ran out: stopped at their next block operation
     start_ns: int = 0
     end_ns: int = 0
     issuing_s: float = 0.0   # the window until issuing stopped: the measured time without the drain
@@ -60,6 +60,7 @@ class _Runner:
         self.peers = peers  # other MPI ranks: poll_fault() / notify_fault(message), main thread only
         self.qos = qos      # a QosPolicy: classes requests and orders the queue by priority
         self.controller = controller  # called by the dispatcher: controller(runner, now) -> stop reason or None
+        self.stop_after, self.drain_s = None, 0.0  # a StopAfter the lifecycle reads: set once issuing stops
         self._queue = PriorityRequests(qos.priority if qos is not None else None)
         self._cond = threading.Condition()
         self._in_flight = 0
@@ -67,8 +68,7 @@ class _Runner:
         self.outcome = RunOutcome()
 
     def levels(self) -> dict[str, int]:
-        """The gauges the dispatcher samples each tick: requests queued, in flight (queued + running), users in a
-        conversation and users waiting to start one (closed loop)."""
+        """The gauges sampled each tick: requests queued, in flight, users in a conversation, users waiting."""
         return {"queue_depth": self._queue.qsize(), "in_flight": self._in_flight, "users_active": self.active_users,
                 "users_waiting": self.waiting_users}
 
@@ -89,8 +89,11 @@ class _Runner:
             if req is None:
                 return
             req.dequeued_ns = now_ns()
+            abandoned = False
             try:
                 self.execute(req, state)
+            except Abandoned:
+                abandoned = True
             except RunFault as e:
                 self._fail(str(e))
             except Exception as e:  # a bug must stop the run loudly, not hang it; its traceback goes to the log
@@ -98,7 +101,8 @@ class _Runner:
             done = now_ns()
             with self._cond:
                 self._in_flight -= 1
-                self.outcome.completed += 1
+                self.outcome.abandoned += abandoned
+                self.outcome.completed += not abandoned
                 if not self._stop.is_set():
                     self._after(req, done)
                 self._cond.notify_all()
@@ -159,28 +163,23 @@ class _Runner:
         self._cond.wait(timeout=max(0.0, (min(wake_ns, deadline) - now) / 1e9) + 1e-4)
         if self.progress:
             self.progress(self)
-        if self.controller is not None and not self._stop.is_set():
-            reason = self.controller(self, now_ns())
-            if reason:
-                self.outcome.stopped_reason = reason
-                self._stop.set()
-        message = self.peers.poll_fault() if self.peers is not None else None
-        if message:
+        if self.controller is not None and not self._stop.is_set() and (reason := self.controller(self, now_ns())):
+            self.outcome.stopped_reason = reason
+            self._stop.set()
+        if self.peers is not None and (message := self.peers.poll_fault()):
             self.outcome.fault, self.outcome.stopped_reason = f"stopped by a peer: {message}", "peer_fault"
             self._stop.set()
 
     def run(self, warmup_s: float, duration_s: float, max_requests: int = 0) -> RunOutcome:
-        """Run warm-up then measurement; return how it ended (results are in the recorder).
-
-        Signals are deferred when it returns (see signals.py): the caller calls signals.resume().
-        """
+        """Run warm-up then measurement; return how it ended (results are in the recorder). Signals are deferred
+        when it returns (see signals.py): the caller calls signals.resume()."""
         states = [self.make_worker_state() for _ in range(self.num_workers)]  # touched before the clock starts
         start = now_ns()
         self.outcome.start_ns = start
         measure_at = start + int(warmup_s * 1e9)
         deadline = measure_at + int(duration_s * 1e9)
-        threads = [threading.Thread(target=self._worker, args=(state,), daemon=True, name=f"worker-{i}")
-                   for i, state in enumerate(states)]
+        threads = [threading.Thread(target=self._worker, args=(st,), daemon=True, name=f"worker-{i}")
+                   for i, st in enumerate(states)]
         for t in threads:
             t.start()
         if warmup_s == 0:
@@ -201,6 +200,8 @@ class _Runner:
         with self._cond:
             self._tally()
         self.outcome.issuing_s = max(0.0, (now_ns() - measure_at) / 1e9)
+        if self.stop_after is not None:  # what is in flight gets drain_s, then stops at its next block operation
+            self.stop_after.at_ns = now_ns() + int(self.drain_s * 1e9)
         self._drain(threads)
         self.outcome.end_ns = now_ns()
         if self.recorder.measure_start_ns is None:
