@@ -91,6 +91,8 @@ class Lifecycle:
         self.handoff = handoff  # a HandoffStore: a prefill node publishes into it, a decode node loads from it
         self.semantic = semantic  # a SemanticReuse: donor discovery, when --semantic is on
         self.stop_after = StopAfter()  # the scheduler's drain deadline: past it a request stops between blocks
+        if handoff is not None:  # a publisher waiting for room in the handoff space stops waiting then too
+            handoff.stopping = self.stop_after.due
 
     def object_bytes(self, tokens: int) -> int:
         return slot_bytes(tokens * self.bytes_per_token)

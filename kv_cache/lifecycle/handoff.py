@@ -57,7 +57,9 @@ class HandoffStore:
         self._pins: dict[int, int] = {}   # key -> requests being published with it (not handed over yet)
         self._space = threading.Condition(self._lock)
         self.wait_s = 60.0  # the most a publisher waits for room before it drops the oldest unread blocks
-        self.readers = lambda: True  # whether a decode node is there to acknowledge (else no wait is worth it)
+        self.readers = lambda: True  # whether a decode node is (or may soon be) there to acknowledge
+        self.stopping = lambda: False  # the run's drain ran out: no more waiting
+        self.waited_out = False  # a wait ran to its deadline (with no decode node yet: none is coming)
         self._fd = -1
         self.marker = ""
 
@@ -142,8 +144,9 @@ class HandoffStore:
             if self._used + size <= self.blocks.capacity_bytes or not self.acks:
                 break
             left = deadline - time.monotonic()
-            # waiting helps only while a decode node is there and some block waits for its acknowledgement
-            if left <= 0 or not self.readers() or not any(self._holds.values()):
+            # waiting helps only while a decode node is (or may yet be) there and a block waits for its acknowledgement
+            if left <= 0 or not self.readers() or not any(self._holds.values()) or self.stopping():
+                self.waited_out = self.waited_out or left <= 0
                 for old in [k for k in self._published if k not in self._writing]:
                     if self._used + size <= self.blocks.capacity_bytes:
                         break

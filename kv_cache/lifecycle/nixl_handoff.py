@@ -173,7 +173,8 @@ class NixlPrefill(HandoffStore):
         store._fd = 0  # open: finish() and abandon() end the manifest once
         store.acks = True  # blocks held until the decode node that loaded them says so (no reader meets a reuse)
         store.channel.on_ack = store.release
-        store.readers = lambda: bool(store.channel.connected())
+        # a decode node connected, or none yet (one starting up): worth waiting for, once at most
+        store.readers = lambda: bool(store.channel.connected()) or not (store.channel.attached() or store.waited_out)
         return store
 
     def _append(self, record: dict | bytes) -> None:

@@ -220,17 +220,20 @@ def nixl_region_bytes(s: Settings) -> int:
 
 
 def _room_for_a_request(s: Settings, slot_bytes: int) -> None:
-    """The blocks of a request are held until a decode node has loaded it: a space smaller than one request's
-    prompt could never hold it whole (one sentence with the numbers; synthetic traffic, whose longest is known)."""
+    """The blocks of a request are held until a decode node has loaded it, and each worker publishes one request
+    at a time: a space smaller than the workers' longest prompts could hold none of them whole (one sentence with
+    the numbers; synthetic traffic, whose longest is known)."""
+    from kv_cache.run.compose import workers
+
     if s.trace.path or not s.model.block_tokens:
         return
     longest = max(getattr(s.profiles, n).max_context_tokens for n in s.profiles.__dataclass_fields__)
-    need = -(-longest // s.model.block_tokens) * slot_bytes
+    need = workers(s) * -(-longest // s.model.block_tokens) * slot_bytes
     if nixl_region_bytes(s) < need:
         raise UserError(f"--disagg-handoff-gb {s.disagg.handoff_gb:g} holds {nixl_region_bytes(s) // slot_bytes} "
-                        f"blocks, fewer than the longest prompt's {need // slot_bytes} ({longest:,} tokens): a "
-                        f"request's blocks are held until a decode node loads them; raise it to at least "
-                        f"{need / 2**30:.2f}.")
+                        f"blocks, fewer than {workers(s)} workers' longest prompts ({need // slot_bytes} blocks of "
+                        f"{longest:,} tokens each): a request's blocks are held until a decode node loads them; "
+                        f"raise it to at least {need / 2**30:.2f} (or lower --workers).")
 
 
 def _handoff_root(s: Settings) -> str:
