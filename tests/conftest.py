@@ -97,3 +97,17 @@ def s3_server(tmp_path_factory):
     from servers import start_s3
 
     yield from serving("S3 server", start_s3, tmp_path_factory.mktemp("s3"))
+
+
+@pytest.fixture(autouse=True)
+def leaves_nothing_in_the_repository():
+    """A run the test made leaves no file in the repository's folder: a reference command line without --output
+    writes benchmark_results_<time>.json into its current folder (a test must give it one of its own)."""
+    before = set(os.listdir(REPO))
+    yield
+    left = sorted(set(os.listdir(REPO)) - before - {".pytest_cache", ".ruff_cache"})
+    if left:
+        for name in left:
+            if name.startswith("benchmark_results_"):
+                os.unlink(REPO / name)
+        pytest.fail(f"the test left {', '.join(left)} in {REPO}")

@@ -53,7 +53,7 @@ def test_an_unambiguous_prefix_of_their_flags_is_taken_and_said():
 def test_a_prefix_runs_end_to_end(tmp_path):
     r = run_cli(["--num-user", "2", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--config", str(SMALL),
                  "--storage-capacity-gb", "0.25", "--cache-dir", str(tmp_path), "--output-dir", str(tmp_path / "o"),
-                 *bounded(2)], timeout=120)
+                 *bounded(2)], timeout=120, cwd=tmp_path)  # its benchmark_results_<time>.json goes there
     assert r.returncode == 0, r.stderr
     assert "--num-user: taken as --num-users" in r.stdout
 
