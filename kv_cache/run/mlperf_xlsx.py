@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from kv_cache.run.mlperf_console import TIERS
 from kv_cache.safefiles import write_with
 
 PCT_NAMES = (("p50", "P50"), ("p95", "P95"), ("p99", "P99"), ("p999", "P99.9"), ("p9999", "P99.99"))
@@ -44,10 +45,10 @@ def _metrics(summary: dict) -> dict:
            "Cache Hit Rate": cache.get("cache_hit_rate"), "Read/Write Ratio": cache.get("read_write_ratio"),
            "Total Read (GiB)": cache.get("total_read_gb"), "Total Write (GiB)": cache.get("total_write_gb")}
     for word, key in (("Written", "written"), ("Read", "read")):
-        out.update({f"Tier {t} KV Bytes {word} (GiB)": cache.get(f"tier_{t.lower()}_kv_bytes_{key}_gb")
-                    for t in ("GPU", "CPU", "Storage")})
-    for t in ("GPU", "CPU", "Storage"):
-        out.update({f"Tier {t} {op.title()} Bandwidth (GiB/s)": cache.get(f"tier_{t.lower()}_{op}_bandwidth_gbps")
+        out.update({f"Tier {label} KV Bytes {word} (GiB)": cache.get(f"tier_{t}_kv_bytes_{key}_gb")
+                    for label, t in TIERS})
+    for label, t in TIERS:
+        out.update({f"Tier {label} {op.title()} Bandwidth (GiB/s)": cache.get(f"tier_{t}_{op}_bandwidth_gbps")
                     for op in ("read", "write")})
     out.update({"GPU Entries": cache.get("gpu_entries"), "CPU Entries": cache.get("cpu_entries"),
                 "Storage Entries": cache.get("storage_entries"),
