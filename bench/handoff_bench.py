@@ -6,7 +6,7 @@ hosts' network stacks on one machine; without root, on 127.0.0.1. At one block s
 
 1. anchor: a plain NIXL READ loop — a target process registers N blocks of host memory, a reader process in the
    other namespace READs them one at a time into its registered buffer (no workload, no checks): per-block p50.
-2. ours alone: the same loop through our classes (NixlPrefill publishing stamped blocks, NixlDecode.load(): the
+2. ours alone: the same loop through our classes (NixlPublisher publishing stamped blocks, NixlLoader.load(): the
    READ, the stamps' check, the bookkeeping), no workload: what our code path costs beside NIXL's.
 3. ours, NIXL: a --role prefill node in one namespace, a --role decode node (1 worker) in the other with
    --handoff nixl://; the decode node's per-block read p50 (latency_ms.handoff.read), its GB/s over its
@@ -15,6 +15,9 @@ hosts' network stacks on one machine; without root, on 127.0.0.1. At one block s
    "prefill serving", the prefill node publishes 60 requests in a moment and then only serves them, as the
    anchor's target does; "prefill flat out", it publishes for 10 s as fast as it can, its own workload on the
    core that also serves the READs (and, over veth, runs the network stack for them).
+   And "2 decode nodes, prefill flat out": two decode nodes (1 worker each) sharing the prefill node's requests,
+   each request loaded by one of them; the prefill node's waits for room (its handoff space full of blocks not
+   yet acknowledged) are printed for both flat-out rows.
 4. ours, NIXL, the decode node's blocks on its disk: "prefill serving" again with the nodes' CPU tiers of the
    test settings (30 MB): the decode node demotes its decode blocks to its disk between READs, on its one core
    (O_DIRECT writes, the file system's journal): what a node's own storage traffic costs its READs.
@@ -53,7 +56,7 @@ SMALL = REPO / "tests" / "fixtures" / "small.yaml"
 
 def target(folder: str, blocks: int) -> None:
     """The anchor's target: register `blocks` blocks, write the metadata for the reader, wait until it is done."""
-    from kv_cache.lifecycle.nixl_handoff import make_agent
+    from kv_cache.lifecycle.handoff.agent import make_agent
 
     agent = make_agent("anchor-target", serves=True)
     region = np.random.default_rng(1).integers(0, 255, blocks * BLOCK, dtype=np.uint8)
@@ -69,7 +72,7 @@ def target(folder: str, blocks: int) -> None:
 
 def reader(folder: str, blocks: int, rounds: int) -> None:
     """The anchor's reader: READ every block, one at a time, `rounds` times; print the per-block seconds."""
-    from kv_cache.lifecycle.nixl_handoff import POLL_S, make_agent
+    from kv_cache.lifecycle.handoff.agent import POLL_S, make_agent
 
     agent = make_agent("anchor-reader", serves=False)
     while not (Path(folder) / "target.json").exists():
@@ -100,12 +103,12 @@ IDENT = {"model": "bench", "kv_dtype": "fp16", "tp": 1, "block_tokens": 16, "see
 
 
 def store_target(url: str, blocks: int) -> None:
-    """Our prefill side alone: NixlPrefill publishes `blocks` blocks as one request, then serves until done."""
-    from kv_cache.lifecycle.nixl_handoff import NixlPrefill
+    """Our prefill side alone: NixlPublisher publishes `blocks` blocks as one request, then serves until done."""
+    from kv_cache.lifecycle.handoff.nixl import NixlPublisher
     from kv_cache.lifecycle.payload import PayloadPool
     from kv_cache.types import Handoff
 
-    store = NixlPrefill.create_nixl(url, BLOCK, blocks * BLOCK, IDENT)
+    store = NixlPublisher.create(url, BLOCK, blocks * BLOCK, IDENT)
     pool, data = PayloadPool(1), np.zeros(BLOCK, np.uint8)
     keys = tuple(range(1, blocks + 1))
     for k in keys:
@@ -113,17 +116,17 @@ def store_target(url: str, blocks: int) -> None:
         store.blocks.put(k, memoryview(data))
     store.hand_over(Handoff("r", keys, (BLOCK,) * blocks, (), (), blocks * 16, 1, 16, time.time()))
     deadline = time.monotonic() + 60
-    while not store.attached() and time.monotonic() < deadline:  # finish() waits only for readers attached
+    while not store.channel.attached() and time.monotonic() < deadline:  # finish() waits only for those attached
         time.sleep(0.05)
-    store.finish(120, True, print)
+    store.finish(120, True, lambda *_: None)  # its reader never acknowledges (no workload): nothing to say
     os._exit(0)
 
 
 def store_reader(url: str, blocks: int, rounds: int) -> None:
-    """Our decode side alone: NixlDecode.load() of every block, one at a time; the per-block seconds."""
-    from kv_cache.lifecycle.nixl_handoff import NixlDecode
+    """Our decode side alone: NixlLoader.load() of every block, one at a time; the per-block seconds."""
+    from kv_cache.lifecycle.handoff.nixl import NixlLoader
 
-    link = NixlDecode(url, IDENT, 30, lambda m: None)
+    link = NixlLoader(url, IDENT, 30, lambda m: None)
     while len(link.slot_of) < blocks:
         time.sleep(0.01)
     out, times = memoryview(np.zeros(BLOCK, np.uint8)), []
@@ -156,8 +159,10 @@ FLAT_OUT = ("--duration", "10")  # the prefill node publishing all along, its co
 IN_MEMORY = ("--cpu-mem-gb", "1")  # a node's own blocks stay in its CPU tier (a GPU node's in HBM), off its disk
 
 
-def handoff(run, tmp: Path, url: str, bound: tuple[str, ...] = FLAT_OUT, own: tuple[str, ...] = IN_MEMORY) -> dict:
-    """A prefill node (namespace a) and a decode node (namespace b, 1 worker); the decode node's figures."""
+def handoff(run, tmp: Path, url: str, bound: tuple[str, ...] = FLAT_OUT, own: tuple[str, ...] = IN_MEMORY,
+            decoders: int = 1) -> dict:
+    """A prefill node (namespace a) and `decoders` decode nodes (namespace b, 1 worker each); the decode nodes'
+    figures (the median of their p50s and p99s, their GB/s summed) and the prefill node's waits for room."""
     def node(run_id: str, role: str, *extra: str) -> list[str]:
         cache = tmp / f"{run_id}-cache"
         cache.mkdir(parents=True, exist_ok=True)
@@ -165,21 +170,28 @@ def handoff(run, tmp: Path, url: str, bound: tuple[str, ...] = FLAT_OUT, own: tu
                 "--run-id", run_id, "--role", role, "--handoff", url, "--disagg-wait-s", "30",
                 "--disagg-handoff-gb", "2", "--warmup", "0", *own, *extra]
 
-    dec = subprocess.Popen(run("b", node("dec", "decode", "--duration", "600", "--workers", "1")), env=ENV,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = ""
-    while "waiting for a prefill node" not in seen and dec.poll() is None:
-        seen += dec.stdout.readline()
+    names = [f"dec{i}" for i in range(decoders)]
+    decs = []
+    for name in names:
+        dec = subprocess.Popen(run("b", node(name, "decode", "--duration", "600", "--workers", "1")), env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = ""
+        while "waiting for a prefill node" not in seen and dec.poll() is None:
+            seen += dec.stdout.readline()
+        decs.append(dec)
     pre = subprocess.run(run("a", node("pre", "prefill", "--quiet", *bound)), env=ENV,
                          capture_output=True, text=True, timeout=300)
-    out, err = dec.communicate(timeout=300)
-    if pre.returncode or dec.returncode:
-        raise SystemExit(f"handoff over {url} failed: {pre.stderr[-500:]} {err[-500:]}")
-    d = json.loads((tmp / "reports" / "dec" / "results.json").read_text())
-    lat = d["latency_ms"]["handoff"]["read"]
-    return {"p50_ms": lat["p50"], "p99_ms": lat["p99"], "gbps": d["bandwidth_gbps"]["handoff"]["read"],
-            "blocks": lat["count"], "missing": d["role"]["missing_blocks"],
-            "failures": d["verification"]["failures"]}
+    errs = [dec.communicate(timeout=300)[1] for dec in decs]
+    if pre.returncode or any(dec.returncode for dec in decs):
+        raise SystemExit(f"handoff over {url} failed: {pre.stderr[-500:]} {' '.join(e[-500:] for e in errs)}")
+    ds = [json.loads((tmp / "reports" / name / "results.json").read_text()) for name in names]
+    lats = [d["latency_ms"]["handoff"]["read"] for d in ds]
+    wait = json.loads((tmp / "reports" / "pre" / "results.json").read_text())["latency_ms"]["handoff"].get("wait")
+    return {"p50_ms": float(np.median([x["p50"] for x in lats])), "p99_ms": float(np.median([x["p99"] for x in lats])),
+            "gbps": sum(d["bandwidth_gbps"]["handoff"]["read"] for d in ds), "blocks": sum(x["count"] for x in lats),
+            "missing": sum(d["role"]["missing_blocks"] for d in ds),
+            "failures": sum(d["verification"]["failures"] for d in ds),
+            "waits": (wait or {}).get("count") or 0, "wait_p50_ms": (wait or {}).get("p50")}
 
 
 def pinned(side: str, argv: list[str]) -> list[str]:
@@ -222,6 +234,7 @@ def one_round(run, host: str, folder: Path, port: int) -> dict:
                                   ["--store-reader", f"nixl://{host}:{port}", "64", "4"]),
             "served": lambda: handoff(run, folder / "served", f"nixl://{host}:{port + 1}", BACKLOG),
             "node": lambda: handoff(run, folder / "flat", f"nixl://{host}:{port + 2}"),
+            "two": lambda: handoff(run, folder / "two", f"nixl://{host}:{port + 4}", decoders=2),
             "disk": lambda: handoff(run, folder / "disk", f"nixl://{host}:{port + 3}", BACKLOG, own=())}
     anchors, got = [anchor(0)], {}
     for k, (name, measure) in enumerate(ours.items(), 1):
@@ -269,9 +282,10 @@ def report(done: list[dict], folder: dict, where: str) -> None:
           f"row: each round's median of its 5 runs):")
     print(f"  {'':38} {'p50 ms':>8} {'p99 ms':>8} {'GB/s':>8} {'blocks':>7} {'missing':>8} {'failed':>7}")
     rows = [(name, [r[k] for r in done]) for name, k in (("anchor: plain NIXL READ loop", "anchor"),
-                                                         ("ours: NixlDecode.load() alone", "alone"),
+                                                         ("ours: NixlLoader.load() alone", "alone"),
                                                          ("ours: decode node, prefill serving", "served"),
                                                          ("ours: decode node, prefill flat out", "node"),
+                                                         ("ours: 2 decode nodes, prefill flat out", "two"),
                                                          ("ours: decode node, its blocks on disk", "disk"))]
     for name, rs in [*rows, ("ours: decode node, file:// (local)", [folder])]:
         mid = sorted(rs, key=lambda r: r["p50_ms"])[len(rs) // 2]
@@ -279,14 +293,20 @@ def report(done: list[dict], folder: dict, where: str) -> None:
         print(f"  {name:38} {np.median([r['p50_ms'] for r in rs]):8.2f} {np.median([r['p99_ms'] for r in rs]):8.2f} "
               f"{mid['gbps']:8.3f} {mid['blocks']:7d} {lost[0]} {lost[1]:>7}")
     for name, k in (("load() alone", "alone"), ("decode node, prefill serving", "served"),
-                    ("decode node, prefill flat out", "node"), ("decode node, its blocks on disk", "disk")):
+                    ("decode node, prefill flat out", "node"), ("2 decode nodes, prefill flat out", "two"),
+                    ("decode node, its blocks on disk", "disk")):
         ratios = [r[k]["anchor_p50_ms"] / r[k]["p50_ms"] for r in done]
         print(f"  ratio anchor p50 (mean of the runs before and after) / ours p50, {name:31}: "
               f"{' '.join(f'{x:.2f}' for x in ratios)} per round, "
               f"median {np.median(ratios):.2f} (target >= 0.9)")
-    print("  missing / failed: blocks summed over the rounds (over NIXL a prefill node holds its blocks until the "
-          "decode node acknowledges them, and waits when its space is full: none should go missing; the folder "
-          "handoff replaces the oldest when a prefill node outruns its decode node); a decode node's GB/s is "
+    for name, k in (("prefill flat out, 1 decode node", "node"), ("prefill flat out, 2 decode nodes", "two")):
+        waits = [r[k]["waits"] for r in done]
+        p50s = [r[k]["wait_p50_ms"] for r in done if r[k]["wait_p50_ms"] is not None]
+        print(f"  the prefill node's waits for room, {name}: {sum(waits)} over the rounds"
+              + (f", p50 {np.median(p50s):.2f} ms" if p50s else ""))
+    print("  missing / failed: blocks summed over the rounds (a prefill node holds a request's blocks until a "
+          "decode node acknowledges it, and waits when its space is full: none should go missing); 2 decode nodes: "
+          "each request to one of them, GB/s summed, p50 / p99 the median of theirs; a decode node's GB/s is "
           "paced by the prefill node's publishing (the workload), the anchor's by the transport alone")
 
 

@@ -79,12 +79,15 @@ class RoleSettings:
                            "nixl://HOST:PORT: the decode node pulls them with NIXL READs (UCX) from the prefill "
                            "node's registered memory; HOST:PORT is the prefill node's side channel (it listens "
                            "there, the decode node connects).", "--handoff")
-    handoff_gb: float = key(8.0, "Space of published blocks in GiB; beyond it the prefill node removes the oldest "
-                                 "(a decode node that comes too late counts them missing).", lo=0.001,
-                                 hi=MAX_GIB)
+    handoff_gb: float = key(8.0, "Space of published blocks in GiB. A request's blocks stay there until a decode "
+                                 "node acknowledges that it loaded them; when it is full the prefill node waits "
+                                 "(timed: the handoff's wait), at most --disagg-wait-s.", lo=0.001, hi=MAX_GIB)
+    handoff_memory: str = key("host", "NIXL handoff: where the prefill node's region lives: host (registered host "
+                                      "memory) or gpu (HBM of the GPU tier's first device, NIXL VRAM; needs a real "
+                                      "GPU tier).", "--disagg-handoff-memory", choices=("host", "gpu"))
     wait_s: float = key(60.0, "decode: give up when no prefill node publishes anything for this long; prefill: "
-                              "wait this long at the end for decode nodes to finish reading.", lo=0.0,
-                              hi=DAY_S)
+                              "the longest it waits for a decode node's acknowledgement when its handoff space is "
+                              "full, and at the end for decode nodes to finish reading.", lo=0.0, hi=DAY_S)
     peer_timeout_s: float = key(10.0, "NIXL handoff: the longest a node waits on its peer (the side channel's "
                                       "header, its next line or heartbeat - a prefill node sends one every second "
                                       "-, one READ) before it stops the run as a fault naming the peer.",

@@ -19,6 +19,7 @@ import xxhash
 
 from kv_cache.buffers import HUGE, aligned_buffer
 from kv_cache.errors import Abandoned, BlockVanished
+from kv_cache.lifecycle.handoff import Loader, Publisher
 from kv_cache.lifecycle.payload import block_digest
 from kv_cache.lifecycle.plan import KVPlan, Planner
 from kv_cache.model import slot_bytes
@@ -80,7 +81,8 @@ class LifecycleOptions:
 class Lifecycle:
     """Turns requests into plans and executes them."""
 
-    def __init__(self, cache, payloads, recorder, options: LifecycleOptions, *, handoff=None, semantic=None):
+    def __init__(self, cache, payloads, recorder, options: LifecycleOptions, *,
+                 handoff: Publisher | Loader | None = None, semantic=None):
         o = options
         self.cache, self.payloads, self.recorder = cache, payloads, recorder
         self.block_tokens, self.bytes_per_token = o.block_tokens, o.bytes_per_token
@@ -88,10 +90,10 @@ class Lifecycle:
         self.verify = "off" if o.fake_io else o.verify
         self.fake_io = o.fake_io
         self.gen_s_per_token = o.generation_ms_per_token / 1000.0
-        self.handoff = handoff  # a HandoffStore: a prefill node publishes into it, a decode node loads from it
+        self.handoff = handoff  # a Publisher (a prefill node publishes into it) or a Loader (a decode node loads)
         self.semantic = semantic  # a SemanticReuse: donor discovery, when --semantic is on
         self.stop_after = StopAfter()  # the scheduler's drain deadline: past it a request stops between blocks
-        if handoff is not None:  # a publisher waiting for room in the handoff space stops waiting then too
+        if handoff is not None and handoff.role == "prefill":  # waiting for room in the handoff space stops then too
             handoff.stopping = self.stop_after.due
 
     def object_bytes(self, tokens: int) -> int:

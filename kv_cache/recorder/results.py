@@ -96,6 +96,8 @@ def role_section(role: dict | None, c: dict, snap: Snapshot) -> dict | None:
     if role is None:
         return None
     out = dict(role)
+    if role["role"] == "prefill":
+        out["dropped_unread"] = c.get("handoff.dropped_unread", 0)
     if role["role"] == "decode":
         h = snap.hists.get(("request", "handoff", "all"))
         out.update(missing_blocks=c.get("handoff.missing_blocks", 0),

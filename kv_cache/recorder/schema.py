@@ -48,7 +48,8 @@ from kv_cache.recorder.sections import (
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 5  # 5: run.tiers.*.transfers (direct / staged), memory.budget.gpu_staging and payload_stamps
+SCHEMA_VERSION = 6  # 6: role.requests_unacknowledged and role.dropped_unread (a prefill node's handoff)
+# (5: run.tiers.*.transfers (direct / staged), memory.budget.gpu_staging and payload_stamps)
 # (4: memory.budget.handoff, a NIXL prefill node's registered region)
 # (3: every section typed (sections.py), value types checked on load, bytes_whole_run)
 # (2: typed Results; run.bottom_tier; optional sections always present, null when off)

@@ -137,6 +137,8 @@ class Role:
     published_blocks: int | None = None           # prefill
     decode_nodes: list[str] | None = None
     decode_nodes_unfinished: list[str] | None = None
+    requests_unacknowledged: int | None = None    # handed over, never acknowledged by a decode node
+    dropped_unread: int | None = None             # held blocks dropped after the wait for an acknowledgement
     missing_blocks: int | None = None             # decode
     prefill_done_to_decode_loaded_ms: Latency | None = None
 

@@ -15,14 +15,14 @@ from kv_cache.config import Settings, replace
 from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.donors import store_bytes
 from kv_cache.lifecycle.executor import WorkerBuffers, buffer_bytes
-from kv_cache.lifecycle.handoff import HandoffStore
+from kv_cache.lifecycle.handoff import Loader, Publisher
 from kv_cache.lifecycle.payload import PAGE, POOL_SPAN_BYTES, SEGMENT_BYTES
 from kv_cache.lifecycle.semantic import SemanticReuse
 from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.model import ModelSpec, find_model, slot_bytes
 from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, fits
+from kv_cache.run.handoff import nixl_region_bytes
 from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
-from kv_cache.run.roles import nixl_region_bytes
 from kv_cache.tiers.base import PINS_HOST, REMOTE, STORAGE, SlottedTier, moves_real_bytes
 from kv_cache.tiers.devices import open_cupy
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct, refuse_system_dir
@@ -70,7 +70,7 @@ class RunContext:
     notes: list[str]
     budget: MemoryBudget | None
     workers: int
-    handoff: HandoffStore | None = None  # a prefill or decode node's handoff folder
+    handoff: Publisher | Loader | None = None  # a prefill node's side of the handoff, or a decode node's
     probe: list[tuple[int, float]] = field(default_factory=list)  # --workers 0: (threads, GB/s) of each step
     role_done: bool = False
     gds: GdsLink | None = None           # --gds: NVMe <-> HBM without the host bounce

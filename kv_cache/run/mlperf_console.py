@@ -4,8 +4,9 @@ and units (GiB, GiB/s, its official storage_throughput_tokens_per_sec, "SLA Met"
 
 from __future__ import annotations
 
+from kv_cache.run.mlperf_fields import TIERS
+
 PASS, FAIL = "[OK]", "[X]"
-TIERS = (("GPU", "gpu"), ("CPU", "cpu"), ("Storage", "storage"))
 
 
 def _latency(title: str, lat: dict, keys=("mean", "p50", "p95", "p99")) -> list[str]:

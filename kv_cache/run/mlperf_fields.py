@@ -9,6 +9,8 @@ from kv_cache.recorder.histogram import at_ms, mean_value, merged
 from kv_cache.recorder.schema import Results
 from kv_cache.recorder.snapshot import Snapshot
 
+TIERS = (("GPU", "gpu"), ("CPU", "cpu"), ("Storage", "storage"))  # the reference's tier labels and field prefixes
+
 GiB = 2**30  # the reference's "gb" fields are GiB (bytes / 1024^3), its "gbps" GiB/s
 PCTS = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9, "p9999": 99.99}
 TIER_LABEL = {"gpu": "GPU", "cpu": "CPU"}

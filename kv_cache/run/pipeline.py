@@ -1,8 +1,7 @@
 """One benchmark run, as a pipeline: build -> warm-up -> measure -> write results -> report.
 
-Part of the composition root (run/): with compose.py it builds tiers, cache,
-source, lifecycle, scheduler and recorder from the settings and passes them
-down explicitly.
+Part of the composition root (run/): with compose.py it builds tiers, cache, source, lifecycle, scheduler
+and recorder from the settings and passes them down explicitly.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ from kv_cache.recorder.iotrace import IOTraceWriter
 from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import build_results
-from kv_cache.recorder.schema import Results, rounded
-from kv_cache.recorder.sections import TelemetrySummary, Trials
+from kv_cache.recorder.schema import Results
+from kv_cache.recorder.sections import TelemetrySummary
 from kv_cache.recorder.telemetry import Telemetry
 from kv_cache.recorder.typed import load_section
 from kv_cache.report.console import render
@@ -52,15 +51,16 @@ from kv_cache.run.compose import (
     storage_site,
     worker_ceiling,
     worker_state,
+    workers,
 )
 from kv_cache.run.describe import banner, nothing_measured, run_info, warnings_of
 from kv_cache.run.distributed import Dist, launched_by_mpi
+from kv_cache.run.handoff import abandon_role, finish_role, open_handoff
 from kv_cache.run.leftovers import set_state
-from kv_cache.run.roles import autoscaler, check_options, check_traffic, finish_role, open_handoff, qos_policy
-from kv_cache.run.submission import RULES, rule_violations, validate, write_package
+from kv_cache.run.roles import autoscaler, check_options, check_traffic, qos_policy
+from kv_cache.run.submission import RULES, rule_violations, validate, with_rule_defaults, write_package
 from kv_cache.run.traffic import Traffic, build_traffic
-from kv_cache.run.trials import median_trial, summarize
-from kv_cache.run.trials import table as trial_table
+from kv_cache.run.trials import conclude
 from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner
 from kv_cache.tiers.base import FAKE_IO, PRECONDITIONS, REMOTE, STORAGE
@@ -92,7 +92,7 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
         tiers, notes = build_tiers(sized, geo, site, fill, f"r{rank}", gpu, run_id)
         pin_host_memory(tiers, payloads)
         gds = gds_link(sized, tiers, gpu, geo)
-        handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes, link)
+        handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes, workers(s), link, gpu)
         n, steps, probe_note = choose_workers(s, tiers, geo, ceiling, fill)
     except BaseException:
         for t in tiers:  # registered host memory and device slabs go back, files go
@@ -106,8 +106,7 @@ def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0
 
 
 def _close(b: RunContext, remove: bool) -> None:
-    if b.handoff is not None and not b.role_done:  # the run failed: end the manifest, leave no folder behind
-        b.handoff.abandon(remove)
+    abandon_role(None if b.role_done else b.handoff, remove)  # a failed run ends its manifest, leaves no folder
     if b.gds is not None:
         b.gds.close()
     for t in b.tiers:
@@ -188,6 +187,9 @@ def execute(s: Settings, say=print) -> int:
     folder = Path(s.run.output_dir) / run_id
     rules = RULES.get(s.run.submission)
     if rules is not None:
+        s, applied = with_rule_defaults(s, rules)
+        if applied:
+            say(f"--submission {rules.name}: {', '.join(applied)} (its rules; a flag of yours chooses otherwise)")
         broken = rule_violations(s.to_dict(), rules)
         if broken:
             raise UserError(f"--submission {rules.name} refuses these settings: " + "; ".join(broken) + ".")
@@ -226,18 +228,14 @@ def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> i
         status, merged = _one_run(s, say, dist, f"{run_id}-t{k}", folder / f"trial-{k}", k)
         statuses.append(status)
         trials.append(merged)
+        if k == 1 and not s.schedule.workers:  # one set-up: the probe's choice in trial 1, kept for every trial
+            s = replace(s, "schedule.workers", dist.bcast(merged.run.workers if merged is not None else 0))
+            say(f"  workers: {s.schedule.workers}, chosen in trial 1, kept for every trial")
         if signals.received() is not None:
             break
         signals.resume()
     if dist.rank == 0:
-        summary = summarize(trials)
-        best = trials[median_trial(trials)]
-        outfolder.write_json(folder / "trials.json", {"trials": len(trials), "summary": rounded(summary)})
-        best.trials = load_section(Trials, {"count": len(trials), "median_trial": median_trial(trials) + 1,
-                                            "summary": summary}, "trials")
-        outfolder.write_json(folder / "results.json", best.to_json())
-        say(f"Trials: {len(trials)} (results.json = the median trial by cached tokens/s, trial "
-            f"{median_trial(trials) + 1}; each trial in trial-<k>/)\n{trial_table(summary)}")
+        best = conclude(trials, folder, say)
         if rules is not None:
             cache_dir = best.run.cache_dir or s.run.output_dir
             outfolder.finish(folder)  # the marker and reserve are not part of the package

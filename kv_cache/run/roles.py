@@ -8,15 +8,13 @@ import os
 from kv_cache.config import Settings, flag_name, iter_keys
 from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
-from kv_cache.lifecycle.handoff import FOLDER, MANIFEST, HandoffStore, check_header
-from kv_cache.lifecycle.nixl_handoff import SCHEME, NixlDecode, NixlPrefill, parse_url
 from kv_cache.recorder.iotrace import fio_job_path
+from kv_cache.run.handoff import handoff_target
 from kv_cache.safefiles import refuse_link
 from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.qos import QosPolicy
-from kv_cache.sources.handoff import ManifestFollower, RecordFollower, wait_for_manifest
-from kv_cache.tiers.fsinfo import FILES, probe_direct, refuse_system_dir
-from kv_cache.tiers.registry import kinds_by_name, remote_kind, shared_files
+from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
+from kv_cache.tiers.registry import kinds_by_name, remote_kind
 from kv_cache.tiers.remote import medium_of
 
 # Settings that act only in some modes: (keys or "section." prefixes, is the mode on?, what turns it on). A key
@@ -32,7 +30,8 @@ ONLY_WHEN = (
     (("rag.",), lambda s, mpi: s.rag.enabled, "--rag"),
     (("semantic.",), lambda s, mpi: s.semantic.enabled, "--semantic"),
     (("autoscale.",), lambda s, mpi: s.autoscale.mode != "off", "--autoscale qos or capacity"),
-    (("disagg.wait_s", "disagg.handoff_gb", "disagg.peer_timeout_s"), lambda s, mpi: s.disagg.role != "both",
+    (("disagg.wait_s", "disagg.handoff_gb", "disagg.peer_timeout_s", "disagg.handoff_memory"),
+     lambda s, mpi: s.disagg.role != "both",
      "--role prefill or decode"),
     (("tiers.precondition_passes", "tiers.precondition_steady"), lambda s, mpi: s.tiers.precondition,
      "--precondition"),
@@ -186,122 +185,3 @@ def check_traffic(s: Settings, arrival: str) -> None:
 
 def autoscaler(s: Settings, users: list | None, recorder) -> Autoscaler | None:
     return None if s.autoscale.mode == "off" else Autoscaler(s.autoscale, s.qos, len(users), recorder)
-
-
-# ---------------------------------------------------------------------------- disaggregated roles
-
-def handoff_identity(s: Settings, model_name: str) -> dict:
-    return {"model": model_name, "kv_dtype": s.model.kv_dtype, "tp": s.model.tp,
-            "block_tokens": s.model.block_tokens, "seed": s.run.seed}
-
-
-def handoff_target(s: Settings) -> tuple[str, str]:
-    """("file", DIR), ("nixl", URL) or ("", ""): --handoff-dir DIR and --handoff file://DIR are one thing."""
-    d = s.disagg
-    if d.handoff and d.handoff_dir:
-        raise UserError("--handoff and --handoff-dir name the same thing; give one of them.")
-    if d.handoff.startswith("file://"):
-        return "file", d.handoff[len("file://"):]
-    if d.handoff.startswith(SCHEME):
-        parse_url(d.handoff)
-        return "nixl", d.handoff
-    if d.handoff:
-        raise UserError(f"--handoff {d.handoff}: expected file://DIR (a folder both nodes share) or "
-                        f"nixl://HOST:PORT (the prefill node's address and a free port).")
-    return ("file", d.handoff_dir) if d.handoff_dir else ("", "")
-
-
-def nixl_region_bytes(s: Settings) -> int:
-    """The host memory a NIXL prefill node registers as its handoff space (--disagg-handoff-gb); 0 for any other
-    node (a decode node reads into its workers' buffers; a folder's handoff is files)."""
-    if s.disagg.role != "prefill" or handoff_target(s)[0] != "nixl":
-        return 0
-    return int(s.disagg.handoff_gb * 2**30)
-
-
-def _room_for_a_request(s: Settings, slot_bytes: int) -> None:
-    """The blocks of a request are held until a decode node has loaded it, and each worker publishes one request
-    at a time: a space smaller than the workers' longest prompts could hold none of them whole (one sentence with
-    the numbers; synthetic traffic, whose longest is known)."""
-    from kv_cache.run.compose import workers
-
-    if s.trace.path or not s.model.block_tokens:
-        return
-    longest = max(getattr(s.profiles, n).max_context_tokens for n in s.profiles.__dataclass_fields__)
-    need = workers(s) * -(-longest // s.model.block_tokens) * slot_bytes
-    if nixl_region_bytes(s) < need:
-        raise UserError(f"--disagg-handoff-gb {s.disagg.handoff_gb:g} holds {nixl_region_bytes(s) // slot_bytes} "
-                        f"blocks, fewer than {workers(s)} workers' longest prompts ({need // slot_bytes} blocks of "
-                        f"{longest:,} tokens each): a request's blocks are held until a decode node loads them; "
-                        f"raise it to at least {need / 2**30:.2f} (or lower --workers).")
-
-
-def _handoff_root(s: Settings) -> str:
-    root = os.path.abspath(handoff_target(s)[1])
-    if not os.path.isdir(root) or not os.access(root, os.W_OK | os.X_OK):
-        raise UserError(f"--handoff-dir {root} is not a writable directory; create it (on the storage both "
-                        f"nodes share) or pass another.")
-    return root
-
-
-def decode_traffic(s: Settings, model_name: str) -> tuple[ManifestFollower | RecordFollower, NixlDecode | None]:
-    """A decode node's arrivals: wait for a prefill node's manifest, check it matches, follow it; (arrivals, the
-    NIXL link that also loads the blocks, or None for a folder)."""
-    kind, url = handoff_target(s)
-    if kind == "nixl":  # its side channel carries the manifest; the same link then loads the blocks
-        say = (lambda m: None) if s.run.quiet else (lambda m: print(m, flush=True))
-        link = NixlDecode(url, handoff_identity(s, model_name), s.disagg.wait_s, say, s.disagg.peer_timeout_s)
-        return RecordFollower(link.next_record, s.disagg.wait_s), link
-    path = os.path.join(_handoff_root(s), FOLDER, MANIFEST)
-    if not os.path.exists(path) and not s.run.quiet:  # started first: say what it waits for, and how long
-        print(f"  waiting for a prefill node to publish into {os.path.dirname(path)} (up to {s.disagg.wait_s:g} s, "
-              f"--disagg-wait-s)", flush=True)
-    header = wait_for_manifest(path, s.disagg.wait_s)
-    check_header(header, handoff_identity(s, model_name), path)
-    # NOTE: attached as soon as the manifest is found, before this node builds its tiers (seconds): the prefill
-    # node waits at its end for the decode nodes attached, and a short run ended before this one had
-    HandoffStore.mark_reading(os.path.dirname(path))
-    return ManifestFollower(path, s.disagg.wait_s), None
-
-
-def open_handoff(s: Settings, model_name: str, slot_bytes: int,
-                 link: NixlDecode | None = None) -> tuple[HandoffStore | NixlDecode | None, str]:
-    """The prefill node makes the handoff folder, the decode node joins it; (store, engine note). link: a NIXL
-    decode node's link to its prefill node, made with its traffic (decode_traffic)."""
-    if s.disagg.role == "both":
-        return None, ""
-    kind, url = handoff_target(s)
-    if kind == "nixl":
-        tls = os.environ.get("UCX_TLS", "UCX's own choice")
-        note = f"the handoff moves blocks with NIXL READs over UCX (transports: {tls}) through {url}"
-        if s.disagg.role == "decode":
-            return link, note
-        ident = handoff_identity(s, model_name)  # its region is a part of the memory budget, checked before
-        _room_for_a_request(s, slot_bytes)
-        store = NixlPrefill.create_nixl(url, slot_bytes, nixl_region_bytes(s), ident)
-        store.wait_s, store.channel.peer_timeout_s = s.disagg.wait_s, s.disagg.peer_timeout_s
-        return store, note
-    root = _handoff_root(s)
-    engine, note = s.tiers.io_engine, ""
-    if engine == "mmap":  # blocks are files found by name: no mapping
-        engine, note = "buffered", "the handoff folder uses the buffered engine (mmap needs slabs)"
-    elif engine == "direct" and (why := probe_direct(root)):
-        engine, note = "buffered", f"O_DIRECT refused in {root} ({why}): the handoff folder runs buffered"
-    ident = handoff_identity(s, model_name)
-    blocks = shared_files(engine, slot_bytes)
-    if s.disagg.role == "prefill":
-        return HandoffStore.create(root, blocks, engine, int(s.disagg.handoff_gb * 2**30), ident), note
-    return HandoffStore.attach(root, blocks, ident), note
-
-
-def finish_role(store: HandoffStore | None, s: Settings, say) -> dict | None:
-    """After the load phase: the prefill node ends the manifest and waits for decode nodes; the decode
-    node says it is done. Returns what the results' role section needs beyond the recorder's numbers."""
-    if store is None:
-        return None
-    out = {"role": s.disagg.role, "handoff_dir": store.folder, "engine": store.engine}
-    if store.role == "prefill":
-        say(f"  handoff: end of manifest written; waiting up to {s.disagg.wait_s:g} s for decode nodes")
-        return {**out, **store.finish(s.disagg.wait_s, not s.run.keep_data, say)}
-    store.detach()
-    return out

@@ -25,6 +25,7 @@ import psutil
 import yaml
 
 from kv_cache import __version__
+from kv_cache.config import Settings, flag_name, iter_keys, replace
 from kv_cache.recorder.schema import Results, SchemaError
 from kv_cache.safefiles import write_file
 from kv_cache.tiers.fsinfo import mount_of
@@ -40,37 +41,58 @@ class Rules:
     for_submission: bool
     seed: int = 42
     io_engine: str = "direct"
+    defaults: tuple = ()  # (key, value): what a setting left at the schema's default takes under these rules
 
 
+_V1 = (("run.duration_s", 300.0), ("run.warmup_s", 30.0), ("run.trials", 3), ("tiers.precondition", True))
 RULES = {
     "v1": Rules("v1", min_duration_s=300, min_warmup_s=30, min_trials=3, min_precondition_passes=2,
-                for_submission=True),
+                for_submission=True, defaults=_V1),
+    # seconds, as it promises: a short window, one precondition pass over a 1 GiB tier
     "smoke": Rules("smoke", min_duration_s=1, min_warmup_s=0, min_trials=2, min_precondition_passes=1,
-                   for_submission=False),
+                   for_submission=False, defaults=(("run.duration_s", 2.0), ("run.warmup_s", 0.5), ("run.trials", 2),
+                                                   ("tiers.precondition", True), ("tiers.precondition_passes", 1),
+                                                   ("tiers.nvme_gb", 1.0))),
 }
 PACKAGE_FILES_SKIPPED = {"manifest.json"}
 
 
+def with_rule_defaults(s: Settings, rules: Rules) -> tuple[Settings, list[str]]:
+    """The rules' own values for the settings left at the schema's defaults (--submission smoke alone runs);
+    (settings, the flags set, as `--flag value`)."""
+    fields = {dotted: f for dotted, f, _ in iter_keys(Settings)}
+    said = []
+    for dotted, value in rules.defaults:
+        section, leaf = dotted.split(".")
+        if section == "tiers" and s.tiers.nvme != "on":  # no disk tier: nothing to precondition or size
+            continue
+        if getattr(getattr(s, section), leaf) == fields[dotted].default != value:
+            s = replace(s, dotted, value)
+            flag = flag_name(dotted, fields[dotted])
+            said.append(flag if value is True else f"{flag} {value:g}")
+    return s, said
+
+
 def rule_violations(settings: dict, rules: Rules) -> list[str]:
-    """What in these settings breaks the rules (empty: nothing)."""
+    """What in these settings breaks the rules (empty: nothing), each naming its flag."""
     run, tiers = settings["run"], settings["tiers"]
     checks = [
-        (run["duration_s"] >= rules.min_duration_s, f"run.duration_s must be >= {rules.min_duration_s:g} "
+        (run["duration_s"] >= rules.min_duration_s, f"--duration must be >= {rules.min_duration_s:g} "
                                                     f"(is {run['duration_s']:g})"),
-        (run["warmup_s"] >= rules.min_warmup_s, f"run.warmup_s must be >= {rules.min_warmup_s:g} "
+        (run["warmup_s"] >= rules.min_warmup_s, f"--warmup must be >= {rules.min_warmup_s:g} "
                                                 f"(is {run['warmup_s']:g})"),
-        (run["trials"] >= rules.min_trials, f"run.trials must be >= {rules.min_trials} (is {run['trials']})"),
-        (run["seed"] == rules.seed, f"run.seed must be {rules.seed} (is {run['seed']})"),
-        (run["max_requests"] == 0, "run.max_requests must be 0 (runs are time-based)"),
-        (run["verify"] in ("checksum", "full"), f"run.verify must be checksum or full (is {run['verify']})"),
-        (tiers["precondition"], "tiers.precondition must be true"),
+        (run["trials"] >= rules.min_trials, f"--trials must be >= {rules.min_trials} (is {run['trials']})"),
+        (run["seed"] == rules.seed, f"--seed must be {rules.seed} (is {run['seed']})"),
+        (run["max_requests"] == 0, "--max-requests must be 0 (runs are time-based)"),
+        (run["verify"] in ("checksum", "full"), f"--verify must be checksum or full (is {run['verify']})"),
+        (tiers["precondition"], "--precondition must be on"),
         (tiers["precondition_passes"] >= rules.min_precondition_passes,
-         f"tiers.precondition_passes must be >= {rules.min_precondition_passes} (is {tiers['precondition_passes']})"),
-        (tiers["io_engine"] == rules.io_engine, f"tiers.io_engine must be {rules.io_engine} "
+         f"--precondition-passes must be >= {rules.min_precondition_passes} (is {tiers['precondition_passes']})"),
+        (tiers["io_engine"] == rules.io_engine, f"--io-engine must be {rules.io_engine} "
                                                 f"(is {tiers['io_engine']})"),
-        (not tiers["null_io"], "tiers.null_io must be false (a submission moves real bytes)"),
-        (tiers["gpu"] != "simulated", "tiers.gpu must not be simulated (modelled numbers are not measurements)"),
-        (not tiers["allow_tmpfs"], "tiers.allow_tmpfs must be false (the NVMe tier must be a device)"),
+        (not tiers["null_io"], "--null-io must be off (a submission moves real bytes)"),
+        (tiers["gpu"] != "simulated", "--gpu must not be simulated (modelled numbers are not measurements)"),
+        (not tiers["allow_tmpfs"], "--allow-tmpfs must be off (the NVMe tier must be a device)"),
     ]
     return [message for ok, message in checks if not ok]
 

@@ -16,7 +16,7 @@ from kv_cache.config import Settings
 from kv_cache.config.schema import TraceSettings
 from kv_cache.errors import UserError
 from kv_cache.run.compose import geometry
-from kv_cache.run.roles import decode_traffic
+from kv_cache.run.handoff import decode_traffic
 from kv_cache.sources import csvtrace, hashtrace, sharegpt
 from kv_cache.sources.replay import (
     SequenceUser,
@@ -182,6 +182,7 @@ def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
         trace = TraceSet(trace.fmt, [r for r in trace.records if id(r) in mine], trace.log, trace.tokenizer)
     elif arrival == "trace":
         _check_trace_fills_the_window(s, trace, cycles)
+        t.notes += _trace_outlasts_the_run(s, trace, cycles)
         trace = partition(trace, owns)
         t.arrivals = trace_arrivals(trace, vocab, s.trace.speedup, cycles)
     else:
@@ -206,6 +207,19 @@ def _check_trace_fills_the_window(s: Settings, trace, cycles: int) -> None:
                     f"--trace-speedup {s.trace.speedup:g}, all inside the {s.run.warmup_s:g} s warm-up, so nothing "
                     f"would be measured; lower --warmup (e.g. --warmup 0), lower --trace-speedup, or raise "
                     f"--replay-cycles (0 repeats the trace until --duration ends).")
+
+
+def _trace_outlasts_the_run(s: Settings, trace, cycles: int) -> list[str]:
+    """A trace whose timestamps span far more than the run replays only its first moments (BurstGPT's 400 rows span
+    37,274 s): say how much of it the window holds and which --trace-speedup plays it all."""
+    span = trace_span_s(trace, s.trace.speedup, cycles)
+    window = s.run.warmup_s + s.run.duration_s
+    if span is None or span <= 2 * window or s.run.max_requests:
+        return []
+    fit = s.trace.speedup * span / s.run.duration_s
+    return [f"the trace's {len(trace.records):,} requests arrive over {span:,.0f} s at --trace-speedup "
+            f"{s.trace.speedup:g}, and this run lasts {window:g} s: it replays about the first "
+            f"{100 * window / span:.2g} % of them; --trace-speedup {fit:,.0f} plays the whole trace within --duration"]
 
 
 def semantic_texts(s: Settings):

@@ -40,6 +40,7 @@ class FakeDevice:
     """Host-memory stand-in for CUDA devices, with the CuPy backend's interface."""
 
     name = "fake"
+    nixl_mem = "DRAM"  # its "HBM" is host memory: NIXL registers it as such
 
     def __init__(self, count: int = 1, hbm_bytes: int = 1 << 30):
         self._count, self.hbm_bytes = count, hbm_bytes
@@ -145,6 +146,7 @@ class CupyDevice:
     """CUDA through CuPy: raw cudaMemcpyAsync on per-worker streams, cudaStreamSynchronize to wait."""
 
     name = "cupy"
+    nixl_mem = "VRAM"  # a NIXL handoff region in its memory is read as GPU memory (GPUDirect RDMA where UCX has it)
 
     def __init__(self):
         import cupy  # imported only when a GPU tier is built

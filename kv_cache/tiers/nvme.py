@@ -29,7 +29,7 @@ from kv_cache.errors import BlockVanished, RunFault, UserError
 from kv_cache.tiers.base import DIRECT_IO, IO_UNITS, NEEDS_ALIGNMENT, PRECONDITIONS, SHARED, STORAGE, SlottedTier
 from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.posix_io import CHUNK, drop_cached, pread_all, pwrite_all
-from kv_cache.tiers.registry import GiB, StackContext, StorageSite, capacity_of, register
+from kv_cache.tiers.registry import GiB, StackContext, StorageSite, capacity_of, register, register_shared_files
 from kv_cache.tiers.slots import runs
 
 
@@ -375,3 +375,15 @@ def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
                                  f"--nvme-gb fixes it (settings.yaml records it)")
     return NvmeTier(site.data_dir, cap, slot, site.engine, s.nvme_layout, int(s.slab_file_gb * GiB), site.engine_note,
                     s.shared_storage, ctx.writer, ctx.io_unit_bytes), note
+
+
+
+def _shared_files(engine: str, slot_bytes: int, name: str):
+    def open_blocks(directory: str, capacity_bytes: int, writer: str):
+        tier = NvmeTier(directory, max(capacity_bytes, slot_bytes), slot_bytes, engine, shared=True, writer=writer)
+        tier.name = name
+        return tier
+    return open_blocks
+
+
+register_shared_files(_shared_files)

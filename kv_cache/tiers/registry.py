@@ -190,13 +190,19 @@ def capacity_of(gib: float, slot_bytes: int) -> int:
     return int(gib * GiB) // slot_bytes * slot_bytes
 
 
+_SHARED_FILES: list = []  # the opener of a file-per-block tier, registered by the medium that has one (nvme.py)
+
+
+def register_shared_files(opener) -> None:
+    """opener(engine, slot_bytes, name) -> open(directory, capacity_bytes, writer): how the disk medium makes a
+    tier of files other processes read by name (the handoff folder). A hook, so that this module never imports
+    a medium's (no import circle)."""
+    _SHARED_FILES[:] = [opener]
+
+
 def shared_files(engine: str, slot_bytes: int, name: str = "handoff"):
     """open(directory, capacity_bytes, writer): a file-per-block tier other processes read by name (the
     handoff folder of disaggregated nodes)."""
-    from kv_cache.tiers.nvme import NvmeTier
-
-    def open_blocks(directory: str, capacity_bytes: int, writer: str):
-        tier = NvmeTier(directory, max(capacity_bytes, slot_bytes), slot_bytes, engine, shared=True, writer=writer)
-        tier.name = name
-        return tier
-    return open_blocks
+    if not _SHARED_FILES:
+        kinds_by_name()  # the media register on import
+    return _SHARED_FILES[0](engine, slot_bytes, name)

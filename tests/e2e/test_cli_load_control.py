@@ -100,6 +100,31 @@ def test_prefill_and_decode_nodes_share_one_directory(small_run, tmp_path):
     assert list(hand.iterdir()) == []  # the prefill node removed the handoff folder
 
 
+def test_a_folder_prefill_node_flat_out_waits_for_its_decode_node_and_loses_no_block(small_run, tmp_path):
+    """Issue 38, item 1, the folder handoff: a prefill node outrunning one decode worker removed the oldest block
+    files, read or not. A request's blocks are now held until a decode node acknowledges it (its acks file); a
+    full space makes the prefill node wait (timed: "wait" on the handoff tier) and no block goes missing."""
+    hand = tmp_path / "handoff"
+    hand.mkdir()
+    dec = subprocess.Popen([sys.executable, str(REPO / "kv_cache_benchmark.py"),
+                            *small_run("dec", "--role", "decode", "--handoff-dir", str(hand), "--duration", "600",
+                                       "--warmup", "0", "--workers", "1", "--disagg-wait-s", "30", quiet=False)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    while "waiting for a prefill node" not in seen and dec.poll() is None:
+        seen += dec.stdout.readline()
+    pre = run_cli(small_run("pre", "--role", "prefill", "--handoff-dir", str(hand), *bounded(40),
+                            "--disagg-handoff-gb", "0.25", "--disagg-wait-s", "30"))
+    _, err = dec.communicate(timeout=300)
+    assert pre.returncode == 0, pre.stderr
+    assert dec.returncode == 0, err
+    p, d = small_run.results("pre"), small_run.results("dec")
+    assert d["role"]["missing_blocks"] == 0 and d["verification"]["failures"] == 0
+    assert d["requests"]["completed"] == p["requests"]["completed"] + p["warmup"]["requests"] > 0
+    assert p["latency_ms"]["handoff"]["wait"]["count"] > 0  # 128 slots for 40 requests: it waited, and said so
+    assert p["role"]["requests_unacknowledged"] == 0 and p["role"]["dropped_unread"] == 0
+
+
 @pytest.mark.parametrize("extra,fragments", [
     (["--role", "decode"], ["--role decode needs --handoff-dir"]),
     (["--handoff-dir", "/tmp"], ["add --role prefill or --role decode"]),

@@ -92,3 +92,13 @@ def test_rag_reuse_modes_and_exact_theoretical_hit_rate(small_run, mode, label):
     assert res["hit_rate"]["by_source"][label] > 0
     other = {"rag": "rag_chunk", "rag_chunk": "rag"}[label]
     assert res["tokens"]["cached_by_source"].get(other, 0) == 0
+
+
+def test_a_burstgpt_run_says_it_replays_a_sliver_and_can_reuse_nothing(small_run):
+    """Issue 39, item 7: the obvious BurstGPT command measured nothing (its rows span hours) and nothing suggested
+    --trace-speedup, nor said that a length-only trace's possible hit rate is 0 %."""
+    r = run_cli(small_run("b", "--trace", str(REPO / "traces" / "burstgpt_sample.csv"), *TINY, "--null-io",
+                          "--warmup", "0", "--duration", "2", quiet=False))
+    assert r.returncode == 0, r.stderr
+    assert "no two requests of this traffic share a prefix" in r.stdout
+    assert "arrive over 28,566 s at --trace-speedup 1" in r.stdout and "--trace-speedup 14,283 plays" in r.stdout

@@ -310,9 +310,9 @@ def test_a_port_that_accepts_and_never_speaks_is_one_sentence(small_run, tmp_pat
 # bundled libnl's crash at exit with it).
 TARGET = """
 import sys, time, numpy as np
-from kv_cache.lifecycle.nixl_handoff import NixlPrefill
+from kv_cache.lifecycle.handoff.nixl import NixlPublisher
 from kv_cache.types import Handoff
-store = NixlPrefill.create_nixl(sys.argv[1], 2**20, 4 * 2**20, {"seed": 1})
+store = NixlPublisher.create(sys.argv[1], 2**20, 4 * 2**20, {"seed": 1})
 data = memoryview(np.ones(2**20, np.uint8))
 for k in (1, 2):
     store.blocks.put(k, data)
@@ -323,8 +323,8 @@ time.sleep(600)
 READER = """
 import os, sys, time, numpy as np
 from kv_cache.errors import RunFault
-from kv_cache.lifecycle.nixl_handoff import NixlDecode
-link = NixlDecode(sys.argv[1], {"seed": 1}, 30, print)
+from kv_cache.lifecycle.handoff.nixl import NixlLoader
+link = NixlLoader(sys.argv[1], {"seed": 1}, 30, print)
 while len(link.slot_of) < 2:
     time.sleep(0.01)
 out = memoryview(np.zeros(2**20, np.uint8))
@@ -362,7 +362,7 @@ def test_a_read_from_a_prefill_node_that_died_is_a_run_fault_naming_it(tmp_path)
 # node's), the decode side reads them; then slot 1 is reused for block 3 and block 2's bytes are damaged in place.
 REUSE = """
 import os, sys, time, numpy as np
-from kv_cache.lifecycle.nixl_handoff import NixlDecode, NixlPrefill
+from kv_cache.lifecycle.handoff.nixl import NixlLoader, NixlPublisher
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.types import Handoff
 size, pool = 2**20, PayloadPool(1)
@@ -370,11 +370,11 @@ def payload(k):
     out = np.zeros(size, np.uint8)
     pool.fill(k, out)
     return out
-store = NixlPrefill.create_nixl(sys.argv[1], size, 2 * size, {"seed": 1})
+store = NixlPublisher.create(sys.argv[1], size, 2 * size, {"seed": 1})
 for k in (1, 2):
     store.blocks.put(k, memoryview(payload(k)))
 store.hand_over(Handoff("r", (1, 2), (size,) * 2, (), (), 32, 1, 16, time.time()))
-link = NixlDecode(sys.argv[1], {"seed": 1}, 30, lambda m: None)
+link = NixlLoader(sys.argv[1], {"seed": 1}, 30, lambda m: None)
 while len(link.slot_of) < 2:
     time.sleep(0.01)
 out = np.zeros(size, np.uint8)
@@ -399,6 +399,51 @@ def test_a_replaced_block_is_missing_and_a_damaged_one_is_read_and_fails_its_ver
     lines = r.stdout.split("\n")
     assert "before True True True True" in lines, r.stdout + r.stderr
     assert "after False True False" in lines, r.stdout + r.stderr
+
+
+# The prefill side's region in "GPU memory" of the fake device (its HBM is host memory, registered as such; a real
+# GPU's is registered as VRAM): blocks copied in with the device's H2D copies, read by the decode side with READs.
+DEVICE = """
+import os, sys, time, numpy as np
+from kv_cache.lifecycle.handoff.nixl import NixlLoader, NixlPublisher
+from kv_cache.lifecycle.payload import PayloadPool, block_digest
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.tiers.devices import FakeDevice
+from kv_cache.types import Handoff
+size, pool, dev, rec = 2**20, PayloadPool(1), FakeDevice(), Recorder()
+store = NixlPublisher.create(sys.argv[1], size, 4 * size, {"seed": 1}, (dev, 0))
+keys = (11, 12, 13)
+store.publish(keys, (size,) * 3, pool.fill, np.empty(size, np.uint8), rec)
+store.hand_over(Handoff("r", keys, (size,) * 3, (), (), 48, 1, 16, time.time(), store.digests(keys)))
+copies = sum(s.copies for s in dev.streams)
+link = NixlLoader(sys.argv[1], {"seed": 1}, 30, lambda m: None)
+while len(link.slot_of) < 3:
+    time.sleep(0.01)
+out, good = np.zeros(size, np.uint8), 0
+for k, d in zip(keys, store.digests(keys)):
+    good += link.load(k, out) and block_digest(out) == d
+print("device", store.blocks.region_mem, copies, dev.allocated[0], good, flush=True)
+store.blocks.close()
+print("freed", dev.allocated[0], flush=True)
+os._exit(0)
+"""
+
+
+def test_a_prefill_region_in_gpu_memory_is_read_by_the_decode_side(tmp_path):
+    """Issue 38: the prefill node's region can live in GPU memory (--disagg-handoff-memory gpu): DeviceSlots behind
+    the same interface, each block copied in by the device, read by a decode node's NIXL READs; on the fake device
+    here (a real GPU's run is make device-check's)."""
+    url = f"nixl://127.0.0.1:{free_port()}"
+    r = subprocess.run([sys.executable, "-c", DEVICE, url], capture_output=True, text=True, timeout=120,
+                       env={**ENV, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    assert f"device DRAM 3 {4 * 2**20} 3" in r.stdout and "freed 0" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_gpu_region_without_a_real_gpu_tier_is_one_sentence(small_run, tmp_path):
+    r = run_cli([*node_args(small_run, tmp_path, "pre", "prefill", f"nixl://127.0.0.1:{free_port()}"),
+                 "--disagg-handoff-memory", "gpu", "--gpu", "off"], timeout=60, extra_env=TCP)
+    assert_clean_error(r, "--disagg-handoff-memory gpu", "--gpu real")
 
 
 def test_without_nixl_the_nixl_handoff_is_one_sentence(small_run, tmp_path):

@@ -24,6 +24,18 @@ def test_trials_report_median_and_spread(small_run):
         assert trial["workload"]["theoretical_hit_rate"] == res["workload"]["theoretical_hit_rate"]  # one schedule
 
 
+def test_trials_choose_their_workers_once(small_run):
+    """Issue 39, item 3: --workers 0 re-ran the probe in each trial (8 workers in trial 1, 4 in trial 2) under
+    "same seed, same schedule". The probe runs in trial 1; every later trial keeps its choice."""
+    r = run_cli(small_run("w", "--trials", "2", "--workers", "0", *bounded(6), quiet=False))
+    assert r.returncode == 0, r.stderr
+    first, second = (json.loads((small_run.out / "w" / f"trial-{k}" / "results.json").read_text())["run"]
+                     for k in (1, 2))
+    assert first["workers_probe"] and second["workers_probe"] is None
+    assert second["workers"] == first["workers"]
+    assert f"workers: {first['workers']}, chosen in trial 1, kept for every trial" in r.stdout
+
+
 def test_precondition_writes_the_tier_and_reports_passes(small_run):
     r = run_cli(small_run("p", "--precondition", "--precondition-passes", "2", *bounded(4), quiet=False))
     assert r.returncode == 0, r.stderr
@@ -65,18 +77,28 @@ def test_validate_catches_a_modified_file_and_a_rule_violation(small_run):
     assert v.returncode == 1
     assert "trial-1/results.json: checksum differs" in v.stdout
     assert "extra.txt: not in the manifest" in v.stdout
-    assert "rule: run.duration_s must be >= 300" in v.stdout and "rule: run.trials must be >= 3" in v.stdout
+    assert "rule: --duration must be >= 300" in v.stdout and "rule: --trials must be >= 3" in v.stdout
     assert "measured" in v.stdout and "300 s required" in v.stdout
 
 
 @pytest.mark.parametrize("extra,fragment", [
-    (("--submission", "v1"), "run.duration_s must be >= 300"),
-    (("--submission", "smoke", "--trials", "2", "--seed", "42", "--duration", "1"), "tiers.precondition must be true"),
-    (("--submission", "smoke", "--trials", "2", "--seed", "42", "--precondition", "--null-io"),
-     "tiers.null_io must be false"),
+    (("--submission", "v1", "--seed", "42", "--duration", "100"), "--duration must be >= 300 (is 100)"),
+    (("--submission", "smoke", "--seed", "7"), "--seed must be 42 (is 7)"),
+    (("--submission", "smoke", "--null-io"), "--null-io must be off"),
 ])
 def test_submission_refuses_settings_that_break_the_rules(small_run, extra, fragment):
     assert_clean_error(run_cli(small_run("x", *extra)), fragment)
+
+
+def test_submission_smoke_alone_runs_its_rules_in_seconds(small_run):
+    """Issue 39, item 7: `--submission smoke` on its own was refused ("run.trials must be >= 2", config keys, not
+    flags) and took 206 s with the flags added. The rules now supply what was left at its default, and say so."""
+    r = run_cli(small_run("alone", "--submission", "smoke", "--seed", "42", quiet=False))  # the fixture's seed is 7
+    assert r.returncode == 0, r.stderr
+    assert "--submission smoke: " in r.stdout and "--trials 2" in r.stdout and "--precondition" in r.stdout
+    res = small_run.results("alone")
+    assert res["trials"]["count"] == 2 and res["run"]["duration_s"] <= 3
+    assert "validate: rules 'smoke' are for trying the machinery" in r.stdout  # its only objection
 
 
 def test_validate_of_a_folder_without_package(tmp_path):

@@ -137,3 +137,70 @@ def test_docstrings_and_comments_name_only_modules_that_exist():
                            or (root.joinpath(*parts[:k]) / "__init__.py").exists() for k in range(2, len(parts) + 1)):
                     stale.append(f"{path.relative_to(root)}:{n}: {dotted}")
     assert not stale, stale
+
+
+def module_imports(files: dict[tuple[str, ...], str]) -> dict[str, set[str]]:
+    """Each module's kv_cache modules imported (at its top or inside a function), as dotted names."""
+    names = {".".join(("kv_cache", *rel)).removesuffix(".py").removesuffix(".__init__") for rel in files}
+    graph = {}
+    for rel, source in files.items():
+        me = ".".join(("kv_cache", *rel)).removesuffix(".py").removesuffix(".__init__")
+        package = ["kv_cache", *rel[:-1]]
+        out = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else [])) \
+                    if node.level else (node.module or "")
+                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in names:
+                    t = t.rpartition(".")[0]
+                if t and t != me and not me.startswith(t + "."):  # a package's own __init__ is not a circle
+                    out.add(t)
+        graph[me] = out
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import circles (Tarjan's strongly connected components of more than one module)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle():
+    """Issue 38, item 5: tiers/registry.py and tiers/nvme.py imported each other (the handoff's shared files). No
+    module reaches itself through its imports, function-level imports included."""
+    assert circles(module_imports(tree())) == []
+    assert circles(module_imports({("tiers", "a.py"): "def f():\n    from kv_cache.tiers.b import x\n",
+                                   ("tiers", "b.py"): "from kv_cache.tiers.a import y\n"})) == [
+        ["kv_cache.tiers.a", "kv_cache.tiers.b"]]

@@ -9,7 +9,7 @@ import pytest
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
 from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions, WorkerBuffers
-from kv_cache.lifecycle.handoff import HandoffStore
+from kv_cache.lifecycle.handoff.folder import FolderLoader, FolderPublisher
 from kv_cache.lifecycle.payload import PayloadPool, block_digest
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.cpu import CpuTier
@@ -202,7 +202,7 @@ def test_a_decode_node_checks_handed_over_blocks_against_the_digests_its_prefill
     opts = LifecycleOptions(BT, BPT, chain_root("test"), "checksum")
     folder = tmp_path / "shared"
     folder.mkdir()
-    pre = HandoffStore.create(str(folder), shared_files("buffered", BLOCK), "buffered", 16 * BLOCK, {"seed": 1})
+    pre = FolderPublisher(str(folder), shared_files("buffered", BLOCK), "buffered", 16 * BLOCK, {"seed": 1})
     Lifecycle(cache, pool, rec, opts, handoff=pre).execute(request(tokens(40, 1), tokens(8, 2), ((40, USER),)), bufs)
     with open(pre.manifest) as f:
         h = Handoff.from_dict(json.loads(f.read().splitlines()[-1]))
@@ -210,7 +210,7 @@ def test_a_decode_node_checks_handed_over_blocks_against_the_digests_its_prefill
     for k, e in zip(h.keys, expected):
         pool.fill(k, e)
     assert len(h.keys) == 2 and h.digests == tuple(block_digest(e) for e in expected)
-    dec = HandoffStore.attach(str(folder), shared_files("buffered", BLOCK), {"seed": 1})
+    dec = FolderLoader(str(folder), shared_files("buffered", BLOCK))
     for digests, failures in ((h.digests, 0), ((h.digests[0] ^ 1, h.digests[1]), 1), ((0, 0), 0)):
         drec = Recorder()
         drec.start_measuring(1)

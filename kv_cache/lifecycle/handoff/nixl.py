@@ -10,14 +10,15 @@ the prefill node's registered memory with NIXL READ transfers (UCX: RDMA where t
                                                         each request with the slot of each of its blocks
         decode -> done                       prefill -> end
 
-A slot is reused (oldest published first, as the folder handoff removes its oldest files) when the handoff
-space is full. Reuse is made visible twice. Every 4 KiB page of a block starts with its key's stamp (payload.py):
-a block read whose every page carries the key was not replaced, and costs one READ, as NIXL's own loop does. Only
-when a stamp differs is the slot's tag read: a seqlock, 0 before the block's bytes are copied in, its key after.
-A tag that is not the key means the block was (being) replaced while or before it was read, and the block counts
-as missing, never as read; a tag that is the key means the bytes themselves are wrong, and the verification that
-follows counts the failure. (A replacement that overtakes the READ inside its last page leaves every stamp right:
-that block fails the verification, which counts it as a failure rather than as missing: never as a good read.)
+A request's blocks are held in their slots until the decode node it was assigned to acknowledges it (space.py):
+no slot is reused under a reader, so a block read is the block published. Every 4 KiB page of a block still starts
+with its key's stamp (payload.py) and the decode node checks them and the block's digest: a block that is not
+what was published fails the verification, never passes as read. A slot's tag (one u64 per slot, 0 while its
+bytes are being copied in) is read only when a stamp differs: the tag then says whether the slot was reused (after
+a timeout dropped the block: counted missing) or its bytes are wrong (counted as a failure).
+
+The region lives in host memory, or in GPU memory (--disagg-handoff-memory gpu, NIXL VRAM) when the run has a
+real GPU tier: DeviceSlots behind the same interface, copying each block in from the worker's host buffer.
 Both agents are torn down before the process ends, and the region is deregistered: nothing of the prefill
 node's memory is reachable after its run.
 """
@@ -32,194 +33,102 @@ import time
 
 import numpy as np
 
-from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import RunFault, UserError
-from kv_cache.lifecycle.handoff import HandoffStore
-from kv_cache.lifecycle.nixl_channel import HEARTBEAT, HEARTBEAT_S, Line, PrefillChannel, connect
+from kv_cache.lifecycle.handoff.agent import ENGINE, POLL_S, make_agent, parse_url
+from kv_cache.lifecycle.handoff.channel import HEARTBEAT, HEARTBEAT_S, Line, PrefillChannel, connect
+from kv_cache.lifecycle.handoff.regions import DeviceSlots, RegisteredSlots, RemoteSlots
+from kv_cache.lifecycle.handoff.space import HandoffSpace
 from kv_cache.lifecycle.payload import stamped_with
-
-MISSING = ("the NIXL handoff needs NIXL's wheel: pip install --no-deps nixl-cu12 (make install does; its torch "
-           "dependency is not needed for host memory)")
-SCHEME = "nixl://"
-ENGINE = "nixl (UCX)"  # what the results' role section and tier table name
-PROGRESS_DELAY_US = 1000  # NIXL's progress thread wakes on UCX's events, and at the latest after this (make_agent)
-POLL_S = 0.00005  # a decode worker's pause between polls of its READ
+from kv_cache.types import Handoff
 
 
-def parse_url(url: str) -> tuple[str, int]:
-    """nixl://HOST:PORT -> (host, port), or one sentence."""
-    rest = url[len(SCHEME):] if url.startswith(SCHEME) else ""
-    host, _, port = rest.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"--handoff {url}: expected nixl://HOST:PORT (the prefill node's address and a free port), "
-                        f"or file://DIR for a shared folder.")
-    return host.strip("[]"), int(port)
-
-
-def nixl_api():
-    # NOTE: NIXL's and UCX's own log lines (a peer that reset its connection, a backend's warnings) broke the
-    # one-line stderr rule: silenced unless --debug, before the libraries load (they read these once)
-    from kv_cache import runlog
-
-    quiet = not runlog.debugging()
-    os.environ.setdefault("UCX_LOG_LEVEL", "fatal" if quiet else "warn")
-    os.environ.setdefault("NIXL_LOG_LEVEL", "FATAL" if quiet else "WARN")
-    try:
-        from nixl_cu12 import _api
-    except ImportError:
-        raise UserError(MISSING + ".") from None
-    import logging
-
-    logging.getLogger("nixl").setLevel(logging.CRITICAL if quiet else logging.WARNING)
-    return _api
-
-
-def make_agent(name: str, serves: bool):
-    """A NIXL agent with the UCX backend; one that serves READs (a prefill node) with NIXL's progress thread, made to
-    sleep between events. A reader's own threads progress its READs while they poll them (a thread beside them
-    would contend for the same UCX worker).
-
-    NIXL's Python wrapper fixes that thread's poll delay at 0: it spins a whole core (2.99 CPU-s in 3 s idle,
-    measured), which a 2-vCPU node cannot spare. With PROGRESS_DELAY_US the thread sleeps in poll() on UCX's event
-    fd and wakes when data arrives (0.09 CPU-s in 3 s idle). It needs no GIL: a prefill node's busy workers do not
-    delay the READs it serves, as a Python pump's would. The wrapper has no setting for the delay, so its C++ agent
-    is made here with one (the wrapper's `agent`), and the backend then created on it."""
-    api = nixl_api()
-    try:
-        agent = api.nixl_agent(name, api.nixl_agent_config(enable_prog_thread=False, backends=[]))
-        if "UCX" not in agent.plugin_list:
-            raise UserError("NIXL has no UCX plugin here; the NIXL handoff moves blocks over UCX.")
-        conf = api.nixlBind.nixlAgentConfig()
-        conf.useProgThread, conf.pthrDelay = serves, PROGRESS_DELAY_US
-        conf.syncMode = api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT.value  # many workers
-        agent.agent = api.nixlBind.nixlAgent(name, conf)
-        agent.create_backend("UCX", {})
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001 - NIXL raises plain exceptions for a missing backend
-        raise UserError(f"NIXL could not start its UCX backend ({e}); check that this host's loopback (lo) and the "
-                        f"interface to the other node are up, and that UCX_TLS names transports it has (e.g. "
-                        f"UCX_TLS=tcp).") from None
-    return agent
-
-
-class RegisteredSlots:
-    """The prefill node's handoff space: slots of registered host memory and their tags (the blocks interface
-    HandoffStore uses: put, delete, slots_for, slot_bytes, capacity_bytes, engine, close)."""
-
-    engine, name, flags = ENGINE, "handoff", frozenset()
-
-    def __init__(self, agent, capacity_bytes: int, slot_bytes: int):
-        self.slot_bytes = slot_bytes
-        self.nslots = max(capacity_bytes // slot_bytes, 1)
-        self.capacity_bytes = self.nslots * slot_bytes
-        self.region = aligned_buffer(self.capacity_bytes)
-        self.tags = np.zeros(self.nslots, np.uint64)
-        self.agent = agent
-        self.regs = [agent.register_memory([(a.ctypes.data, a.nbytes, 0, "")], "DRAM")
-                     for a in (self.region, self.tags)]
-        self.free = list(range(self.nslots - 1, -1, -1))
-        self.slot_of: dict[int, int] = {}
-        self.lock = threading.Lock()
-        self.description = (f"registered host memory read by decode nodes with NIXL (UCX), {self.nslots} slots of "
-                            f"{slot_bytes / 2**20:.2f} MiB")
-
-    def slots_for(self, nbytes: int) -> int:
-        if nbytes > self.slot_bytes:
-            raise RunFault(f"a block of {nbytes} bytes exceeds the handoff slot of {self.slot_bytes}.")
-        return 1
-
-    def put(self, key: int, data) -> None:
-        with self.lock:
-            slot = self.free.pop()
-            self.slot_of[key] = slot
-        self.tags[slot] = 0  # the seqlock: a reader that sees 0 or another key after its read drops the block
-        start = slot * self.slot_bytes
-        self.region[start:start + data.nbytes] = np.frombuffer(data, np.uint8)
-        self.tags[slot] = key
-
-    def delete(self, key: int) -> None:
-        with self.lock:
-            slot = self.slot_of.pop(key)
-            self.free.append(slot)
-
-    def where(self, keys) -> list[int]:
-        with self.lock:
-            return [self.slot_of.get(k, -1) for k in keys]
-
-    def close(self, remove: bool = True) -> None:
-        for reg in self.regs:
-            self.agent.deregister_memory(reg)
-        self.regs = []
-        self.region[:] = 0  # nothing of the run's blocks stays in memory a later owner of these pages could read
-
-
-class NixlPrefill(HandoffStore):
+class NixlPublisher:
     """A prefill node publishing into registered memory and announcing over the side channel."""
 
-    @classmethod
-    def create_nixl(cls, url: str, slot_bytes: int, capacity_bytes: int, identity: dict) -> NixlPrefill:
+    role, engine = "prefill", ENGINE
+
+    def __init__(self, url: str, slots, identity: dict, agent):
+        """slots: RegisteredSlots or DeviceSlots, registered with agent (closed here if the channel fails)."""
         host, port = parse_url(url)
-        agent = make_agent(f"kvbench-prefill-{os.uname().nodename}-{os.getpid()}", serves=True)
-        slots = RegisteredSlots(agent, capacity_bytes, slot_bytes)
-        store = cls(url, "prefill", lambda *_: slots, capacity_bytes, identity, f"p{os.getpid()}")
-        store.folder = url
+        self.where, self.blocks = url, slots
         try:
             header = {**identity, "started_wall": time.time()}
-            store.channel = PrefillChannel(host, port, identity, slots, agent.get_agent_metadata(), header)
+            self.channel = PrefillChannel(host, port, identity, slots, agent.get_agent_metadata(), header)
         except BaseException:
             slots.close()
             raise
-        store._fd = 0  # open: finish() and abandon() end the manifest once
-        store.acks = True  # blocks held until the decode node that loaded them says so (no reader meets a reuse)
-        store.channel.on_ack = store.release
+        self.space = HandoffSpace(slots, keep_released=False)  # a slot acknowledged is free for the next block
+        self.channel.on_ack = self.space.release
         # a decode node connected, or none yet (one starting up): worth waiting for, once at most
-        store.readers = lambda: bool(store.channel.connected()) or not (store.channel.attached() or store.waited_out)
-        return store
+        self.space.readers = lambda: bool(self.channel.connected()) or not (self.channel.attached()
+                                                                             or self.space.waited_out)
+        self._open = True
 
-    def _append(self, record: dict | bytes) -> None:
-        self.channel.append(record)
+    @classmethod
+    def create(cls, url: str, slot_bytes: int, capacity_bytes: int, identity: dict, device=None) -> NixlPublisher:
+        """device: (backend, gpu) for a region in GPU memory, or None for host memory."""
+        agent = make_agent(f"kvbench-prefill-{os.uname().nodename}-{os.getpid()}", serves=True)
+        slots = (RegisteredSlots(agent, capacity_bytes, slot_bytes) if device is None
+                 else DeviceSlots(agent, capacity_bytes, slot_bytes, *device))
+        return cls(url, slots, identity, agent)
 
-    def attached(self) -> set[str]:
-        return self.channel.attached()
+    @property
+    def stopping(self):
+        return self.space.stopping
 
-    def finished(self) -> set[str]:
-        return set(self.channel.done)
+    @stopping.setter
+    def stopping(self, due) -> None:
+        self.space.stopping = due
+
+    def publish(self, keys, nbytes, fill, buf, recorder) -> int:
+        return self.space.publish(keys, nbytes, fill, buf, recorder)
+
+    def digests(self, keys) -> tuple[int, ...]:
+        return self.space.digests(keys)
+
+    def hand_over(self, record: Handoff) -> None:
+        self.space.announce(record.keys, lambda: self.channel.append(record.to_line()))
 
     def reading(self) -> set[str]:
         """Decode nodes still connected and not done (one whose connection ended is not waited for)."""
-        return self.channel.connected() - self.finished()
+        return self.channel.connected() - set(self.channel.done)
 
     def finish(self, wait_s: float, remove: bool, say) -> dict:
-        out = super().finish(wait_s, remove, say)
+        """End line, then wait (at most wait_s) for connected decode nodes to finish; deregister the region."""
+        self.space.announce((), lambda: self.channel.append({"kind": "end", "done_wall": time.time()}))
+        deadline = time.monotonic() + wait_s
+        while self.reading() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        attached, waiting = self.channel.attached(), sorted(self.channel.attached() - set(self.channel.done))
+        still = sorted(self.reading())
+        lost = sorted(set(waiting) - set(still))
+        if still:
+            say(f"  handoff: decode node(s) {', '.join(still)} still reading after {wait_s:g} s; removing anyway")
+        if lost:
+            say(f"  handoff: decode node(s) {', '.join(lost)} left before the end (their connection ended)")
         unread = self.channel.unread() + self.channel.lost_requests
         if unread:
             say(f"  handoff: {unread} request(s) handed over were never loaded by a decode node (none attached, or "
                 f"the one holding them left); their blocks were released")
-        return out
-
-    def _close_manifest(self, remove: bool) -> int:
+        self._open = False
         self.channel.close()
         self.blocks.close(remove)  # deregistered (and zeroed) whatever remove says: no one may read it after
-        return -1
+        return {"published_blocks": self.space.published, "decode_nodes": sorted(attached),
+                "decode_nodes_unfinished": waiting, "requests_unacknowledged": unread}
+
+    def abandon(self, remove: bool) -> None:
+        """The run failed: end the manifest (decode nodes stop), release the region (whatever remove says)."""
+        if self._open:
+            self.finish(0.0, remove, lambda *_: None)
 
 
-class RemoteSlots:
-    """What a decode node's results say of the handoff space it reads (the tier table's row)."""
-
-    engine, name, flags = ENGINE, "handoff", frozenset()
-
-    def __init__(self, capacity_bytes: int, description: str):
-        self.capacity_bytes, self.description = capacity_bytes, description
-
-
-class NixlDecode:
+class NixlLoader:
     """A decode node: the side channel's lines (for the follower) and NIXL READs of the published blocks."""
 
     role, engine = "decode", ENGINE
 
     def __init__(self, url: str, identity: dict, wait_s: float, say, peer_timeout_s: float = 10.0):
-        self.url, self.folder, self.peer_timeout_s = url, url, peer_timeout_s
+        self.url, self.where, self.peer_timeout_s = url, url, peer_timeout_s
         host, port = parse_url(url)
         self.link = Line(connect(host, port, wait_s, url, say))
         # NOTE: every read of the side channel has a deadline: a port that accepts and never speaks, or a frozen
@@ -308,10 +217,10 @@ class NixlDecode:
                 self.registered[base.ctypes.data] = self.agent.register_memory(
                     [(base.ctypes.data, base.nbytes, 0, "")], "DRAM")
 
-    def _read(self, local_addr: int, remote_addr: int, nbytes: int) -> None:
+    def _read(self, local_addr: int, remote_addr: int, nbytes: int, remote_mem=("DRAM", 0)) -> None:
         """One NIXL READ, polled to its end (at most --disagg-peer-timeout-s); a failure of any kind is a RunFault."""
         try:
-            state = self._transfer(local_addr, remote_addr, nbytes)
+            state = self._transfer(local_addr, remote_addr, nbytes, remote_mem)
         except Exception as e:  # noqa: BLE001 - NIXL's bindings raise their own classes (nixlRemoteDisconnectError)
             state = type(e).__name__
         if state != "DONE":
@@ -319,9 +228,9 @@ class NixlDecode:
                            f"{self.peer_timeout_s:g} s at most, --disagg-peer-timeout-s): the prefill node stopped "
                            f"or its network did.")
 
-    def _transfer(self, local_addr: int, remote_addr: int, nbytes: int) -> str:
+    def _transfer(self, local_addr: int, remote_addr: int, nbytes: int, remote_mem: tuple[str, int]) -> str:
         local = self.agent.get_xfer_descs([(local_addr, nbytes, 0)], "DRAM")
-        remote = self.agent.get_xfer_descs([(remote_addr, nbytes, 0)], "DRAM")
+        remote = self.agent.get_xfer_descs([(remote_addr, nbytes, remote_mem[1])], remote_mem[0])
         handle = self.agent.initialize_xfer("READ", local, remote, self.peer)
         try:
             state, deadline = self.agent.transfer(handle), time.monotonic() + self.peer_timeout_s
@@ -342,7 +251,8 @@ class NixlDecode:
             return False
         arr = np.frombuffer(out, np.uint8)
         self._registered(arr)
-        self._read(arr.ctypes.data, self.header["region"] + slot * self.header["slot_bytes"], arr.nbytes)
+        self._read(arr.ctypes.data, self.header["region"] + slot * self.header["slot_bytes"], arr.nbytes,
+                   (self.header.get("region_mem", "DRAM"), self.header.get("region_dev", 0)))
         # every page is this block's: not replaced (one round trip, the common case); else the seqlock decides
         return stamped_with(key, arr) or self._tag(slot) == key
 
@@ -370,5 +280,3 @@ class NixlDecode:
             pass
         self.registered.clear()
 
-    def abandon(self, remove: bool) -> None:
-        self.detach()

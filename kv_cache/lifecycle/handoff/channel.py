@@ -1,4 +1,4 @@
-"""The NIXL handoff's side channel (nixl_handoff.py): newline-delimited JSON over TCP on HOST:PORT, bound to
+"""The NIXL handoff's side channel (nixl.py): newline-delimited JSON over TCP on HOST:PORT, bound to
 that address only. The prefill node accepts decode nodes of its run (same identity) and sends each the header
 and every manifest line; a decode node connects (retrying while the prefill node is not up yet)."""
 
@@ -54,7 +54,8 @@ class PrefillChannel:
         """metadata: the prefill node's NIXL agent metadata, for decode nodes to add it as a remote agent."""
         self.identity, self.slots = identity, slots
         self.header = {"kind": "header", **header, "metadata": base64.b64encode(metadata).decode(),
-                       "region": slots.region.ctypes.data, "tags": slots.tags.ctypes.data,
+                       "region": slots.region_addr, "region_mem": slots.region_mem,
+                       "region_dev": slots.region_dev, "tags": slots.tags_addr,
                        "slot_bytes": slots.slot_bytes, "nslots": slots.nslots}
         self.lines: list[bytes] = []  # lines for every decode node (the end)
         self.pending: deque[tuple[str, list[int], bytes]] = deque()  # requests no decode node has yet

@@ -1,0 +1,69 @@
+"""The prefill -> decode handoff: one home, two sides, two transports.
+
+    __init__   the sides' interfaces (Publisher: a prefill node; Loader: a decode node) and the identity both
+               nodes must share
+    space.py   the transport-free bookkeeping of the prefill node's handoff space: which blocks are published,
+               their digests, which requests hold them until a decode node acknowledges, the wait for room
+    folder.py  file://DIR: block files and a manifest in a shared folder, acknowledgements as files beside it
+    nixl.py    nixl://HOST:PORT: registered memory (host or GPU) read with NIXL READs, over channel.py's side
+               channel (the manifest, assignments, acknowledgements, heartbeats)
+
+A transport is composed from the space and its own blocks store (put / delete / slots_for, slot_bytes,
+capacity_bytes): none subclasses another. The decode node's traffic (the manifest's requests as Requests) is a
+traffic source, sources/handoff.py, as every source is; the composition root (run/handoff.py) picks the transport.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from kv_cache.errors import UserError
+from kv_cache.types import Handoff
+
+IDENTITY = ("model", "kv_dtype", "tp", "block_tokens", "seed")  # what both nodes must agree on
+
+
+class HandoffBlocks(Protocol):
+    """What the results' tier table says of a handoff space (a row named "handoff")."""
+
+    name: str
+    engine: str
+    capacity_bytes: int
+    description: str
+
+
+class Publisher(Protocol):
+    """A prefill node's side: publishes a request's prompt blocks, then hands the request over."""
+
+    role: str  # "prefill"
+    engine: str
+    where: str  # the folder or the URL (the results' role section)
+    blocks: HandoffBlocks
+    stopping: object  # () -> bool: the run's drain ran out, no more waiting for room
+
+    def publish(self, keys, nbytes, fill, buf, recorder) -> int: ...
+    def digests(self, keys) -> tuple[int, ...]: ...
+    def hand_over(self, record: Handoff) -> None: ...
+    def finish(self, wait_s: float, remove: bool, say) -> dict: ...
+    def abandon(self, remove: bool) -> None: ...
+
+
+class Loader(Protocol):
+    """A decode node's side: loads a handed-over request's blocks, then acknowledges it."""
+
+    role: str  # "decode"
+    engine: str
+    where: str
+    blocks: HandoffBlocks
+
+    def load(self, key: int, out) -> bool: ...
+    def loaded(self, record: Handoff) -> None: ...
+    def detach(self) -> None: ...
+
+
+def check_header(header: dict, identity: dict, where: str) -> None:
+    for k in IDENTITY:
+        if header.get(k) != identity[k]:
+            raise UserError(f"{where} was written for {k} {header.get(k)!r} but this decode node runs "
+                            f"{identity[k]!r}; start both nodes with the same --model, --kv-dtype, --tp, "
+                            f"--block-tokens and --seed.")

@@ -1,0 +1,160 @@
+"""The disaggregated roles, composed from settings: which handoff transport (a folder, or NIXL), its sides for
+a prefill and a decode node, the decode node's traffic, and the role's end (part of the composition root)."""
+
+from __future__ import annotations
+
+import os
+
+from kv_cache.config import Settings
+from kv_cache.errors import UserError
+from kv_cache.lifecycle.handoff import Loader, Publisher, check_header
+from kv_cache.lifecycle.handoff.agent import SCHEME, parse_url
+from kv_cache.lifecycle.handoff.folder import FOLDER, MANIFEST, FolderLoader, FolderPublisher, mark_reading
+from kv_cache.lifecycle.handoff.nixl import NixlLoader, NixlPublisher
+from kv_cache.sources.handoff import ManifestFollower, RecordFollower, wait_for_manifest
+from kv_cache.tiers.fsinfo import probe_direct
+from kv_cache.tiers.registry import shared_files
+
+
+def handoff_identity(s: Settings, model_name: str) -> dict:
+    return {"model": model_name, "kv_dtype": s.model.kv_dtype, "tp": s.model.tp,
+            "block_tokens": s.model.block_tokens, "seed": s.run.seed}
+
+
+def handoff_target(s: Settings) -> tuple[str, str]:
+    """("file", DIR), ("nixl", URL) or ("", ""): --handoff-dir DIR and --handoff file://DIR are one thing."""
+    d = s.disagg
+    if d.handoff and d.handoff_dir:
+        raise UserError("--handoff and --handoff-dir name the same thing; give one of them.")
+    if d.handoff.startswith("file://"):
+        return "file", d.handoff[len("file://"):]
+    if d.handoff.startswith(SCHEME):
+        parse_url(d.handoff)
+        return "nixl", d.handoff
+    if d.handoff:
+        raise UserError(f"--handoff {d.handoff}: expected file://DIR (a folder both nodes share) or "
+                        f"nixl://HOST:PORT (the prefill node's address and a free port).")
+    return ("file", d.handoff_dir) if d.handoff_dir else ("", "")
+
+
+def nixl_region_bytes(s: Settings) -> int:
+    """The host memory a NIXL prefill node registers as its handoff space (--disagg-handoff-gb); 0 for any other
+    node (a decode node reads into its workers' buffers; a folder's handoff is files; a region in GPU memory is
+    not host memory)."""
+    if s.disagg.role != "prefill" or handoff_target(s)[0] != "nixl" or s.disagg.handoff_memory == "gpu":
+        return 0
+    return int(s.disagg.handoff_gb * 2**30)
+
+
+def _room_for_a_request(s: Settings, slot_bytes: int, workers: int) -> None:
+    """The blocks of a request are held until a decode node has loaded it, and each worker publishes one request
+    at a time: a space smaller than the workers' longest prompts could hold none of them whole (one sentence with
+    the numbers; synthetic traffic, whose longest is known)."""
+    if s.trace.path or not s.model.block_tokens:
+        return
+    longest = max(getattr(s.profiles, n).max_context_tokens for n in s.profiles.__dataclass_fields__)
+    need = workers * -(-longest // s.model.block_tokens) * slot_bytes
+    space = int(s.disagg.handoff_gb * 2**30)
+    if space < need:
+        raise UserError(f"--disagg-handoff-gb {s.disagg.handoff_gb:g} holds {space // slot_bytes} blocks, fewer "
+                        f"than {workers} workers' longest prompts ({need // slot_bytes} blocks of {longest:,} "
+                        f"tokens each): a request's blocks are held until a decode node loads them; raise it to at "
+                        f"least {need / 2**30:.2f} (or lower --workers).")
+
+
+def _handoff_root(s: Settings) -> str:
+    root = os.path.abspath(handoff_target(s)[1])
+    if not os.path.isdir(root) or not os.access(root, os.W_OK | os.X_OK):
+        raise UserError(f"--handoff-dir {root} is not a writable directory; create it (on the storage both "
+                        f"nodes share) or pass another.")
+    return root
+
+
+def decode_traffic(s: Settings, model_name: str) -> tuple[ManifestFollower | RecordFollower, NixlLoader | None]:
+    """A decode node's arrivals: wait for a prefill node's manifest, check it matches, follow it; (arrivals, the
+    NIXL link that also loads the blocks, or None for a folder)."""
+    kind, url = handoff_target(s)
+    if kind == "nixl":  # its side channel carries the manifest; the same link then loads the blocks
+        say = (lambda m: None) if s.run.quiet else (lambda m: print(m, flush=True))
+        link = NixlLoader(url, handoff_identity(s, model_name), s.disagg.wait_s, say, s.disagg.peer_timeout_s)
+        return RecordFollower(link.next_record, s.disagg.wait_s), link
+    path = os.path.join(_handoff_root(s), FOLDER, MANIFEST)
+    if not os.path.exists(path) and not s.run.quiet:  # started first: say what it waits for, and how long
+        print(f"  waiting for a prefill node to publish into {os.path.dirname(path)} (up to {s.disagg.wait_s:g} s, "
+              f"--disagg-wait-s)", flush=True)
+    header = wait_for_manifest(path, s.disagg.wait_s)
+    check_header(header, handoff_identity(s, model_name), path)
+    # NOTE: attached as soon as the manifest is found, before this node builds its tiers (seconds): the prefill
+    # node waits at its end for the decode nodes attached, and a short run ended before this one had
+    mark_reading(os.path.dirname(path))
+    return ManifestFollower(path, s.disagg.wait_s), None
+
+
+def _gpu_region(s: Settings, gpu) -> tuple[object, int] | None:
+    """(device backend, GPU) for --disagg-handoff-memory gpu, or None for host memory."""
+    if s.disagg.handoff_memory != "gpu":
+        return None
+    if gpu is None:
+        raise UserError("--disagg-handoff-memory gpu puts the NIXL handoff region in GPU memory, and this run has "
+                        "no real GPU tier; add --gpu real (a CUDA device and CuPy), or drop the flag.")
+    return gpu, (s.tiers.gpus[0] if s.tiers.gpus else 0)
+
+
+def open_handoff(s: Settings, model_name: str, slot_bytes: int, workers: int, link: NixlLoader | None = None,
+                 gpu=None) -> tuple[Publisher | Loader | None, str]:
+    """The prefill node's side of the handoff, or the decode node's; (side, engine note). workers: the most worker
+    threads the run may have; link: a NIXL decode node's link to its prefill node, made with its traffic
+    (decode_traffic); gpu: the real GPU tier's backend."""
+    if s.disagg.role == "both":
+        return None, ""
+    kind, url = handoff_target(s)
+    if s.disagg.handoff_memory == "gpu" and (kind != "nixl" or s.disagg.role != "prefill"):
+        raise UserError("--disagg-handoff-memory gpu is the NIXL prefill node's region (--role prefill --handoff "
+                        "nixl://HOST:PORT); drop it here.")
+    if kind == "nixl":
+        tls = os.environ.get("UCX_TLS", "UCX's own choice")
+        note = f"the handoff moves blocks with NIXL READs over UCX (transports: {tls}) through {url}"
+        if s.disagg.role == "decode":
+            return link, note
+        ident = handoff_identity(s, model_name)  # its region is a part of the memory budget, checked before
+        _room_for_a_request(s, slot_bytes, workers)
+        side = NixlPublisher.create(url, slot_bytes, int(s.disagg.handoff_gb * 2**30), ident, _gpu_region(s, gpu))
+        side.space.wait_s, side.channel.peer_timeout_s = s.disagg.wait_s, s.disagg.peer_timeout_s
+        return side, note
+    root = _handoff_root(s)
+    engine, note = s.tiers.io_engine, ""
+    if engine == "mmap":  # blocks are files found by name: no mapping
+        engine, note = "buffered", "the handoff folder uses the buffered engine (mmap needs slabs)"
+    elif engine == "direct" and (why := probe_direct(root)):
+        engine, note = "buffered", f"O_DIRECT refused in {root} ({why}): the handoff folder runs buffered"
+    blocks = shared_files(engine, slot_bytes)
+    if s.disagg.role == "decode":
+        return FolderLoader(root, blocks), note
+    _room_for_a_request(s, slot_bytes, workers)
+    side = FolderPublisher(root, blocks, engine, int(s.disagg.handoff_gb * 2**30), handoff_identity(s, model_name))
+    side.space.wait_s = s.disagg.wait_s
+    return side, note
+
+
+def finish_role(side: Publisher | Loader | None, s: Settings, say) -> dict | None:
+    """After the load phase: the prefill node ends the manifest and waits for decode nodes; the decode
+    node says it is done. Returns what the results' role section needs beyond the recorder's numbers."""
+    if side is None:
+        return None
+    out = {"role": s.disagg.role, "handoff_dir": side.where, "engine": side.engine}
+    if side.role == "prefill":
+        say(f"  handoff: end of manifest written; waiting up to {s.disagg.wait_s:g} s for decode nodes")
+        return {**out, **side.finish(s.disagg.wait_s, not s.run.keep_data, say)}
+    side.detach()
+    return out
+
+
+def abandon_role(side: Publisher | Loader | None, remove: bool) -> None:
+    """The run failed: a prefill node ends its manifest (decode nodes stop) and removes its space (remove); a
+    decode node says it is done."""
+    if side is None:
+        return
+    if side.role == "prefill":
+        side.abandon(remove)
+    else:
+        side.detach()
