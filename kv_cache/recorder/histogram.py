@@ -139,14 +139,22 @@ def mean_value(hist: HdrHistogram) -> float:
     return float(np.dot(counts.astype(np.float64), median.astype(np.float64)) / n) if n else 0.0
 
 
+def supported(p: float, count: int) -> bool:
+    """The one rule for every output (console, results.json, compare, trials, plots): a percentile is a figure only
+    from enough samples: p needs 1 / (1 - p) of them (p99 100, p99.9 1,000; the max: any). Rounded, as 100 - 99.9
+    is not exactly 0.1 in floating point."""
+    return p >= 100.0 or round(count * (100.0 - p), 6) >= 100.0
+
+
 def summary_ms(hist: HdrHistogram) -> dict:
-    """count, p50 .. p99.9, max and mean in milliseconds."""
+    """count, p50 .. p99.9, max and mean in milliseconds; a percentile too few samples support is None (with the
+    count beside it: 3 samples have no p95, only a max)."""
     n = hist.get_total_count()
     if n == 0:
         return {"count": 0, **{k: None for k in PCT_KEYS}, "max": None, "mean": None}
     out = {"count": n}
-    for k, v in zip(PCT_KEYS, values_at(hist, PERCENTILES)):
-        out[k] = v / 1e6
+    for k, p, v in zip(PCT_KEYS, PERCENTILES, values_at(hist, PERCENTILES)):
+        out[k] = v / 1e6 if supported(p, n) else None
     out["max"] = hist.get_max_value() / 1e6
     out["mean"] = mean_value(hist) / 1e6
     return out

@@ -274,7 +274,11 @@ class Results:
         return getattr(s, pct) if s is not None else None
 
     def storage_gbps(self, direction: str) -> float | None:
-        """The storage (bottom) tier's read or write GB/s, or None when it moved nothing."""
+        """The storage (bottom) tier's read or write GB/s, or None when it moved nothing (a null tier, --null-io,
+        moves no byte: its counted GB/s are the generator's pace, not a figure of storage)."""
+        info = self.run.tiers.get(self.bottom)
+        if info is not None and info.null:
+            return None
         bw = self.bandwidth_gbps.get(self.bottom)
         return getattr(bw, direction) if bw is not None else None
 

@@ -4,7 +4,8 @@ Targets are on the *storage part of time-to-first-token* (queue wait + cached
 prefix load + prefill write, measured from the intended start) and on end-to-end
 time; generation time a run models (if any) is only in end-to-end time, so an
 interactive SLA can pass when storage is fast (MLPerf's could not, flaw 20).
-A class is *met* when every configured percentile target holds;
+A class is *met* when every configured percentile target holds (a percentile too few requests support holds
+when all of them are within it, and is undecided, null, otherwise);
 *attainment* is the share of its requests whose storage TTFT is within the
 p95 target. A class without requests is neither met nor failed: null.
 """
@@ -23,10 +24,20 @@ def judge(ttft, e2e, targets: dict, attainment_goal: float) -> dict:
            "targets_ms": {f"{m}_{p}": targets[f"{m}_{p}_ms"] for m, p in CHECKS}}
     if not n:
         return {**out, "attainment": None, "checks": {f"{m}_{p}": None for m, p in CHECKS}, "met": None}
-    checks = {f"{m}_{p}": out[f"{m}_ms"][p] <= targets[f"{m}_{p}_ms"] for m, p in CHECKS}
+    checks = {f"{m}_{p}": _holds(out[f"{m}_ms"], p, targets[f"{m}_{p}_ms"]) for m, p in CHECKS}
     attained = count_at_or_below(ttft, targets["ttft_p95_ms"] * 1e6) / n
-    return {**out, "attainment": attained, "checks": checks,
-            "met": all(checks.values()) and attained >= attainment_goal}
+    met = False if False in checks.values() or attained < attainment_goal else (
+        None if None in checks.values() else True)
+    return {**out, "attainment": attained, "checks": checks, "met": met}
+
+
+def _holds(summary: dict, pct: str, target_ms: float) -> bool | None:
+    """Whether a percentile target holds; from too few samples to have that percentile, it holds when every
+    sample is within it (the max), and is undecided (None) otherwise."""
+    value = summary[pct]
+    if value is not None:
+        return value <= target_ms
+    return True if summary["max"] <= target_ms else None
 
 
 def overall(classes: dict) -> bool | None:

@@ -144,9 +144,10 @@ def traffic_section(results: Results) -> list[str]:
              f"{results.cpu.process_s:.2f} s in the window (all threads)"
              + (f" = {results.cpu.per_gib_moved:.3f} s per GiB moved" if results.cpu.per_gib_moved else "")]
     m = results.mlperf_compatible
-    lines.append(f"MLPerf table names: cached tokens/s {m.cached_tokens_per_s:,.0f}; storage read "
-                 f"{m.storage_read_gbps:.3f} GB/s, write {m.storage_write_gbps:.3f} GB/s; storage read p95 "
-                 f"{_ms(m.storage_read_p95_ms)} ms")
+    storage = (f"storage read {m.storage_read_gbps:.3f} GB/s, write {m.storage_write_gbps:.3f} GB/s; storage read "
+               f"p95 {_ms(m.storage_read_p95_ms)} ms" if results.storage_gbps("read") is not None else
+               "storage: none measured (a null tier: no byte moves)")
+    lines.append(f"MLPerf table names: cached tokens/s {m.cached_tokens_per_s:,.0f}; {storage}")
     return lines
 
 
@@ -230,7 +231,7 @@ def _verdict(results: Results) -> list[str]:
     kind = {"queue": "QUEUE-BOUND", "users": "bound by the users' pace", "storage": "storage-bound"}[v.kind]
     wait = (f"; queue wait p50 {_ms(v.queue_wait_p50_ms)} / p95 {_ms(v.queue_wait_p95_ms)} ms vs storage time p50 "
             f"{_ms(v.storage_p50_ms)} ms per request; {v.dropped_at_stop:,} queued at the stop")
-    return [f"  load: {kind}: offered {v.offered_per_s:.2f} req/s, served {v.served_per_s:.2f} req/s"
+    return [f"  load: {kind}: issued in the window {v.offered_per_s:.2f} req/s, completed {v.served_per_s:.2f} req/s"
             f"{wait}: {v.advice}"]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kv_cache.recorder.histogram import PCT_KEYS, PERCENTILES
+from kv_cache.recorder.histogram import PCT_KEYS, PERCENTILES, supported
 
 
 def ms(v) -> str:
@@ -24,14 +24,8 @@ def format_table(rows: list[list[str]], text_columns: int = 2, indent: str = "")
 PERCENTILE_OF = dict(zip(PCT_KEYS, PERCENTILES))  # "p999" -> 99.9
 
 
-def supported(p: float, count: int) -> bool:
-    """A percentile is shown only from enough samples: p needs 1 / (1 - p) of them (p99 100, p99.9 1,000; the
-    max: any). Rounded, as 100 - 99.9 is not exactly 0.1 in floating point."""
-    return p >= 100.0 or round(count * (100.0 - p), 6) >= 100.0
-
-
 def pct_ms(summary, key: str) -> str:
     """One percentile of a Latency summary in ms, or '-' from too few samples to support it."""
-    if summary is None or not supported(PERCENTILE_OF[key], summary.count):
+    if summary is None or getattr(summary, key) is None or not supported(PERCENTILE_OF[key], summary.count):
         return "-"
     return ms(getattr(summary, key))

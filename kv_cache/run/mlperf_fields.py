@@ -5,7 +5,7 @@ The reference's "storage" tier is our bottom tier; its "gpu" and "cpu" tiers are
 
 from __future__ import annotations
 
-from kv_cache.recorder.histogram import at_ms, mean_value, merged
+from kv_cache.recorder.histogram import at_ms, mean_value, merged, supported
 from kv_cache.recorder.schema import Results
 from kv_cache.recorder.snapshot import Snapshot
 
@@ -65,11 +65,22 @@ class Fields:
                    if o == op and p in phases and t in self.r.run.tiers)
 
     def latency(self, h, keys=("mean", *PCTS)) -> dict[str, float]:
-        """mean and percentiles in ms of an ns histogram (0.0 without samples: the caller notes why)."""
-        out = {k: (at_ms(h, PCTS[k]) if k in PCTS else mean_value(h) / 1e6) if h is not None else 0.0 for k in keys}
+        """mean and percentiles in ms of an ns histogram (0.0 without samples: the caller notes why). A percentile
+        too few samples support (the rule of results.json, where it is null) is their max here, where the
+        reference's readers need a number, and one note says so."""
+        out = {k: (self._pct(h, k) if k in PCTS else mean_value(h) / 1e6) if h is not None else 0.0 for k in keys}
         if "max" in keys:
             out["max"] = h.get_max_value() / 1e6 if h is not None else 0.0
         return out
+
+    def _pct(self, h, key: str) -> float:
+        if supported(PCTS[key], h.get_total_count()):
+            return at_ms(h, PCTS[key])
+        note = ("a percentile from fewer samples than it needs (p95: 20, p99: 100, p99.9: 1,000, p99.99: 10,000) is "
+                "the max of those samples, never an interpolated figure (results.json has null and the count)")
+        if note not in self.notes:
+            self.notes.append(note)
+        return h.get_max_value() / 1e6
 
     def request_latency(self, kind: str, field: str) -> dict[str, float]:
         h = self.snap.hists.get(("request", kind, "all"))

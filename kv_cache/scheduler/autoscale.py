@@ -73,7 +73,7 @@ class Autoscaler:
     def _point(self, step, issued: int) -> dict:
         classes = {n: judge(step.ttft[n], step.e2e[n], self.targets[n], self.goal)
                    for n in QOS_CLASSES if n in step.ttft}
-        p95 = [c["ttft_ms"]["p95"] for c in classes.values() if c["requests"]]
+        p95 = [c["ttft_ms"]["p95"] for c in classes.values() if c["ttft_ms"]["p95"] is not None]
         ok = sum(c["attainment"] * c["requests"] for c in classes.values() if c["requests"])
         return {"users": self.users, "window_s": step.seconds, "offered_per_s": issued / step.seconds,
                 "requests_per_s": step.completed / step.seconds, "tokens_per_s": step.prompt_tokens / step.seconds,

@@ -38,13 +38,13 @@ def test_round_trip_through_json():
     back = Results.from_dict(data)
     assert back.to_dict() == data and back.requests == r.requests and back.latency_ms == r.latency_ms
     assert back.bottom == "nvme" and back.latency("nvme", "read", "count") == 1
-    assert back.mlperf_compatible.storage_read_p95_ms == pytest.approx(0.001, rel=0.01)
+    assert back.mlperf_compatible.storage_read_p95_ms is None  # one sample has no p95 (issue 39: null + count)
 
 
 def test_the_storage_figures_follow_the_bottom_tier_whatever_its_name():
     r = results(tiers=("cpu", "objectstore"))
     assert r.bottom == "objectstore"
-    assert r.mlperf_compatible.storage_read_gbps > 0 and r.latency("objectstore", "read", "p50") is not None
+    assert r.mlperf_compatible.storage_read_gbps > 0 and r.latency("objectstore", "read", "count") == 1
     assert "objectstore" in render(r)
 
 
