@@ -7,6 +7,7 @@ token hit rate so far. Reads counters only (never merges histograms), so it cost
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 
@@ -38,14 +39,23 @@ class LiveLine:
         hit = c.get("tokens.cached", 0) / c["tokens.prompt"] if c.get("tokens.prompt") else 0.0
         p95 = self.recorder.recent_percentile(self.tier, "read", 95.0)
         phase = "measuring" if self.recorder.measure_start_ns else "warm-up"
-        text = (f"[{phase} {now - self.t0:5.0f}/{self.total_s:.0f} s] {completed:,} requests, {self.tier} read "
-                f"{(read - r_prev) / dt / 1e9:.2f} GB/s, write {(written - w_prev) / dt / 1e9:.2f} GB/s, read p95 "
-                f"{'-' if p95 is None else f'{p95:.1f} ms'}, hit rate {hit:.1%}")
+        rd, wr, lat = (read - r_prev) / dt / 1e9, (written - w_prev) / dt / 1e9, "-" if p95 is None else f"{p95:.1f}"
+        text = (f"[{phase} {now - self.t0:4.0f}/{self.total_s:.0f} s] {completed:,} requests, {self.tier} read "
+                f"{rd:.2f} / write {wr:.2f} GB/s, read p95 {lat} ms, hit rate {hit:.1%}")
         if self.tty:
-            self.stream.write("\r" + text.ljust(110)[:150])
+            width = self.columns()
+            if len(text) > width:  # the short form, then cut: a line that wraps is redrawn badly by '\r'
+                text = (f"[{phase[:4]} {now - self.t0:.0f}/{self.total_s:.0f}s] {completed:,} req {self.tier} "
+                        f"r {rd:.2f} w {wr:.2f} GB/s p95 {lat} ms hit {hit:.0%}")
+            self.stream.write("\r" + text[:width].ljust(width))
         else:
             self.stream.write("  " + text + "\n")
         self.stream.flush()
+
+    @staticmethod
+    def columns() -> int:
+        """The terminal's width less one (a line filling the last column wraps on some terminals), 100 at most."""
+        return min(shutil.get_terminal_size((100, 24)).columns, 101) - 1
 
     def close(self) -> None:
         if self.tty:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import textwrap
+
 from kv_cache.recorder.histogram import PCT_KEYS, PERCENTILES, supported
 
 
@@ -29,3 +32,22 @@ def pct_ms(summary, key: str) -> str:
     if summary is None or getattr(summary, key) is None or not supported(PERCENTILE_OF[key], summary.count):
         return "-"
     return ms(getattr(summary, key))
+
+
+WIDTH = 100  # the console's columns: every line the run prints fits them
+
+
+def fit(text: str, width: int = WIDTH) -> str:
+    """text with each line longer than width wrapped at spaces: continuation lines start under the line's text
+    (after a label column such as "Tokens     ", or its indentation + 4). A word longer than the width (a path)
+    stays whole."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        label = re.match(r"(\s*\S+(?: \S+)?\s{2,})\S", line[:40])
+        indent = " " * (len(label.group(1)) if label else len(line) - len(line.lstrip()) + 4)
+        out.append(textwrap.fill(line, width, subsequent_indent=indent, break_long_words=False,
+                                 break_on_hyphens=False))
+    return "\n".join(out)

@@ -26,6 +26,7 @@ from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import RunFault, UserError
 from kv_cache.inputs import read_text
 from kv_cache.recorder.schema import Results, SchemaError
+from kv_cache.report.table import fit
 from kv_cache.run.args import Parser, amount
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 from kv_cache.tiers.registry import kinds
@@ -121,7 +122,7 @@ def _cmd_run(argv: list[str]) -> int:
         return 0
     from kv_cache.run.pipeline import execute
 
-    say = (lambda *a, **k: None) if settings.run.quiet else print
+    say = (lambda *a, **k: None) if settings.run.quiet else (lambda text="": print(fit(str(text)), flush=True))
     if settings.run.processes > 1:
         from kv_cache.run.distributed import launched_by_mpi, relaunch
 
@@ -207,7 +208,7 @@ def _cmd_report(argv: list[str]) -> int:
         from kv_cache.report.files import write_report
 
         write_report(data, path.parent)
-    print(render(data, str(path)))
+    print(fit(render(data, str(path))))
     return 0
 
 

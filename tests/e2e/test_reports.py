@@ -3,6 +3,8 @@
 import csv
 import io
 import json
+import os
+import shutil
 import struct
 
 import pytest
@@ -84,7 +86,8 @@ class _Stream(io.StringIO):
         return self.tty
 
 
-def test_live_line_refreshes_on_a_terminal_and_logs_otherwise():
+def test_live_line_refreshes_on_a_terminal_and_logs_otherwise(monkeypatch):
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=(100, 24): os.terminal_size((120, 24)))
     rec = Recorder()
     rec.start_measuring(1)
     for tty, marker in ((True, "\r"), (False, "\n")):
@@ -100,6 +103,29 @@ def test_live_line_refreshes_on_a_terminal_and_logs_otherwise():
     live.next = 0
     live(7)
     assert "\r" not in out.getvalue() and out.getvalue().endswith("\n") and live.every_s == 10.0
+
+
+def test_the_live_line_fits_the_terminal(monkeypatch):
+    """Issue 39, item 4: the ~100-column progress line wrapped at 80 and redrew badly: it fits the terminal, less
+    one column, in its short form when the long one does not fit."""
+    rec = Recorder()
+    rec.start_measuring(1)
+    for cols in (80, 60, 200):
+        monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=(100, 24), c=cols: os.terminal_size((c, 24)))
+        out = _Stream(True)
+        live = LiveLine(rec, 60, "nvme", out)
+        live.next = 0
+        live(123456)
+        line = out.getvalue().lstrip("\r")
+        assert len(line) == min(cols, 101) - 1 and "123,456" in line, (cols, line)
+
+
+def test_every_line_of_a_run_fits_100_columns(small_run):
+    """Issue 39, item 4: 11-39 summary lines of a run exceeded 120 columns (up to 393): prose wraps at 100."""
+    r = run_cli(small_run("wide", *bounded(6), quiet=False))
+    assert r.returncode == 0, r.stderr
+    long = [line for line in r.stdout.splitlines() if len(line) > 100 and " " in line.strip()]
+    assert not long, long
 
 
 def test_quiet_prints_nothing(small_run):
