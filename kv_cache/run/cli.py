@@ -35,11 +35,24 @@ SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean")
 DEBUG = "--debug"  # any sub-command: print an internal error's traceback (it is always kept in a log file)
 
 
-# The flags a first run needs; --help shows these, --help-all every setting.
-COMMON = {"run.duration_s", "run.warmup_s", "run.max_requests", "run.seed", "run.output_dir", "run.run_id",
-          "run.quiet", "model.name", "model.block_tokens", "tiers.gpu", "tiers.gpu_mem_gb", "tiers.cpu_mem_gb",
-          "tiers.nvme_gb", "tiers.cache_dir", "tiers.io_engine", "tiers.null_io", "cache.policy", "workload.users",
-          "schedule.workers", "schedule.arrival", "trace.path", "trace.speedup"}
+# --help: the flags of the README's quick start and of a first day, grouped by task; --help-all every setting, by
+# config.yaml section
+TASKS = (
+    ("the run: how long, how many times, where the results go",
+     ("run.duration_s", "run.warmup_s", "run.max_requests", "run.seed", "run.trials", "run.output_dir", "run.run_id",
+      "run.quiet")),
+    ("the model: its KV geometry sizes the blocks", ("model.name", "model.kv_dtype", "model.block_tokens")),
+    ("the tiers: GPU, CPU, then the storage under test (the bottom tier)",
+     ("tiers.gpu", "tiers.gpu_mem_gb", "tiers.cpu_mem_gb", "tiers.nvme", "tiers.nvme_gb", "tiers.cache_dir",
+      "tiers.io_engine", "tiers.remote_url", "tiers.precondition", "tiers.null_io", "cache.policy")),
+    ("the traffic: synthetic users, a rate, or a trace",
+     ("workload.users", "schedule.workers", "schedule.arrival", "schedule.request_rate", "trace.path",
+      "trace.format", "trace.speedup", "rag.enabled", "semantic.enabled", "autoscale.mode")),
+    ("disaggregated prefill / decode nodes", ("disagg.role", "disagg.handoff", "disagg.handoff_dir",
+                                               "disagg.handoff_gb")),
+    ("several processes or hosts, submissions, records", ("run.processes", "run.submission", "run.io_trace")),
+)
+COMMON = {k for _, keys in TASKS for k in keys}
 SUBCOMMAND_HELP = """sub-commands (kv_cache_benchmark.py COMMAND --help for each):
   (none)    run the benchmark with the flags below
   report    re-render the summary (and --plots) of a run folder or results.json
@@ -52,19 +65,28 @@ SUBCOMMAND_HELP = """sub-commands (kv_cache_benchmark.py COMMAND --help for each
 prints the traceback of an internal error on stderr (it is always kept in the run's run.log)."""
 
 
-def _add_setting_flags(p: Parser, full: bool = True) -> None:
+def _setting_groups(full: bool) -> list[tuple[str, list]]:
+    """(title, keys) of the help's groups: by task for --help (the common flags), by config.yaml section for
+    --help-all (every flag)."""
     kinds()  # every medium's module imported: the settings sections they declare get their flags too
-    groups = [(s, f"config.yaml section '{s}'", [k for k in iter_keys(Settings) if k[0].startswith(s + ".")])
+    every = {k[0]: k for k in [*iter_keys(Settings), *iter_media_keys()]}
+    if not full:
+        return [(title, [every[k] for k in keys]) for title, keys in TASKS]
+    groups = [(f"{s} settings (config.yaml section '{s}')", [k for k in every.values() if k[0].startswith(s + ".")])
               for s in ("run", "model", "tiers", "cache", "workload", "schedule", "trace", "rag", "qos", "autoscale",
                         "disagg", "semantic")]
-    groups += [(m, f"config.yaml media.{m}, declared by its module", [k for k in iter_media_keys()
-                                                                     if k[0].startswith(f"media.{m}.")])
-               for m in sorted(media.SECTIONS)]
-    for section, where, keys in groups:
-        group = p.add_argument_group(f"{section} settings ({where})")
+    return groups + [(f"{m} settings (config.yaml media.{m}, declared by its module)",
+                      [k for k in every.values() if k[0].startswith(f"media.{m}.")]) for m in sorted(media.SECTIONS)]
+
+
+def _add_setting_flags(p: Parser, full: bool = True) -> None:
+    shown = set()
+    for title, keys in _setting_groups(full) + ([] if full else [("", [*iter_keys(Settings), *iter_media_keys()])]):
+        group = p.add_argument_group(title)
         for dotted, f, typ in keys:
-            if not dotted.startswith("media.") and not is_flag_key(dotted, typ):
+            if (not dotted.startswith("media.") and not is_flag_key(dotted, typ)) or dotted in shown:
                 continue
+            shown.add(dotted)
             name, meta = flag_name(dotted, f), f.metadata
             text = meta["help"].replace("%", "%%")  # argparse %-formats help texts
             text += f" [default: {f.default}]" if not isinstance(f.default, bool) else ""

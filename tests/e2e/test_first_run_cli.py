@@ -66,11 +66,18 @@ def test_compare_names_the_settings_that_differ_and_ignores_the_others():
 def test_short_help_lists_subcommands_and_the_full_list_is_behind_help_all():
     short, full = run_cli(["--help"]), run_cli(["--help-all"])
     assert short.returncode == full.returncode == 0
-    assert len(short.stdout.splitlines()) < 150 < len(full.stdout.splitlines())
+    assert len(short.stdout.splitlines()) < 250 < len(full.stdout.splitlines())
     for sub in ("report", "compare", "policies", "validate", "clean", "--help-all"):
         assert sub in short.stdout
     assert "--semantic-threshold" in full.stdout and "--semantic-threshold" not in short.stdout
     assert "--users" in short.stdout and "--cache-dir" in short.stdout
+    # issue 39, item 5: the short help is grouped by task and holds what the quick start uses
+    for title in ("the run:", "the model:", "the tiers:", "the traffic:", "disaggregated prefill / decode nodes",
+                  "several processes or hosts"):
+        assert f"\n{title}" in short.stdout, title
+    for flag in ("--trace", "--trace-speedup", "--remote-url", "--role", "--handoff", "--processes", "--submission",
+                 "--trials", "--request-rate"):
+        assert f"\n  {flag} " in short.stdout, flag
     for flag in ("--no-promote", "--no-semantic-context-gate", "--no-semantic-multi-donor", "--no-telemetry"):
         text = full.stdout.split("\n  " + flag, 1)[1][:200]  # its help entry, not the usage line
         assert "Turn off" in " ".join(text.split()), flag
