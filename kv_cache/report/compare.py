@@ -93,28 +93,35 @@ def comparison_table(runs: list[tuple[str, Results]]) -> str:
 
 
 def comparison_plots(runs: list[tuple[str, Results]], folder: Path) -> list[Path]:
+    from kv_cache.report.figure import save
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return [save(draw_comparison(runs), folder, "compare_headlines.png")]
+
+
+def draw_comparison(runs: list[tuple[str, Results]]):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    folder.mkdir(parents=True, exist_ok=True)
     names = [n for n, _ in runs]
     measures = [(t, g, b) for t, g, b in HEADLINES if all(g(r) is not None for _, r in runs) and g(runs[0][1])]
-    fig, ax = plt.subplots(figsize=(11, 6))
-    x = np.arange(len(measures))
+    # one axis per direction: a ratio above 1 is better on the left and worse on the right
+    panels = [(better, [m for m in measures if m[2] == better]) for better in (True, False)]
+    panels = [(b, ms) for b, ms in panels if ms]
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(13, 6), squeeze=False)
     width = 0.8 / len(runs)
-    for i, (name, r) in enumerate(runs):
-        ratios = [g(r) / g(runs[0][1]) for _, g, _ in measures]
-        ax.bar(x + i * width - 0.4 + width / 2, ratios, width, label=name)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(x, [f"{t}\n({'higher' if b else 'lower'} is better)" for t, _, b in measures], rotation=30,
-                  ha="right", fontsize=8)
-    ax.set_ylabel(f"ratio to {names[0]}")
-    ax.set_title("Headline numbers relative to the first run")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend()
-    from kv_cache.report.figure import save
-
-    return [save(fig, folder, "compare_headlines.png")]
+    for ax, (better, ms) in zip(axes[0], panels):
+        x = np.arange(len(ms))
+        for i, (name, r) in enumerate(runs):
+            ax.bar(x + i * width - 0.4 + width / 2, [g(r) / g(runs[0][1]) for _, g, _ in ms], width, label=name)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(x, [t for t, _, _ in ms], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(f"ratio to {names[0]}")
+        ax.set_title(f"{'Higher' if better else 'Lower'} is better ({'above' if better else 'below'} 1: better "
+                     f"than {names[0]})")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig

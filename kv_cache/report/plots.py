@@ -25,6 +25,8 @@ from kv_cache.report.plots_control import draw_autoscale, draw_qos
 from kv_cache.report.table import supported
 
 PCTS = (50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 99.99, 100.0)
+OP_MARKERS = {"read": "o", "write": "s", "demote": "v", "promote": "^", "delete": "P", "wait": "*"}
+OP_LINES = {"read": "-", "write": "--", "demote": ":", "promote": "-."}
 
 
 def _nines(p: float) -> float:
@@ -54,11 +56,14 @@ def draw_latency(results: Results):
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(10, 6))
-    for i, ((tier, op), (pcts, ms, n)) in enumerate(curves.items()):
-        color = f"C{i % 10}"
+    hue = {tier: f"C{i % 10}" for i, tier in enumerate(results.run.tiers)}  # one hue per tier, one marker per op
+    for tier, _op in curves:
+        hue.setdefault(tier, f"C{len(hue) % 10}")
+    for (tier, op), (pcts, ms, n) in curves.items():
+        color = hue[tier]
         line = [(p, v) for p, v in zip(pcts, ms) if p < 100]  # supported percentiles, joined
-        ax.plot([_nines(p) for p, _ in line], [v for _, v in line], marker="o", color=color,
-                label=f"{tier_label(results, tier)} {op} (n={n:,})")
+        ax.plot([_nines(p) for p, _ in line], [v for _, v in line], marker=OP_MARKERS.get(op, "D"),
+                ls=OP_LINES.get(op, "-"), color=color, label=f"{tier_label(results, tier)} {op} (n={n:,})")
         ax.scatter([_nines(100.0)], [ms[-1]], marker="x", color=color)  # the max: one sample, not a curve
     ax.set_yscale("log")
     ax.set_xticks([_nines(p) for p in PCTS], [f"p{p:g}" if p < 100 else "max" for p in PCTS])
@@ -101,7 +106,10 @@ def draw_throughput(results: Results):
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
     for tier in results.run.tiers:
         for d, style in (("read", "-"), ("write", "--")):
-            ax1.plot(t, _series(rows, f"{tier}_{d}_gbps"), style, label=f"{tier_label(results, tier)} {d}")
+            # a tier above the storage is read for its hits and for every block demoted out of it (copied down):
+            # at a 0 % hit rate its reads are all demotion traffic
+            what = " (hits + demotions out)" if d == "read" and tier != results.bottom else ""
+            ax1.plot(t, _series(rows, f"{tier}_{d}_gbps"), style, label=f"{tier_label(results, tier)} {d}{what}")
     ax1.set_ylabel("GB/s")
     ax1.set_title("Bandwidth per tier and direction (demotions included)")
     ax1.grid(alpha=0.3)

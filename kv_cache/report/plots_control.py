@@ -27,7 +27,7 @@ def draw_qos(results: Results):
         # a bar only where the table shows the percentile: too few requests to support it draw none
         shown = [supported(PERCENTILE_OF[pct], classes[n].ttft_ms.count) for n in names]
         ax1.bar(x + shift, [getattr(classes[n].ttft_ms, pct) if ok else np.nan for n, ok in zip(names, shown)], 0.4,
-                label=f"TTFT {pct} (measured)", color=f"C{i}")
+                label=f"TTFT {pct} (measured)" if any(shown) else None, color=f"C{i}")  # no bar: no legend entry
         # the target as a line across its bar, as wide as the bar: visible at any scale; one legend entry for both
         ax1.hlines([getattr(classes[n].targets_ms, f"ttft_{pct}") for n in names], x + shift - 0.2, x + shift + 0.2,
                    colors="k", linewidth=2.5, zorder=3, label="target" if i == 0 else None)

@@ -133,3 +133,43 @@ def test_the_qos_plot_draws_only_the_percentiles_its_table_shows():
     assert sum(t.get_text() == "too few\nrequests" for t in ax1.texts) == 2
     labels = [t.get_text() for t in ax1.get_legend().get_texts()]
     assert labels.count("target") == 1 and len(labels) == len(set(labels))  # one target entry, no twin lines
+    assert not any(x.startswith("TTFT") for x in labels)  # issue 39, item 8: no legend entry for a bar never drawn
+
+
+def test_each_tier_has_one_hue_and_each_op_one_marker():
+    """Issue 39, item 8: the latency plot reused one colour for two tiers (cpu demote and nvme write)."""
+    r = Recorder()
+    r.start_measuring(1)
+    for tier, op in (("cpu", "write"), ("cpu", "demote"), ("nvme", "write"), ("nvme", "read"), ("cpu", "read"),
+                     ("nvme", "promote"), ("cpu", "promote"), ("nvme", "demote")):
+        for i in range(20):
+            r.op(tier, op, "load", S // 10 + i, 1_000_000 + 1000 * i, 2 << 20)
+    r.stop_measuring(3 * S)
+    lines = [ln for ln in draw_latency(results(r)).axes[0].get_lines()]
+    by_tier, by_op = {}, {}
+    for ln in lines:
+        tier, op = ln.get_label().split(" (")[0].split()
+        by_tier.setdefault(tier, set()).add(ln.get_color())
+        by_op.setdefault(op, set()).add(ln.get_marker())
+    assert all(len(c) == 1 for c in by_tier.values()) and len(set().union(*by_tier.values())) == len(by_tier)
+    assert all(len(m) == 1 for m in by_op.values())
+
+
+def test_reads_of_a_tier_above_the_storage_say_they_include_demotions():
+    """Issue 39, item 8: "cpu read" at a 0 % hit rate was demotion traffic, unlabelled."""
+    res = _busy_results()
+    res.timeseries = [{"t_s": t, "requests": 1, "ops": 5, "cpu_read_gbps": 1.0} for t in range(3)]
+    labels = [ln.get_label() for ln in draw_throughput(res).axes[0].get_lines()]
+    assert "cpu read (hits + demotions out)" in labels and "nvme read" in labels
+
+
+def test_the_compare_plot_puts_higher_and_lower_is_better_on_axes_of_their_own(tmp_path):
+    """Issue 39, item 8: one axis mixed ratios where above 1 was better with ratios where it was worse."""
+    from kv_cache.report.compare import comparison_plots, draw_comparison
+
+    runs = [("a", _busy_results()), ("b", _busy_results())]
+    assert [p.name for p in comparison_plots(runs, tmp_path)] == ["compare_headlines.png"]
+    fig = draw_comparison(runs)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert any(t.startswith("Higher is better") for t in titles) and any(t.startswith("Lower is better")
+                                                                          for t in titles), titles
