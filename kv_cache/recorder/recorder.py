@@ -182,12 +182,14 @@ class Recorder:
         record_many(self._shard().hist((tier, f"{op}_io", phase)), [ns for ns, _nbytes in times])
 
     def add_bytes(self, tier: str, direction: str, start_ns: int, nbytes: int) -> None:
-        """Bytes moved as part of another op (the source side of a demotion)."""
+        """One block's bytes moved as part of another op (the source side of a demotion): its bytes and the block
+        count toward the tier's GB/s and IOPS, as the op's own do."""
         sec = self._second(start_ns)
         if sec is None:
             return
         shard = self._shard()
         shard.counters[f"bytes.{tier}.{direction}"] += nbytes
+        shard.counters[f"blocks.{tier}.{direction}"] += 1
         shard.series[(sec, f"bytes.{tier}.{direction}")] += nbytes
 
     def handoff(self, done_ns: int, latency_ns: int) -> None:

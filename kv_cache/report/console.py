@@ -83,17 +83,21 @@ def latency_section(results: Results) -> list[str]:
 
 def bandwidth_section(results: Results) -> list[str]:
     window = results.run.duration_s
-    rows = [["tier", "", "read GB/s", "write GB/s", "read GiB", "written GiB"]]
+    rows = [["tier", "", "read GB/s", "write GB/s", "read IOPS", "write IOPS", "read GiB", "written GiB"]]
     for tier, bw in results.bandwidth_gbps.items():
         b = results.bytes[tier]
         info = results.run.tiers.get(tier)
         if info is not None and info.null:
-            rows.append([tier_label(results, tier), "", "-", "-", "no bytes move", ""])
+            rows.append([tier_label(results, tier), "", "-", "-", "-", "-", "no bytes move", ""])
             continue
-        rows.append([tier_label(results, tier), "", f"{bw.read:.3f}", f"{bw.write:.3f}",
+        n = results.blocks.get(tier)
+        iops = [f"{getattr(n, d) / window:,.0f}" if n is not None and window else "-" for d in ("read", "write")]
+        rows.append([tier_label(results, tier), "", f"{bw.read:.3f}", f"{bw.write:.3f}", *iops,
                      f"{b.read / GiB:.2f}", f"{b.write / GiB:.2f}"])
-    return (["", f"Bandwidth over the {window:.1f} s window (demotions included)"] + _table(rows)
-            + _whole_run(results))
+    layers = results.settings.get("tiers", {}).get("io_unit") == "layer"
+    unit = "blocks per second, each moved as one I/O" if not layers else "blocks per second (each several I/Os)"
+    return (["", f"Bandwidth over the {window:.1f} s window (demotions included; IOPS: {unit}; GB = 10^9 B, "
+                 f"GiB = 2^30 B)"] + _table(rows) + _whole_run(results))
 
 
 def _whole_run(results: Results) -> list[str]:

@@ -13,112 +13,25 @@ A user error prints one sentence and exits 2; Ctrl-C, SIGTERM and SIGHUP stop a 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import typing
 from pathlib import Path
 
-from kv_cache import __version__, runlog, signals
-from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, media, resolve
-from kv_cache.config.load import iter_media_keys
+from kv_cache import runlog, signals
+from kv_cache.config import media, resolve
 from kv_cache.errors import RunFault, UserError
 from kv_cache.inputs import read_text
 from kv_cache.recorder.schema import Results, SchemaError
 from kv_cache.report.table import fit
 from kv_cache.run.args import Parser, amount
+from kv_cache.run.flags import run_parser
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 from kv_cache.tiers.registry import kinds
 
 SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean")
 DEBUG = "--debug"  # any sub-command: print an internal error's traceback (it is always kept in a log file)
-
-
-# --help: the flags of the README's quick start and of a first day, grouped by task; --help-all every setting, by
-# config.yaml section
-TASKS = (
-    ("the run: how long, how many times, where the results go",
-     ("run.duration_s", "run.warmup_s", "run.max_requests", "run.seed", "run.trials", "run.output_dir", "run.run_id",
-      "run.quiet")),
-    ("the model: its KV geometry sizes the blocks", ("model.name", "model.kv_dtype", "model.block_tokens")),
-    ("the tiers: GPU, CPU, then the storage under test (the bottom tier)",
-     ("tiers.gpu", "tiers.gpu_mem_gb", "tiers.cpu_mem_gb", "tiers.nvme", "tiers.nvme_gb", "tiers.cache_dir",
-      "tiers.io_engine", "tiers.remote_url", "tiers.precondition", "tiers.null_io", "cache.policy")),
-    ("the traffic: synthetic users, a rate, or a trace",
-     ("workload.users", "schedule.workers", "schedule.arrival", "schedule.request_rate", "trace.path",
-      "trace.format", "trace.speedup", "rag.enabled", "semantic.enabled", "autoscale.mode")),
-    ("disaggregated prefill / decode nodes", ("disagg.role", "disagg.handoff", "disagg.handoff_dir",
-                                               "disagg.handoff_gb")),
-    ("several processes or hosts, submissions, records", ("run.processes", "run.submission", "run.io_trace")),
-)
-COMMON = {k for _, keys in TASKS for k in keys}
-SUBCOMMAND_HELP = """sub-commands (kv_cache_benchmark.py COMMAND --help for each):
-  (none)    run the benchmark with the flags below
-  report    re-render the summary (and --plots) of a run folder or results.json
-  compare   headline numbers of several runs side by side, ratios to the first
-  policies  one request sequence through several eviction policies, compared
-  validate  check a submission package (--submission) against its manifest and rules
-  clean     remove what killed runs left in the cache and report folders
-
---help-all lists every setting's flag (config.yaml documents each key too). --debug, with any sub-command,
-prints the traceback of an internal error on stderr (it is always kept in the run's run.log)."""
-
-
-def _setting_groups(full: bool) -> list[tuple[str, list]]:
-    """(title, keys) of the help's groups: by task for --help (the common flags), by config.yaml section for
-    --help-all (every flag)."""
-    kinds()  # every medium's module imported: the settings sections they declare get their flags too
-    every = {k[0]: k for k in [*iter_keys(Settings), *iter_media_keys()]}
-    if not full:
-        return [(title, [every[k] for k in keys]) for title, keys in TASKS]
-    groups = [(f"{s} settings (config.yaml section '{s}')", [k for k in every.values() if k[0].startswith(s + ".")])
-              for s in ("run", "model", "tiers", "cache", "workload", "schedule", "trace", "rag", "qos", "autoscale",
-                        "disagg", "semantic")]
-    return groups + [(f"{m} settings (config.yaml media.{m}, declared by its module)",
-                      [k for k in every.values() if k[0].startswith(f"media.{m}.")]) for m in sorted(media.SECTIONS)]
-
-
-def _add_setting_flags(p: Parser, full: bool = True) -> None:
-    shown = set()
-    for title, keys in _setting_groups(full) + ([] if full else [("", [*iter_keys(Settings), *iter_media_keys()])]):
-        group = p.add_argument_group(title)
-        for dotted, f, typ in keys:
-            if (not dotted.startswith("media.") and not is_flag_key(dotted, typ)) or dotted in shown:
-                continue
-            shown.add(dotted)
-            name, meta = flag_name(dotted, f), f.metadata
-            text = meta["help"].replace("%", "%%")  # argparse %-formats help texts
-            text += f" [default: {f.default}]" if not isinstance(f.default, bool) else ""
-            if not full and dotted not in COMMON:
-                text = argparse.SUPPRESS  # still accepted: --help-all shows it
-            if typ is bool and f.default:  # the flag turns the feature off: say so before what the feature is
-                group.add_argument("--no-" + name[2:], dest=dotted, action="store_false", default=argparse.SUPPRESS,
-                                   help=text if text == argparse.SUPPRESS else f"Turn off (on by default): {text}")
-            elif typ is bool:
-                group.add_argument(name, dest=dotted, action="store_true", default=argparse.SUPPRESS, help=text)
-            else:
-                metavar = "LO,HI" if typing.get_origin(typ) is tuple else dotted.split(".")[-1].upper()
-                group.add_argument(name, dest=dotted, default=argparse.SUPPRESS, help=text,
-                                   choices=meta.get("choices"), metavar=metavar)
-
-
-def run_parser(full: bool = True) -> Parser:
-    """The run's flags; full=False hides all but the common ones from --help (every flag is still accepted)."""
-    p = Parser(prog="kv_cache_benchmark.py",
-               description="Block-level KV-cache storage benchmark (GPU / CPU / NVMe tiers).",
-               epilog=SUBCOMMAND_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"kv-cache-bench {__version__}")
-    p.add_argument("--help-all", action="store_true", help="Show every setting's flag and exit.")
-    p.add_argument("--config", help="YAML settings file (default: the repository's config.yaml).")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="Override any setting, e.g. --set profiles.chatbot.think_time_s=0.1,0.2 (repeatable).")
-    p.add_argument("--list-models", action="store_true", help="Print the model table and exit.")
-    _add_setting_flags(p, full)
-    if not full:  # group titles with no visible flag would print empty sections
-        p._action_groups = [g for g in p._action_groups
-                            if any(a.help != argparse.SUPPRESS for a in g._group_actions)]
-    return p
 
 
 def _cmd_run(argv: list[str]) -> int:
@@ -135,7 +48,14 @@ def _cmd_run(argv: list[str]) -> int:
         run_parser().print_help()
         return 0
     config, sets, list_models = args.pop("config"), args.pop("set"), args.pop("list_models")
-    settings = resolve(config, sets, args, reference.origins if reference is not None else None)
+    origins, lmcache_notes = dict(reference.origins) if reference is not None else {}, []
+    if lmcache := args.pop("lmcache_config"):
+        from kv_cache.run.lmcache import translate as lmcache_translate
+
+        lm_sets, lm_origins, lmcache_notes = lmcache_translate(lmcache)
+        sets, origins = lm_sets + sets, {**lm_origins, **origins}  # the file below --set and the flags
+        lmcache_notes[:0] = [f"LMCache configuration {lmcache}, run here as: --set " + " --set ".join(lm_sets)]
+    settings = resolve(config, sets, args, origins or None)
     if list_models:
         from kv_cache.report.models_table import list_models_table
 
@@ -154,6 +74,8 @@ def _cmd_run(argv: list[str]) -> int:
         say("MLPerf reference command line, run here as: " + " ".join(reference.argv))
         for note in reference.notes:
             say(f"  note: {note}")
+    for i, note in enumerate(lmcache_notes):
+        say(note if i == 0 else f"  note: {note}")
     try:
         status = execute(settings, say)
     except UserError:
@@ -184,6 +106,7 @@ def _cmd_policies(argv: list[str]) -> int:
         raise UserError(f"--policies: unknown policy '{(unknown or [''])[0]}'; known: {', '.join(POLICIES)}.")
     ms = args.pop("prefill_ms_per_token")
     config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
+    args.pop("lmcache_config")
     settings = resolve(config, sets, args)
     if not settings.run.max_requests:
         raise UserError("policies replays a fixed sequence: give its length with --max-requests N.")

@@ -29,6 +29,9 @@ def test_small_run_writes_complete_results(small_run):
     for tier in ("cpu", "nvme"):
         assert set(res["bandwidth_gbps"][tier]) == {"read", "write"}
         assert set(res["bytes"][tier]) == {"read", "write"}
+        for d in ("read", "write"):  # the blocks behind the IOPS column are the blocks behind the GB/s (issue 39)
+            moved, blocks = res["bytes"][tier][d], res["blocks"][tier][d]
+            assert moved <= blocks * res["run"]["block_bytes"] <= 2 * moved + res["run"]["block_bytes"], (tier, d)
     assert res["bytes"]["cpu"]["write"] > 0 and res["bytes"]["nvme"]["write"] > 0
     assert res["bytes"]["nvme"]["read"] > 0, "the tiny CPU tier should push hits down to NVMe"
     for tier, ops in res["latency_ms"].items():

@@ -1,0 +1,105 @@
+"""--lmcache-config FILE: an LMCache configuration (its YAML) run here as its tiers.
+
+LMCache keeps a request's KV in chunks of `chunk_size` tokens, in CPU memory (`local_cpu`, `max_local_cpu_size`
+GiB), on a local disk (`local_disk`, a path, `max_local_disk_size` GiB) and in a remote store (`remote_url`);
+`save_decode_cache` also stores the generated tokens' KV. Each maps onto one of our settings (the table in the
+README's "LMCache users"); a key with no counterpart here is said in one note, never silently dropped. The result
+is `--set` entries below the command line's own flags: a flag given beside the file wins (said too).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kv_cache.config.load import read_config_file
+from kv_cache.errors import UserError
+
+# LMCache key -> our dotted key (what each translation below sets)
+MAPPED = {"chunk_size": "model.block_tokens", "local_cpu": "tiers.cpu_mem_gb", "max_local_cpu_size": "tiers.cpu_mem_gb",
+          "local_disk": "tiers.cache_dir", "max_local_disk_size": "tiers.nvme_gb", "remote_url": "tiers.remote_url",
+          "save_decode_cache": "workload.decode_writes", "cache_policy": "cache.policy"}
+# what LMCache only tunes in its own engine (serialisation, its servers, its GPU path): nothing to run here
+ENGINE_ONLY = {"remote_serde", "blocking_timeout_secs", "use_layerwise", "enable_blending", "blend_recompute_ratio",
+               "blend_min_tokens", "pd_role", "pd_buffer_size", "enable_p2p", "lookup_url", "distributed_url",
+               "enable_controller", "lmcache_instance_id", "controller_url", "lmcache_worker_port", "error_handling",
+               "enable_async_loading", "internal_api_server_enabled", "extra_config", "save_unfull_chunk",
+               "gds_path", "cufile_buffer_size", "local_disk_path_sharding", "numa_mode", "priority_limit"}
+POLICY = {"LRU": "lru", "LFU": "lfu", "FIFO": "fifo"}
+REMOTE_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "s3://")
+
+
+def translate(path: str) -> tuple[list[str], dict[str, str], list[str]]:
+    """(--set entries, dotted key -> what set it, notes) for an LMCache YAML file; one sentence for what cannot
+    be run here."""
+    conf = read_config_file(Path(path))
+    out: dict[str, object] = {}
+    notes: list[str] = []
+
+    def where(key: str) -> str:
+        return f"--lmcache-config {path}: {key}"
+
+    if "chunk_size" in conf:
+        chunk = conf["chunk_size"]
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+            raise UserError(f"{where('chunk_size')} is {chunk!r}; LMCache's chunk is a whole number of tokens "
+                            f"(256 by default).")
+        out["model.block_tokens"] = chunk
+    cpu_on = conf.get("local_cpu", True)
+    out["tiers.cpu_mem_gb"] = _gib(conf.get("max_local_cpu_size", 5.0), where("max_local_cpu_size")) if cpu_on else 0
+    disk = conf.get("local_disk")
+    if disk:
+        out["tiers.cache_dir"] = _disk_path(str(disk), where("local_disk"))
+        out["tiers.nvme"] = "on"
+        if "max_local_disk_size" in conf:
+            out["tiers.nvme_gb"] = _gib(conf["max_local_disk_size"], where("max_local_disk_size"))
+    else:
+        out["tiers.nvme"] = "off"
+    remote = conf.get("remote_url")
+    if remote:
+        if not str(remote).startswith(REMOTE_SCHEMES):
+            raise UserError(f"{where('remote_url')} is {remote!r}, a store this benchmark has no medium for; it "
+                            f"runs redis://, valkey:// and s3:// remote tiers (drop remote_url to run the local "
+                            f"tiers alone).")
+        out["tiers.remote_url"] = str(remote)
+    if "save_decode_cache" in conf:
+        out["workload.decode_writes"] = bool(conf["save_decode_cache"])
+    else:  # LMCache stores the prompt's KV only unless told: so does this translation
+        out["workload.decode_writes"] = False
+    if "cache_policy" in conf:
+        policy = POLICY.get(str(conf["cache_policy"]).upper())
+        if policy is None:
+            raise UserError(f"{where('cache_policy')} is {conf['cache_policy']!r}; here: {', '.join(POLICY)}.")
+        out["cache.policy"] = policy
+    ignored = sorted(k for k in conf if k not in MAPPED and k not in ENGINE_ONLY)
+    engine = sorted(k for k in conf if k in ENGINE_ONLY)
+    if engine:
+        notes.append(f"LMCache engine settings with nothing to run here (its serialisation, servers, GPU path): "
+                     f"{', '.join(engine)}")
+    if ignored:
+        raise UserError(f"--lmcache-config {path}: {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} "
+                        f"not LMCache keys this benchmark knows; check the spelling (the README's LMCache table "
+                        f"lists those it runs).")
+    sets = [f"{k}={_yaml(v)}" for k, v in out.items()]
+    origins = {k: where(next((lk for lk, ours in MAPPED.items() if ours == k and lk in conf), k)) for k in out}
+    return sets, origins, notes
+
+
+def _gib(value, where: str) -> float:
+    """LMCache's sizes are GiB (its max_local_*_size): a number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise UserError(f"{where} is {value!r}; LMCache's sizes are GiB, a number >= 0.")
+    return float(value)
+
+
+def _disk_path(value: str, where: str) -> str:
+    """LMCache's local_disk: a path, or file://PATH; several (comma-separated) are one folder each here."""
+    if "," in value:
+        raise UserError(f"{where} names several folders ({value}); this benchmark's disk tier is one folder: give "
+                        f"one (run one benchmark per disk, or --processes N, to load several).")
+    return value.removeprefix("file://") or "."
+
+
+def _yaml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v) if not isinstance(v, str) else f"'{v}'"

@@ -1,0 +1,61 @@
+"""--lmcache-config FILE: an LMCache YAML run as this benchmark's tiers (run/lmcache.py; issue 39, item 9)."""
+
+import pytest
+from conftest import bounded, run_cli
+from helpers import assert_clean_error
+
+from kv_cache.errors import UserError
+from kv_cache.run.lmcache import translate
+
+
+def _file(tmp_path, text: str) -> str:
+    path = tmp_path / "lmcache.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_each_lmcache_key_sets_its_counterpart(tmp_path):
+    sets, origins, notes = translate(_file(tmp_path, "chunk_size: 16\nlocal_cpu: true\nmax_local_cpu_size: 2.5\n"
+                                                     "local_disk: file:///mnt/kv/\nmax_local_disk_size: 40\n"
+                                                     "remote_url: redis://127.0.0.1:6379\nsave_decode_cache: true\n"
+                                                     "cache_policy: LFU\nremote_serde: naive\n"))
+    assert sets == ["model.block_tokens=16", "tiers.cpu_mem_gb=2.5", "tiers.cache_dir='/mnt/kv/'", "tiers.nvme='on'",
+                    "tiers.nvme_gb=40.0", "tiers.remote_url='redis://127.0.0.1:6379'",
+                    "workload.decode_writes=true", "cache.policy='lfu'"]
+    assert origins["tiers.nvme_gb"].endswith(": max_local_disk_size")
+    assert notes and "remote_serde" in notes[0]
+
+
+def test_lmcache_defaults_cpu_only_and_no_decode_cache(tmp_path):
+    sets, _, _ = translate(_file(tmp_path, "chunk_size: 256\n"))
+    assert "tiers.cpu_mem_gb=5.0" in sets and "tiers.nvme='off'" in sets and "workload.decode_writes=false" in sets
+    sets, _, _ = translate(_file(tmp_path, "local_cpu: false\nlocal_disk: /d\n"))
+    assert "tiers.cpu_mem_gb=0" in sets and "tiers.cache_dir='/d'" in sets
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("remote_url: lm://localhost:65432\n", "a store this benchmark has no medium for"),
+    ("local_disk: /a,/b\n", "names several folders"),
+    ("chunk_size: -4\n", "whole number of tokens"),
+    ("max_local_cpu_size: lots\n", "LMCache's sizes are GiB"),
+    ("cache_policy: MRU\n", "here: LRU, LFU, FIFO"),
+    ("chunck_size: 256\n", "chunck_size is not LMCache keys"),
+])
+def test_what_cannot_run_here_is_one_sentence(tmp_path, text, fragment):
+    with pytest.raises(UserError, match=fragment.replace("(", r"\(")):
+        translate(_file(tmp_path, text))
+
+
+def test_a_run_from_an_lmcache_file(small_run, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    path = _file(tmp_path, f"chunk_size: 16\nlocal_cpu: true\nmax_local_cpu_size: 0.05\nlocal_disk: file://{disk}\n"
+                           f"max_local_disk_size: 0.3\n")
+    r = run_cli(small_run("lm", "--lmcache-config", path, *bounded(6), quiet=False))
+    assert r.returncode == 0, r.stderr
+    assert "LMCache configuration" in r.stdout
+    s = small_run.results("lm")["settings"]
+    assert s["tiers"]["cpu_mem_gb"] == 0.05 and s["tiers"]["nvme_gb"] == 0.3 and s["workload"]["decode_writes"] is False
+    assert s["tiers"]["cache_dir"] != str(disk)  # the test's own --cache-dir flag wins over the file's local_disk
+    bad = run_cli(small_run("bad", "--lmcache-config", _file(tmp_path, "remote_url: lm://h:1\n")))
+    assert_clean_error(bad, "lm://h:1", "redis://")
