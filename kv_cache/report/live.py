@@ -26,7 +26,7 @@ class LiveLine:
         self.next = self.t0 + self.every_s
         self.last = (self.t0, 0, 0)
 
-    def __call__(self, completed: int) -> None:
+    def __call__(self, completed: int, draining: bool = False) -> None:
         now = time.monotonic()
         if now < self.next:
             return
@@ -38,7 +38,7 @@ class LiveLine:
         self.last = (now, read, written)
         hit = c.get("tokens.cached", 0) / c["tokens.prompt"] if c.get("tokens.prompt") else 0.0
         p95 = self.recorder.recent_percentile(self.tier, "read", 95.0)
-        phase = "measuring" if self.recorder.measure_start_ns else "warm-up"
+        phase = "draining" if draining else "measuring" if self.recorder.measure_start_ns else "warm-up"
         rd, wr, lat = (read - r_prev) / dt / 1e9, (written - w_prev) / dt / 1e9, "-" if p95 is None else f"{p95:.1f}"
         text = (f"[{phase} {now - self.t0:4.0f}/{self.total_s:.0f} s] {completed:,} requests, {self.tier} read "
                 f"{rd:.2f} / write {wr:.2f} GB/s, read p95 {lat} ms, hit rate {hit:.1%}")

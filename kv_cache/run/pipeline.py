@@ -136,7 +136,7 @@ class Progress:
         if row:
             self.recorder.gauge(row, now)
         if self.live is not None:
-            self.live(runner.outcome.completed)
+            self.live(runner.outcome.completed, runner.draining)
 
     def close(self) -> None:
         if self.live is not None:

@@ -61,6 +61,7 @@ class _Runner:
         self.qos = qos      # a QosPolicy: classes requests and orders the queue by priority
         self.controller = controller  # called by the dispatcher: controller(runner, now) -> stop reason or None
         self.stop_after, self.drain_s = None, 0.0  # a StopAfter the lifecycle reads: set once issuing stops
+        self.draining = False  # issuing stopped: what is in flight finishes (the live line says so)
         self._queue = PriorityRequests(qos.priority if qos is not None else None)
         self._cond = threading.Condition()
         self._in_flight = 0
@@ -228,12 +229,15 @@ class _Runner:
         self.outcome.dropped_at_stop = dropped
         for _ in threads:
             self._queue.put(None)
+        self.draining = True
         for t in threads:
             while t.is_alive():
                 try:
                     t.join(timeout=0.5)
                 except KeyboardInterrupt:
                     self.outcome.stopped_reason = "interrupted"
+                if self.progress and t.is_alive():  # the live line goes on through the drain, saying so
+                    self.progress(self)
 
 
 class ClosedLoopRunner(_Runner):

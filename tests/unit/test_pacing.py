@@ -76,3 +76,25 @@ def test_the_workers_buffers_are_made_before_the_clock_starts():
     runner = ClosedLoopRunner([_User(u) for u in range(2)], 3, lambda req, state: None, make_state, Recorder())
     outcome = runner.run(0.0, 0.05, max_requests=2)
     assert len(made) == 3 and max(made) <= outcome.start_ns
+
+
+def test_the_live_line_goes_on_through_the_drain_and_says_so():
+    """Issue 39, item 2: the progress line went silent during the drain. The dispatcher's tick goes on while what
+    is in flight finishes, and the live line names the phase."""
+    from io import StringIO
+
+    from kv_cache.report.live import LiveLine
+
+    def execute(req, state):
+        time.sleep(1.2)  # in flight when issuing stops at 0.2 s: the drain lasts about a second
+
+    runner = ClosedLoopRunner([_User(0)], 1, execute, lambda: None, Recorder())
+    phases: list[bool] = []
+    runner.progress = lambda r: phases.append(r.draining)
+    runner.run(0.0, 0.2)
+    assert True in phases  # ticks during the drain
+    out = StringIO()
+    live = LiveLine(Recorder(), 10, "nvme", out)
+    live.next = 0
+    live(3, draining=True)
+    assert out.getvalue().startswith("  [draining")
