@@ -52,6 +52,10 @@ class RunSettings:
     submission: str = key("", "Run under the fixed rules of a submission and write a package (v1; smoke only "
                               "tries the machinery): settings that break the rules are refused first.",
                           choices=("", "v1", "smoke"))
+    capacity_curve: bool = key(False, "After the run, the hit rate and storage demand at every capacity of the "
+                                      "bottom tier, from this run's block accesses (LRU stack distances): a table, "
+                                      "capacity_curve.png and results.json's capacity_curve; its accesses are kept "
+                                      "in capacity_access.npz for `capacity RUN ...`.", "--capacity-curve")
     io_trace: str = key("", "Write every block operation to this CSV file (zstd-compressed if it ends in .zst), "
                             "and a fio job file approximating the measured NVMe mix beside it.", "--io-trace")
     io_trace_schema: str = key("kv-cache-bench", "The --io-trace file's columns: kv-cache-bench (intended and real "

@@ -23,6 +23,7 @@ from kv_cache.lifecycle.handoff import Loader, Publisher
 from kv_cache.lifecycle.payload import block_digest
 from kv_cache.lifecycle.plan import KVPlan, Planner
 from kv_cache.model import slot_bytes
+from kv_cache.recorder.capacity import SOURCES
 from kv_cache.types import HISTORY, SYSTEM, Handoff, Request, StopAfter
 
 
@@ -135,6 +136,8 @@ class Lifecycle:
         if donors is not None:
             self.semantic.finish(req, plan, donors, hit, loaded, counts)
         self._finish(req, req.num_output_tokens, storage_ns, counts, ttft_ns)
+        if self.recorder.accesses is not None and plan.chained:  # the capacity curve's input: what the cache saw
+            self._log_accesses(req, plan, whole)
 
     def _finish(self, req: Request, output_tokens: int, storage_ns: int, counts: dict, ttft_ns: int) -> None:
         """Modelled generation time (if any), then the request's record."""
@@ -148,6 +151,12 @@ class Lifecycle:
             generation_ns = now_ns() - start
         self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, counts, ttft_ns, req.qos,
                               generation_ns)
+
+    def _log_accesses(self, req: Request, plan: KVPlan, whole: bool) -> None:
+        n = plan.num_prompt_blocks
+        prompt = [(plan.keys[i], source_tokens(plan.cached_by_source(req, i))) for i in range(n)]
+        decode = [] if self.handoff is not None or whole else list(plan.keys[n:])
+        self.recorder.accesses.request(prompt, plan.groups, decode, req.num_prompt_tokens, now_ns())
 
     def _publish(self, req: Request, plan: KVPlan, bufs: WorkerBuffers) -> int:
         n = plan.num_prompt_blocks
@@ -350,6 +359,14 @@ class Lifecycle:
         if digest is not None:
             res.entry.digest = digest.intdigest()
         return spent
+
+
+def source_tokens(parts: list[tuple[str, int]]) -> tuple[int, ...]:
+    """A block's prompt tokens by capacity.SOURCES (a label not among them counts as "other")."""
+    out = [0] * len(SOURCES)
+    for label, tokens in parts:
+        out[SOURCES.index(label) if label in SOURCES else -1] += tokens
+    return tuple(out)
 
 
 def _add(counts: dict, name: str, n: int) -> None:

@@ -85,6 +85,7 @@ class Recorder:
         self._gauges: dict[int, dict[str, float]] = {}
         self._second_lock = threading.Lock()
         self.io_trace = None  # an IOTraceWriter, when --io-trace is set
+        self.accesses = None  # a capacity.AccessLog, when --capacity-curve is set
         self._step: StepMeter | None = None  # the autoscaler's current step, when one is open
         self._request = threading.local()
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kv_cache.recorder.capacity import CapacityCurve
 from kv_cache.recorder.sections import (
     Autoscale,
     BudgetParts,
@@ -48,7 +49,8 @@ from kv_cache.recorder.sections import (
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 6  # 6: role.requests_unacknowledged and role.dropped_unread (a prefill node's handoff)
+SCHEMA_VERSION = 6  # 6: role.requests_unacknowledged and role.dropped_unread (a prefill node's handoff); the
+# capacity_curve section (--capacity-curve); latency percentiles too few samples support are null
 # (5: run.tiers.*.transfers (direct / staged), memory.budget.gpu_staging and payload_stamps)
 # (4: memory.budget.handoff, a NIXL prefill node's registered region)
 # (3: every section typed (sections.py), value types checked on load, bytes_whole_run)
@@ -263,6 +265,7 @@ class Results:
     rank_spread: dict[str, dict[str, RankSpread]] | None = None
     warnings: list[str] = field(default_factory=list)
     trials: Trials | None = None
+    capacity_curve: CapacityCurve | None = None
 
     @property
     def bottom(self) -> str:

@@ -344,6 +344,7 @@ class Trials:
     summary: dict[str, Spread]
 
 
+
 @dataclass
 class RankReadWrite:
     read: float

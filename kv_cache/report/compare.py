@@ -93,10 +93,13 @@ def comparison_table(runs: list[tuple[str, Results]]) -> str:
 
 
 def comparison_plots(runs: list[tuple[str, Results]], folder: Path) -> list[Path]:
+    from kv_cache.report.capacity import draw_capacity_overlay
     from kv_cache.report.figure import save
 
     folder.mkdir(parents=True, exist_ok=True)
-    return [save(draw_comparison(runs), folder, "compare_headlines.png")]
+    made = [save(draw_comparison(runs), folder, "compare_headlines.png")]
+    overlay = draw_capacity_overlay(runs)  # runs made with --capacity-curve: their curves on one axis
+    return made + ([save(overlay, folder, "compare_capacity.png")] if overlay is not None else [])
 
 
 def draw_comparison(runs: list[tuple[str, Results]]):

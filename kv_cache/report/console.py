@@ -7,6 +7,7 @@ operation; simulated tiers are labelled as such on every line they appear.
 from __future__ import annotations
 
 from kv_cache.recorder.schema import Results
+from kv_cache.report.capacity import capacity_lines
 from kv_cache.report.load_control import sections
 from kv_cache.report.semantic import semantic_section
 from kv_cache.report.table import format_table, pct_ms
@@ -251,7 +252,7 @@ def _turn_order(results: Results) -> list[str]:
 
 def render(results: Results, results_path: str | None = None) -> str:
     lines = (header(results) + latency_section(results) + bandwidth_section(results) + traffic_section(results)
-             + telemetry_section(results) + semantic_section(results) + sections(results))
+             + telemetry_section(results) + semantic_section(results) + sections(results) + capacity_lines(results))
     for w in results.warnings:
         lines.append(f"WARNING: {w}")
     if results_path:

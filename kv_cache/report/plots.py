@@ -19,6 +19,7 @@ import numpy as np
 from kv_cache import runlog
 from kv_cache.recorder.histogram import decode, merged, values_at
 from kv_cache.recorder.schema import Results
+from kv_cache.report.capacity import draw_capacity
 from kv_cache.report.console import source_order, tier_label
 from kv_cache.report.figure import save
 from kv_cache.report.plots_control import draw_autoscale, draw_qos
@@ -194,7 +195,8 @@ def draw_hit_rate(results: Results):
 
 DRAWINGS = (("latency_percentiles.png", draw_latency), ("throughput.png", draw_throughput),
             ("occupancy.png", draw_occupancy), ("hit_rate.png", draw_hit_rate),
-            ("qos_attainment.png", draw_qos), ("autoscale_curve.png", draw_autoscale))
+            ("qos_attainment.png", draw_qos), ("autoscale_curve.png", draw_autoscale),
+            ("capacity_curve.png", draw_capacity))
 
 
 def make_plots(results: Results, folder: Path, drawings=DRAWINGS) -> list[Path]:

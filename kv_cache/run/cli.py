@@ -30,7 +30,7 @@ from kv_cache.run.flags import run_parser
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 from kv_cache.tiers.registry import kinds
 
-SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean")
+SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean", "capacity")
 DEBUG = "--debug"  # any sub-command: print an internal error's traceback (it is always kept in a log file)
 
 
@@ -186,6 +186,18 @@ def _cmd_compare(argv: list[str]) -> int:
     return 0
 
 
+def _cmd_capacity(argv: list[str]) -> int:
+    p = Parser(prog="kv_cache_benchmark.py capacity",
+               description="Hit rate and storage demand at every capacity of the bottom tier, from runs made with "
+                           "--capacity-curve; several runs: the tier they would share, from their merged accesses.")
+    p.add_argument("runs", nargs="+", help="Run folders (each with capacity_access.npz).")
+    p.add_argument("--output", help="Folder for capacity_curve.png (default: the first run's folder).")
+    args = p.parse_args(argv)
+    from kv_cache.run.capacity import run_capacity
+
+    return run_capacity(args.runs, args.output, lambda text="": print(fit(str(text)), flush=True))
+
+
 def _plot_folder(out: Path) -> None:
     """compare --output: refused before anything is read if it cannot become a folder of plots (made after)."""
     refuse_system_dir(str(out), "--output", FILES)
@@ -277,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         kinds()  # every medium's module imported: the settings sections they declare are part of the schema
         commands = {"report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate, "run": _cmd_run,
-                    "policies": _cmd_policies, "clean": _cmd_clean}
+                    "policies": _cmd_policies, "clean": _cmd_clean, "capacity": _cmd_capacity}
         return commands[command](rest)
     except UserError as e:
         print(f"kv_cache_benchmark.py: error: {e}", file=sys.stderr)

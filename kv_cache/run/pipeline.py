@@ -1,8 +1,5 @@
-"""One benchmark run, as a pipeline: build -> warm-up -> measure -> write results -> report.
-
-Part of the composition root (run/): with compose.py it builds tiers, cache, source, lifecycle, scheduler
-and recorder from the settings and passes them down explicitly.
-"""
+"""One benchmark run, as a pipeline: build -> warm-up -> measure -> write results -> report. Part of the
+composition root (run/): with compose.py it builds every stage from the settings and passes them down explicitly."""
 
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import Analysis, analyse
 from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions, buffer_bytes
 from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.recorder.capacity import AccessLog
 from kv_cache.recorder.iotrace import IOTraceWriter
 from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
@@ -31,7 +29,7 @@ from kv_cache.recorder.telemetry import Telemetry
 from kv_cache.recorder.typed import load_section
 from kv_cache.report.console import render
 from kv_cache.report.live import LiveLine
-from kv_cache.run import outfolder
+from kv_cache.run import capacity, outfolder
 from kv_cache.run.budget import check_fits, peak_rss_bytes
 from kv_cache.run.compose import (
     RunContext,
@@ -270,6 +268,7 @@ def _io_trace_path(s: Settings, dist: Dist, trial: int) -> str:
 def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool | None, dist: Dist,
             trial: int) -> Stages:
     recorder = Recorder()
+    recorder.accesses = AccessLog() if s.run.capacity_curve else None  # the capacity curve's input
     if s.run.io_trace:
         recorder.io_trace = IOTraceWriter(_io_trace_path(s, dist, trial), time.monotonic_ns(), b.tiers[-1].name,
                                           s.run.io_trace_schema)
@@ -347,7 +346,9 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path, trial:
     traffic, payloads, b = _prepare(s, run_id, dist, report_dir)
     b.notes[:0] = agreed
     try:
-        results = _measure(s, say, dist, b, traffic, _stages(s, b, traffic, payloads, dist, trial), run_id)
+        st = _stages(s, b, traffic, payloads, dist, trial)
+        results = _measure(s, say, dist, b, traffic, st, run_id)
+        capacity.attach(results, st.recorder, b.tiers, report_dir, s.cache.policy)
     finally:  # a shared namespace is removed by rank 0 alone, once every rank is done with it
         shared = s.tiers.shared_storage and dist.active
         with signals.deferred():  # a signal now must not leave the data directory half removed

@@ -159,6 +159,10 @@ def check_options(s: Settings, mpi: bool) -> list[str]:
         raise UserError(f"--role {d.role} hands real blocks over through --handoff-dir; drop --null-io.")
     if d.role != "both" and s.model.block_tokens == 0:
         raise UserError("--role prefill/decode hand over KV blocks; use --block-tokens > 0.")
+    if s.run.capacity_curve and (s.model.block_tokens == 0 or mpi):
+        raise UserError("--capacity-curve follows one process's blocks through its cache: use --block-tokens > 0 "
+                        "(whole-request objects are no stack of slots) and one process; for several, run each with "
+                        "it and merge them with `kv_cache_benchmark.py capacity RUN RUN ...`.")
     if s.semantic.enabled and s.model.block_tokens == 0:
         raise UserError("--semantic aligns donors block by block; use --block-tokens > 0 (not whole-request mode).")
     if s.semantic.enabled and d.role == "decode":

@@ -5,8 +5,7 @@ start*: every latency runs from there, so a late dispatcher or a full queue neve
 coordinated omission). A pool of *workers* (sized for storage concurrency, not one per user) executes requests.
 
 - closed loop: a heap of (time the user is ready, user); a finished request puts its user back after its think
-  time; a user with nothing left leaves.
-- open loop: arrivals (offset, build) from a pacer (trace timestamps or a Poisson process); nothing waits.
+  time; a user with nothing left leaves. Open loop: arrivals (offset, build) from a pacer; nothing waits.
 
 Stopping: at the deadline, after max_requests, when the traffic runs out, on a run fault or on Ctrl-C the
 dispatcher stops issuing, queued requests that have not started are dropped (and counted), and in-flight
@@ -15,6 +14,7 @@ requests drain for at most --drain-s (then each stops at its next block operatio
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import queue
 import threading
@@ -60,8 +60,8 @@ class _Runner:
         self.peers = peers  # other MPI ranks: poll_fault() / notify_fault(message), main thread only
         self.qos = qos      # a QosPolicy: classes requests and orders the queue by priority
         self.controller = controller  # called by the dispatcher: controller(runner, now) -> stop reason or None
-        self.stop_after, self.drain_s = None, 0.0  # a StopAfter the lifecycle reads: set once issuing stops
-        self.draining = False  # issuing stopped: what is in flight finishes (the live line says so)
+        # stop_after: a StopAfter the lifecycle reads (set once issuing stops); draining: what is in flight finishes
+        self.stop_after, self.drain_s, self.draining = None, 0.0, False
         self._queue = PriorityRequests(qos.priority if qos is not None else None)
         self._cond = threading.Condition()
         self._in_flight = 0
@@ -216,13 +216,9 @@ class _Runner:
     def _drain(self, threads) -> None:
         self._stop.set()
         dropped = 0
-        while True:
-            try:
-                req = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if req is not None:
-                dropped += 1
+        with contextlib.suppress(queue.Empty):
+            while True:
+                dropped += self._queue.get_nowait() is not None
         with self._cond:
             dropped += self._held()
             self._in_flight -= dropped

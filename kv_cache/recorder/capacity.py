@@ -1,0 +1,282 @@
+"""How much KV storage does this traffic need: the hit rate and the storage demand at every capacity of the bottom
+tier, from one run's block accesses (--capacity-curve; `kv_cache_benchmark.py capacity RUN ...`).
+
+The lifecycle reports each request's blocks as the cache sees them (AccessLog): its prompt blocks, looked up in
+lookup groups, and the decode blocks it writes. The cache is a waterfall of LRU tiers with promotion on a hit: one
+LRU stack whose top `upper` slots are the tiers above the bottom one. So a lookup hits some tier at total capacity
+C exactly when its *stack distance* (Mattson et al., 1970: the slots of the distinct blocks used since its last
+use, itself included) is at most C, and hits the bottom tier of x slots when upper < distance <= upper + x.
+
+Prefix-correct eviction: this cache never evicts a block whose child in its chain is cached (a lookup stops at
+the first miss, so the child would be unreachable). LRU order gives the same protection when each request's
+blocks are used deepest first, its chain's root last: a parent is then always more recent than its children, and
+the LRU victim is a leaf. Each block's distance is taken against the stack as the request found it (before any
+of its own blocks moved), as its lookup does.
+
+Distances are computed in chunks of whole requests: a Fenwick tree over positions holds the slots of each key's
+latest use before the chunk (vectorised over the chunk's accesses), and a chunk x chunk comparison counts the
+distinct blocks used inside the chunk. One million accesses take a few seconds on one core (bench/capacity_bench.py);
+memory is linear in accesses. Past SAMPLE_ABOVE accesses, SHARDS spatial sampling (Waldspurger et al., FAST '15)
+keeps the blocks whose key hashes below a fixed rate and scales their distances by its inverse; the bench measures
+its error against the exact curve.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+SOURCES = ("system", "history", "user", "rag", "trace_hash", "other")  # the plan's labels (types.py)
+CHUNK = 256  # accesses compared pairwise per chunk (a request longer than this is a chunk of its own)
+SAMPLE_ABOVE = 4_000_000  # accesses: past this, spatial sampling at SAMPLE_RATE
+SAMPLE_RATE = 0.1
+INF = np.iinfo(np.int64).max // 4
+
+
+class AccessLog:
+    """Each request's blocks in the order the lifecycle used them (thread-safe appends; arrays at the end)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.keys: list[int] = []
+        self.lookup: list[bool] = []
+        self.tokens: list[tuple[int, ...]] = []  # per access: tokens by SOURCES (0 for a decode block)
+        self.requests: list[tuple[int, int, int]] = []  # (first access, prompt tokens, completion time ns)
+
+    def request(self, prompt: list[tuple[int, tuple[int, ...]]], groups, decode: list[int], prompt_tokens: int,
+                done_ns: int) -> None:
+        """prompt: (key, tokens by source) of each prompt block in plan order; groups: the plan's lookup groups
+        (first, end, independent); decode: the decode blocks' keys. Stored deepest first (see the module)."""
+        seen: set[int] = set()
+        rows: list[tuple[int, bool, tuple[int, ...]]] = []
+        for key in reversed(decode):
+            rows.append((key, False, (0,) * len(SOURCES)))
+        for first, end, _ in reversed(groups):
+            for i in range(end - 1, first - 1, -1):
+                rows.append((prompt[i][0], True, prompt[i][1]))
+        with self._lock:
+            self.requests.append((len(self.keys), prompt_tokens, done_ns))
+            for key, looked, tokens in rows:
+                if key in seen:  # a block twice in one request: its first use decides
+                    continue
+                seen.add(key)
+                self.keys.append(key)
+                self.lookup.append(looked)
+                self.tokens.append(tokens)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        with self._lock:
+            n = len(self.keys)
+            return {"keys": np.array(self.keys, np.uint64), "lookup": np.array(self.lookup, bool),
+                    "tokens": np.array(self.tokens, np.int32).reshape(n, len(SOURCES)),
+                    "requests": np.array(self.requests, np.int64).reshape(len(self.requests), 3)}
+
+
+def previous_use(keys: np.ndarray) -> np.ndarray:
+    """For each access, the index of the previous access to the same key, or -1."""
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    prev = np.full(len(keys), -1, np.int64)
+    same = np.nonzero(sk[1:] == sk[:-1])[0]
+    prev[order[same + 1]] = order[same]
+    return prev
+
+
+class _Fenwick:
+    """Sums over positions, vectorised over a batch of updates or queries (about log2 n numpy steps each)."""
+
+    def __init__(self, n: int):
+        self.n, self.tree = n, np.zeros(n + 1, np.int64)
+
+    def add(self, pos: np.ndarray, delta: np.ndarray) -> None:
+        i = pos.astype(np.int64) + 1
+        d = np.broadcast_to(delta, i.shape).astype(np.int64)
+        while i.size:
+            np.add.at(self.tree, i, d)
+            i = i + (i & -i)
+            keep = i <= self.n
+            i, d = i[keep], d[keep]
+
+    def prefix(self, pos: np.ndarray) -> np.ndarray:
+        """Sum over positions [0, pos] (pos -1: 0)."""
+        i = pos.astype(np.int64) + 1
+        out = np.zeros(i.shape, np.int64)
+        while np.any(i > 0):
+            out += self.tree[i]
+            i = i - (i & -i)
+        return out
+
+
+def stack_distances(keys: np.ndarray, starts: np.ndarray, sizes: np.ndarray | None = None) -> np.ndarray:
+    """Each access's LRU stack distance in slots (itself included; INF for a first use), taken against the stack
+    as its request found it. starts: the first access index of each request (ascending, from 0)."""
+    n = len(keys)
+    sizes = np.ones(n, np.int64) if sizes is None else sizes.astype(np.int64)
+    prev = previous_use(keys)
+    req_of = np.searchsorted(starts, np.arange(n), side="right") - 1
+    s_of = starts[req_of]
+    bounds = _chunks(starts, n)
+    tree, out = _Fenwick(n), np.full(n, INF, np.int64)
+    for c0, c1 in bounds:
+        p, s = prev[c0:c1], s_of[c0:c1]
+        known = p >= 0
+        g = np.zeros(c1 - c0, np.int64)
+        old = known & (p < c0)
+        if old.any():  # slots of keys last used in (p, c0), as the tree holds them
+            total = tree.prefix(np.array([c0 - 1]))[0]
+            g[old] = total - tree.prefix(p[old])
+        j = np.arange(c0, c1)
+        pj = prev[c0:c1]
+        # M[i, j]: block j (in this chunk, before i's request) is first used in i's window since p_i
+        m = (j[None, :] > p[:, None]) & (j[None, :] < s[:, None]) & (pj[None, :] <= p[:, None])
+        inside = (m * sizes[c0:c1][None, :]).sum(1)
+        out[c0:c1] = np.where(known, sizes[c0:c1] + g + inside, INF)
+        first_here = known & (p < c0)  # the key's latest use before the chunk leaves the tree
+        if first_here.any():
+            tree.add(p[first_here], -sizes[p[first_here]])
+        last_here = _last_in(keys[c0:c1])
+        tree.add(j[last_here], sizes[c0:c1][last_here])
+    return out
+
+
+def _last_in(keys: np.ndarray) -> np.ndarray:
+    """Mask of each key's last occurrence in keys."""
+    rev = keys[::-1]
+    _, first_rev = np.unique(rev, return_index=True)
+    mask = np.zeros(len(keys), bool)
+    mask[len(keys) - 1 - first_rev] = True
+    return mask
+
+
+def _chunks(starts: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """[c0, c1) ranges of whole requests, each at least CHUNK accesses (but the last)."""
+    out, c0 = [], 0
+    ends = list(starts[1:]) + [n]
+    for end in ends:
+        if end - c0 >= CHUNK or end == n:
+            if end > c0:
+                out.append((c0, int(end)))
+            c0 = int(end)
+    return out
+
+
+def sample(log: dict[str, np.ndarray], rate: float) -> dict[str, np.ndarray]:
+    """SHARDS spatial sampling: the accesses whose key hashes below rate (the same keys in every run)."""
+    h = (log["keys"] * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)  # 24 bits of a multiplicative hash
+    keep = h < np.uint64(int(rate * (1 << 24)))
+    first = np.cumsum(np.concatenate([[0], keep.astype(np.int64)]))  # new index of each old access
+    req = log["requests"].copy()
+    req[:, 0] = first[req[:, 0]]
+    return {"keys": log["keys"][keep], "lookup": log["lookup"][keep], "tokens": log["tokens"][keep], "requests": req}
+
+
+@dataclass
+class Curve:
+    """Hit rates and demand over a grid of bottom-tier capacities (slots), for the requests of a window."""
+
+    capacities: np.ndarray       # bottom-tier slots
+    hit_rate: np.ndarray         # token hit rate, any tier
+    bottom_hit_rate: np.ndarray  # token hit rate served by the bottom tier
+    by_source: dict[str, np.ndarray]
+    read_blocks: np.ndarray      # blocks read from the bottom tier (hits, promoted up)
+    write_blocks: np.ndarray     # blocks written to it (demotions out of the tiers above)
+    infinite: float              # the hit rate of an unbounded bottom tier
+    sampled: float               # the sampling rate (1.0: exact)
+    requests: int
+
+
+def curve(log: dict[str, np.ndarray], upper_slots: int, capacities: np.ndarray, window=(0, None),
+          rate: float | None = None) -> Curve:
+    """The capacity curve of a log (AccessLog.arrays, or several merged); window: (start, end) ns of completion
+    for the requests counted (their lookups decide the hit rates; every access shapes the stack)."""
+    rate = rate if rate is not None else (SAMPLE_RATE if len(log["keys"]) > SAMPLE_ABOVE else 1.0)
+    counted_req = (log["requests"][:, 2] >= window[0]) & (
+        log["requests"][:, 2] < (window[1] if window[1] is not None else np.inf))
+    full_src = _window_tokens(log, counted_req)  # the window's lookup tokens by source, before any sampling
+    if rate < 1.0:
+        log = sample(log, rate)
+    keys, req = log["keys"], log["requests"]
+    d = stack_distances(keys, req[:, 0]).astype(np.float64)
+    first_use = d >= INF
+    d[~first_use] /= rate  # a sampled distance stands for 1 / rate as many slots
+    req_of = np.searchsorted(req[:, 0], np.arange(len(keys)), side="right") - 1
+    counted = counted_req[req_of] & log["lookup"]
+    src = log["tokens"][counted].astype(np.float64)
+    # SHARDS' adjustment: the sampled lookups carry rate x the window's tokens in expectation; what they carry more
+    # or less (hot blocks sampled or not) counts at distance 0, a hit at every capacity
+    src = np.vstack([rate * full_src - src.sum(0), src]) if rate < 1.0 else src
+    dd = np.concatenate([[0.0], d[counted]]) if rate < 1.0 else d[counted]
+    tok = src.sum(1)
+    denom = max(req[counted_req, 1].sum(), 1) * rate
+    order = np.argsort(dd, kind="stable")
+    dd_sorted, tok_cum = dd[order], np.concatenate([[0.0], np.cumsum(tok[order])])
+    src_cum = np.vstack([np.zeros(src.shape[1]), np.cumsum(src[order], 0)])
+
+    def upto(c: float) -> int:
+        return int(np.searchsorted(dd_sorted, c, side="right"))
+
+    total = np.array([tok_cum[upto(upper_slots + x)] for x in capacities]) / denom
+    upper = tok_cum[upto(upper_slots)] / denom
+    by = {name: np.array([src_cum[upto(upper_slots + x), k] for x in capacities]) / denom
+          for k, name in enumerate(SOURCES) if full_src[k]}
+    looked = d[counted]
+    all_counted = counted_req[req_of]
+    seen_before = np.cumsum(first_use) - first_use  # distinct blocks used before each access
+    # an access from below the tiers above (or a new block) pushes one block out of them into the bottom tier,
+    # once they are full
+    demoted = (d > upper_slots) & all_counted & (seen_before / rate >= upper_slots)
+    reads = np.array([((looked > upper_slots) & (looked <= upper_slots + x)).sum() for x in capacities]) / rate
+    writes = np.array([demoted.sum() if x > 0 else 0 for x in capacities]) / rate
+    infinite = tok_cum[upto(INF / 2)] / denom
+    return Curve(capacities, total, total - upper, by, reads, writes, float(infinite), rate,
+                 int(counted_req.sum()))
+
+
+def _window_tokens(log: dict[str, np.ndarray], counted_req: np.ndarray) -> np.ndarray:
+    """The lookup tokens by source of the requests counted."""
+    req_of = np.searchsorted(log["requests"][:, 0], np.arange(len(log["keys"])), side="right") - 1
+    return log["tokens"][counted_req[req_of] & log["lookup"]].sum(0).astype(np.float64)
+
+
+def capacity_grid(log: dict[str, np.ndarray], upper_slots: int, points: int = 40) -> np.ndarray:
+    """Bottom-tier capacities (slots) from 0 to the one that holds every distinct block, log-spaced."""
+    distinct = len(np.unique(log["keys"]))
+    top = max(distinct - upper_slots, 1)
+    grid = np.unique(np.round(np.geomspace(1, top, points)).astype(np.int64))
+    return np.concatenate([[0], grid])
+
+@dataclass
+class CapacityPoint:
+    """One bottom-tier capacity of the capacity curve and what the run's traffic would ask of it there."""
+
+    slots: int
+    gib: float
+    hit_rate: float                 # token hit rate, any tier
+    bottom_hit_rate: float          # of it, served by the bottom tier
+    by_source: dict[str, float]
+    read_gbps: float                # at the run's request rate (GB = 10^9 B)
+    write_gbps: float
+    read_iops: float                # blocks per second
+    write_iops: float
+    bytes_per_request: float        # read + written at the bottom tier
+
+
+@dataclass
+class CapacityCurve:
+    """Hit rate and storage demand at every capacity of the bottom tier, from this run's block accesses (LRU
+    stack distances, exact unless sampled; recorder/capacity.py)."""
+
+    model: str                      # what computed it ("lru stack distances", sampled or exact)
+    sample_rate: float              # 1.0: exact; below: SHARDS spatial sampling at this rate
+    policy: str                     # the run's policy (the curve is LRU's)
+    tiers_above_slots: int          # the tiers above the bottom one, as configured
+    slot_bytes: int
+    requests: int                   # the window's requests whose lookups make the hit rates
+    requests_per_s: float           # the run's rate the demand is taken at
+    run_slots: int                  # the run's own bottom tier (its point)
+    infinite_hit_rate: float
+    knee_90_slots: int | None       # the smallest capacity reaching 90 % of the infinite-cache hit rate
+    knee_99_slots: int | None
+    points: list[CapacityPoint]

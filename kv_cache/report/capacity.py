@@ -1,0 +1,93 @@
+"""The capacity curve, rendered from Results alone: its table (console, `capacity`) and capacity_curve.png; the
+overlay of several runs' curves for `compare`."""
+
+from __future__ import annotations
+
+from kv_cache.recorder.schema import Results
+from kv_cache.report.table import format_table
+
+GiB = 2**30
+
+
+def _knee(c, slots: int | None) -> str:
+    return "-" if slots is None else f"{slots:,} blocks = {slots * c.slot_bytes / GiB:,.2f} GiB"
+
+
+def capacity_lines(results: Results, rows: int = 12) -> list[str]:
+    """The curve's table at a dozen capacities (the knees and the run's own among them) and its summary."""
+    c = results.capacity_curve
+    if c is None:
+        return []
+    marks = {c.knee_90_slots: "90 % knee", c.knee_99_slots: "99 % knee", c.run_slots: "this run"}
+    step = max(1, len(c.points) // rows)
+    shown = [p for i, p in enumerate(c.points) if i % step == 0 or p.slots in marks or i == len(c.points) - 1]
+    table = [["blocks", "GiB", "hit rate", "bottom", "read GB/s", "write GB/s", "IOPS r / w", "MB/req", ""]]
+    for p in shown:
+        table.append([f"{p.slots:,}", f"{p.gib:,.2f}", f"{p.hit_rate:.1%}", f"{p.bottom_hit_rate:.1%}",
+                      f"{p.read_gbps:.3f}", f"{p.write_gbps:.3f}", f"{p.read_iops:,.0f} / {p.write_iops:,.0f}",
+                      f"{p.bytes_per_request / 1e6:,.1f}", marks.get(p.slots, "")])
+    how = "exact" if c.sample_rate >= 1 else f"SHARDS-sampled at {c.sample_rate:g}"
+    policy = "" if c.policy == "lru" else f"; this run's policy is {c.policy}: the curve is LRU's"
+    return (["", f"Capacity curve of the bottom tier ({c.model}, {how}; tiers above it: {c.tiers_above_slots:,} "
+                 f"blocks; {c.requests:,} requests of the window at {c.requests_per_s:.2f}/s{policy}; bottom: the "
+                 f"hit rate the bottom tier serves; GB/s, IOPS and MB per request: its reads and writes)"]
+            + format_table(table, 2, "  ")
+            + [f"  infinite cache: {c.infinite_hit_rate:.1%}; 90 % of it from {_knee(c, c.knee_90_slots)}, "
+               f"99 % from {_knee(c, c.knee_99_slots)} (storage demand: at this run's request rate, blocks of "
+               f"{c.slot_bytes / 2**20:.2f} MiB)"])
+
+
+def draw_capacity(results: Results):
+    c = results.capacity_curve
+    if c is None or len(c.points) < 2:
+        return None
+    import matplotlib.pyplot as plt
+
+    gib = [max(p.gib, 1e-3) for p in c.points]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 8), sharex=True)
+    ax1.plot(gib, [100 * p.hit_rate for p in c.points], "k-", lw=2, label="hit rate, any tier (tokens)")
+    for name in sorted({s for p in c.points for s in p.by_source}):
+        ax1.plot(gib, [100 * p.by_source.get(name, 0.0) for p in c.points], "--", label=f"of it: {name} tokens")
+    ax1.axhline(100 * c.infinite_hit_rate, color="gray", ls=":", label=f"infinite cache {c.infinite_hit_rate:.1%}")
+    for slots, text, color in ((c.knee_90_slots, "90 %", "C2"), (c.knee_99_slots, "99 %", "C3"),
+                               (c.run_slots, "this run", "C1")):
+        if slots:
+            ax1.axvline(max(slots * c.slot_bytes / GiB, 1e-3), color=color, ls="--", lw=1, label=text)
+    ax1.set_ylabel("token hit rate (%)")
+    ax1.set_ylim(0, 105)
+    ax1.set_title(f"Hit rate by bottom-tier capacity ({c.model}; tiers above: {c.tiers_above_slots:,} blocks)")
+    ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax1.grid(alpha=0.3)
+    ax2.plot(gib, [p.read_gbps for p in c.points], "-", color="C0", label="read GB/s")
+    ax2.plot(gib, [p.write_gbps for p in c.points], "--", color="C0", label="write GB/s")
+    ax2.set_ylabel(f"GB/s at {c.requests_per_s:.2f} requests/s")
+    ax2b = ax2.twinx()
+    ax2b.plot(gib, [p.bytes_per_request / 1e6 for p in c.points], ":", color="C4", label="MB per request")
+    ax2b.set_ylabel("MB per request (read + written)")
+    ax2.set_xscale("symlog", linthresh=max(c.slot_bytes / GiB, 1e-3))
+    ax2.set_xlabel("bottom-tier capacity (GiB)")
+    ax2.set_title("Storage demand of the bottom tier")
+    lines = ax2.get_legend_handles_labels()[0] + ax2b.get_legend_handles_labels()[0]
+    ax2.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="upper left", bbox_to_anchor=(1.08, 1.0))
+    ax2.grid(alpha=0.3)
+    return fig
+
+
+def draw_capacity_overlay(runs: list[tuple[str, Results]]):
+    """Several runs' curves on one axis (compare)."""
+    curves = [(n, r.capacity_curve) for n, r in runs if r.capacity_curve is not None]
+    if len(curves) < 2:
+        return None
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for name, c in curves:
+        ax.plot([max(p.gib, 1e-3) for p in c.points], [100 * p.hit_rate for p in c.points], label=name)
+    ax.set_xscale("symlog", linthresh=1e-3)
+    ax.set_xlabel("bottom-tier capacity (GiB)")
+    ax.set_ylabel("token hit rate (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("Capacity curves")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig

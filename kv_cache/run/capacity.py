@@ -1,0 +1,148 @@
+"""--capacity-curve on a run, and `kv_cache_benchmark.py capacity RUN [RUN ...]`: the hit rate and storage demand at
+every capacity of the bottom tier (recorder/capacity.py computes, report/capacity.py renders; this composes).
+
+A run keeps its block accesses in capacity_access.npz beside results.json. `capacity` recomputes the curve from
+one run, or from several runs' accesses merged in wall-clock order of their requests: the tier they would share
+(a Valkey or S3 tier under N prefill nodes) seen by all of them, their own tiers above it pooled (modelled: each
+node's upper tiers are its own; pooling them is the model, said in the output).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kv_cache.errors import UserError
+from kv_cache.recorder.capacity import CapacityCurve, capacity_grid, curve
+from kv_cache.recorder.schema import Results
+from kv_cache.recorder.typed import load_section
+from kv_cache.safefiles import write_file
+
+ACCESS_FILE = "capacity_access.npz"
+GiB = 2**30
+
+
+def attach(results: Results, recorder, tiers: list, folder: Path, policy: str) -> None:
+    """The run's curve into results.capacity_curve, its accesses into folder/capacity_access.npz."""
+    if recorder.accesses is None:
+        return
+    log = recorder.accesses.arrays()
+    bottom = tiers[-1]
+    upper = sum(t.capacity_bytes // t.slot_bytes for t in tiers[:-1])
+    meta = {"upper_slots": upper, "slot_bytes": bottom.slot_bytes,
+            "run_slots": bottom.capacity_bytes // bottom.slot_bytes,
+            "window_ns": [recorder.measure_start_ns or 0, recorder.measure_end_ns or 0],
+            "window_s": results.run.duration_s, "requests_per_s": results.requests.per_s, "policy": policy,
+            "wall_minus_monotonic_ns": time.time_ns() - time.monotonic_ns()}
+    buf = io.BytesIO()
+    np.savez_compressed(buf, meta=np.array(json.dumps(meta)), **log)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_file(folder / ACCESS_FILE, buf.getvalue(), "--capacity-curve's access log")
+    results.capacity_curve = section(log, meta)
+
+
+def section(log: dict, meta: dict, model: str = "LRU stack distances") -> CapacityCurve:
+    upper, slot = meta["upper_slots"], meta["slot_bytes"]
+    grid = np.union1d(capacity_grid(log, upper), [meta["run_slots"]])
+    c = curve(log, upper, grid, tuple(meta["window_ns"]))
+    seconds = max(meta["window_s"], 1e-9)
+    points = []
+    for i, x in enumerate(grid):
+        rd, wr = c.read_blocks[i], c.write_blocks[i]
+        points.append({"slots": int(x), "gib": x * slot / GiB, "hit_rate": float(c.hit_rate[i]),
+                       "bottom_hit_rate": float(c.bottom_hit_rate[i]),
+                       "by_source": {k: float(v[i]) for k, v in c.by_source.items()},
+                       "read_gbps": rd * slot / seconds / 1e9, "write_gbps": wr * slot / seconds / 1e9,
+                       "read_iops": rd / seconds, "write_iops": wr / seconds,
+                       "bytes_per_request": (rd + wr) * slot / max(c.requests, 1)})
+    return load_section(CapacityCurve, {
+        "model": model, "sample_rate": c.sampled, "policy": meta["policy"], "tiers_above_slots": int(upper),
+        "slot_bytes": int(slot), "requests": c.requests, "requests_per_s": meta["requests_per_s"],
+        "run_slots": int(meta["run_slots"]), "infinite_hit_rate": c.infinite,
+        "knee_90_slots": _knee(grid, c.hit_rate, 0.90 * c.infinite),
+        "knee_99_slots": _knee(grid, c.hit_rate, 0.99 * c.infinite), "points": points}, "capacity_curve")
+
+
+def _knee(grid: np.ndarray, rates: np.ndarray, target: float) -> int | None:
+    """The smallest capacity whose hit rate reaches target (with a tolerance for float sums)."""
+    if target <= 0:
+        return None
+    reached = np.nonzero(rates >= target - 1e-12)[0]
+    return int(grid[reached[0]]) if reached.size else None
+
+
+def load_run(folder: Path) -> tuple[dict, dict]:
+    """(access log, meta) of a run folder, or one sentence."""
+    path = folder / ACCESS_FILE
+    if not path.is_file():
+        raise UserError(f"{folder} has no {ACCESS_FILE}: run it with --capacity-curve (add --null-io to analyse the "
+                        f"traffic without moving bytes).")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            log = {k: z[k] for k in ("keys", "lookup", "tokens", "requests")}
+    except (ValueError, KeyError, OSError) as e:
+        raise UserError(f"{path} is not a capacity access log this tool wrote ({type(e).__name__}).") from None
+    return log, meta
+
+
+def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """Several runs' accesses as one stream, their requests in wall-clock order of completion; the tiers above the
+    shared one pooled, the rates summed."""
+    rows = []  # (wall ns, run, request index)
+    for r, (log, meta) in enumerate(runs):
+        wall = log["requests"][:, 2] + meta["wall_minus_monotonic_ns"]
+        rows += [(int(w), r, i) for i, w in enumerate(wall)]
+    rows.sort()
+    keys, lookup, tokens, reqs = [], [], [], []
+    pos = 0
+    for wall, r, i in rows:
+        log = runs[r][0]
+        first = log["requests"][i, 0]
+        end = log["requests"][i + 1, 0] if i + 1 < len(log["requests"]) else len(log["keys"])
+        keys.append(log["keys"][first:end])
+        lookup.append(log["lookup"][first:end])
+        tokens.append(log["tokens"][first:end])
+        reqs.append((pos, log["requests"][i, 1], wall))
+        pos += end - first
+    windows = [(m["window_ns"][0] + m["wall_minus_monotonic_ns"], m["window_ns"][1] + m["wall_minus_monotonic_ns"])
+               for _, m in runs]
+    meta = {"upper_slots": sum(m["upper_slots"] for _, m in runs), "slot_bytes": runs[0][1]["slot_bytes"],
+            "run_slots": runs[0][1]["run_slots"], "window_ns": [min(w[0] for w in windows), max(w[1] for w in windows)],
+            "window_s": max(m["window_s"] for _, m in runs),
+            "requests_per_s": sum(m["requests_per_s"] for _, m in runs),
+            "policy": runs[0][1]["policy"], "wall_minus_monotonic_ns": 0}
+    return {"keys": np.concatenate(keys), "lookup": np.concatenate(lookup), "tokens": np.concatenate(tokens),
+            "requests": np.array(reqs, np.int64).reshape(len(reqs), 3)}, meta
+
+
+def run_capacity(folders: list[str], output: str | None, say) -> int:
+    """`capacity RUN [RUN ...]`: the table, and capacity_curve.png in --output (default: the first run's folder)."""
+    from kv_cache.report.capacity import capacity_lines, draw_capacity
+    from kv_cache.report.figure import save
+
+    runs = [load_run(Path(f)) for f in folders]
+    slots = {m["slot_bytes"] for _, m in runs}
+    if len(slots) > 1:
+        raise UserError(f"these runs moved blocks of different sizes ({', '.join(str(s) for s in sorted(slots))} "
+                        f"bytes): one tier holds one block size; compare runs of one --model and --block-tokens.")
+    log, meta = merged(runs) if len(runs) > 1 else runs[0]
+    model = "LRU stack distances" if len(runs) == 1 else (f"LRU stack distances of {len(runs)} runs merged in "
+                                                          f"wall-clock order; their upper tiers pooled (modelled)")
+    results = Results.from_dict(json.loads((Path(folders[0]) / "results.json").read_text()))
+    results.capacity_curve = section(log, meta, model)
+    for line in capacity_lines(results):
+        say(line)
+    fig = draw_capacity(results)
+    out = Path(output) if output else Path(folders[0])
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--output {out}: cannot make the folder ({e.strerror}); pass a writable folder.") from None
+    if fig is not None:
+        say(f"plot: {save(fig, out, 'capacity_curve.png')}")
+    return 0

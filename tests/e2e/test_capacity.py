@@ -1,0 +1,62 @@
+"""Issue 41: the capacity curve from one run, checked against real runs at three capacities; `capacity` over one
+run and several (a shared tier); `compare` overlays curves."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from helpers import assert_clean_error
+
+from kv_cache.recorder.capacity import curve
+from kv_cache.run.capacity import load_run
+
+pytestmark = pytest.mark.slow  # make test-all (CI)
+
+SEQUENCE = ("--arrival", "sequence", "--workers", "1", "--max-requests", "300", "--duration", "600", "--warmup", "0")
+
+
+def _run(small_run, name: str, gb: str, *extra: str):
+    r = run_cli(small_run(name, "--capacity-curve", *SEQUENCE, "--nvme-gb", gb, *extra))
+    assert r.returncode == 0, r.stderr
+    return small_run.results(name)
+
+
+def test_the_curve_of_one_run_predicts_the_hit_rate_of_runs_at_other_capacities(small_run):
+    """One run's curve, read at the capacities of three real runs of the same seeded sequence (small, about the
+    knee, large): LRU within half a percentage point of what each achieved."""
+    source = _run(small_run, "source", "0.5")
+    log, meta = load_run(small_run.out / "source")
+    c = source["capacity_curve"]
+    assert c["knee_90_slots"] and c["infinite_hit_rate"] > 0.3 and c["run_slots"] == meta["run_slots"]
+    for name, gb in (("small", "0.06"), ("knee", "0.2"), ("large", "1.0")):
+        real = _run(small_run, name, gb)
+        slots = real["capacity_curve"]["run_slots"]
+        predicted = curve(log, meta["upper_slots"], np.array([slots]), tuple(meta["window_ns"])).hit_rate[0]
+        assert abs(predicted - real["hit_rate"]["tokens"]) <= 0.005, (name, slots, predicted, real["hit_rate"])
+    assert (small_run.out / "source" / "capacity_curve.png").exists()
+
+
+def test_capacity_merges_runs_sharing_a_tier_and_compare_overlays_curves(small_run, tmp_path):
+    for name in ("n1", "n2"):
+        _run(small_run, name, "0.25")
+    one = run_cli(["capacity", str(small_run.out / "n1"), "--output", str(tmp_path / "one")])
+    both = run_cli(["capacity", str(small_run.out / "n1"), str(small_run.out / "n2"), "--output", str(tmp_path)])
+    assert one.returncode == both.returncode == 0, one.stderr + both.stderr
+    assert "of 2 runs merged in wall-clock order" in both.stdout and "this run" in one.stdout
+    assert (tmp_path / "capacity_curve.png").exists()
+
+    def infinite(text: str) -> float:
+        return float(text.split("infinite cache: ")[1].split("%")[0])
+    assert infinite(both.stdout) > infinite(one.stdout)  # the same seed twice: the second node reuses the first's
+    cmp = run_cli(["compare", str(small_run.out / "n1"), str(small_run.out / "n2"), "--output", str(tmp_path / "c")])
+    assert cmp.returncode == 0, cmp.stderr
+    assert (tmp_path / "c" / "compare_capacity.png").exists()
+
+
+def test_capacity_without_an_access_log_and_whole_request_mode_are_one_sentence(small_run):
+    r = run_cli(small_run("plain", *SEQUENCE[:-4], "--duration", "1", "--warmup", "0"))
+    assert r.returncode == 0 and json.loads((small_run.out / "plain" / "results.json").read_text())[
+        "capacity_curve"] is None
+    assert_clean_error(run_cli(["capacity", str(small_run.out / "plain")]), "--capacity-curve")
+    assert_clean_error(run_cli(small_run("w", "--capacity-curve", "--block-tokens", "0")), "--block-tokens > 0")

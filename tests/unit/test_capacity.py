@@ -1,0 +1,51 @@
+"""The capacity curve (recorder/capacity.py): exact LRU stack distances, against a plain LRU stack."""
+
+from collections import OrderedDict
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kv_cache.recorder.capacity import INF, AccessLog, curve, stack_distances
+
+
+def naive(requests: list[list[int]]) -> list[int]:
+    """Distances against the stack as each request found it, then its blocks moved to the top in order."""
+    stack: OrderedDict[int, None] = OrderedDict()  # most recent last
+    out = []
+    for keys in requests:
+        order = list(reversed(stack))
+        for k in keys:
+            out.append(order.index(k) + 1 if k in stack else INF)
+        for k in keys:
+            stack.pop(k, None)
+            stack[k] = None
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=12, unique=True), min_size=1, max_size=80))
+def test_stack_distances_are_those_of_an_lru_stack(requests):
+    keys = np.array([k for r in requests for k in r], np.uint64)
+    starts = np.cumsum([0] + [len(r) for r in requests[:-1]])
+    assert list(stack_distances(keys, np.array(starts))) == naive(requests)
+
+
+def test_long_traces_cross_chunks():
+    rng = np.random.default_rng(1)
+    requests = [list(dict.fromkeys(rng.zipf(1.3, 30) % 500)) for _ in range(200)]
+    keys = np.array([k for r in requests for k in r], np.uint64)
+    starts = np.cumsum([0] + [len(r) for r in requests[:-1]])
+    assert list(stack_distances(keys, np.array(starts))) == naive(requests)
+
+
+def test_a_prefix_hits_as_a_prefix_and_the_curve_rises_to_the_infinite_hit_rate():
+    log = AccessLog()
+    tok = (16, 0, 0, 0, 0, 0)
+    for _ in range(3):
+        for chain in ([1, 2, 3, 4], [1, 2, 5, 6]):  # a shared root, two branches
+            log.request([(k, tok) for k in chain], ((0, len(chain), False),), [], 64, 1)
+    a = log.arrays()
+    c = curve(a, 0, np.array([0, 2, 4, 6, 100]))
+    assert list(c.hit_rate) == sorted(c.hit_rate) and c.hit_rate[0] == 0
+    assert c.hit_rate[-1] == c.infinite == (32 + 4 * 64) / (6 * 64)  # the 2nd request hits the shared root
