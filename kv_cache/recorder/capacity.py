@@ -185,6 +185,7 @@ class Curve:
     infinite: float              # the hit rate of an unbounded bottom tier
     sampled: float               # the sampling rate (1.0: exact)
     requests: int
+    knees: tuple[int | None, int | None] = (None, None)  # bottom slots reaching 90 % / 99 % of the infinite rate
 
 
 def curve(log: dict[str, np.ndarray], upper_slots: int, capacities: np.ndarray, window=(0, None),
@@ -230,8 +231,19 @@ def curve(log: dict[str, np.ndarray], upper_slots: int, capacities: np.ndarray, 
     reads = np.array([((looked > upper_slots) & (looked <= upper_slots + x)).sum() for x in capacities]) / rate
     writes = np.array([demoted.sum() if x > 0 else 0 for x in capacities]) / rate
     infinite = tok_cum[upto(INF / 2)] / denom
+    knees = tuple(_knee(dd_sorted, tok_cum, share * infinite * denom, upper_slots) for share in (0.90, 0.99))
     return Curve(capacities, total, total - upper, by, reads, writes, float(infinite), rate,
-                 int(counted_req.sum()))
+                 int(counted_req.sum()), knees)
+
+
+def _knee(dd_sorted: np.ndarray, tok_cum: np.ndarray, target: float, upper_slots: int) -> int | None:
+    """The smallest bottom-tier capacity (slots) whose hits reach target tokens: exact, from the sorted distances."""
+    if target <= 0:
+        return None
+    i = int(np.searchsorted(tok_cum, target - 1e-6))  # tok_cum[i] >= target: the first i distances suffice
+    if i == 0 or i > len(dd_sorted):
+        return None
+    return max(0, int(np.ceil(dd_sorted[i - 1])) - upper_slots)
 
 
 def _window_tokens(log: dict[str, np.ndarray], counted_req: np.ndarray) -> np.ndarray:
@@ -244,8 +256,8 @@ def capacity_grid(log: dict[str, np.ndarray], upper_slots: int, points: int = 40
     """Bottom-tier capacities (slots) from 0 to the one that holds every distinct block, log-spaced."""
     distinct = len(np.unique(log["keys"]))
     top = max(distinct - upper_slots, 1)
-    grid = np.unique(np.round(np.geomspace(1, top, points)).astype(np.int64))
-    return np.concatenate([[0], grid])
+    grid = np.union1d(np.round(np.geomspace(1, top, points)), np.round(np.linspace(0, top, points // 2)))
+    return np.union1d([0], grid).astype(np.int64)  # log-spaced for the small, linear for the large
 
 @dataclass
 class CapacityPoint:

@@ -47,7 +47,8 @@ def attach(results: Results, recorder, tiers: list, folder: Path, policy: str) -
 
 def section(log: dict, meta: dict, model: str = "LRU stack distances") -> CapacityCurve:
     upper, slot = meta["upper_slots"], meta["slot_bytes"]
-    grid = np.union1d(capacity_grid(log, upper), [meta["run_slots"]])
+    c = curve(log, upper, np.array([0]), tuple(meta["window_ns"]))  # the knees, exact
+    grid = np.union1d(capacity_grid(log, upper), [meta["run_slots"], *(k for k in c.knees if k is not None)])
     c = curve(log, upper, grid, tuple(meta["window_ns"]))
     seconds = max(meta["window_s"], 1e-9)
     points = []
@@ -63,16 +64,7 @@ def section(log: dict, meta: dict, model: str = "LRU stack distances") -> Capaci
         "model": model, "sample_rate": c.sampled, "policy": meta["policy"], "tiers_above_slots": int(upper),
         "slot_bytes": int(slot), "requests": c.requests, "requests_per_s": meta["requests_per_s"],
         "run_slots": int(meta["run_slots"]), "infinite_hit_rate": c.infinite,
-        "knee_90_slots": _knee(grid, c.hit_rate, 0.90 * c.infinite),
-        "knee_99_slots": _knee(grid, c.hit_rate, 0.99 * c.infinite), "points": points}, "capacity_curve")
-
-
-def _knee(grid: np.ndarray, rates: np.ndarray, target: float) -> int | None:
-    """The smallest capacity whose hit rate reaches target (with a tolerance for float sums)."""
-    if target <= 0:
-        return None
-    reached = np.nonzero(rates >= target - 1e-12)[0]
-    return int(grid[reached[0]]) if reached.size else None
+        "knee_90_slots": c.knees[0], "knee_99_slots": c.knees[1], "points": points}, "capacity_curve")
 
 
 def load_run(folder: Path) -> tuple[dict, dict]:
