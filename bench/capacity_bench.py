@@ -36,7 +36,8 @@ def synthetic(accesses: int, seed: int = 1) -> dict:
         chain = [system * 1000 + i + 1 for i in range(8)]
         chain += [10**7 + convo * 100 + i for i in range(int(rng.integers(4, 40)))]
         chain += [fresh + n + i for i in range(int(rng.integers(2, 20)))]
-        log.request([(k, tok) for k in chain], ((0, len(chain), False),), [], 16 * len(chain), 1)
+        log.request([(k, tok, p) for k, p in zip(chain, [0, *chain[:-1]])], ((0, len(chain), False),), [],
+                    16 * len(chain), 1)
         n += len(chain)
     return log.arrays()
 

@@ -154,8 +154,9 @@ class Lifecycle:
 
     def _log_accesses(self, req: Request, plan: KVPlan, whole: bool) -> None:
         n = plan.num_prompt_blocks
-        prompt = [(plan.keys[i], source_tokens(plan.cached_by_source(req, i))) for i in range(n)]
-        decode = [] if self.handoff is not None or whole else list(plan.keys[n:])
+        prompt = [(plan.keys[i], source_tokens(plan.cached_by_source(req, i)), plan.parent(i) or 0) for i in range(n)]
+        decode = [] if self.handoff is not None or whole else [(plan.keys[i], plan.parent(i) or 0)
+                                                                for i in range(n, len(plan.keys))]
         self.recorder.accesses.request(prompt, plan.groups, decode, req.num_prompt_tokens, now_ns())
 
     def _publish(self, req: Request, plan: KVPlan, bufs: WorkerBuffers) -> int:

@@ -41,35 +41,39 @@ class AccessLog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.keys: list[int] = []
+        self.parents: list[int] = []  # the block a lookup must hit first (0: none), for a replay in plan order
         self.lookup: list[bool] = []
         self.tokens: list[tuple[int, ...]] = []  # per access: tokens by SOURCES (0 for a decode block)
         self.requests: list[tuple[int, int, int]] = []  # (first access, prompt tokens, completion time ns)
 
-    def request(self, prompt: list[tuple[int, tuple[int, ...]]], groups, decode: list[int], prompt_tokens: int,
-                done_ns: int) -> None:
-        """prompt: (key, tokens by source) of each prompt block in plan order; groups: the plan's lookup groups
-        (first, end, independent); decode: the decode blocks' keys. Stored deepest first (see the module)."""
-        seen: set[int] = set()
-        rows: list[tuple[int, bool, tuple[int, ...]]] = []
-        for key in reversed(decode):
-            rows.append((key, False, (0,) * len(SOURCES)))
+    def request(self, prompt: list[tuple[int, tuple[int, ...], int]], groups, decode: list[tuple[int, int]],
+                prompt_tokens: int, done_ns: int) -> None:
+        """prompt: (key, tokens by source, parent) of each prompt block in plan order; groups: the plan's lookup
+        groups (first, end, independent); decode: (key, parent) of the decode blocks. Stored deepest first (see the
+        module); a replay reads them back in reverse."""
+        rows: list[tuple[int, int, bool, tuple[int, ...]]] = []
+        for key, parent in reversed(decode):
+            rows.append((key, parent, False, (0,) * len(SOURCES)))
         for first, end, _ in reversed(groups):
             for i in range(end - 1, first - 1, -1):
-                rows.append((prompt[i][0], True, prompt[i][1]))
+                rows.append((prompt[i][0], prompt[i][2], True, prompt[i][1]))
+        keys = [r[0] for r in rows]
+        if len(set(keys)) < len(keys):  # a block twice in one request: counted once, where it is deepest
+            first_use = {k: n for n, k in reversed(list(enumerate(keys)))}
+            rows = [r for n, r in enumerate(rows) if first_use[r[0]] == n]
         with self._lock:
             self.requests.append((len(self.keys), prompt_tokens, done_ns))
-            for key, looked, tokens in rows:
-                if key in seen:  # a block twice in one request: its first use decides
-                    continue
-                seen.add(key)
+            for key, parent, looked, tokens in rows:
                 self.keys.append(key)
+                self.parents.append(parent)
                 self.lookup.append(looked)
                 self.tokens.append(tokens)
 
     def arrays(self) -> dict[str, np.ndarray]:
         with self._lock:
             n = len(self.keys)
-            return {"keys": np.array(self.keys, np.uint64), "lookup": np.array(self.lookup, bool),
+            return {"keys": np.array(self.keys, np.uint64), "parents": np.array(self.parents, np.uint64),
+                    "lookup": np.array(self.lookup, bool),
                     "tokens": np.array(self.tokens, np.int32).reshape(n, len(SOURCES)),
                     "requests": np.array(self.requests, np.int64).reshape(len(self.requests), 3)}
 
@@ -169,7 +173,7 @@ def sample(log: dict[str, np.ndarray], rate: float) -> dict[str, np.ndarray]:
     first = np.cumsum(np.concatenate([[0], keep.astype(np.int64)]))  # new index of each old access
     req = log["requests"].copy()
     req[:, 0] = first[req[:, 0]]
-    return {"keys": log["keys"][keep], "lookup": log["lookup"][keep], "tokens": log["tokens"][keep], "requests": req}
+    return {**{k: log[k][keep] for k in ("keys", "parents", "lookup", "tokens")}, "requests": req}
 
 
 @dataclass

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from kv_cache.cache.simulate import replay
 from kv_cache.errors import UserError
-from kv_cache.recorder.capacity import CapacityCurve, capacity_grid, curve
+from kv_cache.recorder.capacity import CapacityCurve, Curve, capacity_grid, curve
 from kv_cache.recorder.schema import Results
 from kv_cache.recorder.typed import load_section
 from kv_cache.safefiles import write_file
+from kv_cache.tiers.registry import accounting_stack
 
 ACCESS_FILE = "capacity_access.npz"
 GiB = 2**30
@@ -37,6 +39,7 @@ def attach(results: Results, recorder, tiers: list, folder: Path, policy: str) -
             "run_slots": bottom.capacity_bytes // bottom.slot_bytes,
             "window_ns": [recorder.measure_start_ns or 0, recorder.measure_end_ns or 0],
             "window_s": results.run.duration_s, "requests_per_s": results.requests.per_s, "policy": policy,
+            "tiers": [[t.name, t.capacity_bytes] for t in tiers],
             "wall_minus_monotonic_ns": time.time_ns() - time.monotonic_ns()}
     buf = io.BytesIO()
     np.savez_compressed(buf, meta=np.array(json.dumps(meta)), **log)
@@ -50,6 +53,10 @@ def section(log: dict, meta: dict, model: str = "LRU stack distances") -> Capaci
     c = curve(log, upper, np.array([0]), tuple(meta["window_ns"]))  # the knees, exact
     grid = np.union1d(capacity_grid(log, upper), [meta["run_slots"], *(k for k in c.knees if k is not None)])
     c = curve(log, upper, grid, tuple(meta["window_ns"]))
+    if meta["policy"] != "lru" and "tiers" in meta:  # no stack for it: replayed at a coarser grid, the run's own in
+        grid = np.union1d(capacity_grid(log, upper, POLICY_POINTS), [meta["run_slots"]])
+        c = _replayed(log, meta, grid)
+        model = f"{meta['policy']} replayed on accounting tiers at {len(grid)} capacities"
     seconds = max(meta["window_s"], 1e-9)
     points = []
     for i, x in enumerate(grid):
@@ -67,6 +74,32 @@ def section(log: dict, meta: dict, model: str = "LRU stack distances") -> Capaci
         "knee_90_slots": c.knees[0], "knee_99_slots": c.knees[1], "points": points}, "capacity_curve")
 
 
+POLICY_POINTS = 12  # capacities a policy other than LRU is replayed at (each a whole replay)
+
+
+def _replayed(log: dict, meta: dict, grid: np.ndarray) -> Curve:
+    """The curve of meta's policy by replaying the log at each capacity of grid (cache/simulate.py)."""
+    slot, window = meta["slot_bytes"], tuple(meta["window_ns"])
+    above = [(name, cap) for name, cap in meta["tiers"][:-1]]
+    bottom = meta["tiers"][-1][0]
+    rates, reads, writes = [], [], []
+    for x in grid:
+        hit, rd, wr = replay(log, accounting_stack([*above, (bottom, int(x) * slot)], slot), meta["policy"], window)
+        rates.append(hit)
+        reads.append(rd)
+        writes.append(wr)
+    top = replay(log, accounting_stack([*above, (bottom, int(grid[-1] + 1) * slot * 4)], slot), meta["policy"],
+                 window)[0]  # room for every block: the policy's infinite cache
+    upper = replay(log, accounting_stack(above, slot), meta["policy"], window)[0] if above else 0.0
+    rates_a = np.array(rates)
+    knees = tuple(next((int(x) for x, r in zip(grid, rates_a) if r >= share * top - 1e-12), None)
+                  for share in (0.90, 0.99))
+    done = log["requests"][:, 2]
+    requests = int(((done >= window[0]) & (done < (window[1] or np.inf))).sum())
+    return Curve(grid, rates_a, rates_a - upper, {}, np.array(reads, float), np.array(writes, float), top, 1.0,
+                 requests, knees)
+
+
 def load_run(folder: Path) -> tuple[dict, dict]:
     """(access log, meta) of a run folder, or one sentence."""
     path = folder / ACCESS_FILE
@@ -76,7 +109,7 @@ def load_run(folder: Path) -> tuple[dict, dict]:
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
-            log = {k: z[k] for k in ("keys", "lookup", "tokens", "requests")}
+            log = {k: z[k] for k in ("keys", "parents", "lookup", "tokens", "requests")}
     except (ValueError, KeyError, OSError) as e:
         raise UserError(f"{path} is not a capacity access log this tool wrote ({type(e).__name__}).") from None
     return log, meta
@@ -90,13 +123,14 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         wall = log["requests"][:, 2] + meta["wall_minus_monotonic_ns"]
         rows += [(int(w), r, i) for i, w in enumerate(wall)]
     rows.sort()
-    keys, lookup, tokens, reqs = [], [], [], []
+    keys, parents, lookup, tokens, reqs = [], [], [], [], []
     pos = 0
     for wall, r, i in rows:
         log = runs[r][0]
         first = log["requests"][i, 0]
         end = log["requests"][i + 1, 0] if i + 1 < len(log["requests"]) else len(log["keys"])
         keys.append(log["keys"][first:end])
+        parents.append(log["parents"][first:end])
         lookup.append(log["lookup"][first:end])
         tokens.append(log["tokens"][first:end])
         reqs.append((pos, log["requests"][i, 1], wall))
@@ -108,7 +142,8 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
             "window_s": max(m["window_s"] for _, m in runs),
             "requests_per_s": sum(m["requests_per_s"] for _, m in runs),
             "policy": runs[0][1]["policy"], "wall_minus_monotonic_ns": 0}
-    return {"keys": np.concatenate(keys), "lookup": np.concatenate(lookup), "tokens": np.concatenate(tokens),
+    return {"keys": np.concatenate(keys), "parents": np.concatenate(parents), "lookup": np.concatenate(lookup),
+            "tokens": np.concatenate(tokens),
             "requests": np.array(reqs, np.int64).reshape(len(reqs), 3)}, meta
 
 

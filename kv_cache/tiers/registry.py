@@ -206,3 +206,11 @@ def shared_files(engine: str, slot_bytes: int, name: str = "handoff"):
     if not _SHARED_FILES:
         kinds_by_name()  # the media register on import
     return _SHARED_FILES[0](engine, slot_bytes, name)
+
+
+def accounting_stack(capacities: list[tuple[str, int]], slot_bytes: int) -> list:
+    """Tiers that keep the slot accounting and move no byte, one per (name, capacity in bytes): the stack a
+    policy is replayed on (the capacity curve of a policy other than LRU)."""
+    from kv_cache.tiers.null import NullTier
+
+    return [NullTier(name, capacity, slot_bytes) for name, capacity in capacities if capacity >= slot_bytes]

@@ -60,3 +60,17 @@ def test_capacity_without_an_access_log_and_whole_request_mode_are_one_sentence(
         "capacity_curve"] is None
     assert_clean_error(run_cli(["capacity", str(small_run.out / "plain")]), "--capacity-curve")
     assert_clean_error(run_cli(small_run("w", "--capacity-curve", "--block-tokens", "0")), "--block-tokens > 0")
+
+
+def test_another_policy_is_replayed_and_predicts_a_real_run(small_run):
+    """Issue 41: a policy other than LRU has no stack: its curve replays the run's accesses through the cache at a
+    grid of capacities; read at another real run's capacity it is within one percentage point of what it achieved."""
+    source = _run(small_run, "s3", "0.5", "--policy", "s3fifo")
+    assert source["capacity_curve"]["model"].startswith("s3fifo replayed on accounting tiers")
+    log, meta = load_run(small_run.out / "s3")
+    real = _run(small_run, "s3small", "0.2", "--policy", "s3fifo")
+    from kv_cache.run.capacity import _replayed
+
+    slots = real["capacity_curve"]["run_slots"]
+    predicted = _replayed(log, meta, np.array([slots])).hit_rate[0]
+    assert abs(predicted - real["hit_rate"]["tokens"]) <= 0.01, (predicted, real["hit_rate"])

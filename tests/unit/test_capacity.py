@@ -44,7 +44,7 @@ def test_a_prefix_hits_as_a_prefix_and_the_curve_rises_to_the_infinite_hit_rate(
     tok = (16, 0, 0, 0, 0, 0)
     for _ in range(3):
         for chain in ([1, 2, 3, 4], [1, 2, 5, 6]):  # a shared root, two branches
-            log.request([(k, tok) for k in chain], ((0, len(chain), False),), [], 64, 1)
+            log.request([(k, tok, p) for k, p in zip(chain, [0, *chain[:-1]])], ((0, len(chain), False),), [], 64, 1)
     a = log.arrays()
     c = curve(a, 0, np.array([0, 2, 4, 6, 100]))
     assert list(c.hit_rate) == sorted(c.hit_rate) and c.hit_rate[0] == 0

@@ -1,0 +1,63 @@
+"""A policy replayed at one capacity: the block accesses of a run (recorder/capacity.AccessLog) through this
+cache, on tiers that keep the slot accounting and move no byte, as the lifecycle drives it: each request's lookup
+groups pinned as prefixes, the hits read (promoted as a run promotes them), the prompt's other blocks and the
+decode blocks written. The capacity curve of a policy other than LRU is this replay at a grid of capacities."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kv_cache.cache.cache import BlockCache
+from kv_cache.recorder.recorder import Recorder
+
+
+def replay(log: dict[str, np.ndarray], tiers: list, policy: str, window=(0, None)) -> tuple[float, int, int]:
+    """(token hit rate, blocks read from the bottom tier, blocks written to it) of the window's requests when the
+    log is replayed on tiers with policy."""
+    recorder = Recorder()
+    recorder.start_measuring(0)  # every operation counted; the window's are picked below
+    cache = BlockCache(tiers, policy, True, recorder)
+    bottom = tiers[-1].name
+    moved = (f"blocks.{bottom}.read", f"blocks.{bottom}.write")
+    reads = writes = 0
+    slot = tiers[0].slot_bytes
+    buf = np.zeros(slot, np.uint8)
+    req = log["requests"]
+    ends = np.append(req[1:, 0], len(log["keys"]))
+    end_ns = window[1] if window[1] is not None else np.inf
+    hit_tokens = prompt = 0
+    for (first, tokens_in_prompt, done), end in zip(req, ends):
+        before = [recorder.counters().get(k, 0) for k in moved]
+        rows = range(end - 1, first - 1, -1)  # the log holds a request deepest first: plan order is its reverse
+        keys = [int(log["keys"][i]) for i in rows]
+        parents = [int(log["parents"][i]) for i in rows]
+        looked = [bool(log["lookup"][i]) for i in rows]
+        tokens = [int(log["tokens"][i].sum()) for i in rows]
+        hit = _lookups(cache, keys, parents, looked, buf)
+        for i, key in enumerate(keys):
+            if i not in hit:
+                res = cache.reserve_write(key, slot, "", parents[i] or None)
+                if res is not None:
+                    cache.commit_write(res, buf, "prefill" if looked[i] else "decode", buf)
+        if window[0] <= done < end_ns:
+            hit_tokens += sum(tokens[i] for i in hit)
+            prompt += tokens_in_prompt
+            after = [recorder.counters().get(k, 0) for k in moved]
+            reads, writes = reads + after[0] - before[0], writes + after[1] - before[1]
+    return (hit_tokens / prompt if prompt else 0.0), reads, writes
+
+
+def _lookups(cache: BlockCache, keys, parents, looked, buf) -> set[int]:
+    """Pin each lookup group's cached prefix (a group starts where a block has no parent), read the hits."""
+    hit: set[int] = set()
+    start = 0
+    n = sum(looked)
+    for i in range(1, n + 1):
+        if i == n or not parents[i]:
+            entries = cache.pin_prefix(keys[start:i])
+            for j, e in enumerate(entries):
+                cache.read(e, buf, "load", "read")
+                cache.release(e, buf, buf)
+                hit.add(start + j)
+            start = i
+    return hit
