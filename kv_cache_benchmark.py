@@ -6,7 +6,7 @@ from kv_cache import signals
 signals.install()  # before the heavy imports: a SIGTERM during start-up is a clean exit too
 
 try:
-    from kv_cache.run.cli import leave, main
+    from kv_cache.cli.main import leave, main
 except KeyboardInterrupt:
     raise SystemExit(signals.exit_status()) from None
 

@@ -67,7 +67,7 @@ def target(folder: str, blocks: int) -> None:
     (Path(folder) / "target.json").write_text(json.dumps({"region": region.ctypes.data}))
     while not (Path(folder) / "reader.done").exists():
         time.sleep(0.05)
-    os._exit(0)  # NIXL's bundled libnl crashes in its destructor at exit (kv_cache.run.cli.leave)
+    os._exit(0)  # NIXL's bundled libnl crashes in its destructor at exit (kv_cache.cli.main.leave)
 
 
 def reader(folder: str, blocks: int, rounds: int) -> None:

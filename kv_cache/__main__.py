@@ -1,5 +1,5 @@
 from kv_cache import signals
-from kv_cache.run.cli import leave, main
+from kv_cache.cli.main import leave, main
 
 signals.install()
 leave(main())

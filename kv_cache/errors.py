@@ -21,9 +21,5 @@ class Abandoned(Exception):
     """A request still in flight when the run's drain time ran out: stopped between two block operations."""
 
 
-class VerificationError(Exception):
-    """A block read back did not carry the bytes that were written."""
-
-
 class BlockVanished(KeyError):
     """A block another process held in a shared tier was evicted before it could be read."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from kv_cache.errors import UserError
 
+GiB = 2**30  # one definition: every GiB figure of the tool
+
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 PAGE_BYTES = 4096
 

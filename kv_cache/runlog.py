@@ -85,11 +85,6 @@ def internal(context: str, exc: BaseException) -> str:
     return f"{context}: {type(exc).__name__}: {exc} (traceback in {path})"
 
 
-def warn(message: str) -> None:
-    """A warning kept in the log beside the run's own output."""
-    LOG.warning(message)
-
-
 class PipeSafe:
     """stdout that outlives its reader: `... | head` closed the pipe and the run ended as an internal error
     (BrokenPipeError) with its results unwritten. Once the reader is gone the run goes on, printing nowhere."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kv_cache.run.cli import entry  # noqa: E402
+from kv_cache.cli.main import entry  # noqa: E402
 
 if __name__ == "__main__":
     entry()

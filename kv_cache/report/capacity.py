@@ -3,10 +3,9 @@ overlay of several runs' curves for `compare`."""
 
 from __future__ import annotations
 
+from kv_cache.model import GiB
 from kv_cache.recorder.schema import Results
 from kv_cache.report.table import format_table
-
-GiB = 2**30
 
 
 def _knee(c, slots: int | None) -> str:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from kv_cache.model import GiB
 from kv_cache.recorder.schema import Results
 from kv_cache.report.table import format_table
 from kv_cache.report.table import ms as _ms
-
-GiB = 2**30
 
 
 def _pct(v) -> str:

@@ -1,18 +1,18 @@
-"""The composition root: the only code that knows every stage and the concrete tiers.
+"""The composition root: the only code that knows every stage and the concrete tiers. The command line (cli/)
+calls it; the MLPerf exporter is a report (report/mlperf/).
 
-    cli.py          sub-commands (run, report, compare, policies, validate, clean) and their flags
     pipeline.py     one run: prepare -> warm-up -> measure -> results -> report; trials
     compose.py      settings -> geometry, storage site, tier stack (from the tier registry), memory budget
     traffic.py      which traffic source runs (synthetic, semantic, trace replay) and how it arrives
-    roles.py        load control and disaggregated roles: QoS, autoscaler, prefill/decode handoff
+    roles.py        the options' checks against each other, QoS and the autoscaler
+    handoff.py      the disaggregated roles: which handoff transport, its side per role, its end
     describe.py     what a run says about itself: the banner, the run section of the Results, warnings
-    mlperf.py       the MLPerf reference's command lines and config keys translated
-    mlperf_output.py  its --output FILE: the fields its result tables read, by our measurement rules
     budget.py       the memory budget checked before anything is allocated
     distributed.py  MPI ranks: agree, broadcast, gather
     trials.py       the median and spread of N trials
     submission.py   MLPerf-style submission rules, package and validation
     policies.py     the `policies` sub-command: one run per eviction policy
+    capacity.py     --capacity-curve and the `capacity` sub-command
     outfolder.py    the report folder: reserved before the run, written atomically after
     leftovers.py    markers of running data directories; `clean`
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from kv_cache.cache.simulate import replay
 from kv_cache.errors import UserError
+from kv_cache.model import GiB
 from kv_cache.recorder.capacity import CapacityCurve, Curve, capacity_grid, curve
 from kv_cache.recorder.schema import Results
 from kv_cache.recorder.typed import load_section
@@ -25,7 +26,6 @@ from kv_cache.safefiles import write_file
 from kv_cache.tiers.registry import accounting_stack
 
 ACCESS_FILE = "capacity_access.npz"
-GiB = 2**30
 
 
 def attach(results: Results, recorder, tiers: list, folder: Path, policy: str) -> None:

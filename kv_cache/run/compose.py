@@ -19,7 +19,7 @@ from kv_cache.lifecycle.handoff import Loader, Publisher
 from kv_cache.lifecycle.payload import PAGE, POOL_SPAN_BYTES, SEGMENT_BYTES
 from kv_cache.lifecycle.semantic import SemanticReuse
 from kv_cache.lifecycle.sketch import ShingleSketch
-from kv_cache.model import ModelSpec, find_model, slot_bytes
+from kv_cache.model import GiB, ModelSpec, find_model, slot_bytes
 from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, fits
 from kv_cache.run.handoff import nixl_region_bytes
 from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
@@ -38,7 +38,6 @@ from kv_cache.tiers.registry import (
 )
 from kv_cache.tiers.remote import redact
 
-GiB = 2**30
 WHOLE_REQUEST_SLOT_BYTES = 16 << 20  # slot size of every tier in whole-request mode
 
 

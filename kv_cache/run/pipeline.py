@@ -141,7 +141,7 @@ class Progress:
             self.live.close()
 
 
-def _prepare(s: Settings, run_id: str, dist: Dist, report_dir: Path) -> tuple[Traffic, PayloadPool | None, RunContext]:
+def _prepare(s: Settings, run_id: str, dist: Dist) -> tuple[Traffic, PayloadPool | None, RunContext]:
     """Everything that can refuse the run, agreed on by all ranks before any of them measures."""
     error, b, ignored = None, None, []
     shared = s.tiers.shared_storage and dist.active
@@ -343,7 +343,7 @@ def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path, trial:
     """One measured run (trial: its number when there are several) into report_dir; (exit status, merged results
     on rank 0)."""
     s, agreed = agreed_settings_of(s, dist)
-    traffic, payloads, b = _prepare(s, run_id, dist, report_dir)
+    traffic, payloads, b = _prepare(s, run_id, dist)
     b.notes[:0] = agreed
     try:
         st = _stages(s, b, traffic, payloads, dist, trial)

@@ -41,7 +41,7 @@ def moves_real_bytes(tier) -> bool:
 class Tier(Protocol):
     """What every tier implements."""
 
-    name: str           # the medium: gpu, cpu, nvme, valkey, s3, handoff
+    name: str           # its medium's name (the registry's kinds: gpu, cpu, nvme, valkey, s3, ...; "handoff")
     flags: frozenset    # capability flags above
     slot_bytes: int
     num_slots: int

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from kv_cache.config import media as media_sections
-
-GiB = 2**30
+from kv_cache.model import GiB
 
 
 @dataclass

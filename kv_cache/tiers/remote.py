@@ -26,7 +26,7 @@ from kv_cache.errors import RunFault, ServerDown, UserError
 from kv_cache.markers import leftover, marker_body, sweep
 from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier
 from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.registry import GiB, StackContext, register, remote_kind, scheme_of, schemes_served
+from kv_cache.tiers.registry import GiB, StackContext, capacity_of, register, remote_kind, scheme_of, schemes_served
 
 NAMESPACE = "kvbench-"
 MARKER_OBJECT = ".kvbench-run.json"  # the marker of a namespace, as the marker file of a data directory
@@ -197,12 +197,12 @@ def build_remote(ctx: StackContext, name: str, open_store) -> tuple[SlottedTier 
     leftovers of killed runs said. open_store(url, section, lanes) -> Store."""
     s, slot = ctx.settings, ctx.slot_bytes
     if ctx.null_io:
-        return NullTier(name, capacity_of_gb(s.remote_gb, slot) or REMOTE_AUTO_MAX, slot), ""
+        return NullTier(name, capacity_of(s.remote_gb, slot) or REMOTE_AUTO_MAX, slot), ""
     store = open_store(s.remote_url, ctx.section(name), ctx.lanes)
     try:
         store.check()
         if s.remote_gb:
-            cap, why = capacity_of_gb(s.remote_gb, slot), ""
+            cap, why = capacity_of(s.remote_gb, slot), ""
         else:
             hint, reason = store.capacity_hint(slot)
             cap = hint // slot * slot
@@ -221,9 +221,6 @@ def build_remote(ctx: StackContext, name: str, open_store) -> tuple[SlottedTier 
         raise
     return tier, "; ".join(notes)
 
-
-def capacity_of_gb(gb: float, slot: int) -> int:
-    return int(gb * GiB) // slot * slot
 
 
 def contract_tier(name: str, store: Store, variant: str, directory: str, capacity_bytes: int,

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from conftest import SMALL, bounded, run_cli
 
-from kv_cache.run.mlperf_output import write_output
+from kv_cache.report.mlperf.output import write_output
 
 pytestmark = pytest.mark.slow  # make test-all (CI): a loop device, bpftrace attaching
 

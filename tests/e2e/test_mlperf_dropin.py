@@ -9,7 +9,7 @@ import re
 import pytest
 from conftest import SMALL, bounded, run_cli
 
-from kv_cache.run.mlperf import translate
+from kv_cache.cli.mlperf import translate
 
 BASE = ["--model", "llama3.1-8b", "--num-users", "4", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.03", "--config",
         str(SMALL), "--generation-mode", "fast", "--seed", "42"]

@@ -9,7 +9,7 @@ from helpers import assert_clean_error
 from mlperf_reference import key_paths
 
 from kv_cache.config import resolve
-from kv_cache.run.mlperf import speaks_reference, translate
+from kv_cache.cli.mlperf import speaks_reference, translate
 
 REFERENCE_KEYS = json.loads((Path(__file__).parents[1] / "fixtures" / "mlperf_reference_keys.json").read_text())
 
@@ -106,8 +106,8 @@ def test_every_mapped_flag_changes_what_it_should(flags, dotted, want):
 
 
 def test_flags_shared_by_name_pass_through_and_ours_alone_are_not_translated():
-    from kv_cache.run.cli import run_parser
-    from kv_cache.run.mlperf import REFERENCE_FLAGS, SHARED_FLAGS
+    from kv_cache.cli.main import run_parser
+    from kv_cache.cli.mlperf import REFERENCE_FLAGS, SHARED_FLAGS
 
     ours = {o for a in run_parser()._actions for o in a.option_strings}
     assert REFERENCE_FLAGS & ours == SHARED_FLAGS  # every other reference flag is theirs alone
@@ -161,7 +161,7 @@ def test_their_model_names_resolve_with_their_bytes_per_token(name, bytes_per_to
 
 
 def test_our_own_settings_file_is_never_read_as_theirs():
-    from kv_cache.run.mlperf_config import is_reference_config as _is_reference_config
+    from kv_cache.cli.mlperf_config import is_reference_config as _is_reference_config
 
     assert not _is_reference_config({"run": {}, "rag": {}, "autoscale": {}})  # a settings.yaml of ours
     assert not _is_reference_config({"rag": {"enabled": True}})  # rag alone is in both schemas: ours

@@ -132,3 +132,13 @@ def test_quiet_prints_nothing(small_run):
     r = run_cli(small_run("q", *bounded(4)))
     assert r.returncode == 0 and r.stdout == ""
     assert json.loads((small_run.out / "q" / "results.json").read_text())["schema_version"] == SCHEMA_VERSION
+
+
+def test_report_writes_the_mlperf_fields_of_any_run(small_run, tmp_path):
+    """Issue 40, item 1: the MLPerf exporter is a report of Results (report/mlperf/), reachable for any run."""
+    assert run_cli(small_run("m", *bounded(4))).returncode == 0
+    out = tmp_path / "mlperf.json"
+    r = run_cli(["report", str(small_run.out / "m"), "--mlperf-output", str(out)])
+    assert r.returncode == 0, r.stderr
+    fields = json.loads(out.read_text())
+    assert fields["summary"]["total_requests"] > 0 and "MLPerf reference assessment:" in r.stdout

@@ -174,7 +174,7 @@ def test_compare_prints_small_numbers_with_their_digits():
 def run_patched(patch: str, args: list[str], timeout: float = 120, env: dict | None = None):
     """The real CLI after `patch` (Python run first in the same process): a bug or a signal where no user input
     can put one."""
-    code = f"import sys\n{patch}\nfrom kv_cache.run.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    code = f"import sys\n{patch}\nfrom kv_cache.cli.main import main\nsys.exit(main(sys.argv[1:]))\n"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
 

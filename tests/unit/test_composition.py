@@ -98,7 +98,7 @@ def test_rank_seeds_are_independent_and_rank_0_keeps_the_seed():
 
 
 def test_negative_flags_say_they_turn_the_feature_off():
-    from kv_cache.run.cli import run_parser
+    from kv_cache.cli.main import run_parser
 
     helps = {a.option_strings[0]: a.help for a in run_parser()._actions if a.option_strings}
     for flag in ("--no-telemetry", "--no-promote"):

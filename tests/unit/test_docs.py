@@ -12,7 +12,8 @@ SUBCOMMANDS = ("report", "compare", "policies", "validate", "clean", "capacity")
 
 
 def _known_flags() -> set[str]:
-    from kv_cache.run import cli, mlperf
+    from kv_cache.cli import main as cli
+    from kv_cache.cli import mlperf
 
     flags = {s for a in cli.run_parser()._actions for s in a.option_strings}
     flags |= mlperf.REFERENCE_FLAGS | {"--debug", "--allow-run-as-root", "--oversubscribe", "--hostfile", "-np"}
@@ -25,7 +26,7 @@ def _known_flags() -> set[str]:
 
 def _subcommand_flags() -> set[str]:
     """The flags each sub-command's parser declares (read from its source: they are built inside its command)."""
-    source = "".join((REPO / "kv_cache" / "run" / n).read_text() for n in ("cli.py", "flags.py"))
+    source = "".join((REPO / "kv_cache" / "cli" / n).read_text() for n in ("main.py", "flags.py"))
     return set(re.findall(r'add_argument\(\s*"(--[a-z0-9-]+)"', source))
 
 

@@ -215,7 +215,8 @@ def test_a_fake_gpu_run_stages_nothing_and_says_so_in_results(small_run, monkeyp
     unregistered at the end."""
     import json
 
-    from kv_cache.run import cli, compose
+    from kv_cache.cli import main as cli
+    from kv_cache.run import compose
 
     dev = FakeDevice(hbm_bytes=1 << 30)
     monkeypatch.setattr(compose, "open_cupy", lambda: (dev, ""))

@@ -1,11 +1,11 @@
-"""--lmcache-config FILE: an LMCache YAML run as this benchmark's tiers (run/lmcache.py; issue 39, item 9)."""
+"""--lmcache-config FILE: an LMCache YAML run as this benchmark's tiers (cli/lmcache.py; issue 39, item 9)."""
 
 import pytest
 from conftest import bounded, run_cli
 from helpers import assert_clean_error
 
 from kv_cache.errors import UserError
-from kv_cache.run.lmcache import translate
+from kv_cache.cli.lmcache import translate
 
 
 def _file(tmp_path, text: str) -> str:

@@ -2,7 +2,7 @@
 units (GiB, GiB/s, ms), computed by our measurement rules (README: "MLPerf front door" has the rules side by side).
 
 A value that cannot be had here is null, with its reason in `notes`; our own figures are under `kv_cache_bench`.
-tests/mlperf_reference/keys.json lists the key paths of real reference runs; the test fails on any missing."""
+tests/mlperf_reference.py remakes the reference's key paths; its test fails on any missing."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 from kv_cache.errors import UserError
 from kv_cache.recorder.schema import Results
 from kv_cache.recorder.snapshot import Snapshot
-from kv_cache.run.mlperf_cache import cache_stats, device_latency
-from kv_cache.run.mlperf_fields import Fields
+from kv_cache.report.mlperf.cache import cache_stats, device_latency
+from kv_cache.report.mlperf.fields import Fields
 from kv_cache.safefiles import write_file
 
 RAW_LISTS = ("end_to_end_latencies", "storage_latencies", "generation_latencies", "prefill_latencies",

@@ -5,7 +5,7 @@ parsed: each flag maps to the setting with the same meaning; where the meaning c
 line says what the run does here instead. The reference's defaults apply to what its flags leave out
 (100 users, realistic generation, 32 GiB CPU tier, no warm-up). Its config.yaml is read too: keys that map
 onto ours are applied, the others are named and not applied. ``--output FILE`` writes, after the run, a
-JSON with the fields its result tables read, computed by our measurement rules (mlperf_output.py).
+JSON with the fields its result tables read, computed by our measurement rules (report/mlperf/output.py).
 The flags the reference shares with us by name and meaning (--model, --duration, --cpu-mem-gb, --cache-dir,
 --seed, --max-requests, --trace-speedup, --replay-cycles, --precondition) pass through unchanged.
 """
@@ -18,12 +18,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kv_cache.cli.args import Parser, amount
+from kv_cache.cli.mlperf_config import apply_config, is_reference_config
+from kv_cache.cli.mlperf_files import check_output, check_xlsx, make_cache_dir
+from kv_cache.cli.mlperf_load import load_model
 from kv_cache.config import Settings, flag_name, iter_keys, read_config_file
 from kv_cache.errors import UserError
-from kv_cache.run.args import Parser, amount
-from kv_cache.run.mlperf_config import apply_config, is_reference_config
-from kv_cache.run.mlperf_files import check_output, check_xlsx, make_cache_dir
-from kv_cache.run.mlperf_load import load_model
 
 GENERATION_MS = {"none": 0.0, "fast": 2.0, "realistic": 30.0}  # the reference's sleep per output token
 DEFAULTS = {"model.name": "llama3.1-8b", "workload.users": 100, "workload.generation_ms_per_token": 30.0,

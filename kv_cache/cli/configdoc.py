@@ -1,4 +1,4 @@
-"""python -m kv_cache.run.configdoc > config.yaml: every setting, the media's own sections included.
+"""python -m kv_cache.cli.configdoc > config.yaml: every setting, the media's own sections included.
 
 The composition root writes it because only it knows every medium: importing the tier registry's media
 registers their settings sections (config/media.py), then config/doc.py renders the whole schema.

@@ -1,10 +1,10 @@
 """Under a reference command line, after our summary: the MLPerf reference's own summary sections, with its names
 and units (GiB, GiB/s, its official storage_throughput_tokens_per_sec, "SLA Met"), read from the --output fields
-(mlperf_output.py), and its PASS/FAIL line (its storage_health criteria, judged on our figures)."""
+(output.py), and its PASS/FAIL line (its storage_health criteria, judged on our figures)."""
 
 from __future__ import annotations
 
-from kv_cache.run.mlperf_fields import TIERS
+from kv_cache.report.mlperf.fields import TIERS
 
 PASS, FAIL = "[OK]", "[X]"
 
@@ -101,25 +101,3 @@ def _assessment(health: dict) -> list[str]:
              f"  Criteria Passed: {health['passed_count']}/{health['total_count']} ({health['profile']} profile)"]
             + [_criterion(c) for c in health["criteria"]]
             + [f"MLPerf reference assessment: {status}"])
-
-
-def after_run(reference, settings, say) -> None:
-    """After a reference command line's run: its --output file, its console sections, its spreadsheet."""
-    from pathlib import Path
-
-    from kv_cache.run.mlperf_output import write_output
-
-    folder = Path(settings.run.output_dir) / settings.run.run_id
-    if not reference.output or not (folder / "results.json").exists():
-        return
-    path, fields = write_output(reference.output, folder, reference.profile)
-    for line in reference_summary(fields):
-        say(line)
-    say(f"MLPerf fields: {path}")
-    if reference.xlsx:
-        from kv_cache.run.mlperf_xlsx import write_xlsx
-
-        params = {"Model": settings.model.name, "Num Users": settings.workload.users,
-                  "Duration (s)": settings.run.duration_s, "Trace Speedup": settings.trace.speedup,
-                  "Replay Cycles": settings.trace.replay_cycles}
-        say(f"MLPerf spreadsheet: {write_xlsx(reference.xlsx, fields, params, reference.profile)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from kv_cache.run.mlperf_fields import TIERS
+from kv_cache.report.mlperf.fields import TIERS
 from kv_cache.safefiles import write_with
 
 PCT_NAMES = (("p50", "P50"), ("p95", "P95"), ("p99", "P99"), ("p999", "P99.9"), ("p9999", "P99.99"))

@@ -1,5 +1,5 @@
 """The run's command line: every setting's flag, grouped by task for --help and by config.yaml section for
---help-all (part of the composition root's command line, beside cli.py)."""
+--help-all (part of the composition root's command line, beside main.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import argparse
 import typing
 
 from kv_cache import __version__
+from kv_cache.cli.args import Parser
 from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, media
 from kv_cache.config.load import iter_media_keys
-from kv_cache.run.args import Parser
 from kv_cache.tiers.registry import kinds
 
 # --help: the flags of the README's quick start and of a first day, grouped by task; --help-all every setting, by

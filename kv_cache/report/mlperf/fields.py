@@ -5,13 +5,14 @@ The reference's "storage" tier is our bottom tier; its "gpu" and "cpu" tiers are
 
 from __future__ import annotations
 
+from kv_cache.model import GiB
 from kv_cache.recorder.histogram import at_ms, mean_value, merged, supported
 from kv_cache.recorder.schema import Results
 from kv_cache.recorder.snapshot import Snapshot
 
 TIERS = (("GPU", "gpu"), ("CPU", "cpu"), ("Storage", "storage"))  # the reference's tier labels and field prefixes
 
-GiB = 2**30  # the reference's "gb" fields are GiB (bytes / 1024^3), its "gbps" GiB/s
+# the reference's "gb" fields are GiB (bytes / 1024^3), its "gbps" GiB/s: model.GiB
 PCTS = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9, "p9999": 99.99}
 TIER_LABEL = {"gpu": "GPU", "cpu": "CPU"}
 

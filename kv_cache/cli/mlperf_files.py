@@ -1,6 +1,6 @@
 """The files of a reference command line, checked or made before the run: --output and --xlsx-output must be
 writable (not found unwritable after the run), and a --cache-dir that does not exist is made, as the reference
-makes it (the folders made are removed again when the run is then refused: cli.py)."""
+makes it (the folders made are removed again when the run is then refused: main.py)."""
 
 from __future__ import annotations
 
@@ -61,3 +61,24 @@ def make_cache_dir(path: str | None, notes: list[str]) -> list[str]:
                         f"may write.") from None
     notes.append(f"--cache-dir {path}: made (it did not exist; the reference makes it too); it stays after the run")
     return missing
+
+
+def after_run(reference, settings, say) -> None:
+    """After a reference command line's run: its --output file, its console sections, its spreadsheet."""
+    from kv_cache.report.mlperf.console import reference_summary
+    from kv_cache.report.mlperf.output import write_output
+
+    folder = Path(settings.run.output_dir) / settings.run.run_id
+    if not reference.output or not (folder / "results.json").exists():
+        return
+    path, fields = write_output(reference.output, folder, reference.profile)
+    for line in reference_summary(fields):
+        say(line)
+    say(f"MLPerf fields: {path}")
+    if reference.xlsx:
+        from kv_cache.report.mlperf.xlsx import write_xlsx
+
+        params = {"Model": settings.model.name, "Num Users": settings.workload.users,
+                  "Duration (s)": settings.run.duration_s, "Trace Speedup": settings.trace.speedup,
+                  "Replay Cycles": settings.trace.replay_cycles}
+        say(f"MLPerf spreadsheet: {write_xlsx(reference.xlsx, fields, params, reference.profile)}")

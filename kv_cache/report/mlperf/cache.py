@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kv_cache.run.mlperf_fields import PCTS, Fields, GiB
+from kv_cache.report.mlperf.fields import PCTS, Fields, GiB
 
 HIT_SOURCES = {"system_prompt_hits": ("system",), "multi_turn_hits": ("history",)}  # the rest: user_cache_hits
 

@@ -20,13 +20,13 @@ import typing
 from pathlib import Path
 
 from kv_cache import runlog, signals
+from kv_cache.cli.args import Parser, amount
+from kv_cache.cli.flags import run_parser
 from kv_cache.config import media, resolve
 from kv_cache.errors import RunFault, UserError
 from kv_cache.inputs import read_text
 from kv_cache.recorder.schema import Results, SchemaError
 from kv_cache.report.table import fit
-from kv_cache.run.args import Parser, amount
-from kv_cache.run.flags import run_parser
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 from kv_cache.tiers.registry import kinds
 
@@ -35,7 +35,7 @@ DEBUG = "--debug"  # any sub-command: print an internal error's traceback (it is
 
 
 def _cmd_run(argv: list[str]) -> int:
-    from kv_cache.run import mlperf
+    from kv_cache.cli import mlperf
 
     parser = run_parser(full="--help-all" in argv)
     argv, expanded = mlperf.expand_prefixes(argv, {s for a in parser._actions for s in a.option_strings})
@@ -50,7 +50,7 @@ def _cmd_run(argv: list[str]) -> int:
     config, sets, list_models = args.pop("config"), args.pop("set"), args.pop("list_models")
     origins, lmcache_notes = dict(reference.origins) if reference is not None else {}, []
     if lmcache := args.pop("lmcache_config"):
-        from kv_cache.run.lmcache import translate as lmcache_translate
+        from kv_cache.cli.lmcache import translate as lmcache_translate
 
         lm_sets, lm_origins, lmcache_notes = lmcache_translate(lmcache)
         sets, origins = lm_sets + sets, {**lm_origins, **origins}  # the file below --set and the flags
@@ -84,7 +84,7 @@ def _cmd_run(argv: list[str]) -> int:
                 os.rmdir(made)
         raise
     if reference is not None:
-        from kv_cache.run.mlperf_console import after_run
+        from kv_cache.cli.mlperf_files import after_run
 
         after_run(reference, settings, say)
     return status
@@ -145,6 +145,10 @@ def _cmd_report(argv: list[str]) -> int:
     p = Parser(prog="kv_cache_benchmark.py report", description="Re-render a results.json.")
     p.add_argument("results", help="A results.json file or the run folder holding it.")
     p.add_argument("--plots", action="store_true", help="Also rewrite the report folder's files and plots.")
+    p.add_argument("--mlperf-output", metavar="FILE", help="Also write the MLPerf reference's --output fields of this "
+                   "run (its schema, names and units) to FILE, and print its sections and PASS/FAIL line.")
+    p.add_argument("--mlperf-profile", choices=("latency", "throughput"), default="latency",
+                   help="The reference's performance profile its PASS/FAIL judges [default: latency].")
     args = p.parse_args(argv)
     path, data = load_results(args.results)
     from kv_cache.report.console import render
@@ -154,6 +158,12 @@ def _cmd_report(argv: list[str]) -> int:
 
         write_report(data, path.parent)
     print(fit(render(data, str(path))))
+    if args.mlperf_output:
+        from kv_cache.report.mlperf.console import reference_summary
+        from kv_cache.report.mlperf.output import write_output
+
+        target, fields = write_output(args.mlperf_output, path.parent, args.mlperf_profile)
+        print("\n".join(reference_summary(fields)) + f"\nMLPerf fields: {target}")
     return 0
 
 
