@@ -7,10 +7,10 @@ import pytest
 from conftest import SMALL, bounded, run_cli
 from helpers import assert_clean_error
 
+from kv_cache.cli.mlperf import expand_prefixes, translate
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
 from kv_cache.model import find_model
-from kv_cache.cli.mlperf import expand_prefixes, translate
 
 OURS = {"--users", "--duration", "--model", "--output-dir", "--max-requests", "--seed", "--cache-dir"}
 

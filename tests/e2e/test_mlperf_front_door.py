@@ -8,8 +8,8 @@ from conftest import SMALL, bounded, run_cli
 from helpers import assert_clean_error
 from mlperf_reference import key_paths
 
-from kv_cache.config import resolve
 from kv_cache.cli.mlperf import speaks_reference, translate
+from kv_cache.config import resolve
 
 REFERENCE_KEYS = json.loads((Path(__file__).parents[1] / "fixtures" / "mlperf_reference_keys.json").read_text())
 

@@ -4,8 +4,8 @@ import pytest
 from conftest import bounded, run_cli
 from helpers import assert_clean_error
 
-from kv_cache.errors import UserError
 from kv_cache.cli.lmcache import translate
+from kv_cache.errors import UserError
 
 
 def _file(tmp_path, text: str) -> str:
