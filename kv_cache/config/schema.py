@@ -113,9 +113,8 @@ class TierSettings:
                          lo=0.0, hi=MAX_GIB)
     cache_dir: str = key("", "Directory for the NVMe tier's files (empty: reports/cache). A run "
                              "makes its own subdirectory there and removes it at the end.")
-    io_engine: str = key("direct", "How the NVMe tier moves bytes: direct (O_DIRECT), mmap (msync, "
-                                   "cached pages dropped before reads), buffered (write+fsync, fadvise).",
-                         choices=("direct", "mmap", "buffered"))
+    io_engine: str = key("direct", "How the NVMe tier moves bytes: one of its I/O engines (their table, "
+                                   "kv_cache/tiers/engines.py, lists each; --help names them).")
     nvme_layout: str = key("slab", "slab: preallocated files of fixed slots; file-per-block: one file per "
                                    "block, created and unlinked.", choices=("slab", "file-per-block"))
     slab_file_gb: float = key(4.0, "Size of one slab file in GiB (slab layout).", lo=0.001, hi=1024.0)

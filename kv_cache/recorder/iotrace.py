@@ -92,8 +92,11 @@ class IOTraceWriter:
         self._thread.join()
         self._file.close()
 
-    def fio_job(self, directory: str, engine: str, workers: int, runtime_s: float, capacity_bytes: int) -> Path:
-        """A fio job file beside the trace that approximates the NVMe tier's measured mix."""
+    def fio_job(self, directory: str, fio: tuple[str, int, bool], workers: int, runtime_s: float,
+                capacity_bytes: int) -> Path:
+        """A fio job file beside the trace that approximates the NVMe tier's measured mix; fio: the engine's
+        (ioengine, direct, fsync after each write), from its table."""
+        ioengine, direct, fsync = fio
         reads = sum(n * b for (kind, b), n in self.sizes.items() if kind == "read")
         writes = sum(n * b for (kind, b), n in self.sizes.items() if kind == "write")
         bs = max(self.sizes, key=self.sizes.get)[1] if self.sizes else 4096
@@ -104,9 +107,9 @@ class IOTraceWriter:
             f"; read {reads:,} B, written {writes:,} B (demotions included); most common block size {bs:,} B\n"
             f"; run: fio {path.name}\n"
             "[global]\n"
-            f"directory={directory}\nioengine=psync\ndirect={1 if engine == 'direct' else 0}\n"
+            f"directory={directory}\nioengine={ioengine}\ndirect={direct}\n"
             f"rw=randrw\nrwmixread={mix}\nbs={bs}\nsize={max(capacity_bytes // max(workers, 1), bs)}\n"
             f"numjobs={workers}\niodepth=1\ntime_based\nruntime={max(int(runtime_s), 1)}\ngroup_reporting\n"
-            + ("fsync=1\n" if engine == "buffered" else "")
+            + ("fsync=1\n" if fsync else "")
             + "\n[kv-cache-mix]\n")
         return path

@@ -25,6 +25,7 @@ from kv_cache.run.handoff import nixl_region_bytes
 from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
 from kv_cache.tiers.base import PINS_HOST, REMOTE, STORAGE, SlottedTier, moves_real_bytes
 from kv_cache.tiers.devices import open_cupy
+from kv_cache.tiers.engines import engines
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct, refuse_system_dir
 from kv_cache.tiers.gds import GdsLink, open_link
 from kv_cache.tiers.probe import concurrency
@@ -237,7 +238,7 @@ def storage_site(s: Settings, run_id: str, join: bool = False) -> StorageSite:
 
 def _engine(engine: str, data_dir: str, cache_dir: str, fs_type: str, warnings: list[str]) -> tuple[str, str]:
     """The NVMe engine that will run, and the note saying why when it is not the one asked for."""
-    if engine != "direct":
+    if not engines()[engine].direct:
         return engine, ""
     why = probe_direct(data_dir)
     if not why:
@@ -249,6 +250,11 @@ def _engine(engine: str, data_dir: str, cache_dir: str, fs_type: str, warnings: 
 
 
 # ---------------------------------------------------------------------------- tiers
+
+def fio_of(site) -> tuple[str, int, bool]:
+    """What fio runs for the site's engine (its table's entry); fio's null engine without a site."""
+    return engines()[site.engine].fio if site else ("null", 0, False)
+
 
 def open_gpu(s: Settings) -> tuple[object | None, str]:
     """The device backend for a real GPU tier, or None and the one line that says why there is none."""

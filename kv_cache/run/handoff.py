@@ -12,6 +12,7 @@ from kv_cache.lifecycle.handoff.agent import SCHEME, parse_url
 from kv_cache.lifecycle.handoff.folder import FOLDER, MANIFEST, FolderLoader, FolderPublisher, mark_reading
 from kv_cache.lifecycle.handoff.nixl import NixlLoader, NixlPublisher
 from kv_cache.sources.handoff import ManifestFollower, RecordFollower, wait_for_manifest
+from kv_cache.tiers.engines import engines
 from kv_cache.tiers.fsinfo import probe_direct
 from kv_cache.tiers.registry import shared_files
 
@@ -123,9 +124,9 @@ def open_handoff(s: Settings, model_name: str, slot_bytes: int, workers: int, li
         return side, note
     root = _handoff_root(s)
     engine, note = s.tiers.io_engine, ""
-    if engine == "mmap":  # blocks are files found by name: no mapping
-        engine, note = "buffered", "the handoff folder uses the buffered engine (mmap needs slabs)"
-    elif engine == "direct" and (why := probe_direct(root)):
+    if engines()[engine].maps:  # blocks are files found by name: no mapping
+        engine, note = "buffered", f"the handoff folder uses the buffered engine ({engine} maps slabs)"
+    elif engines()[engine].direct and (why := probe_direct(root)):
         engine, note = "buffered", f"O_DIRECT refused in {root} ({why}): the handoff folder runs buffered"
     blocks = shared_files(engine, slot_bytes)
     if s.disagg.role == "decode":

@@ -39,6 +39,7 @@ from kv_cache.run.compose import (
     choose_workers,
     default_workers,
     device_latency_mode,
+    fio_of,
     gds_link,
     geometry,
     memory_budget,
@@ -311,7 +312,7 @@ def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: 
         trace.close()
         job = "none (the storage tier is remote: network + server, no fio job replays it)"
         if REMOTE not in b.tiers[-1].flags:
-            job = trace.fio_job(b.site.cache_dir if b.site else ".", b.site.engine if b.site else "null",
+            job = trace.fio_job(b.site.cache_dir if b.site else ".", fio_of(b.site),
                                 b.workers, s.run.duration_s, b.tiers[-1].capacity_bytes)
         say(f"  I/O trace: {trace.rows:,} operations in {trace.path}; fio job: {job}")
     results = build_results(st.recorder.snapshot(), run_info(s, b, run_id, outcome, dist), resolved(s, b).to_dict(), {

@@ -13,6 +13,7 @@ from kv_cache.run.handoff import handoff_target
 from kv_cache.safefiles import refuse_link
 from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.qos import QosPolicy
+from kv_cache.tiers.engines import engines
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 from kv_cache.tiers.registry import kinds_by_name, remote_kind
 from kv_cache.tiers.remote import medium_of
@@ -109,6 +110,15 @@ def _whole_objects_in_parts(s: Settings) -> None:
                         f"to {-(-geo.max_object_bytes // 2**24) * 16} or give --block-tokens N.")
 
 
+def _engine_known(s: Settings) -> None:
+    """--io-engine names an engine of the table that this host can run (one sentence each way)."""
+    table = engines()
+    if s.tiers.io_engine not in table:
+        raise UserError(f"--io-engine {s.tiers.io_engine}: no such engine; use one of {', '.join(sorted(table))}.")
+    if s.tiers.nvme == "on" and not s.tiers.null_io and (why := table[s.tiers.io_engine].unavailable()):
+        raise UserError(f"--io-engine {s.tiers.io_engine}: {why}; use --io-engine direct.")
+
+
 def check_options(s: Settings, mpi: bool) -> list[str]:
     """One clear sentence per contradiction between options (a flag without effect here is one); returns the
     lines saying which flags are ignored (said before the run and kept in its notes)."""
@@ -119,6 +129,7 @@ def check_options(s: Settings, mpi: bool) -> list[str]:
         raise UserError("--shared-storage shares the NVMe tier's directory between ranks; a remote tier gives each "
                         "rank a namespace of its own: drop --shared-storage.")
     _whole_objects_in_parts(s)
+    _engine_known(s)
     if not s.trace.shuffle and not s.trace.path:  # off is "nothing" to the rules above, but asks for file order
         raise UserError("--no-shuffle acts only with a replayed trace (--trace FILE); drop it.")
     if s.run.io_trace:

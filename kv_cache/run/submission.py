@@ -28,6 +28,7 @@ from kv_cache import __version__
 from kv_cache.config import Settings, flag_name, iter_keys, replace
 from kv_cache.recorder.schema import Results, SchemaError
 from kv_cache.safefiles import write_file
+from kv_cache.tiers.engines import engines
 from kv_cache.tiers.fsinfo import mount_of
 
 
@@ -40,7 +41,7 @@ class Rules:
     min_precondition_passes: int
     for_submission: bool
     seed: int = 42
-    io_engine: str = "direct"
+    direct_io: bool = True  # an engine that bypasses the page cache (O_DIRECT: direct, io_uring)
     defaults: tuple = ()  # (key, value): what a setting left at the schema's default takes under these rules
 
 
@@ -73,6 +74,15 @@ def with_rule_defaults(s: Settings, rules: Rules) -> tuple[Settings, list[str]]:
     return s, said
 
 
+def _direct(engine: str) -> bool:
+    e = engines().get(engine)
+    return e is not None and e.direct
+
+
+def _directs() -> list[str]:
+    return sorted(n for n, e in engines().items() if e.direct)
+
+
 def rule_violations(settings: dict, rules: Rules) -> list[str]:
     """What in these settings breaks the rules (empty: nothing), each naming its flag."""
     run, tiers = settings["run"], settings["tiers"]
@@ -88,8 +98,8 @@ def rule_violations(settings: dict, rules: Rules) -> list[str]:
         (tiers["precondition"], "--precondition must be on"),
         (tiers["precondition_passes"] >= rules.min_precondition_passes,
          f"--precondition-passes must be >= {rules.min_precondition_passes} (is {tiers['precondition_passes']})"),
-        (tiers["io_engine"] == rules.io_engine, f"--io-engine must be {rules.io_engine} "
-                                                f"(is {tiers['io_engine']})"),
+        (not rules.direct_io or _direct(tiers["io_engine"]), f"--io-engine must be an O_DIRECT engine "
+                                                             f"({', '.join(_directs())}; is {tiers['io_engine']})"),
         (not tiers["null_io"], "--null-io must be off (a submission moves real bytes)"),
         (tiers["gpu"] != "simulated", "--gpu must not be simulated (modelled numbers are not measurements)"),
         (not tiers["allow_tmpfs"], "--allow-tmpfs must be off (the NVMe tier must be a device)"),
@@ -114,9 +124,9 @@ def result_violations(folder: Path, rules: Rules) -> list[str]:
             out.append(f"{name} is partial ({r.run.stopped_reason})")
         if r.verification.failures:
             out.append(f"{name} read {r.verification.failures} blocks back wrong")
-        if r.run.io_engine != rules.io_engine:
-            out.append(f"{name} ran the {r.run.io_engine} engine ({r.run.io_engine_note}), "
-                       f"{rules.io_engine} required")
+        if rules.direct_io and not _direct(r.run.io_engine):
+            out.append(f"{name} ran the {r.run.io_engine} engine ({r.run.io_engine_note}), an O_DIRECT engine "
+                       f"({', '.join(_directs())}) required")
         if r.run.duration_s < rules.min_duration_s:
             out.append(f"{name} measured {r.run.duration_s:.1f} s, {rules.min_duration_s:g} s required")
         passes = r.precondition.passes if r.precondition is not None else 0

@@ -31,7 +31,7 @@ class GdsLink:
     """The NVMe <-> HBM path of one GPU tier and one NVMe tier, with a device landing buffer per lane."""
 
     def __init__(self, backend, gpu, nvme, lanes: int, max_bytes: int):
-        if nvme.layout != "slab" or nvme.engine != "direct":
+        if nvme.layout != "slab" or not nvme.ops.direct:
             raise UserError(f"--gds moves blocks between HBM and the NVMe tier's slab files with O_DIRECT; use "
                             f"--io-engine direct and --nvme-layout slab (not {nvme.engine}, {nvme.layout}).")
         if gpu.slot_bytes != nvme.slot_bytes:

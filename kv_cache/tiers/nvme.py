@@ -26,71 +26,15 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import BlockVanished, RunFault, UserError
-from kv_cache.tiers.base import DIRECT_IO, IO_UNITS, NEEDS_ALIGNMENT, PRECONDITIONS, SHARED, STORAGE, SlottedTier
+from kv_cache.tiers.base import IO_UNITS, NEEDS_ALIGNMENT, PRECONDITIONS, SHARED, STORAGE, SlottedTier
+from kv_cache.tiers.engines import ENGINES, Engine, Target, engines
 from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.posix_io import CHUNK, drop_cached, pread_all, pwrite_all
+from kv_cache.tiers.posix_io import CHUNK, pwrite_all
 from kv_cache.tiers.registry import GiB, StackContext, StorageSite, capacity_of, register, register_shared_files
 from kv_cache.tiers.slots import runs
 
 
-class _Target:
-    """An open file an engine moves bytes to and from (a slab, or one block's file)."""
-
-    def __init__(self, path: str, fd: int):
-        self.path, self.fd = path, fd
-        self.mm: mmap.mmap | None = None
-        self.view: np.ndarray | None = None
-
-
-class Engine:
-    """How bytes move between a buffer and a file (fio's ioengine): the ops every layout calls."""
-
-    name = ""
-    open_flags = 0           # added to os.open's flags
-    tier_flags: frozenset = frozenset()
-    maps = False             # moves bytes through a mapping of the whole file (slab layout only)
-
-    def write(self, t: _Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
-        pwrite_all(t.fd, data, off, t.path, unit, times)
-
-    def read(self, t: _Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
-        pread_all(t.fd, out, off, t.path, unit, times)
-
-
-class DirectEngine(Engine):
-    name, open_flags, tier_flags = "direct", os.O_DIRECT, frozenset({DIRECT_IO})
-
-
-class BufferedEngine(Engine):
-    name = "buffered"
-
-    def write(self, t: _Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
-        pwrite_all(t.fd, data, off, t.path, unit, times)
-        os.fdatasync(t.fd)
-        drop_cached(t.fd, off, data.size)
-
-    def read(self, t: _Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
-        drop_cached(t.fd, off, out.size)
-        pread_all(t.fd, out, off, t.path, unit, times)
-
-
-class MmapEngine(Engine):
-    name, maps = "mmap", True
-
-    def write(self, t: _Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
-        np.copyto(t.view[off:off + data.size], data)
-        t.mm.flush(off, data.size)  # msync: the write is on the device when put returns
-
-    def read(self, t: _Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
-        t.mm.madvise(mmap.MADV_DONTNEED, off, out.size)
-        drop_cached(t.fd, off, out.size)
-        np.copyto(out, t.view[off:off + out.size])
-
-
-ENGINES: dict[str, Engine] = {e.name: e for e in (DirectEngine(), BufferedEngine(), MmapEngine())}
-
-
-class _Slab(_Target):
+class _Slab(Target):
     """One preallocated slab file and, for an engine that maps, its mapping."""
 
     def __init__(self, path: str, size: int, engine: Engine):
@@ -126,6 +70,8 @@ class NvmeTier(SlottedTier):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
         if shared:
             layout = "file-per-block"  # other processes must find blocks by name
+        if engine not in ENGINES:  # an engine of its own module registers on import: the package's, imported now
+            engines()
         self.ops = ENGINES[engine]
         if layout == "file-per-block" and self.ops.maps:
             raise UserError(f"--io-engine {engine} needs --nvme-layout slab (one mapping per slab file)"
@@ -175,7 +121,7 @@ class NvmeTier(SlottedTier):
         except OSError as e:
             raise RunFault(f"cannot create {path}: {e.strerror}.") from None
         try:
-            self.ops.write(_Target(path, fd), 0, data, self.unit, self._times())
+            self.ops.write(Target(path, fd), 0, data, self.unit, self._times())
         finally:
             os.close(fd)
         if path != final:
@@ -188,7 +134,7 @@ class NvmeTier(SlottedTier):
         except FileNotFoundError:
             raise BlockVanished(key) from None
         try:
-            self.ops.read(_Target(path, fd), 0, out, self.unit, self._times())
+            self.ops.read(Target(path, fd), 0, out, self.unit, self._times())
         finally:
             os.close(fd)
 

@@ -24,7 +24,9 @@ def test_qos_classes_are_reported_per_class_and_add_up(small_run):
     for c in classes.values():
         if c["requests"]:
             assert 0.0 <= c["attainment"] <= 1.0 and c["met"] in (True, False)
-            assert c["ttft_ms"]["p95"] <= c["e2e_ms"]["p95"] + 1e-9  # TTFT is a part of end-to-end time
+            assert c["ttft_ms"]["max"] <= c["e2e_ms"]["max"] + 1e-9  # TTFT is a part of end-to-end time
+            # a p95 of fewer than 20 requests is no figure: null (with the count) in both, never one of them alone
+            assert (c["ttft_ms"]["p95"] is None) == (c["e2e_ms"]["p95"] is None) == (c["requests"] < 20)
     assert res["request_latency_ms"]["ttft"]["count"] == res["requests"]["completed"]
     assert (small_run.out / "q" / "qos_attainment.png").stat().st_size > 5000
 

@@ -181,9 +181,10 @@ def run_patched(patch: str, args: list[str], timeout: float = 120, env: dict | N
 
 WORKER_BUG = """
 from kv_cache.lifecycle.executor import Lifecycle
-real = Lifecycle.execute
+real, calls = Lifecycle.execute, []
 def execute(self, req, state):
-    if req.seq == 2:
+    calls.append(1)
+    if len(calls) == 2:  # the second request executed (not a user's second turn: paced users may never reach it)
         {}['no such block']  # a bug of ours
     return real(self, req, state)
 Lifecycle.execute = execute

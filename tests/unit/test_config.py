@@ -51,7 +51,7 @@ def test_precedence_defaults_file_set_flags(tmp_path):
     ("bogus: {a: 1}", "unknown key 'bogus'"),
     ("workload: {users: many}", "workload.users must be an integer"),
     ("workload: {users: 0}", "workload.users must be >= 1"),
-    ("tiers: {io_engine: aio}", "tiers.io_engine must be one of direct, mmap, buffered"),
+    ("tiers: {nvme_layout: stripes}", "tiers.nvme_layout must be one of slab, file-per-block"),
     ("run: {keep_data: maybe}", "run.keep_data must be true or false"),
     ("profiles: {chatbot: {think_time_s: [2, 1]}}", "profiles.chatbot.think_time_s must have low <= high"),
     ("tiers: 5", "section tiers must be a mapping"),
@@ -63,6 +63,17 @@ def test_bad_files_are_refused_with_the_key(tmp_path, text, msg):
     f.write_text(text)
     with pytest.raises(UserError, match=msg):
         resolve(str(f), [], {})
+
+
+def test_an_engine_not_in_the_table_is_one_sentence(tmp_path):
+    """The engine names are the engines table's (issue 40): a file naming another is refused by the options' check,
+    listing the table."""
+    from kv_cache.run.roles import check_options
+
+    f = tmp_path / "c.yaml"
+    f.write_text("tiers: {io_engine: aio}\n")
+    with pytest.raises(UserError, match="--io-engine aio: no such engine; use one of buffered, direct, io_uring, mmap"):
+        check_options(resolve(str(f), [], {}), False)
 
 
 def test_missing_config_file():

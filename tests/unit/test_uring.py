@@ -1,0 +1,46 @@
+"""The io_uring engine (kv_cache/tiers/uring.py), the proof that an engine is one module and its test (issue 40):
+it registers itself in the engines table; the setting's choices, --help, the fio job and the submission rules
+read it from there."""
+
+import os
+
+import numpy as np
+import pytest
+from conftest import bounded, run_cli
+
+from kv_cache.buffers import aligned_buffer
+from kv_cache.tiers.engines import Target, engines
+
+ENGINE = engines()["io_uring"]
+pytestmark = pytest.mark.skipif(bool(ENGINE.unavailable()), reason=ENGINE.unavailable() or "io_uring runs here")
+
+
+def test_a_block_in_several_units_goes_through_one_batch_and_comes_back_whole(tmp_path):
+    path = str(tmp_path / "slab")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    os.posix_fallocate(fd, 0, 16 << 20)
+    t = Target(path, fd)
+    data = aligned_buffer(5 << 20)
+    data[:] = np.random.default_rng(3).integers(0, 256, data.size, dtype=np.uint8)
+    for unit in (512 << 10, 2 << 20, 0):  # ten units, three (a short last one), one call's limit
+        ENGINE.write(t, 4096, data, unit, None)
+        out, times = aligned_buffer(5 << 20), []
+        ENGINE.read(t, 4096, out, unit, times)
+        assert np.array_equal(out, data) and sum(n for _, n in times) == data.nbytes, unit
+    os.close(fd)
+
+
+def test_the_table_is_the_one_source(small_run, tmp_path):
+    """A run with --io-engine io_uring: the choices and --help name it, its fio job is fio's io_uring engine, and the
+    submission rules take it as an O_DIRECT engine."""
+    from kv_cache.run.submission import _directs
+
+    trace = tmp_path / "io.csv"
+    r = run_cli(small_run("u", "--io-engine", "io_uring", *bounded(10), "--verify", "full", "--io-trace", str(trace)))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("u")
+    assert res["run"]["io_engine"] == "io_uring" and res["verification"]["failures"] == 0
+    assert res["verification"]["blocks_checked"] > 0 and res["bytes"]["nvme"]["read"] > 0
+    assert "ioengine=io_uring\ndirect=1\n" in (tmp_path / "io.fio").read_text()
+    assert "io_uring: O_DIRECT through an io_uring" in " ".join(run_cli(["--help"]).stdout.split())
+    assert "io_uring" in _directs()
