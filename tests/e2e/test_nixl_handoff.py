@@ -10,11 +10,14 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import REPO, SMALL, bounded, run_cli
 from helpers import assert_clean_error
 from netns import NetnsPair, why_not
+
+SCRIPTS = REPO / "tests" / "scripts"  # the helper processes' code, in files ruff checks
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("nixl_cu12") is None,
                                                    reason="nixl-cu12 is not installed (make install)")]
@@ -37,10 +40,13 @@ def node_args(small_run, tmp_path, run_id: str, role: str, url: str, *extra: str
             "--cache-dir", str(cache)]
 
 
-def wait_for(proc: subprocess.Popen, pattern: str) -> None:
-    """Read proc's output until a line matches pattern (a regular expression), or proc ended."""
-    while not re.search(pattern, proc.stdout.readline()) and proc.poll() is None:
-        pass
+def wait_for(proc: subprocess.Popen, pattern: str, seconds: float = 120) -> None:
+    """Read proc's output until a line matches pattern (a regular expression); proc ending or a silent minute
+    first fails the test (it never hangs)."""
+    end = time.monotonic() + seconds
+    while not re.search(pattern, proc.stdout.readline()):
+        if proc.poll() is not None or time.monotonic() > end:
+            raise AssertionError(f"{pattern!r} never came (exit {proc.poll()}): {proc.stderr.read()[-800:]}")
 
 
 def start_decode(argv: list[str]) -> subprocess.Popen:
@@ -308,35 +314,6 @@ def test_a_port_that_accepts_and_never_speaks_is_one_sentence(small_run, tmp_pat
 # A prefill side that publishes two blocks and serves them until killed, and a decode side that reads one, waits
 # for the kill, then reads the other: in processes of their own (a NIXL agent in pytest's process would take its
 # bundled libnl's crash at exit with it).
-TARGET = """
-import sys, time, numpy as np
-from kv_cache.lifecycle.handoff.nixl import NixlPublisher
-from kv_cache.types import Handoff
-store = NixlPublisher.create(sys.argv[1], 2**20, 4 * 2**20, {"seed": 1})
-data = memoryview(np.ones(2**20, np.uint8))
-for k in (1, 2):
-    store.blocks.put(k, data)
-store.hand_over(Handoff("r", (1, 2), (2**20,) * 2, (), (), 32, 1, 16, time.time()))
-print("published", flush=True)
-time.sleep(600)
-"""
-READER = """
-import os, sys, time, numpy as np
-from kv_cache.errors import RunFault
-from kv_cache.lifecycle.handoff.nixl import NixlLoader
-link = NixlLoader(sys.argv[1], {"seed": 1}, 30, print)
-while len(link.slot_of) < 2:
-    time.sleep(0.01)
-out = memoryview(np.zeros(2**20, np.uint8))
-print("first", link.load(1, out), flush=True)
-sys.stdin.readline()  # the test kills the prefill side, then says go
-try:
-    print("second", link.load(2, out), flush=True)
-except RunFault as e:
-    print("RunFault:", e, flush=True)
-link.detach()
-os._exit(0)
-"""
 
 
 def test_a_read_from_a_prefill_node_that_died_is_a_run_fault_naming_it(tmp_path):
@@ -344,10 +321,11 @@ def test_a_read_from_a_prefill_node_that_died_is_a_run_fault_naming_it(tmp_path)
     decode node as an internal error; it must be a RunFault (a fault stop) naming the prefill node."""
     url = f"nixl://127.0.0.1:{free_port()}"
     env = {**ENV, "PYTHONPATH": str(REPO)}
-    target = subprocess.Popen([sys.executable, "-c", TARGET, url], stdout=subprocess.PIPE, text=True, env=env)
+    target = subprocess.Popen([sys.executable, str(SCRIPTS / "nixl_target.py"), url], stdout=subprocess.PIPE, text=True,
+                              env=env)
     try:
         assert target.stdout.readline().strip() == "published"
-        reader = subprocess.Popen([sys.executable, "-c", READER, url], stdin=subprocess.PIPE,
+        reader = subprocess.Popen([sys.executable, str(SCRIPTS / "nixl_reader.py"), url], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         assert reader.stdout.readline().strip() == "first True"
     finally:
@@ -360,32 +338,6 @@ def test_a_read_from_a_prefill_node_that_died_is_a_run_fault_naming_it(tmp_path)
 
 # Both sides in one process of its own: the prefill side publishes blocks 1 and 2 (stamped payloads, as a prefill
 # node's), the decode side reads them; then slot 1 is reused for block 3 and block 2's bytes are damaged in place.
-REUSE = """
-import os, sys, time, numpy as np
-from kv_cache.lifecycle.handoff.nixl import NixlLoader, NixlPublisher
-from kv_cache.lifecycle.payload import PayloadPool
-from kv_cache.types import Handoff
-size, pool = 2**20, PayloadPool(1)
-def payload(k):
-    out = np.zeros(size, np.uint8)
-    pool.fill(k, out)
-    return out
-store = NixlPublisher.create(sys.argv[1], size, 2 * size, {"seed": 1})
-for k in (1, 2):
-    store.blocks.put(k, memoryview(payload(k)))
-store.hand_over(Handoff("r", (1, 2), (size,) * 2, (), (), 32, 1, 16, time.time()))
-link = NixlLoader(sys.argv[1], {"seed": 1}, 30, lambda m: None)
-while len(link.slot_of) < 2:
-    time.sleep(0.01)
-out = np.zeros(size, np.uint8)
-print("before", link.load(1, out), pool.check(1, out, "full"), link.load(2, out), pool.check(2, out, "full"))
-store.blocks.delete(1)
-store.blocks.put(3, memoryview(payload(3)))  # block 1's slot now holds block 3
-slot2 = store.blocks.where([2])[0]
-store.blocks.region[slot2 * size + 5 * 4096] ^= 0xFF  # block 2 damaged in place: its tag still says 2
-print("after", link.load(1, out), link.load(2, out), pool.check(2, out, "full"), flush=True)
-os._exit(0)  # no detach: with both agents in one process NIXL's teardown can wait on itself
-"""
 
 
 def test_a_replaced_block_is_missing_and_a_damaged_one_is_read_and_fails_its_verification(tmp_path):
@@ -393,8 +345,8 @@ def test_a_replaced_block_is_missing_and_a_damaged_one_is_read_and_fails_its_ver
     never as read (its pages carry another key, and the tag says so); a block damaged in place is read (its tag
     is still its key) and the verification that follows fails it, never hides it as missing."""
     url = f"nixl://127.0.0.1:{free_port()}"
-    r = subprocess.run([sys.executable, "-c", REUSE, url], capture_output=True, text=True, timeout=120,
-                       env={**ENV, "PYTHONPATH": str(REPO)})
+    r = subprocess.run([sys.executable, str(SCRIPTS / "nixl_reuse.py"), url], capture_output=True, text=True,
+                       timeout=120, env={**ENV, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
     assert "before True True True True" in lines, r.stdout + r.stderr
@@ -403,30 +355,6 @@ def test_a_replaced_block_is_missing_and_a_damaged_one_is_read_and_fails_its_ver
 
 # The prefill side's region in "GPU memory" of the fake device (its HBM is host memory, registered as such; a real
 # GPU's is registered as VRAM): blocks copied in with the device's H2D copies, read by the decode side with READs.
-DEVICE = """
-import os, sys, time, numpy as np
-from kv_cache.lifecycle.handoff.nixl import NixlLoader, NixlPublisher
-from kv_cache.lifecycle.payload import PayloadPool, block_digest
-from kv_cache.recorder.recorder import Recorder
-from kv_cache.tiers.devices import FakeDevice
-from kv_cache.types import Handoff
-size, pool, dev, rec = 2**20, PayloadPool(1), FakeDevice(), Recorder()
-store = NixlPublisher.create(sys.argv[1], size, 4 * size, {"seed": 1}, (dev, 0))
-keys = (11, 12, 13)
-store.publish(keys, (size,) * 3, pool.fill, np.empty(size, np.uint8), rec)
-store.hand_over(Handoff("r", keys, (size,) * 3, (), (), 48, 1, 16, time.time(), store.digests(keys)))
-copies = sum(s.copies for s in dev.streams)
-link = NixlLoader(sys.argv[1], {"seed": 1}, 30, lambda m: None)
-while len(link.slot_of) < 3:
-    time.sleep(0.01)
-out, good = np.zeros(size, np.uint8), 0
-for k, d in zip(keys, store.digests(keys)):
-    good += link.load(k, out) and block_digest(out) == d
-print("device", store.blocks.region_mem, copies, dev.allocated[0], good, flush=True)
-store.blocks.close()
-print("freed", dev.allocated[0], flush=True)
-os._exit(0)
-"""
 
 
 def test_a_prefill_region_in_gpu_memory_is_read_by_the_decode_side(tmp_path):
@@ -434,8 +362,8 @@ def test_a_prefill_region_in_gpu_memory_is_read_by_the_decode_side(tmp_path):
     the same interface, each block copied in by the device, read by a decode node's NIXL READs; on the fake device
     here (a real GPU's run is make device-check's)."""
     url = f"nixl://127.0.0.1:{free_port()}"
-    r = subprocess.run([sys.executable, "-c", DEVICE, url], capture_output=True, text=True, timeout=120,
-                       env={**ENV, "PYTHONPATH": str(REPO)})
+    r = subprocess.run([sys.executable, str(SCRIPTS / "nixl_device.py"), url], capture_output=True, text=True,
+                       timeout=120, env={**ENV, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
     assert f"device DRAM 3 {4 * 2**20} 3" in r.stdout and "freed 0" in r.stdout, r.stdout + r.stderr
 

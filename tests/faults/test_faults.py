@@ -52,17 +52,23 @@ def no_traceback(err: str) -> None:
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
-@pytest.mark.parametrize("after_s", [0.3, 1.5])  # in warm-up (0.5 s) and in the window
-def test_signal_stops_cleanly_and_keeps_results(small_run, sig, code, after_s):
-    p = start(small_run("s", "--duration", "30", quiet=False))
+@pytest.mark.parametrize("phase", ["warm-up", "window"])
+def test_signal_stops_cleanly_and_keeps_results(small_run, sig, code, phase):
+    """In the warm-up (30 s of it) the run stops before measuring anything and says so; in the window (no warm-up)
+    it keeps what it measured. Both are partial results, never a traceback, and leave no data behind."""
+    p = start(small_run("s", "--duration", "30", "--warmup", "30" if phase == "warm-up" else "0", quiet=False))
     wait_for_window(p, small_run.cache, "s")
-    time.sleep(after_s)
+    time.sleep(0.5)
     p.send_signal(sig)
     _out, err = p.communicate(timeout=60)
     assert p.returncode == code, err
     no_traceback(err)
     res = small_run.results("s")
     assert res["run"]["stopped_reason"] == "interrupted" and res["run"]["partial"]
+    if phase == "warm-up":
+        assert res["run"]["duration_s"] < 0.01 and "0.0 s into the measurement" in err, err
+    else:
+        assert res["run"]["duration_s"] >= 0.4, res["run"]["duration_s"]
     assert os.listdir(small_run.cache) == []  # the run's data removed
     assert sorted(n for n in os.listdir(small_run.out / "s") if n.startswith(".")) == []  # marker and reserve gone
 
@@ -72,14 +78,14 @@ def test_repeated_ctrl_c_through_the_drain_keeps_the_run(small_run):
     # 2 ms per generated token: each request holds its worker ~0.1 s after its I/O, so the drain takes time
     p = start(small_run("d", "--duration", "1", "--warmup", "0", "--generation-ms-per-token", "2", quiet=False))
     wait_for_window(p, small_run.cache, "d")
-    time.sleep(0.8)
+    time.sleep(0.2)  # inside the 1 s window: the first signal stops it there
     while p.poll() is None:
         p.send_signal(signal.SIGINT)
         time.sleep(0.1)
     _out, err = p.communicate(timeout=60)
     no_traceback(err)
     assert "nothing was measured" not in err
-    assert p.returncode in (0, 130), err  # 0: the window had ended before the first signal
+    assert p.returncode == 130, err
     res = small_run.results("d")
     assert res["requests"]["completed"] > 0
     assert os.listdir(small_run.cache) == []
@@ -92,7 +98,7 @@ def test_signal_before_the_measurement_leaves_nothing(small_run):
     _out, err = p.communicate(timeout=60)
     assert p.returncode == 143, err
     no_traceback(err)
-    assert not (small_run.out / "b").exists() or (small_run.out / "b" / "results.json").exists()
+    assert not (small_run.out / "b").exists()  # stopped before measuring: no report folder either
     assert os.listdir(small_run.cache) == []
 
 
