@@ -25,7 +25,7 @@ import threading
 import time
 
 from kv_cache.errors import BlockVanished, RunFault, UserError
-from kv_cache.lifecycle.handoff.space import HandoffSpace
+from kv_cache.lifecycle.handoff.space import HandoffSpace, OnSpace
 from kv_cache.types import Handoff
 
 FOLDER = "kvbench-handoff"
@@ -46,7 +46,7 @@ def _markers(folder: str, suffix: str) -> set[str]:
         return set()
 
 
-class FolderPublisher:
+class FolderPublisher(OnSpace):
     """A prefill node publishing block files into the folder and announcing them in its manifest."""
 
     role = "prefill"
@@ -76,20 +76,6 @@ class FolderPublisher:
                     self.manifest)
         self._open = True
         threading.Thread(target=self._follow_acks, name="handoff-acks", daemon=True).start()
-
-    @property
-    def stopping(self):
-        return self.space.stopping
-
-    @stopping.setter
-    def stopping(self, due) -> None:
-        self.space.stopping = due
-
-    def publish(self, keys, nbytes, fill, buf, recorder) -> int:
-        return self.space.publish(keys, nbytes, fill, buf, recorder)
-
-    def digests(self, keys) -> tuple[int, ...]:
-        return self.space.digests(keys)
 
     def hand_over(self, record: Handoff) -> None:
         self._handed[record.rid] = record.keys

@@ -37,12 +37,12 @@ from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.handoff.agent import ENGINE, POLL_S, make_agent, parse_url
 from kv_cache.lifecycle.handoff.channel import HEARTBEAT, HEARTBEAT_S, Line, PrefillChannel, connect
 from kv_cache.lifecycle.handoff.regions import DeviceSlots, RegisteredSlots, RemoteSlots
-from kv_cache.lifecycle.handoff.space import HandoffSpace
+from kv_cache.lifecycle.handoff.space import HandoffSpace, OnSpace
 from kv_cache.lifecycle.payload import stamped_with
 from kv_cache.types import Handoff
 
 
-class NixlPublisher:
+class NixlPublisher(OnSpace):
     """A prefill node publishing into registered memory and announcing over the side channel."""
 
     role, engine = "prefill", ENGINE
@@ -71,20 +71,6 @@ class NixlPublisher:
         slots = (RegisteredSlots(agent, capacity_bytes, slot_bytes) if device is None
                  else DeviceSlots(agent, capacity_bytes, slot_bytes, *device))
         return cls(url, slots, identity, agent)
-
-    @property
-    def stopping(self):
-        return self.space.stopping
-
-    @stopping.setter
-    def stopping(self, due) -> None:
-        self.space.stopping = due
-
-    def publish(self, keys, nbytes, fill, buf, recorder) -> int:
-        return self.space.publish(keys, nbytes, fill, buf, recorder)
-
-    def digests(self, keys) -> tuple[int, ...]:
-        return self.space.digests(keys)
 
     def hand_over(self, record: Handoff) -> None:
         self.space.announce(record.keys, lambda: self.channel.append(record.to_line()))

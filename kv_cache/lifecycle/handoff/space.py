@@ -157,3 +157,24 @@ class HandoffSpace:
     @property
     def published(self) -> int:
         return len(self._published)
+
+
+class OnSpace:
+    """What a publisher hands straight to its space (self.space): the lifecycle's publish and digests, and the
+    run's drain deadline it stops waiting at."""
+
+    space: HandoffSpace
+
+    @property
+    def stopping(self):
+        return self.space.stopping
+
+    @stopping.setter
+    def stopping(self, due) -> None:
+        self.space.stopping = due
+
+    def publish(self, keys, nbytes, fill, buf, recorder) -> int:
+        return self.space.publish(keys, nbytes, fill, buf, recorder)
+
+    def digests(self, keys) -> tuple[int, ...]:
+        return self.space.digests(keys)
