@@ -11,6 +11,8 @@ import shutil
 import sys
 import time
 
+from kv_cache.report.table import WIDTH
+
 
 class LiveLine:
     """Called by the scheduler's dispatcher whenever it wakes; prints at most once a second."""
@@ -42,12 +44,12 @@ class LiveLine:
         rd, wr, lat = (read - r_prev) / dt / 1e9, (written - w_prev) / dt / 1e9, "-" if p95 is None else f"{p95:.1f}"
         text = (f"[{phase} {now - self.t0:4.0f}/{self.total_s:.0f} s] {completed:,} requests, {self.tier} read "
                 f"{rd:.2f} / write {wr:.2f} GB/s, read p95 {lat} ms, hit rate {hit:.1%}")
+        width = self.columns() if self.tty else WIDTH - 2  # a logged line: 100 columns with its indent
+        if len(text) > width:  # the short form, then cut: a line that wraps is redrawn badly by '\r'
+            text = (f"[{phase[:4]} {now - self.t0:.0f}/{self.total_s:.0f}s] {completed:,} req {self.tier} "
+                    f"r {rd:.2f} w {wr:.2f} GB/s p95 {lat} ms hit {hit:.0%}")[:width]
         if self.tty:
-            width = self.columns()
-            if len(text) > width:  # the short form, then cut: a line that wraps is redrawn badly by '\r'
-                text = (f"[{phase[:4]} {now - self.t0:.0f}/{self.total_s:.0f}s] {completed:,} req {self.tier} "
-                        f"r {rd:.2f} w {wr:.2f} GB/s p95 {lat} ms hit {hit:.0%}")
-            self.stream.write("\r" + text[:width].ljust(width))
+            self.stream.write("\r" + text.ljust(width))
         else:
             self.stream.write("  " + text + "\n")
         self.stream.flush()

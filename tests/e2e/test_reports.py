@@ -142,3 +142,15 @@ def test_report_writes_the_mlperf_fields_of_any_run(small_run, tmp_path):
     assert r.returncode == 0, r.stderr
     fields = json.loads(out.read_text())
     assert fields["summary"]["total_requests"] > 0 and "MLPerf reference assessment:" in r.stdout
+
+
+def test_a_logged_live_line_fits_100_columns_too():
+    """Issue 39, item 4: off a terminal (a log, make run's output) the line is logged whole: 102 columns."""
+    rec = Recorder()
+    rec.start_measuring(1)
+    out = _Stream(False)
+    live = LiveLine(rec, 3600, "objectstore", out)  # a remote tier's long name, an hour's run, many requests
+    live.next = 0
+    live(12345678)
+    line = out.getvalue().rstrip("\n")
+    assert len(line) <= 100 and "12,345,678" in line, line
