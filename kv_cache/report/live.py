@@ -46,7 +46,7 @@ class LiveLine:
                 f"{rd:.2f} / write {wr:.2f} GB/s, read p95 {lat} ms, hit rate {hit:.1%}")
         width = self.columns() if self.tty else WIDTH - 2  # a logged line: 100 columns with its indent
         if len(text) > width:  # the short form, then cut: a line that wraps is redrawn badly by '\r'
-            text = (f"[{phase[:4]} {now - self.t0:.0f}/{self.total_s:.0f}s] {completed:,} req {self.tier} "
+            text = (f"[{phase[:4]} {now - self.t0:.0f}/{self.total_s:.0f}s] {completed:,} requests {self.tier} "
                     f"r {rd:.2f} w {wr:.2f} GB/s p95 {lat} ms hit {hit:.0%}")[:width]
         if self.tty:
             self.stream.write("\r" + text.ljust(width))

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -44,9 +45,14 @@ def wait_for(proc: subprocess.Popen, pattern: str, seconds: float = 120) -> None
     """Read proc's output until a line matches pattern (a regular expression); proc ending or a silent minute
     first fails the test (it never hangs)."""
     end = time.monotonic() + seconds
-    while not re.search(pattern, proc.stdout.readline()):
+    while True:
+        # a line, or the deadline: a silent process (one that prints nothing more) cannot hold the test
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, end - time.monotonic()))
+        line = proc.stdout.readline() if ready else ""
+        if re.search(pattern, line):
+            return
         if proc.poll() is not None or time.monotonic() > end:
-            raise AssertionError(f"{pattern!r} never came (exit {proc.poll()}): {proc.stderr.read()[-800:]}")
+            raise AssertionError(f"{pattern!r} never came within {seconds:g} s (exit {proc.poll()})")
 
 
 def start_decode(argv: list[str]) -> subprocess.Popen:
@@ -65,7 +71,13 @@ def serving_pair(small_run, tmp_path, *dec_extra: str) -> tuple[str, subprocess.
     pre = subprocess.Popen([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, "--duration", "600",
                                              "--warmup", "0")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    wait_for(dec, r"\] [1-9][\d,]* requests")
+    try:
+        wait_for(dec, r"\] [1-9][\d,]* requests")
+    except BaseException:  # never leave the two nodes running behind a failed test
+        for node in (dec, pre):
+            node.kill()
+            node.communicate(timeout=30)
+        raise
     return url, dec, pre
 
 
