@@ -6,11 +6,11 @@ import importlib.util
 import json
 import os
 import re
-import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -44,15 +44,15 @@ def node_args(small_run, tmp_path, run_id: str, role: str, url: str, *extra: str
 def wait_for(proc: subprocess.Popen, pattern: str, seconds: float = 120) -> None:
     """Read proc's output until a line matches pattern (a regular expression); proc ending or a silent minute
     first fails the test (it never hangs)."""
-    end = time.monotonic() + seconds
-    while True:
-        # a line, or the deadline: a silent process (one that prints nothing more) cannot hold the test
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, end - time.monotonic()))
-        line = proc.stdout.readline() if ready else ""
-        if re.search(pattern, line):
-            return
-        if proc.poll() is not None or time.monotonic() > end:
-            raise AssertionError(f"{pattern!r} never came within {seconds:g} s (exit {proc.poll()})")
+    # the deadline kills the process: a silent one (that prints nothing more) ends the blocking read too
+    watchdog = threading.Timer(seconds, proc.kill)
+    watchdog.start()
+    try:
+        while not re.search(pattern, proc.stdout.readline()):
+            if proc.poll() is not None:
+                raise AssertionError(f"{pattern!r} never came within {seconds:g} s (exit {proc.poll()})")
+    finally:
+        watchdog.cancel()
 
 
 def start_decode(argv: list[str]) -> subprocess.Popen:
@@ -216,7 +216,6 @@ def test_a_frozen_prefill_node_is_a_fault_stop_within_the_peer_timeout(small_run
     """Issue 37, item 2: a frozen prefill node (SIGSTOP) left its decode node silent and running at 150 s. It
     sends a heartbeat every second; nothing for --disagg-peer-timeout-s is a fault stop naming it, with the
     results so far."""
-    import time
 
     url, dec, pre = serving_pair(small_run, tmp_path, "--disagg-peer-timeout-s", "3")
     try:
@@ -239,7 +238,6 @@ def test_a_frozen_prefill_node_is_a_fault_stop_within_the_peer_timeout(small_run
 def test_a_decode_node_killed_mid_run_is_reported_by_its_prefill_node(small_run, tmp_path):
     """Issue 37, item 7: after its decode node was killed, the prefill node reported "decode nodes attached:
     none", and waited --disagg-wait-s for it at the end."""
-    import time
 
     url, dec, pre = serving_pair(small_run, tmp_path)
     try:
