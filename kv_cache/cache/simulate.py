@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from kv_cache.cache.cache import BlockCache
+from kv_cache.recorder.capacity import in_window
 from kv_cache.recorder.recorder import Recorder
 
 
@@ -24,7 +25,6 @@ def replay(log: dict[str, np.ndarray], tiers: list, policy: str, window=(0, None
     buf = np.zeros(slot, np.uint8)
     req = log["requests"]
     ends = np.append(req[1:, 0], len(log["keys"]))
-    end_ns = window[1] if window[1] is not None else np.inf
     hit_tokens = prompt = 0
     for (first, tokens_in_prompt, done), end in zip(req, ends):
         before = [recorder.counters().get(k, 0) for k in moved]
@@ -39,7 +39,7 @@ def replay(log: dict[str, np.ndarray], tiers: list, policy: str, window=(0, None
                 res = cache.reserve_write(key, slot, "", parents[i] or None)
                 if res is not None:
                     cache.commit_write(res, buf, "prefill" if looked[i] else "decode", buf)
-        if window[0] <= done < end_ns:
+        if in_window(done, window):
             hit_tokens += sum(tokens[i] for i in hit)
             prompt += tokens_in_prompt
             after = [recorder.counters().get(k, 0) for k in moved]

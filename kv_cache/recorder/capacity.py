@@ -113,11 +113,11 @@ class _Fenwick:
         return out
 
 
-def stack_distances(keys: np.ndarray, starts: np.ndarray, sizes: np.ndarray | None = None) -> np.ndarray:
-    """Each access's LRU stack distance in slots (itself included; INF for a first use), taken against the stack
-    as its request found it. starts: the first access index of each request (ascending, from 0)."""
+def stack_distances(keys: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Each access's LRU stack distance in slots (itself included; INF for a first use: every block is one slot),
+    taken against the stack as its request found it. starts: the first access index of each request (ascending,
+    from 0)."""
     n = len(keys)
-    sizes = np.ones(n, np.int64) if sizes is None else sizes.astype(np.int64)
     prev = previous_use(keys)
     req_of = np.searchsorted(starts, np.arange(n), side="right") - 1
     s_of = starts[req_of]
@@ -135,13 +135,11 @@ def stack_distances(keys: np.ndarray, starts: np.ndarray, sizes: np.ndarray | No
         pj = prev[c0:c1]
         # M[i, j]: block j (in this chunk, before i's request) is first used in i's window since p_i
         m = (j[None, :] > p[:, None]) & (j[None, :] < s[:, None]) & (pj[None, :] <= p[:, None])
-        inside = (m * sizes[c0:c1][None, :]).sum(1)
-        out[c0:c1] = np.where(known, sizes[c0:c1] + g + inside, INF)
+        out[c0:c1] = np.where(known, 1 + g + m.sum(1), INF)
         first_here = known & (p < c0)  # the key's latest use before the chunk leaves the tree
         if first_here.any():
-            tree.add(p[first_here], -sizes[p[first_here]])
-        last_here = _last_in(keys[c0:c1])
-        tree.add(j[last_here], sizes[c0:c1][last_here])
+            tree.add(p[first_here], -1)
+        tree.add(j[_last_in(keys[c0:c1])], 1)
     return out
 
 
@@ -192,13 +190,18 @@ class Curve:
     knees: tuple[int | None, int | None] = (None, None)  # bottom slots reaching 90 % / 99 % of the infinite rate
 
 
+def in_window(done_ns, window) -> np.ndarray | bool:
+    """Whether requests completed at done_ns count: window is (start, end) ns, an end of 0 or None open."""
+    return (done_ns >= window[0]) & (done_ns < (window[1] or np.inf))
+
+
 def curve(log: dict[str, np.ndarray], upper_slots: int, capacities: np.ndarray, window=(0, None),
-          rate: float | None = None) -> Curve:
+          rate: float | None = None, with_knees: bool = False) -> Curve:
     """The capacity curve of a log (AccessLog.arrays, or several merged); window: (start, end) ns of completion
-    for the requests counted (their lookups decide the hit rates; every access shapes the stack)."""
+    for the requests counted (their lookups decide the hit rates; every access shapes the stack). with_knees: the
+    exact knees are among the capacities of the curve (one pass over the distances)."""
     rate = rate if rate is not None else (SAMPLE_RATE if len(log["keys"]) > SAMPLE_ABOVE else 1.0)
-    counted_req = (log["requests"][:, 2] >= window[0]) & (
-        log["requests"][:, 2] < (window[1] if window[1] is not None else np.inf))
+    counted_req = in_window(log["requests"][:, 2], window)
     full_src = _window_tokens(log, counted_req)  # the window's lookup tokens by source, before any sampling
     if rate < 1.0:
         log = sample(log, rate)
@@ -222,6 +225,10 @@ def curve(log: dict[str, np.ndarray], upper_slots: int, capacities: np.ndarray, 
     def upto(c: float) -> int:
         return int(np.searchsorted(dd_sorted, c, side="right"))
 
+    infinite = tok_cum[upto(INF / 2)] / denom
+    knees = tuple(_knee(dd_sorted, tok_cum, share * infinite * denom, upper_slots) for share in (0.90, 0.99))
+    if with_knees:
+        capacities = np.union1d(capacities, [k for k in knees if k is not None]).astype(np.int64)
     total = np.array([tok_cum[upto(upper_slots + x)] for x in capacities]) / denom
     upper = tok_cum[upto(upper_slots)] / denom
     by = {name: np.array([src_cum[upto(upper_slots + x), k] for x in capacities]) / denom
@@ -234,8 +241,6 @@ def curve(log: dict[str, np.ndarray], upper_slots: int, capacities: np.ndarray, 
     demoted = (d > upper_slots) & all_counted & (seen_before / rate >= upper_slots)
     reads = np.array([((looked > upper_slots) & (looked <= upper_slots + x)).sum() for x in capacities]) / rate
     writes = np.array([demoted.sum() if x > 0 else 0 for x in capacities]) / rate
-    infinite = tok_cum[upto(INF / 2)] / denom
-    knees = tuple(_knee(dd_sorted, tok_cum, share * infinite * denom, upper_slots) for share in (0.90, 0.99))
     return Curve(capacities, total, total - upper, by, reads, writes, float(infinite), rate,
                  int(counted_req.sum()), knees)
 
@@ -263,6 +268,7 @@ def capacity_grid(log: dict[str, np.ndarray], upper_slots: int, points: int = 40
     grid = np.union1d(np.round(np.geomspace(1, top, points)), np.round(np.linspace(0, top, points // 2)))
     return np.union1d([0], grid).astype(np.int64)  # log-spaced for the small, linear for the large
 
+
 @dataclass
 class CapacityPoint:
     """One bottom-tier capacity of the capacity curve and what the run's traffic would ask of it there."""
@@ -281,12 +287,12 @@ class CapacityPoint:
 
 @dataclass
 class CapacityCurve:
-    """Hit rate and storage demand at every capacity of the bottom tier, from this run's block accesses (LRU
-    stack distances, exact unless sampled; recorder/capacity.py)."""
+    """Hit rate and storage demand at every capacity of the bottom tier, from this run's block accesses (LRU stack
+    distances, exact unless sampled; another policy replayed at a grid of capacities)."""
 
-    model: str                      # what computed it ("lru stack distances", sampled or exact)
+    model: str                      # what computed it (LRU stack distances, or the policy replayed)
     sample_rate: float              # 1.0: exact; below: SHARDS spatial sampling at this rate
-    policy: str                     # the run's policy (the curve is LRU's)
+    policy: str                     # the run's policy
     tiers_above_slots: int          # the tiers above the bottom one, as configured
     slot_bytes: int
     requests: int                   # the window's requests whose lookups make the hit rates

@@ -19,7 +19,7 @@ import numpy as np
 from kv_cache.cache.simulate import replay
 from kv_cache.errors import UserError
 from kv_cache.model import GiB
-from kv_cache.recorder.capacity import CapacityCurve, Curve, capacity_grid, curve
+from kv_cache.recorder.capacity import CapacityCurve, Curve, capacity_grid, curve, in_window
 from kv_cache.recorder.schema import Results
 from kv_cache.recorder.typed import load_section
 from kv_cache.safefiles import write_file
@@ -50,13 +50,14 @@ def attach(results: Results, recorder, tiers: list, folder: Path, policy: str) -
 
 def section(log: dict, meta: dict, model: str = "LRU stack distances") -> CapacityCurve:
     upper, slot = meta["upper_slots"], meta["slot_bytes"]
-    c = curve(log, upper, np.array([0]), tuple(meta["window_ns"]))  # the knees, exact
-    grid = np.union1d(capacity_grid(log, upper), [meta["run_slots"], *(k for k in c.knees if k is not None)])
-    c = curve(log, upper, grid, tuple(meta["window_ns"]))
     if meta["policy"] != "lru" and "tiers" in meta:  # no stack for it: replayed at a coarser grid, the run's own in
         grid = np.union1d(capacity_grid(log, upper, POLICY_POINTS), [meta["run_slots"]])
         c = _replayed(log, meta, grid)
         model = f"{meta['policy']} replayed on accounting tiers at {len(grid)} capacities"
+    else:  # the run's own capacity and the exact knees among the grid's
+        grid = np.union1d(capacity_grid(log, upper), [meta["run_slots"]])
+        c = curve(log, upper, grid, tuple(meta["window_ns"]), with_knees=True)
+    grid = c.capacities
     seconds = max(meta["window_s"], 1e-9)
     points = []
     for i, x in enumerate(grid):
@@ -94,8 +95,7 @@ def _replayed(log: dict, meta: dict, grid: np.ndarray) -> Curve:
     rates_a = np.array(rates)
     knees = tuple(next((int(x) for x, r in zip(grid, rates_a) if r >= share * top - 1e-12), None)
                   for share in (0.90, 0.99))
-    done = log["requests"][:, 2]
-    requests = int(((done >= window[0]) & (done < (window[1] or np.inf))).sum())
+    requests = int(in_window(log["requests"][:, 2], window).sum())
     return Curve(grid, rates_a, rates_a - upper, {}, np.array(reads, float), np.array(writes, float), top, 1.0,
                  requests, knees)
 
