@@ -154,12 +154,18 @@ def holds_no_slot(flag: str, gib: float, slot_bytes: int, tier: str) -> str:
             f"{slot_bytes / GiB:.4g} GiB, or 0 to turn the {tier} tier off.")
 
 
-def kinds_by_name() -> dict[str, TierKind]:
-    """Every registered kind: importing each module of this package registers the media among them."""
-    import kv_cache.tiers as package
+_DISCOVERED: list[bool] = []  # the package's modules imported (once: an import registers only the first time)
 
-    for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{info.name}")
+
+def kinds_by_name() -> dict[str, TierKind]:
+    """Every registered kind: importing each module of this package registers the media among them (and the
+    engines of their own modules); the package is listed once, not on every call."""
+    if not _DISCOVERED:
+        import kv_cache.tiers as package
+
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{info.name}")
+        _DISCOVERED.append(True)
     return dict(KINDS)
 
 
