@@ -1,6 +1,9 @@
-"""Checks shared by scenario and property tests."""
+"""Checks shared by scenario, property and end-to-end tests."""
 
 from __future__ import annotations
+
+import re
+import threading
 
 
 def assert_cache_consistent(cache) -> None:
@@ -31,3 +34,24 @@ def assert_clean_error(r, *fragments):
 
 
 MOST_CHARACTERS = 480
+
+
+def wait_for_line(proc, pattern: str, seconds: float = 120) -> None:
+    """Read proc's stdout until a line matches pattern (a regular expression); proc ending first, or no match
+    within seconds, fails the test: the deadline kills the process, so a silent one ends the blocking read too."""
+    watchdog = threading.Timer(seconds, proc.kill)
+    watchdog.start()
+    try:
+        while not re.search(pattern, proc.stdout.readline()):
+            if proc.poll() is not None:
+                raise AssertionError(f"{pattern!r} never came within {seconds:g} s (exit {proc.poll()})")
+    finally:
+        watchdog.cancel()
+
+
+def assert_held_until_loaded(p: dict, d: dict) -> None:
+    """A prefill node (results p) flat out into a space its decode node (d) could not keep up with: it waited for
+    room (timed, "wait" on the handoff tier), no block went missing or read wrong, every request was loaded."""
+    assert d["role"]["missing_blocks"] == 0 and d["verification"]["failures"] == 0
+    assert d["requests"]["completed"] == p["requests"]["completed"] + p["warmup"]["requests"] > 0
+    assert p["latency_ms"]["handoff"]["wait"]["count"] > 0  # 128 slots for 40 requests: it waited, and said so

@@ -10,12 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 from conftest import REPO, SMALL, bounded, run_cli
-from helpers import assert_clean_error
+from helpers import assert_clean_error, assert_held_until_loaded, wait_for_line
 from netns import NetnsPair, why_not
 
 SCRIPTS = REPO / "tests" / "scripts"  # the helper processes' code, in files ruff checks
@@ -41,24 +40,10 @@ def node_args(small_run, tmp_path, run_id: str, role: str, url: str, *extra: str
             "--cache-dir", str(cache)]
 
 
-def wait_for(proc: subprocess.Popen, pattern: str, seconds: float = 120) -> None:
-    """Read proc's output until a line matches pattern (a regular expression); proc ending or a silent minute
-    first fails the test (it never hangs)."""
-    # the deadline kills the process: a silent one (that prints nothing more) ends the blocking read too
-    watchdog = threading.Timer(seconds, proc.kill)
-    watchdog.start()
-    try:
-        while not re.search(pattern, proc.stdout.readline()):
-            if proc.poll() is not None:
-                raise AssertionError(f"{pattern!r} never came within {seconds:g} s (exit {proc.poll()})")
-    finally:
-        watchdog.cancel()
-
-
 def start_decode(argv: list[str]) -> subprocess.Popen:
     """A decode node, started first; returns once it says it waits for the prefill node."""
     dec = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    wait_for(dec, "waiting for a prefill node")
+    wait_for_line(dec, "waiting for a prefill node")
     return dec
 
 
@@ -72,7 +57,7 @@ def serving_pair(small_run, tmp_path, *dec_extra: str) -> tuple[str, subprocess.
                                              "--warmup", "0")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        wait_for(dec, r"\] [1-9][\d,]* requests")
+        wait_for_line(dec, r"\] [1-9][\d,]* requests")
     except BaseException:  # never leave the two nodes running behind a failed test
         for node in (dec, pre):
             node.kill()
@@ -157,7 +142,7 @@ def test_a_decode_node_of_another_run_is_refused_by_name(small_run, tmp_path):
                                              "--warmup", "0", "--seed", "1")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        wait_for(pre, "running:")
+        wait_for_line(pre, "running:")
         r = run_cli(small_run("dec", "--role", "decode", "--handoff", url, "--seed", "2"), extra_env=TCP)
     finally:
         pre.send_signal(signal.SIGINT)
@@ -188,10 +173,7 @@ def test_a_prefill_node_flat_out_waits_for_its_decode_node_and_loses_no_block(sm
     out, err = dec.communicate(timeout=300)
     assert pre.returncode == 0, pre.stderr
     assert dec.returncode == 0, err
-    p, d = small_run.results("pre"), small_run.results("dec")
-    assert d["role"]["missing_blocks"] == 0 and d["verification"]["failures"] == 0
-    assert d["requests"]["completed"] == p["requests"]["completed"] + p["warmup"]["requests"] > 0
-    assert p["latency_ms"]["handoff"]["wait"]["count"] > 0  # 128 slots for 40 requests: it waited, and said so
+    assert_held_until_loaded(small_run.results("pre"), small_run.results("dec"))
 
 
 def test_two_decode_nodes_share_the_requests_without_loading_one_twice(small_run, tmp_path):
@@ -263,7 +245,7 @@ def test_junk_on_the_side_channel_is_ignored_without_a_traceback(small_run, tmp_
                                              *bounded(30))],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        wait_for(pre, "running:")
+        wait_for_line(pre, "running:")
         for junk in (b"not json\n", b'{"kind": "attach"}\n', b"\xff\xfe\n"):
             with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
                 s.sendall(junk)
