@@ -221,3 +221,21 @@ def test_a_decode_node_checks_handed_over_blocks_against_the_digests_its_prefill
         assert c["verification.blocks_checked"] == 2 and c.get("verification.failures", 0) == failures, digests
     dec.detach()
     pre.finish(0, True, print)
+
+
+def test_a_decode_node_never_writes_its_acknowledgements_through_a_link(tmp_path):
+    """The acks file in the shared folder is this node's own new file: a link planted under its name is refused
+    (a run fault naming the path), and what it points at is untouched."""
+    from kv_cache.errors import RunFault
+    from kv_cache.lifecycle.handoff.folder import FOLDER, FolderLoader
+
+    (tmp_path / FOLDER / "blocks").mkdir(parents=True)
+    dec = FolderLoader(str(tmp_path), shared_files("buffered", BLOCK))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (tmp_path / FOLDER / f"{dec.marker}.acks").symlink_to(victim)
+    h = Handoff("1.1", (), (), (), (), 0, 0, BT, 0.0)
+    with pytest.raises(RunFault, match="acknowledgements"):
+        dec.loaded(h)
+    assert victim.read_text() == "keep"
+    dec.detach()

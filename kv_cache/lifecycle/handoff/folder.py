@@ -178,11 +178,15 @@ class FolderLoader:
         path = os.path.join(self.where, self.marker + ".acks")
         try:
             with self._lock:
-                if self._acks < 0:
-                    self._acks = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                if self._acks < 0:  # this node's own, new file: never one found there, never through a link
+                    self._acks = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND,
+                                         0o644)
                 append_line(self._acks, f"{record.rid}\n".encode(), path)
-        except OSError:
+        except FileNotFoundError:
             pass  # the prefill node already removed the folder: nothing is waiting for this word
+        except OSError as e:
+            raise RunFault(f"cannot write this decode node's acknowledgements to {path} ({e.strerror}): a file or "
+                           f"link of that name was already there.") from None
 
     def detach(self) -> None:
         with self._lock:
