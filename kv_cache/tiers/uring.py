@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -48,10 +49,12 @@ class UringEngine(Engine):
         if ring is None:
             import liburing
 
-            ring = self._local.ring = liburing.Ring()
-            self._local.cqe = liburing.Cqe()
+            ring = liburing.Ring()
             if liburing.io_uring_queue_init(DEPTH, ring, 0) < 0:
                 raise RunFault("io_uring_queue_init failed: the kernel refused a ring.")
+            self._local.ring, self._local.cqe = ring, liburing.Cqe()
+            # the ring (its fd and mapped queues) goes with its thread: trials and `policies` start new workers
+            weakref.finalize(threading.current_thread(), liburing.io_uring_queue_exit, ring)
         return ring
 
     def _batch(self, what: str, t: Target, off: int, buf: np.ndarray, unit: int, times: list | None) -> None:
