@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # servers.py: the same servers the tests start
 
 from run_bench import parallel  # noqa: E402 - beside this file
-from servers import HOST, start_s3, start_valkey  # noqa: E402
+from servers import HOST, start  # noqa: E402
 
 from kv_cache.buffers import aligned_buffer  # noqa: E402
 from kv_cache.tiers import s3 as s3_medium  # noqa: E402
@@ -254,7 +254,7 @@ def remote_round(a) -> dict:
     per_thread = max(1, int(a.size_gib * GiB) // block // a.threads)
     out: dict = {"block_bytes": block, "threads": a.threads, "blocks": per_thread * a.threads}
     with tempfile.TemporaryDirectory(prefix="remote-servers-") as folder:
-        valkey = start_valkey(Path(folder) / "valkey", password=PASSWORD)
+        valkey = start("valkey", Path(folder) / "valkey", password=PASSWORD)
         try:
             port = int(valkey.url.rsplit(":", 1)[1].split("/")[0])
             ours, ref = [], []
@@ -268,7 +268,7 @@ def remote_round(a) -> dict:
             out["valkey"]["whole"] = whole_program(valkey.url, {}, a, [])
         finally:
             valkey.stop()
-        s3 = start_s3(Path(folder) / "s3")
+        s3 = start("s3", Path(folder) / "s3")
         try:
             for client in ("obstore", "boto3"):
                 ours, ref = [], []

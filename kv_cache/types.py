@@ -17,6 +17,8 @@ from typing import NewType
 
 import numpy as np
 
+from kv_cache import counters as C
+
 # A block's 64-bit chained hash: a distinct type for type checkers, a plain int at run time (keys are
 # dict keys on every block operation: an int subclass costs a constructor call per key and slower lookups).
 BlockKey = NewType("BlockKey", int)
@@ -98,17 +100,42 @@ class Request:
 
 @dataclass(slots=True)
 class RequestOutcome:
-    """What one request did, as the lifecycle reports it to the recorder."""
+    """What one request did, as the lifecycle reports it to the recorder (Recorder.request): tokens and blocks,
+    by tier and by source, whether it found its prefix, system prompt and history, and its semantic reuse. The
+    recorder keeps it as counters (counts(): names from counters.py only)."""
 
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
-    cached_tokens_by_source: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int
+    generated_tokens: int
+    cached_tokens: int = 0
+    blocks_looked_up: int = 0
+    blocks_hit: int = 0
+    blocks_write_skipped: int = 0
     prompt_tokens_by_source: dict[str, int] = field(default_factory=dict)
-    blocks_read: int = 0
-    blocks_written: int = 0
-    blocks_skipped: int = 0
-    storage_ns: int = 0
+    cached_tokens_by_source: dict[str, int] = field(default_factory=dict)
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    blocks_hit_by_source: dict[str, int] = field(default_factory=dict)
+    found: dict[str, bool] = field(default_factory=dict)           # prefix / system / history -> found
+    donor_blocks_missing: int = 0
+    donor_bytes_by_tier: dict[str, int] = field(default_factory=dict)
+    donor_blocks_by_tier: dict[str, int] = field(default_factory=dict)
+    semantic: dict[str, dict[str, int]] = field(default_factory=dict)  # transform -> its metrics
+
+    def counts(self) -> list[tuple[str, int]]:
+        """The counters this request adds (zeros left out but the semantic metrics': a counter absent reads 0)."""
+        out = [(C.TOKENS_PROMPT, self.prompt_tokens), (C.TOKENS_GENERATED, self.generated_tokens),
+               (C.TOKENS_CACHED, self.cached_tokens), (C.BLOCKS_LOOKUP, self.blocks_looked_up),
+               (C.BLOCKS_HIT, self.blocks_hit), (C.BLOCKS_WRITE_SKIPPED, self.blocks_write_skipped),
+               (C.DONOR_MISSING, self.donor_blocks_missing)]
+        for family, by in ((C.TOKENS_PROMPT_BY_SOURCE, self.prompt_tokens_by_source),
+                           (C.TOKENS_CACHED_BY_SOURCE, self.cached_tokens_by_source),
+                           (C.TOKENS_CACHED_BY_TIER, self.cached_tokens_by_tier),
+                           (C.BLOCKS_HIT_BY_SOURCE, self.blocks_hit_by_source),
+                           (C.DONOR_BYTES, self.donor_bytes_by_tier), (C.DONOR_BLOCKS, self.donor_blocks_by_tier)):
+            out += [(family(label), n) for label, n in by.items()]
+        out += [(C.found(label, hit), 1) for label, hit in self.found.items()]
+        out = [(name, n) for name, n in out if n]
+        # a transform's metrics, zeros included: its section lists every metric it counted
+        return out + [(C.SEMANTIC(t, k), n) for t, metrics in self.semantic.items() for k, n in metrics.items()]
 
 
 class StopAfter:

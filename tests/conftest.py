@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from servers import media_with_servers
 
 from kv_cache.tiers.registry import kinds
 
@@ -16,7 +17,6 @@ kinds()  # every medium registered, as the entry point does: their settings sect
 REPO = Path(__file__).resolve().parent.parent
 SMALL = REPO / "tests" / "fixtures" / "small.yaml"
 SHARED_TRACES = REPO.parent / "shared" / "traces"
-VALKEY_PASSWORD = "kvbench-test-password-7f3a"  # the session server's: no output of a run may show it
 
 
 def bounded(n: int) -> list[str]:
@@ -83,20 +83,19 @@ def serving(what: str, start, folder, **kw):
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def valkey_server(tmp_path_factory):
-    """A real valkey-server on 127.0.0.1 for the whole session (skips, saying why, where none can start)."""
-    from servers import start_valkey
+def _medium_server(medium: str):
+    """A session fixture <medium>_server: the real server the medium's module declares (local_server), on
+    127.0.0.1 for the whole session; skips, saying why, where none can start."""
+    @pytest.fixture(scope="session", name=f"{medium}_server")
+    def fixture(tmp_path_factory):
+        from servers import start
 
-    yield from serving("Valkey server", start_valkey, tmp_path_factory.mktemp("valkey"), password=VALKEY_PASSWORD)
+        yield from serving(f"{medium} server", lambda folder: start(medium, folder), tmp_path_factory.mktemp(medium))
+    return fixture
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    """A real S3 gateway (SeaweedFS) on 127.0.0.1 for the whole session (skips, saying why, where none can start)."""
-    from servers import start_s3
-
-    yield from serving("S3 server", start_s3, tmp_path_factory.mktemp("s3"))
+for _medium in media_with_servers():  # a new remote medium brings its server fixture with its module
+    globals()[f"{_medium}_server"] = _medium_server(_medium)
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,8 @@
 
 from kv_cache.config import Settings
 from kv_cache.recorder.recorder import Recorder
-from kv_cache.recorder.results import build_results
+from kv_cache.recorder.results import RunFacts, build_results
+from kv_cache.types import RequestOutcome
 
 S = 1_000_000_000
 
@@ -22,7 +23,8 @@ WORKLOAD = {"source": "synthetic", "arrival": "closed", "notes": [], "trace": No
             "requests_analysed": 0, "requests_total": 0, "prompt_tokens": {"count": 0}, "output_tokens": {"count": 0},
             "counts": {"cached": 0, "prompt": 0, "cached_by_source": {}, "prompt_by_source": {}},
             "theoretical_hit_rate": {"tokens": None, "by_source": {}}}
-EXTRA = {"memory": {"peak_rss_bytes": 1, "budget_bytes": 2}, "occupancy": {}, "workload": WORKLOAD}
+def facts() -> RunFacts:
+    return RunFacts(WORKLOAD, {"peak_rss_bytes": 1, "budget_bytes": 2}, {})
 
 
 def results(recorder: Recorder | None = None, tiers=("cpu", "nvme")):
@@ -31,6 +33,6 @@ def results(recorder: Recorder | None = None, tiers=("cpu", "nvme")):
         r = Recorder()
         r.start_measuring(1)
         r.op(tiers[-1], "read", "load", 2 * S // 10, 1000, 2 << 20)
-        r.request(S // 10, S // 10 + 500, 3 * S // 10, 1000, {"tokens.prompt": 32, "tokens.cached": 16})
+        r.request(S // 10, S // 10 + 500, 3 * S // 10, 1000, RequestOutcome(32, 0, cached_tokens=16))
         r.stop_measuring(2 * S)
-    return build_results(r.snapshot(), run_info(tiers), Settings().to_dict(), dict(EXTRA))
+    return build_results(r.snapshot(), run_info(tiers), Settings().to_dict(), facts())

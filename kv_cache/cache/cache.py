@@ -29,6 +29,7 @@ from time import monotonic_ns as now_ns
 
 import numpy as np
 
+from kv_cache import counters as C
 from kv_cache.cache.chains import CORRUPT, DROPPING, READY, Entry, PrefixStructure
 from kv_cache.cache.parts import Parts
 from kv_cache.cache.policies import make_policy
@@ -381,7 +382,7 @@ class BlockCache(PrefixStructure):
 
     def _drop_now(self, e) -> None:
         """Lock held: a ready, unpinned block whose parent left meanwhile leaves the cache too."""
-        self.recorder.count("cache.cascade_drops")
+        self.recorder.count(C.CASCADE_DROPS)
         self._unplaced(e)
         self._drop(e)
 

@@ -6,6 +6,8 @@ cache's lock held. See cache.py's docstring for the rules.
 
 from __future__ import annotations
 
+from kv_cache import counters as C
+
 READY, WRITING, CORRUPT, DROPPING = "ready", "writing", "corrupt", "dropping"
 
 
@@ -84,7 +86,7 @@ class PrefixStructure:
             if self.index.get(c.key) is not c or c.state != READY:
                 c.parent = e  # MOVING / WRITING: _orphaned() sees the dead parent when it lands
                 continue
-            self.recorder.count("cache.cascade_drops")
+            self.recorder.count(C.CASCADE_DROPS)
             self._unplaced(c)
             if c.pins:
                 c.state = CORRUPT  # a reader holds it: never served again, dropped by its last reader

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kv_cache import counters as C
 from kv_cache.cache.cache import BlockCache
 from kv_cache.recorder.capacity import in_window
 from kv_cache.recorder.recorder import Recorder
@@ -19,7 +20,7 @@ def replay(log: dict[str, np.ndarray], tiers: list, policy: str, window=(0, None
     recorder.start_measuring(0)  # every operation counted; the window's are picked below
     cache = BlockCache(tiers, policy, True, recorder)
     bottom = tiers[-1].name
-    moved = (f"blocks.{bottom}.read", f"blocks.{bottom}.write")
+    moved = (C.BLOCKS(bottom, "read"), C.BLOCKS(bottom, "write"))
     reads = writes = 0
     slot = tiers[0].slot_bytes
     buf = np.zeros(slot, np.uint8)

@@ -17,6 +17,7 @@ from time import monotonic_ns as now_ns
 import numpy as np
 import xxhash
 
+from kv_cache import counters as C
 from kv_cache.buffers import HUGE, aligned_buffer
 from kv_cache.errors import Abandoned, BlockVanished
 from kv_cache.lifecycle.handoff import Loader, Publisher
@@ -24,7 +25,7 @@ from kv_cache.lifecycle.payload import block_digest
 from kv_cache.lifecycle.plan import KVPlan, Planner
 from kv_cache.model import slot_bytes
 from kv_cache.recorder.capacity import SOURCES
-from kv_cache.types import HISTORY, SYSTEM, Handoff, Request, StopAfter
+from kv_cache.types import HISTORY, SYSTEM, Handoff, Request, RequestOutcome, StopAfter
 
 
 def buffer_bytes(max_object_bytes: int) -> int:
@@ -111,35 +112,33 @@ class Lifecycle:
         if req.handoff is not None:
             return self._decode_node(req, bufs)
         plan = self.plan(req)
-        counts: dict[str, int] = {"tokens.prompt": req.num_prompt_tokens,
-                                  "tokens.generated": req.num_output_tokens}
+        out = RequestOutcome(req.num_prompt_tokens, req.num_output_tokens)
         for end, start, label in _span_ranges(req.spans):
-            _add(counts, f"tokens.prompt_by_source.{label}", end - start)
-        storage_ns, hit = self._load(req, plan, bufs, counts)
+            _add(out.prompt_tokens_by_source, label, end - start)
+        storage_ns, hit = self._load(req, plan, bufs, out)
         donors, loaded = None, set()
         if self.semantic is not None:
             donors = self.semantic.find(req, plan.num_prompt_blocks, hit)
-            spent, loaded = self._donor_load(donors.reads, bufs, counts)
+            spent, loaded = self._donor_load(donors.reads, bufs, out)
             storage_ns += spent
         # Whole-request mode never rewrites a missed history object; it writes its one
         # object (prompt + answer) in the prefill phase.
         whole = self.block_tokens == 0
         decode_phase = "prefill" if whole else "decode"
         prefill = [] if whole else [i for i in range(plan.num_prompt_blocks) if i not in hit and i not in loaded]
-        storage_ns += self._write(plan, prefill, bufs, "prefill", counts)
+        storage_ns += self._write(plan, prefill, bufs, "prefill", out)
         if self.handoff is not None:  # a prefill node: hand the prompt's KV to the decode nodes
             storage_ns += self._publish(req, plan, bufs)
         ttft_ns = now_ns()  # the storage part of time-to-first-token ends here
         if self.handoff is None:
-            storage_ns += self._write(plan, range(plan.num_prompt_blocks, len(plan.keys)), bufs, decode_phase,
-                                      counts)
+            storage_ns += self._write(plan, range(plan.num_prompt_blocks, len(plan.keys)), bufs, decode_phase, out)
         if donors is not None:
-            self.semantic.finish(req, plan, donors, hit, loaded, counts)
-        self._finish(req, req.num_output_tokens, storage_ns, counts, ttft_ns)
+            self.semantic.finish(req, plan, donors, hit, loaded, out)
+        self._finish(req, req.num_output_tokens, storage_ns, out, ttft_ns)
         if self.recorder.accesses is not None and plan.chained:  # the capacity curve's input: what the cache saw
             self._log_accesses(req, plan, whole)
 
-    def _finish(self, req: Request, output_tokens: int, storage_ns: int, counts: dict, ttft_ns: int) -> None:
+    def _finish(self, req: Request, output_tokens: int, storage_ns: int, out: RequestOutcome, ttft_ns: int) -> None:
         """Modelled generation time (if any), then the request's record."""
         generation_ns = 0
         if self.gen_s_per_token:  # the sleep is timed: what the run really waited, not what was asked
@@ -149,7 +148,7 @@ class Lifecycle:
                 self._check_stop()
                 time.sleep(min(left / 1e9, 0.05))
             generation_ns = now_ns() - start
-        self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, counts, ttft_ns, req.qos,
+        self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, out, ttft_ns, req.qos,
                               generation_ns)
 
     def _log_accesses(self, req: Request, plan: KVPlan, whole: bool) -> None:
@@ -171,8 +170,8 @@ class Lifecycle:
     def _decode_node(self, req: Request, bufs: WorkerBuffers) -> None:
         """Load the blocks a prefill node handed over, then append the decode blocks to our own tiers."""
         h = req.handoff
-        counts = {"tokens.prompt": h.prompt_tokens, "tokens.generated": h.output_tokens,
-                  "tokens.prompt_by_source.handoff": h.prompt_tokens, "blocks.lookup": len(h.keys)}
+        out = RequestOutcome(h.prompt_tokens, h.output_tokens, blocks_looked_up=len(h.keys),
+                             prompt_tokens_by_source={"handoff": h.prompt_tokens})
         storage_ns = loaded = 0
         digests = h.digests or (0,) * len(h.keys)
         for key, size, digest in zip(h.keys, h.nbytes, digests):
@@ -180,7 +179,7 @@ class Lifecycle:
             data = bufs.view(size)
             start = now_ns()
             if not self.handoff.load(key, data):
-                self.recorder.count("handoff.missing_blocks", start_ns=start)
+                self.recorder.count(C.HANDOFF_MISSING, start_ns=start)
                 continue
             spent = now_ns() - start
             storage_ns += spent
@@ -191,15 +190,15 @@ class Lifecycle:
         self.handoff.loaded(h)  # its blocks may go (the NIXL prefill node holds them until now)
         self.recorder.handoff(ttft_ns, int((time.time() - h.done_wall) * 1e9))
         tokens = min(loaded * h.block_tokens, h.prompt_tokens)
-        counts.update({"blocks.hit": loaded, "tokens.cached": tokens, "tokens.cached_by_tier.handoff": tokens,
-                       "tokens.cached_by_source.handoff": tokens})
+        out.blocks_hit, out.cached_tokens = loaded, tokens
+        out.cached_tokens_by_tier["handoff"] = out.cached_tokens_by_source["handoff"] = tokens
         n = len(h.keys)
         # the handed-over prompt blocks are not in this node's cache: its decode blocks start a chain here
         plan = KVPlan(h.keys + h.decode_keys, (h.block_tokens,) * (n + len(h.decode_keys)), n,
                       ("handoff",) * n + ("generated",) * len(h.decode_keys), ((0, n, False),
                                                                                (n, n + len(h.decode_keys), False)))
-        storage_ns += self._write(plan, range(n, len(plan.keys)), bufs, "decode", counts)
-        self._finish(req, h.output_tokens, storage_ns, counts, ttft_ns)
+        storage_ns += self._write(plan, range(n, len(plan.keys)), bufs, "decode", out)
+        self._finish(req, h.output_tokens, storage_ns, out, ttft_ns)
 
     def _pin(self, plan: KVPlan) -> list[tuple[int, object]]:
         """Pin the plan's cached prompt blocks group by group (see KVPlan.lookup); (index, entry) pairs."""
@@ -232,7 +231,7 @@ class Lifecycle:
             tier = self.cache.read(e, data, "load", op, parts)
         except BlockVanished:
             self.cache.forget_vanished(e)
-            self.recorder.count("shared.vanished", start_ns=start)
+            self.recorder.count(C.SHARED_VANISHED, start_ns=start)
             return None
         spent = now_ns() - start
         intact = True
@@ -245,13 +244,13 @@ class Lifecycle:
             self.cache.release(e, data, bufs.scratch)
         else:
             self.cache.discard(e)
-            self.recorder.count("verification.blocks_discarded")
+            self.recorder.count(C.VERIFY_DISCARDED)
         return spent + now_ns() - start, tier, intact
 
-    def _load(self, req: Request, plan: KVPlan, bufs: WorkerBuffers, counts: dict) -> tuple[int, set[int]]:
+    def _load(self, req: Request, plan: KVPlan, bufs: WorkerBuffers, out: RequestOutcome) -> tuple[int, set[int]]:
         """Read the cached prompt blocks; return (storage ns, indices of the blocks that hit)."""
         hits = self._pin(plan)
-        counts["blocks.lookup"] = plan.num_prompt_blocks
+        out.blocks_looked_up = plan.num_prompt_blocks
         storage_ns, tiers = 0, []  # the tier each hit was read from
         for n, (_, e) in enumerate(hits):
             try:
@@ -267,31 +266,32 @@ class Lifecycle:
                 break
             storage_ns += got[0]
             tiers.append(got[1])
-        counts["blocks.hit"] = len(hits)
+        out.blocks_hit = len(hits)
         hit = [i for i, _ in hits]
-        _count_hits_by_source(plan, hit, counts)
+        _count_hits_by_source(plan, hit, out)
         per_block, by_source = plan.hit_tokens(req, hit)
         for t, tokens in zip(tiers, per_block):
-            _add(counts, f"tokens.cached_by_tier.{self.cache.names[t]}", tokens)
+            _add(out.cached_tokens_by_tier, self.cache.names[t], tokens)
         for label, tokens in by_source.items():
-            _add(counts, "tokens.cached", tokens)
-            _add(counts, f"tokens.cached_by_source.{label}", tokens)
+            out.cached_tokens += tokens
+            _add(out.cached_tokens_by_source, label, tokens)
         return storage_ns, {i for i, _ in hits}
 
-    def _donor_load(self, reads: dict[int, tuple[int, ...]], bufs: WorkerBuffers, counts: dict) -> tuple[int, set]:
+    def _donor_load(self, reads: dict[int, tuple[int, ...]], bufs: WorkerBuffers,
+                    out: RequestOutcome) -> tuple[int, set]:
         """Read the donor blocks a donor plan names (op donor_read); the recipient blocks now loaded."""
         storage_ns, got = 0, set()
         for key in dict.fromkeys(k for keys in reads.values() for k in keys):
             pinned = self.cache.pin_prefix([key])
             read = self._read(pinned[0], bufs, "donor_read") if pinned else None
             if read is None or not read[2]:  # evicted (or corrupt) since the donor was served: recomputed
-                _add(counts, "semantic.donor_missing", 1)
+                out.donor_blocks_missing += 1
                 continue
             storage_ns += read[0]
             got.add(key)
             name = self.cache.names[read[1]]
-            _add(counts, f"semantic.donor_bytes.{name}", pinned[0].nbytes)
-            _add(counts, f"semantic.donor_blocks.{name}", 1)
+            _add(out.donor_bytes_by_tier, name, pinned[0].nbytes)
+            _add(out.donor_blocks_by_tier, name, 1)
         return storage_ns, {r for r, keys in reads.items() if all(k in got for k in keys)}
 
     def _check(self, key: int, data: np.ndarray, start_ns: int, digest: int | None = None) -> bool:
@@ -305,15 +305,15 @@ class Lifecycle:
 
     def _verdict(self, ok: bool, start_ns: int) -> bool:
         """Count a block checked, and a failure (in warm-up too) when it is not what was written."""
-        self.recorder.count("verification.blocks_checked")
+        self.recorder.count(C.VERIFIED)
         if ok:
             return True
-        self.recorder.count("verification.failures")
+        self.recorder.count(C.VERIFY_FAILED)
         if not self.recorder.in_window(start_ns):
-            self.recorder.count("verification.failures_in_warmup")
+            self.recorder.count(C.VERIFY_FAILED_IN_WARMUP)
         return False
 
-    def _write(self, plan: KVPlan, indices, bufs: WorkerBuffers, phase: str, counts: dict) -> int:
+    def _write(self, plan: KVPlan, indices, bufs: WorkerBuffers, phase: str, out: RequestOutcome) -> int:
         storage_ns = 0
         for i in indices:
             self._check_stop()
@@ -321,7 +321,7 @@ class Lifecycle:
             nbytes = self.object_bytes(plan.tokens_per_key[i])
             res = self.cache.reserve_write(key, nbytes, plan.labels[i], plan.parent(i))
             if res is None:
-                _add(counts, "blocks.write_skipped", 1)
+                out.blocks_write_skipped += 1
                 continue
             if self.cache.parts.many(nbytes):  # made part by part in the worker's buffer, hashed as it goes
                 storage_ns += self._write_parts(res, key, nbytes, bufs, phase)
@@ -370,8 +370,8 @@ def source_tokens(parts: list[tuple[str, int]]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _add(counts: dict, name: str, n: int) -> None:
-    counts[name] = counts.get(name, 0) + n
+def _add(by: dict[str, int], label: str, n: int) -> None:
+    by[label] = by.get(label, 0) + n
 
 
 def _span_ranges(spans):
@@ -383,14 +383,14 @@ def _span_ranges(spans):
         start = max(start, end)
 
 
-def _count_hits_by_source(plan: KVPlan, hit: list[int], counts: dict) -> None:
+def _count_hits_by_source(plan: KVPlan, hit: list[int], out: RequestOutcome) -> None:
     """The block hits by source, and per request whether its prefix, system prompt and history were found:
     the reference's hit counters (system prompt, multi-turn, prefix) counted on our blocks (README: MLPerf)."""
     labels = plan.labels[:plan.num_prompt_blocks]
     for i in hit:
-        _add(counts, f"blocks.hit_by_source.{labels[i]}", 1)
-    _add(counts, "requests.prefix_hit" if hit else "requests.prefix_miss", 1)  # nothing to look up: a miss
+        _add(out.blocks_hit_by_source, labels[i], 1)
+    out.found["prefix"] = bool(hit)  # nothing to look up: a miss
     found = {labels[i] for i in hit}
     for label in (SYSTEM, HISTORY):
         if label in labels:
-            _add(counts, f"requests.{label}_hit" if label in found else f"requests.{label}_miss", 1)
+            out.found[label] = label in found

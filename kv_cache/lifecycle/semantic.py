@@ -26,6 +26,7 @@ from time import monotonic_ns as now_ns
 import numpy as np
 
 from kv_cache.lifecycle.donors import Cover, DonorStore, Windows, cover, fuzzy_cover, make_donor
+from kv_cache.types import RequestOutcome
 
 
 @dataclass
@@ -119,8 +120,9 @@ class SemanticReuse:
         else:
             plan.fuzzy = 0
 
-    def finish(self, req, plan, dplan: DonorPlan, exact: set[int], loaded: set[int], counts: dict) -> None:
-        """Add the request's metrics to its counts (recipients) and offer it as a donor to later requests."""
+    def finish(self, req, plan, dplan: DonorPlan, exact: set[int], loaded: set[int],
+               outcome: RequestOutcome) -> None:
+        """Add the request's metrics to its outcome (recipients) and offer it as a donor to later requests."""
         n = plan.num_prompt_blocks
         tag = req.semantic
         if tag is not None and tag.role == "recipient":
@@ -130,7 +132,7 @@ class SemanticReuse:
                     "found": int(dplan.found_intended), "accepted": int(dplan.accepted > 0)}
             for k in ("exact", "candidate", "eligible", "semantic", "loaded"):
                 mine[f"{k}_tokens"] = mine[f"{k}_blocks"] * self.bt
-            counts.update({f"semantic.{tag.transform}.{k}": v for k, v in mine.items()})
+            outcome.semantic[tag.transform] = mine
         rid = f"{req.user_id}.{req.seq}"
         donor = make_donor(rid, tag.item if tag else None, tag.role if tag else "request", req.prompt_tokens,
                            plan.keys[:n], self.bt, skip=loaded, fuzzy=self.s.fuzzy, hashes=dplan.block_hashes)

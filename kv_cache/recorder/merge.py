@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import reduce
 
-from kv_cache.recorder.results import build_results, rates_by_source
+from kv_cache.recorder.results import SCHEDULED, RunFacts, build_results, rates_by_source
 from kv_cache.recorder.schema import Results
 from kv_cache.recorder.snapshot import Snapshot
 
@@ -61,22 +61,19 @@ def merge_ranks(ranks: list[Results]) -> Results:
                stopped_reason=next((x["stopped_reason"] for x in runs if x["partial"]), runs[0]["stopped_reason"]),
                tiers={t: {**info, "capacity_bytes": sum(x["tiers"][t]["capacity_bytes"] for x in runs)}
                       for t, info in runs[0]["tiers"].items()})
-    extra = {
-        "requests": {k: sum(r["requests"].get(k, 0) for r in results) for k in ("issued", "dropped_at_stop",
-                                                                         "users_started", "users_paced",
-                                                                         "users_waiting_at_stop",
-                                                                         "held_for_previous_turn")},
-        "memory": {"peak_rss_bytes": max(r["memory"]["peak_rss_bytes"] for r in results),
-                   "budget_bytes": max(r["memory"]["budget_bytes"] for r in results), "per_rank": True},
-        "occupancy": _sum_dicts([r["occupancy"] for r in results]),
-        "shared_storage": {"enabled": results[0]["shared_storage"]["enabled"],
-                           "adopted_blocks": sum(r["shared_storage"]["adopted_blocks"] for r in results)},
-        "workload": _workload(results),
-        "telemetry_per_rank": [r.get("telemetry") for r in results],
-        "ranks_detail": [{"rank": x["run"]["rank"], "host": x["run"]["hosts"][0], "window_s": x["run"]["duration_s"],
-                          "requests_completed": x["requests"]["completed"], "bandwidth_gbps": x["bandwidth_gbps"],
-                          "stopped_reason": x["run"]["stopped_reason"], "fault": x["run"]["fault"]} for x in results],
-        "rank_spread": {t: {d: _spread([x["bandwidth_gbps"][t][d] for x in results]) for d in ("read", "write")}
-                        for t in runs[0]["tiers"]},
-    }
-    return build_results(merged, run, results[0]["settings"], extra)
+    facts = RunFacts(
+        workload=_workload(results),
+        memory={"peak_rss_bytes": max(r["memory"]["peak_rss_bytes"] for r in results),
+                "budget_bytes": max(r["memory"]["budget_bytes"] for r in results), "per_rank": True},
+        occupancy=_sum_dicts([r["occupancy"] for r in results]),
+        scheduled={k: sum(r["requests"].get(k, 0) for r in results) for k in SCHEDULED},
+        shared_storage=results[0]["shared_storage"]["enabled"],
+        adopted_blocks=sum(r["shared_storage"]["adopted_blocks"] for r in results),
+        ranks={"telemetry_per_rank": [r.get("telemetry") for r in results],
+               "ranks_detail": [{"rank": x["run"]["rank"], "host": x["run"]["hosts"][0],
+                                 "window_s": x["run"]["duration_s"], "requests_completed": x["requests"]["completed"],
+                                 "bandwidth_gbps": x["bandwidth_gbps"], "stopped_reason": x["run"]["stopped_reason"],
+                                 "fault": x["run"]["fault"]} for x in results],
+               "rank_spread": {t: {d: _spread([x["bandwidth_gbps"][t][d] for x in results]) for d in ("read", "write")}
+                               for t in runs[0]["tiers"]}})
+    return build_results(merged, run, results[0]["settings"], facts)

@@ -18,6 +18,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from kv_cache import counters as C
 from kv_cache.recorder.histogram import (
     SECOND_HIGHEST_US,
     at_ms,
@@ -28,6 +29,7 @@ from kv_cache.recorder.histogram import (
     record_many,
 )
 from kv_cache.recorder.snapshot import Snapshot, copy_second
+from kv_cache.types import RequestOutcome
 
 # Which byte direction an op moves into the tier it is recorded under.
 OP_DIRECTION = {"read": "read", "donor_read": "read", "write": "write", "demote": "write", "promote": "write",
@@ -41,8 +43,8 @@ def _op_names(tier: str, op: str) -> tuple[str, str | None, str | None, str | No
     """The counter names of (tier, op): its ops, bytes and blocks in the window, its bytes in the warm-up; made
     once (not f-strings per block operation)."""
     d = OP_DIRECTION[op]
-    names = _OP_NAMES[(tier, op)] = (f"ops.{tier}.{op}", *((f"bytes.{tier}.{d}", f"blocks.{tier}.{d}",
-                                                           f"warmup.bytes.{tier}.{d}") if d else (None, None, None)))
+    names = _OP_NAMES[(tier, op)] = (C.OPS(tier, op), *((C.BYTES(tier, d), C.BLOCKS(tier, d), C.WARMUP_BYTES(tier, d))
+                                                        if d else (None, None, None)))
     return names
 
 
@@ -108,7 +110,7 @@ class Recorder:
         self.measure_end_ns = now_ns or time.monotonic_ns()
         start = getattr(self, "_cpu_start", None)
         if start is not None:  # a counter, so ranks' CPU time adds up in a merge
-            self.count("process.cpu_us", int((time.process_time() - start) * 1e6))
+            self.count(C.PROCESS_CPU_US, int((time.process_time() - start) * 1e6))
 
     def _second(self, start_ns: int) -> int | None:
         """Index of the measured second start_ns falls in, or None during warm-up."""
@@ -132,7 +134,7 @@ class Recorder:
                              dur_ns, phase, sec is not None)
         names = _OP_NAMES.get((tier, op)) or _op_names(tier, op)
         if sec is None:
-            shard.counters["warmup.ops"] += 1
+            shard.counters[C.WARMUP_OPS] += 1
             if names[3]:  # what the run wrote and read outside the window too (results.bytes_whole_run)
                 shard.counters[names[3]] += nbytes
             return
@@ -189,9 +191,9 @@ class Recorder:
         if sec is None:
             return
         shard = self._shard()
-        shard.counters[f"bytes.{tier}.{direction}"] += nbytes
-        shard.counters[f"blocks.{tier}.{direction}"] += 1
-        shard.series[(sec, f"bytes.{tier}.{direction}")] += nbytes
+        shard.counters[C.BYTES(tier, direction)] += nbytes
+        shard.counters[C.BLOCKS(tier, direction)] += 1
+        shard.series[(sec, C.BYTES(tier, direction))] += nbytes
 
     def handoff(self, done_ns: int, latency_ns: int) -> None:
         """Decode node: prefill-complete -> decode-loaded of one request (wall clocks of both nodes)."""
@@ -242,8 +244,8 @@ class Recorder:
         self._shard().counters[name] += n
 
     def request(self, intended_ns: int, dequeued_ns: int, done_ns: int, storage_ns: int,
-                counts: dict[str, int], ttft_ns: int | None = None, qos: str = "", generation_ns: int = 0) -> None:
-        """One finished request: its latencies (from the intended start) and token counts.
+                outcome: RequestOutcome, ttft_ns: int | None = None, qos: str = "", generation_ns: int = 0) -> None:
+        """One finished request: its latencies (from the intended start) and what it did (kept as counters).
 
         ttft_ns: when its storage part of time-to-first-token ended (prefix loaded, prefill
         written); qos: its class. A request counts when it completes inside the window, whenever
@@ -254,10 +256,10 @@ class Recorder:
         ttft, e2e = (ttft_ns or done_ns) - intended_ns, done_ns - intended_ns
         step = self._step
         if step is not None and done_ns >= step.start_ns:
-            step.add(qos, ttft, e2e, counts)
+            step.add(qos, ttft, e2e, outcome)
         sec = self._second(done_ns)
         if sec is None:
-            shard.counters["warmup.requests"] += 1
+            shard.counters[C.WARMUP_REQUESTS] += 1
             return
         record(shard.hist(("request", "storage", "all")), storage_ns)
         record(shard.hist(("request", "queue", "all")), dequeued_ns - intended_ns)
@@ -268,11 +270,12 @@ class Recorder:
         if qos:
             record(shard.hist((f"qos.{qos}", "ttft", "all")), ttft)
             record(shard.hist((f"qos.{qos}", "e2e", "all")), e2e)
-        shard.counters["requests.completed"] += 1
+        shard.counters[C.REQUESTS_COMPLETED] += 1
         shard.series[(sec, "requests")] += 1
-        for name, n in counts.items():
+        for name, n in outcome.counts():
             shard.counters[name] += n
-            if name in ("tokens.prompt", "tokens.cached", "tokens.generated"):
+        for name, n in zip(C.SERIES_TOKENS, (outcome.prompt_tokens, outcome.cached_tokens, outcome.generated_tokens)):
+            if n:
                 shard.series[(sec, name)] += n
 
     # ------------------------------------------------------------------ reading
@@ -317,11 +320,11 @@ class StepMeter:
         self.e2e: dict[str, object] = defaultdict(new_histogram)
         self._lock = threading.Lock()
 
-    def add(self, qos: str, ttft_ns: int, e2e_ns: int, counts: dict) -> None:
+    def add(self, qos: str, ttft_ns: int, e2e_ns: int, outcome: RequestOutcome) -> None:
         with self._lock:
             self.completed += 1
-            self.prompt_tokens += counts.get("tokens.prompt", 0)
-            self.generated_tokens += counts.get("tokens.generated", 0)
+            self.prompt_tokens += outcome.prompt_tokens
+            self.generated_tokens += outcome.generated_tokens
             record(self.ttft[qos], ttft_ns)
             record(self.e2e[qos], e2e_ns)
 

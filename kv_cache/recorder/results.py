@@ -9,7 +9,9 @@ window, bytes as integers. The storage under test is the bottom tier
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
+from kv_cache import counters as C
 from kv_cache.config import QOS_CLASSES
 from kv_cache.recorder.histogram import at_ms, merged, summary_ms
 from kv_cache.recorder.schema import SCHEMA_VERSION, Results
@@ -39,10 +41,6 @@ def rates_by_source(cached: dict, prompt: dict) -> dict:
     return out
 
 
-def _prefixed(counters: dict, prefix: str) -> dict:
-    return {k[len(prefix):]: v for k, v in counters.items() if k.startswith(prefix)}
-
-
 def latency_tables(snap: Snapshot, tiers: list[str]) -> tuple[dict, dict]:
     """latency_ms.<tier>.<op> (merged over phases) and latency_ms_by_phase.<tier>.<op>.<phase>."""
     by_op: dict[tuple, list] = defaultdict(list)
@@ -64,13 +62,13 @@ def timeseries(snap: Snapshot, tiers: list[str]) -> list[dict]:
     rows = []
     for sec in range(0, last + 1):
         src = snap.series.get(sec, {})
-        prompt, cached = src.get("tokens.prompt", 0), src.get("tokens.cached", 0)
+        prompt, cached, generated = (src.get(name, 0) for name in C.SERIES_TOKENS)
         row = {"t_s": sec, "ops": src.get("ops", 0), "requests": src.get("requests", 0),
-               "tokens_prompt": prompt, "tokens_cached": cached, "tokens_generated": src.get("tokens.generated", 0),
+               "tokens_prompt": prompt, "tokens_cached": cached, "tokens_generated": generated,
                "hit_rate": _rate(cached, prompt)}
         for t in tiers:
             for d in ("read", "write"):
-                row[f"{t}_{d}_gbps"] = src.get(f"bytes.{t}.{d}", 0) / 1e9
+                row[f"{t}_{d}_gbps"] = src.get(C.BYTES(t, d), 0) / 1e9
                 h = snap.second_hists.get((sec, t, d))
                 row[f"{t}_{d}_p50_ms"], row[f"{t}_{d}_p99_ms"] = at_ms(h, 50.0, 1e3), at_ms(h, 99.0, 1e3)
         row.update(snap.gauges.get(sec, {}))
@@ -97,10 +95,10 @@ def role_section(role: dict | None, c: dict, snap: Snapshot) -> dict | None:
         return None
     out = dict(role)
     if role["role"] == "prefill":
-        out["dropped_unread"] = c.get("handoff.dropped_unread", 0)
+        out["dropped_unread"] = c.get(C.HANDOFF_DROPPED_UNREAD, 0)
     if role["role"] == "decode":
         h = snap.hists.get(("request", "handoff", "all"))
-        out.update(missing_blocks=c.get("handoff.missing_blocks", 0),
+        out.update(missing_blocks=c.get(C.HANDOFF_MISSING, 0),
                    prefill_done_to_decode_loaded_ms=summary_ms(h if h is not None else merged([])))
     return out
 
@@ -124,31 +122,87 @@ def steady_state(rows: list[dict], tolerance: float, window: int) -> dict | None
 
 
 def _cpu(c: dict, tiers: list[str]) -> dict:
-    cpu_s = c.get("process.cpu_us", 0) / 1e6
-    moved = sum(c.get(f"bytes.{t}.{d}", 0) for t in tiers for d in ("read", "write"))
+    cpu_s = c.get(C.PROCESS_CPU_US, 0) / 1e6
+    moved = sum(c.get(C.BYTES(t, d), 0) for t in tiers for d in ("read", "write"))
     return {"process_s": cpu_s, "per_gib_moved": cpu_s / (moved / 2**30) if moved else None}
 
 
-def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -> Results:
+@dataclass
+class RunFacts:
+    """What a run knew beside its recorder: the scheduler's counts, the memory, the cache's state, the
+    workload's analysis, the role's end. build_results is the one place a Results is shaped, from these and the
+    recorder's snapshot (for one process, and for the merge of MPI ranks: merge.py)."""
+
+    workload: dict                       # sections.Workload
+    memory: dict                         # schema.Memory
+    occupancy: dict                      # tier -> sections.Occupancy
+    scheduled: dict[str, int] = field(default_factory=dict)  # SCHEDULED: what the scheduler issued and dropped
+    shared_storage: bool = False
+    adopted_blocks: int = 0              # shared storage: blocks another rank wrote, adopted
+    precondition: dict | None = None
+    autoscale: dict | None = None
+    role: dict | None = None             # a disaggregated node's end (run/handoff.finish_role)
+    telemetry: dict | None = None        # sections.TelemetrySummary
+    ranks: dict = field(default_factory=dict)  # merged ranks: telemetry_per_rank, ranks_detail, rank_spread
+
+    @staticmethod
+    def scheduled_of(outcome) -> dict[str, int]:
+        """SCHEDULED from the scheduler's RunOutcome."""
+        return {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop,
+                "abandoned_at_stop": outcome.abandoned, "users_started": outcome.users_started,
+                "users_paced": outcome.users_paced, "users_waiting_at_stop": outcome.users_waiting,
+                "held_for_previous_turn": outcome.held_for_turn}
+
+
+# requests.<field> the scheduler counts (summed over ranks in a merge)
+SCHEDULED = ("issued", "dropped_at_stop", "abandoned_at_stop", "users_started", "users_paced", "users_waiting_at_stop",
+             "held_for_previous_turn")
+
+
+def _requests(c: dict, window: float, scheduled: dict[str, int]) -> dict:
+    requests = {"completed": c.get(C.REQUESTS_COMPLETED, 0), "per_s": c.get(C.REQUESTS_COMPLETED, 0) / window,
+                "issued_in_window": c.get(C.REQUESTS_ISSUED_IN_WINDOW, 0),
+                "warmup_completed": c.get(C.WARMUP_REQUESTS, 0), **scheduled}
+    # every issued request is accounted for: completed before or in the window, dropped at the stop, or still
+    # in flight (0 after the drain)
+    requests["in_flight_at_end"] = (requests.get("issued", 0) - requests["warmup_completed"] - requests["completed"]
+                                    - requests.get("dropped_at_stop", 0) - requests.get("abandoned_at_stop", 0))
+    return requests
+
+
+def _per_tier(c: dict, family: C.Family, tiers: list[str], window: float = 0.0) -> dict:
+    """tier -> {read, write} of a family: counts, or GB/s over the window when one is given."""
+    return {t: {d: c.get(family(t, d), 0) / window / 1e9 if window else c.get(family(t, d), 0)
+                for d in ("read", "write")} for t in tiers}
+
+
+def _tokens(c: dict, tiers: list[str], window: float) -> dict:
+    prompt, cached, generated = (c.get(name, 0) for name in C.SERIES_TOKENS)
+    return {"prompt": prompt, "cached": cached, "generated": generated, "per_s": prompt / window,
+            "cached_per_s": cached / window, "generated_per_s": generated / window,
+            "cached_by_tier": {t: c.get(C.TOKENS_CACHED_BY_TIER(t), 0) for t in tiers},
+            "cached_by_source": C.TOKENS_CACHED_BY_SOURCE.of(c), "prompt_by_source": C.TOKENS_PROMPT_BY_SOURCE.of(c)}
+
+
+def _verification(c: dict, mode: str) -> dict:
+    return {"mode": mode, "blocks_checked": c.get(C.VERIFIED, 0), "failures": c.get(C.VERIFY_FAILED, 0),
+            "failures_in_warmup": c.get(C.VERIFY_FAILED_IN_WARMUP, 0), "blocks_discarded": c.get(C.VERIFY_DISCARDED, 0),
+            "scope": "whole run, warm-up included"}
+
+
+def build_results(snap: Snapshot, run_info: dict, settings: dict, facts: RunFacts) -> Results:
     """Assemble the Results (see schema.py and the README)."""
     c = snap.counters
     bottom = run_info["bottom_tier"]
     tiers = list(run_info["tiers"])
     window = snap.window_s
     latency, latency_by_phase = latency_tables(snap, tiers)
-    prompt, cached = c.get("tokens.prompt", 0), c.get("tokens.cached", 0)
-    by_source_prompt = _prefixed(c, "tokens.prompt_by_source.")
-    by_source_cached = _prefixed(c, "tokens.cached_by_source.")
+    tokens = _tokens(c, tiers, window)
     series = timeseries(snap, tiers)
-    requests = {"completed": c.get("requests.completed", 0), "per_s": c.get("requests.completed", 0) / window,
-                "issued_in_window": c.get("requests.issued_in_window", 0),
-                "warmup_completed": c.get("warmup.requests", 0), **extra.get("requests", {})}
-    # every issued request is accounted for: completed before or in the window, dropped at the stop, or still
-    # in flight (0 after the drain)
-    requests["in_flight_at_end"] = (requests.get("issued", 0) - requests["warmup_completed"] - requests["completed"]
-                                    - requests.get("dropped_at_stop", 0) - requests.get("abandoned_at_stop", 0))
+    requests = _requests(c, window, facts.scheduled)
     request_latency = {k: summary_ms(snap.hists[("request", k, "all")]) for k in REQUEST_LATENCIES
                        if ("request", k, "all") in snap.hists}
+    bandwidth = _per_tier(c, C.BYTES, tiers, window)
     return Results.from_dict({
         "schema_version": SCHEMA_VERSION,
         "run": {**run_info, "duration_s": window},
@@ -157,45 +211,41 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, extra: dict) -
         "request_latency_ms": request_latency,
         "qos": qos_section(snap, settings),
         "semantic": semantic_section(snap, settings, tiers),
-        "bandwidth_gbps": {t: {d: c.get(f"bytes.{t}.{d}", 0) / window / 1e9 for d in ("read", "write")}
-                           for t in tiers},
-        "bytes": {t: {d: c.get(f"bytes.{t}.{d}", 0) for d in ("read", "write")} for t in tiers},
-        "bytes_whole_run": {t: {d: c.get(f"bytes.{t}.{d}", 0) + c.get(f"warmup.bytes.{t}.{d}", 0)
+        "bandwidth_gbps": bandwidth,
+        "bytes": _per_tier(c, C.BYTES, tiers),
+        "bytes_whole_run": {t: {d: c.get(C.BYTES(t, d), 0) + c.get(C.WARMUP_BYTES(t, d), 0)
                                 for d in ("read", "write")} for t in tiers},
-        "blocks": {t: {d: c.get(f"blocks.{t}.{d}", 0) for d in ("read", "write")} for t in tiers},
-        "ops": {t: _prefixed(c, f"ops.{t}.") for t in tiers},
+        "blocks": _per_tier(c, C.BLOCKS, tiers),
+        "ops": {t: C.OPS.under(t).of(c) for t in tiers},
         "requests": requests,
         "load": load_verdict(requests, window, request_latency.get("queue", {}), request_latency.get("storage", {}),
                              run_info["workers"], series, (settings.get("disagg") or {}).get("role", "both")),
-        "tokens": {"prompt": prompt, "cached": cached, "generated": c.get("tokens.generated", 0),
-                   "per_s": prompt / window, "cached_per_s": cached / window,
-                   "generated_per_s": c.get("tokens.generated", 0) / window,
-                   "cached_by_tier": {t: c.get(f"tokens.cached_by_tier.{t}", 0) for t in tiers},
-                   "cached_by_source": by_source_cached, "prompt_by_source": by_source_prompt},
-        "hit_rate": {"tokens": _rate(cached, prompt),
-                     "blocks": _rate(c.get("blocks.hit", 0), c.get("blocks.lookup", 0)),
-                     "by_source": rates_by_source(by_source_cached, by_source_prompt)},
-        "blocks_write_skipped": c.get("blocks.write_skipped", 0),
-        "shared_storage": {**extra.get("shared_storage", {"enabled": False, "adopted_blocks": 0}),
-                           "vanished_blocks": c.get("shared.vanished", 0)},
-        "verification": {"mode": settings["run"]["verify"],
-                         "blocks_checked": c.get("verification.blocks_checked", 0),
-                         "failures": c.get("verification.failures", 0),
-                         "failures_in_warmup": c.get("verification.failures_in_warmup", 0),
-                         "blocks_discarded": c.get("verification.blocks_discarded", 0),
-                         "scope": "whole run, warm-up included"},
-        "warmup": {"ops": c.get("warmup.ops", 0), "requests": c.get("warmup.requests", 0)},
+        "tokens": tokens,
+        "hit_rate": {"tokens": _rate(tokens["cached"], tokens["prompt"]),
+                     "blocks": _rate(c.get(C.BLOCKS_HIT, 0), c.get(C.BLOCKS_LOOKUP, 0)),
+                     "by_source": rates_by_source(tokens["cached_by_source"], tokens["prompt_by_source"])},
+        "blocks_write_skipped": c.get(C.BLOCKS_WRITE_SKIPPED, 0),
+        "shared_storage": {"enabled": facts.shared_storage, "adopted_blocks": facts.adopted_blocks,
+                           "vanished_blocks": c.get(C.SHARED_VANISHED, 0)},
+        "verification": _verification(c, settings["run"]["verify"]),
+        "warmup": {"ops": c.get(C.WARMUP_OPS, 0), "requests": c.get(C.WARMUP_REQUESTS, 0)},
         "cpu": _cpu(c, tiers),
         "timeseries": series,
         "steady_state": steady_state(series, settings["run"]["steady_tolerance"], settings["run"]["steady_window_s"]),
         "mlperf_compatible": {
-            "cached_tokens_per_s": cached / window,
-            "storage_read_gbps": c.get(f"bytes.{bottom}.read", 0) / window / 1e9,
-            "storage_write_gbps": c.get(f"bytes.{bottom}.write", 0) / window / 1e9,
+            "cached_tokens_per_s": tokens["cached_per_s"],
+            "storage_read_gbps": bandwidth[bottom]["read"] if bottom in bandwidth else 0.0,
+            "storage_write_gbps": bandwidth[bottom]["write"] if bottom in bandwidth else 0.0,
             "storage_read_p95_ms": latency.get(bottom, {}).get("read", {}).get("p95"),
         },
-        **{k: v for k, v in extra.items() if k not in ("requests", "shared_storage", "role")},
-        "role": role_section(extra.get("role"), c, snap),
+        "memory": facts.memory,
+        "occupancy": facts.occupancy,
+        "workload": facts.workload,
+        "precondition": facts.precondition,
+        "autoscale": facts.autoscale,
+        "telemetry": facts.telemetry,
+        **facts.ranks,
+        "role": role_section(facts.role, c, snap),
         "settings": settings,
         "snapshot": snap.to_dict(),
     }, "the results being built")

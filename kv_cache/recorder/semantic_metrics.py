@@ -19,6 +19,7 @@ blocks of negative controls: shared instruction text may still hit exactly.
 
 from __future__ import annotations
 
+from kv_cache import counters as C
 from kv_cache.recorder.histogram import summary_ms
 from kv_cache.recorder.snapshot import Snapshot
 
@@ -51,10 +52,10 @@ def semantic_section(snap: Snapshot, settings: dict, tiers: list[str]) -> dict |
     if not s["enabled"]:
         return None
     by: dict[str, dict[str, int]] = {}
-    for name, v in snap.counters.items():
-        parts = name.split(".")
-        if len(parts) == 3 and parts[0] == "semantic" and parts[1] not in ("donor_bytes", "donor_blocks"):
-            by.setdefault(parts[1], {})[parts[2]] = v
+    for name, v in C.SEMANTIC.of(snap.counters).items():
+        transform, _, metric = name.partition(".")
+        if metric and "." not in metric and C.SEMANTIC(transform) not in (C.DONOR_BYTES, C.DONOR_BLOCKS):
+            by.setdefault(transform, {})[metric] = v
     total: dict[str, int] = {}
     for counts in by.values():
         for k, v in counts.items():
@@ -69,7 +70,7 @@ def semantic_section(snap: Snapshot, settings: dict, tiers: list[str]) -> dict |
         "negative_control_semantic_eligible_rate": _rate(neg.get("semantic_blocks", 0), neg.get("blocks", 0)),
         "donor_lookup_ms": {st: summary_ms(snap.hists[("semantic", st, "all")]) for st in STAGES
                             if ("semantic", st, "all") in snap.hists},
-        "donor_bytes_by_tier": {t: c.get(f"semantic.donor_bytes.{t}", 0) for t in tiers},
-        "donor_blocks_by_tier": {t: c.get(f"semantic.donor_blocks.{t}", 0) for t in tiers},
-        "donor_blocks_missing": c.get("semantic.donor_missing", 0),
+        "donor_bytes_by_tier": {t: c.get(C.DONOR_BYTES(t), 0) for t in tiers},
+        "donor_blocks_by_tier": {t: c.get(C.DONOR_BLOCKS(t), 0) for t in tiers},
+        "donor_blocks_missing": c.get(C.DONOR_MISSING, 0),
     }

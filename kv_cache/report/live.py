@@ -11,6 +11,7 @@ import shutil
 import sys
 import time
 
+from kv_cache import counters as C
 from kv_cache.report.table import WIDTH
 
 
@@ -34,11 +35,11 @@ class LiveLine:
             return
         self.next = now + self.every_s
         c = self.recorder.counters()
-        read, written = c.get(f"bytes.{self.tier}.read", 0), c.get(f"bytes.{self.tier}.write", 0)
+        read, written = c.get(C.BYTES(self.tier, "read"), 0), c.get(C.BYTES(self.tier, "write"), 0)
         t_prev, r_prev, w_prev = self.last
         dt = max(now - t_prev, 1e-9)
         self.last = (now, read, written)
-        hit = c.get("tokens.cached", 0) / c["tokens.prompt"] if c.get("tokens.prompt") else 0.0
+        hit = c.get(C.TOKENS_CACHED, 0) / c[C.TOKENS_PROMPT] if c.get(C.TOKENS_PROMPT) else 0.0
         p95 = self.recorder.recent_percentile(self.tier, "read", 95.0)
         phase = "draining" if draining else "measuring" if self.recorder.measure_start_ns else "warm-up"
         rd, wr, lat = (read - r_prev) / dt / 1e9, (written - w_prev) / dt / 1e9, "-" if p95 is None else f"{p95:.1f}"

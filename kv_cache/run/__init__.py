@@ -2,9 +2,12 @@
 calls it; the MLPerf exporter is a report (report/mlperf/).
 
     pipeline.py     one run: prepare -> warm-up -> measure -> results -> report; trials
-    compose.py      settings -> geometry, storage site, tier stack (from the tier registry), memory budget
+    prepare.py      what can refuse a run, agreed by every rank: traffic, payloads, tiers (build) and close
+    progress.py     the dispatcher's tick: gauges, telemetry, the live line
+    compose.py      settings -> geometry, storage site, tier stack (from the tier registry), memory budget,
+                    QoS policy, autoscaler
     traffic.py      which traffic source runs (synthetic, semantic, trace replay) and how it arrives
-    roles.py        the options' checks against each other, QoS and the autoscaler
+    checks.py       the options' checks against each other, before anything is built
     handoff.py      the disaggregated roles: which handoff transport, its side per role, its end
     describe.py     what a run says about itself: the banner, the run section of the Results, warnings
     budget.py       the memory budget checked before anything is allocated

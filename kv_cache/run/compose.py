@@ -23,6 +23,8 @@ from kv_cache.model import GiB, ModelSpec, find_model, slot_bytes
 from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, fits
 from kv_cache.run.handoff import nixl_region_bytes
 from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, write_marker
+from kv_cache.scheduler.autoscale import Autoscaler
+from kv_cache.scheduler.qos import QosPolicy
 from kv_cache.tiers.base import PINS_HOST, REMOTE, STORAGE, SlottedTier, moves_real_bytes
 from kv_cache.tiers.devices import open_cupy
 from kv_cache.tiers.engines import engines
@@ -72,7 +74,6 @@ class RunContext:
     workers: int
     handoff: Publisher | Loader | None = None  # a prefill node's side of the handoff, or a decode node's
     probe: list[tuple[int, float]] = field(default_factory=list)  # --workers 0: (threads, GB/s) of each step
-    role_done: bool = False
     gds: GdsLink | None = None           # --gds: NVMe <-> HBM without the host bounce
 
 
@@ -366,3 +367,12 @@ def device_latency_mode(s: Settings, b: RunContext) -> str:
     if REMOTE in b.tiers[-1].flags:
         return f"the storage tier {b.tiers[-1].name} is network + server, not a block device"
     return "on" if b.site is not None else "no local disk tier"
+
+
+def qos_policy(s: Settings) -> QosPolicy:
+    return QosPolicy(s.qos, s.run.seed)
+
+
+def autoscaler(s: Settings, users: list | None, recorder) -> Autoscaler | None:
+    """The autoscaler of --autoscale (None: off): it sets the closed loop's users itself."""
+    return None if s.autoscale.mode == "off" else Autoscaler(s.autoscale, s.qos, len(users), recorder)

@@ -3,12 +3,14 @@ composition root (run/): with compose.py it builds every stage from the settings
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kv_cache import counters as C
 from kv_cache import runlog, signals
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
@@ -16,52 +18,38 @@ from kv_cache.cache.parts import Parts
 from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import Analysis, analyse
-from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions, buffer_bytes
-from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions
 from kv_cache.recorder.capacity import AccessLog
 from kv_cache.recorder.iotrace import IOTraceWriter
 from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
-from kv_cache.recorder.results import build_results
+from kv_cache.recorder.results import RunFacts, build_results
 from kv_cache.recorder.schema import Results
-from kv_cache.recorder.sections import TelemetrySummary
 from kv_cache.recorder.telemetry import Telemetry
-from kv_cache.recorder.typed import load_section
 from kv_cache.report.console import render
-from kv_cache.report.live import LiveLine
 from kv_cache.run import capacity, outfolder
-from kv_cache.run.budget import check_fits, peak_rss_bytes
+from kv_cache.run.budget import peak_rss_bytes
 from kv_cache.run.compose import (
     RunContext,
     agreed_settings_of,
-    build_tiers,
-    check_dir,
-    choose_workers,
-    default_workers,
+    autoscaler,
     device_latency_mode,
     fio_of,
-    gds_link,
-    geometry,
-    memory_budget,
-    open_gpu,
-    pin_host_memory,
+    qos_policy,
     resolved,
     semantic_reuse,
-    storage_site,
-    worker_ceiling,
     worker_state,
-    workers,
 )
 from kv_cache.run.describe import banner, nothing_measured, run_info, warnings_of
-from kv_cache.run.distributed import Dist, launched_by_mpi
-from kv_cache.run.handoff import abandon_role, finish_role, open_handoff
-from kv_cache.run.leftovers import set_state
-from kv_cache.run.roles import autoscaler, check_options, check_traffic, qos_policy
+from kv_cache.run.distributed import Dist
+from kv_cache.run.handoff import finish_role
+from kv_cache.run.prepare import Prepared, RunSpec, close, prepare
+from kv_cache.run.progress import Progress
 from kv_cache.run.submission import RULES, rule_violations, validate, with_rule_defaults, write_package
-from kv_cache.run.traffic import Traffic, build_traffic
 from kv_cache.run.trials import conclude
 from kv_cache.scheduler.autoscale import Autoscaler
-from kv_cache.scheduler.runner import ClosedLoopRunner, OpenLoopRunner
+from kv_cache.scheduler.openloop import OpenLoopRunner
+from kv_cache.scheduler.runner import ClosedLoopRunner, RunOutcome
 from kv_cache.tiers.base import FAKE_IO, PRECONDITIONS, REMOTE, STORAGE
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # interrupted: 128 + the signal (130 for Ctrl-C)
@@ -70,110 +58,6 @@ ANALYSIS_LIMIT = 100_000  # requests analysed before the run at most
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
-
-
-def _build(s: Settings, run_id: str, payloads: PayloadPool | None, rank: int = 0, join: bool = False,
-           probe: bool = True, link=None) -> RunContext:
-    """probe: --workers 0 may step the storage tier's concurrency (not under MPI: ranks would probe each other);
-    link: the traffic's handoff link (a NIXL decode node's)."""
-    if not probe and not s.schedule.workers:
-        s = replace(s, "schedule.workers", default_workers())
-    geo = geometry(s)
-    gpu, gpu_note = open_gpu(s)
-    ceiling = worker_ceiling(s, geo, gpu)
-    sized = replace(s, "schedule.workers", ceiling)  # buffers, lanes and the budget for the most threads
-    budget = memory_budget(sized, geo, gpu)
-    check_fits(budget, ceiling, buffer_bytes(geo.io_bytes))
-    fill = payloads.fill if payloads else None
-    tiers, site = [], None
-    try:
-        site = None if s.tiers.null_io or s.tiers.nvme == "off" else storage_site(s, run_id, join)
-        tiers, notes = build_tiers(sized, geo, site, fill, f"r{rank}", gpu, run_id)
-        pin_host_memory(tiers, payloads)
-        gds = gds_link(sized, tiers, gpu, geo)
-        handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes, workers(s), link, gpu)
-        n, steps, probe_note = choose_workers(s, tiers, geo, ceiling, fill)
-    except BaseException:
-        for t in tiers:  # registered host memory and device slabs go back, files go
-            t.close()
-        if site and not join:
-            shutil.rmtree(site.data_dir, ignore_errors=True)
-        raise
-    gds_note = f"GDS path: {gds.mode}" if gds else ""
-    notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_note, probe_note) if x]
-    return RunContext(geo, site, tiers, notes, budget, n, handoff, probe=steps, gds=gds)
-
-
-def _close(b: RunContext, remove: bool) -> None:
-    abandon_role(None if b.role_done else b.handoff, remove)  # a failed run ends its manifest, leaves no folder
-    if b.gds is not None:
-        b.gds.close()
-    for t in b.tiers:
-        t.close(remove=remove)
-    if b.site and remove:
-        shutil.rmtree(b.site.data_dir, ignore_errors=True)
-    elif b.site and os.path.isdir(b.site.data_dir):
-        set_state(b.site.data_dir, "kept")  # on purpose (--keep-data): not a killed run's leftover
-
-
-class Progress:
-    """The dispatcher's tick: sample the gauges of the time series (and telemetry), and draw the live line."""
-
-    def __init__(self, s: Settings, recorder: Recorder, cache: BlockCache, b: RunContext, quiet: bool,
-                 tele: Telemetry | None):
-        self.recorder, self.cache, self.tele = recorder, cache, tele
-        self.live = None if quiet else LiveLine(recorder, s.run.warmup_s + s.run.duration_s, b.tiers[-1].name,
-                                                refresh=not launched_by_mpi())
-        self.slots = [(t.name, t.slot_bytes) for t in b.tiers]
-
-    def __call__(self, runner: ClosedLoopRunner | OpenLoopRunner) -> None:
-        levels = runner.levels()
-        levels.update({f"{name}_used_bytes": used * size for (name, size), used in zip(self.slots, self.cache.used)})
-        now = time.monotonic_ns()
-        self.recorder.gauge(levels, now)
-        row = self.tele.sample(self.recorder.measure_start_ns is not None) if self.tele is not None else None
-        if row:
-            self.recorder.gauge(row, now)
-        if self.live is not None:
-            self.live(runner.outcome.completed, runner.draining)
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.close()
-
-
-def _prepare(s: Settings, run_id: str, dist: Dist) -> tuple[Traffic, PayloadPool | None, RunContext]:
-    """Everything that can refuse the run, agreed on by all ranks before any of them measures."""
-    error, b, ignored = None, None, []
-    shared = s.tiers.shared_storage and dist.active
-    try:
-        ignored = check_options(s, dist.active)
-        traffic = build_traffic(s, dist.rank, dist.size)  # bad traces are refused before any data is written
-        check_traffic(s, traffic.arrival)
-        qos_policy(s)  # a bad --qos-mix is refused here, before any data is written
-        if not s.tiers.null_io and s.tiers.nvme == "on" and s.tiers.cache_dir:
-            check_dir(os.path.abspath(s.tiers.cache_dir))  # a wrong folder is said before the payload pool is made
-        payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
-        if not shared:
-            b = _build(s, f"{run_id}-r{dist.rank}" if dist.active else run_id, payloads, dist.rank,
-                       probe=not dist.active, link=traffic.handoff_link)
-        elif dist.rank == 0:  # rank 0 makes the shared namespace; the others join it
-            b = _build(s, run_id, payloads, 0, probe=False)
-    except UserError as e:
-        error = str(e)
-    if shared and dist.bcast(error is None and b is not None) and dist.rank and error is None:
-        try:
-            b = _build(s, run_id, payloads, dist.rank, join=True, probe=False)
-        except UserError as e:
-            error = str(e)
-    try:
-        dist.agree(error)
-    except BaseException:
-        if b is not None:
-            _close(b, remove=not s.run.keep_data and not (shared and dist.rank))
-        raise
-    b.notes[:0] = ignored
-    return traffic, payloads, b
 
 
 def execute(s: Settings, say=print) -> int:
@@ -204,7 +88,7 @@ def execute(s: Settings, say=print) -> int:
         dist.agree(error)
         if dist.rank == 0:
             runlog.open_log(folder / outfolder.LOG)  # created only if something goes wrong
-        return _trials(s, say, dist, run_id, folder, rules)
+        return _trials(RunSpec(s, say, dist, run_id, folder), rules)
     except (UserError, KeyboardInterrupt):
         raise
     except Exception as e:  # a bug: its traceback into the run's log while the folder is still there
@@ -217,14 +101,15 @@ def execute(s: Settings, say=print) -> int:
                 outfolder.abandon(folder)  # removes it only if nothing was written into it (a log is kept)
 
 
-def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> int:
+def _trials(run: RunSpec, rules) -> int:
     """One run, or N trials of the same schedule with the median and spread of their headline numbers."""
+    s, say, dist = run.s, run.say, run.dist
     if s.run.trials == 1:
-        return _one_run(s, say, dist, run_id, folder)[0]
+        return _one_run(run)[0]
     statuses, trials = [], []
     for k in range(1, s.run.trials + 1):
         say(f"== trial {k} of {s.run.trials} (same seed, same schedule)")
-        status, merged = _one_run(s, say, dist, f"{run_id}-t{k}", folder / f"trial-{k}", k)
+        status, merged = _one_run(RunSpec(s, say, dist, f"{run.run_id}-t{k}", run.folder / f"trial-{k}", k))
         statuses.append(status)
         trials.append(merged)
         if k == 1 and not s.schedule.workers:  # one set-up: the probe's choice in trial 1, kept for every trial
@@ -234,12 +119,12 @@ def _trials(s: Settings, say, dist: Dist, run_id: str, folder: Path, rules) -> i
             break
         signals.resume()
     if dist.rank == 0:
-        best = conclude(trials, folder, say)
+        best = conclude(trials, run.folder, say)
         if rules is not None:
             cache_dir = best.run.cache_dir or s.run.output_dir
-            outfolder.finish(folder)  # the marker and reserve are not part of the package
-            manifest = write_package(folder, s.to_dict(), rules, cache_dir)
-            failures, _ = validate(folder)
+            outfolder.finish(run.folder)  # the marker and reserve are not part of the package
+            manifest = write_package(run.folder, s.to_dict(), rules, cache_dir)
+            failures, _ = validate(run.folder)
             say(f"Submission package ({rules.name} rules): {manifest}; validate: "
                 + ("conforms" if not failures else "; ".join(failures)))
     return dist.bcast(max(statuses))
@@ -259,19 +144,20 @@ class Stages:
     tele: Telemetry | None
 
 
-def _io_trace_path(s: Settings, dist: Dist, trial: int) -> str:
+def _io_trace_path(run: RunSpec) -> str:
     """--io-trace's file for this trial and rank: <name>[.trial<k>][.rank<r>][.zst] (none overwrites another)."""
-    zst = ".zst" if s.run.io_trace.endswith(".zst") else ""
-    return (s.run.io_trace.removesuffix(".zst") + (f".trial{trial}" if trial else "")
-            + (f".rank{dist.rank}" if dist.active else "") + zst)
+    name = run.s.run.io_trace
+    zst = ".zst" if name.endswith(".zst") else ""
+    return (name.removesuffix(".zst") + (f".trial{run.trial}" if run.trial else "")
+            + (f".rank{run.dist.rank}" if run.dist.active else "") + zst)
 
 
-def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool | None, dist: Dist,
-            trial: int) -> Stages:
+def _stages(run: RunSpec, p: Prepared) -> Stages:
+    s, b, dist, traffic = run.s, p.ctx, run.dist, p.traffic
     recorder = Recorder()
     recorder.accesses = AccessLog() if s.run.capacity_curve else None  # the capacity curve's input
     if s.run.io_trace:
-        recorder.io_trace = IOTraceWriter(_io_trace_path(s, dist, trial), time.monotonic_ns(), b.tiers[-1].name,
+        recorder.io_trace = IOTraceWriter(_io_trace_path(run), time.monotonic_ns(), b.tiers[-1].name,
                                           s.run.io_trace_schema)
     cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder, b.gds, Parts(b.geo.part_bytes))
     fake = all(FAKE_IO in t.flags for t in b.tiers)
@@ -279,7 +165,7 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
                                chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify,
                                fake, s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk",
                                s.workload.decode_writes)
-    life = Lifecycle(cache, payloads, recorder, options, handoff=b.handoff, semantic=semantic_reuse(s, recorder))
+    life = Lifecycle(cache, p.payloads, recorder, options, handoff=b.handoff, semantic=semantic_reuse(s, recorder))
     limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
     total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
                                                                         traffic.analysis_total or limit)
@@ -297,73 +183,88 @@ def _stages(s: Settings, b: RunContext, traffic: Traffic, payloads: PayloadPool 
     return Stages(recorder, cache, life, analysis, runner, progress, scaler, tele)
 
 
-def _measure(s: Settings, say, dist: Dist, b: RunContext, traffic: Traffic, st: Stages, run_id: str) -> Results:
-    """Precondition, the barrier, warm-up + window, the role's end, then the Results of this process."""
-    for line in banner(s, b, traffic, st.analysis, dist):
-        say(line)
-    precondition = _precondition(s, b, say) if s.tiers.precondition else None
-    dist.barrier()  # every rank starts its clock together
-    outcome = st.runner.run(s.run.warmup_s, s.run.duration_s, s.run.max_requests)
+def _load_phase(run: RunSpec, p: Prepared, st: Stages) -> tuple[RunOutcome, dict | None]:
+    """Precondition, the barrier, warm-up + window: how the load phase ended, and the preconditioning's figures."""
+    for line in banner(run.s, p.ctx, p.traffic, st.analysis, run.dist):
+        run.say(line)
+    precondition = _precondition(run.s, p.ctx, run.say) if run.s.tiers.precondition else None
+    run.dist.barrier()  # every rank starts its clock together
+    outcome = st.runner.run(run.s.run.warmup_s, run.s.run.duration_s, run.s.run.max_requests)
     st.progress.close()
-    role = finish_role(b.handoff, s, say)
-    b.role_done = True
+    return outcome, precondition
+
+
+def _close_io_trace(run: RunSpec, b: RunContext, st: Stages) -> None:
     trace = st.recorder.io_trace
-    if trace is not None:
-        trace.close()
-        job = "none (the storage tier is remote: network + server, no fio job replays it)"
-        if REMOTE not in b.tiers[-1].flags:
-            job = trace.fio_job(b.site.cache_dir if b.site else ".", fio_of(b.site),
-                                b.workers, s.run.duration_s, b.tiers[-1].capacity_bytes)
-        say(f"  I/O trace: {trace.rows:,} operations in {trace.path}; fio job: {job}")
-    results = build_results(st.recorder.snapshot(), run_info(s, b, run_id, outcome, dist), resolved(s, b).to_dict(), {
-        "requests": {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop,
-                     "abandoned_at_stop": outcome.abandoned,
-                     "users_started": outcome.users_started, "users_paced": outcome.users_paced,
-                     "users_waiting_at_stop": outcome.users_waiting,
-                     "held_for_previous_turn": outcome.held_for_turn},
-        "memory": {"peak_rss_bytes": peak_rss_bytes(),
-                   "budget_bytes": b.budget.total_bytes, "budget": b.budget.to_dict()},
-        "occupancy": st.cache.occupancy(),
-        "shared_storage": {"enabled": s.tiers.shared_storage, "adopted_blocks": st.cache.adopted},
-        "precondition": precondition,
-        "autoscale": st.scaler.to_dict() if st.scaler is not None else None,
-        "role": role,
-        "workload": {"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
-                     "trace": traffic.trace.log.to_dict() if traffic.trace else None,
-                     "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **st.analysis}})
-    if st.tele is not None:  # the block layer of the cache directory's disk beside the disk tier's own bytes
-        disk = next((t.name for t in reversed(b.tiers) if STORAGE in t.flags and REMOTE not in t.flags), None)
-        moved = results.bytes.get(disk) if disk else None
-        results.telemetry = load_section(TelemetrySummary, st.tele.summary(
-            None if moved is None else {"read": moved.read, "write": moved.write}), "telemetry")
-        st.tele.close()
-    return results
+    if trace is None:
+        return
+    trace.close()
+    job = "none (the storage tier is remote: network + server, no fio job replays it)"
+    if REMOTE not in b.tiers[-1].flags:
+        job = trace.fio_job(b.site.cache_dir if b.site else ".", fio_of(b.site), b.workers, run.s.run.duration_s,
+                            b.tiers[-1].capacity_bytes)
+    run.say(f"  I/O trace: {trace.rows:,} operations in {trace.path}; fio job: {job}")
 
 
-def _one_run(s: Settings, say, dist: Dist, run_id: str, report_dir: Path, trial: int = 0) -> tuple[int, Results | None]:
-    """One measured run (trial: its number when there are several) into report_dir; (exit status, merged results
-    on rank 0)."""
-    s, agreed = agreed_settings_of(s, dist)
-    traffic, payloads, b = _prepare(s, run_id, dist)
-    b.notes[:0] = agreed
+def _telemetry(b: RunContext, st: Stages, counters: dict[str, int]) -> dict | None:
+    """The block layer of the cache directory's disk beside the disk tier's own bytes (those in the window)."""
+    if st.tele is None:
+        return None
+    disk = next((t.name for t in reversed(b.tiers) if STORAGE in t.flags and REMOTE not in t.flags), None)
+    moved = {d: counters.get(C.BYTES(disk, d), 0) for d in ("read", "write")} if disk else None
     try:
-        st = _stages(s, b, traffic, payloads, dist, trial)
-        results = _measure(s, say, dist, b, traffic, st, run_id)
-        capacity.attach(results, st.recorder, b.tiers, report_dir, s.cache.policy)
+        return st.tele.summary(moved)
+    finally:
+        st.tele.close()
+
+
+def _results(run: RunSpec, p: Prepared, st: Stages, outcome: RunOutcome, precondition: dict | None,
+             role: dict | None) -> Results:
+    """This process's Results: the recorder's snapshot and what the run knew beside it."""
+    b, traffic = p.ctx, p.traffic
+    snap = st.recorder.snapshot()
+    facts = RunFacts(
+        workload={"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
+                  "trace": traffic.trace.log.to_dict() if traffic.trace else None,
+                  "tokenizer": traffic.trace.tokenizer if traffic.trace else None, **st.analysis},
+        memory={"peak_rss_bytes": peak_rss_bytes(), "budget_bytes": b.budget.total_bytes,
+                "budget": b.budget.to_dict()},
+        occupancy=st.cache.occupancy(), scheduled=RunFacts.scheduled_of(outcome),
+        shared_storage=run.s.tiers.shared_storage, adopted_blocks=st.cache.adopted, precondition=precondition,
+        autoscale=st.scaler.to_dict() if st.scaler is not None else None, role=role,
+        telemetry=_telemetry(b, st, snap.counters))
+    return build_results(snap, run_info(run.s, b, run.run_id, outcome, run.dist), resolved(run.s, b).to_dict(), facts)
+
+
+def _one_run(run: RunSpec) -> tuple[int, Results | None]:
+    """One measured run into run.folder; (exit status, merged results on rank 0)."""
+    s, agreed = agreed_settings_of(run.s, run.dist)
+    run = dataclasses.replace(run, s=s)
+    dist, say = run.dist, run.say
+    p = prepare(run)
+    p.ctx.notes[:0] = agreed
+    role_open = True  # until the role ends: a run failing before ends the manifest and removes its space
+    try:
+        st = _stages(run, p)
+        outcome, precondition = _load_phase(run, p, st)
+        role = finish_role(p.ctx.handoff, s, say)
+        role_open = False
+        _close_io_trace(run, p.ctx, st)
+        results = _results(run, p, st, outcome, precondition, role)
+        capacity.attach(results, st.recorder, p.ctx.tiers, run.folder, s.cache.policy)
     finally:  # a shared namespace is removed by rank 0 alone, once every rank is done with it
-        shared = s.tiers.shared_storage and dist.active
         with signals.deferred():  # a signal now must not leave the data directory half removed
-            _close(b, remove=not s.run.keep_data and not shared)
+            close(p.ctx, not s.run.keep_data and not run.shared, role_open)
     status = _status_of(results)
     gathered = dist.gather(results)
-    if shared and dist.rank == 0 and b.site and not s.run.keep_data:
-        shutil.rmtree(b.site.data_dir, ignore_errors=True)
+    if run.shared and dist.rank == 0 and p.ctx.site and not s.run.keep_data:
+        shutil.rmtree(p.ctx.site.data_dir, ignore_errors=True)
     merged = None
     if dist.rank == 0:
         merged = results if not dist.active else merge_ranks(gathered)
         merged.warnings = warnings_of(merged)
         extra = {f"rank-{r.run.rank}.json": r for r in gathered} if dist.active else {}
-        written, failed = outfolder.write_results(merged, report_dir, extra)
+        written, failed = outfolder.write_results(merged, run.folder, extra)
         say(render(merged, str(written / "results.json")))
         status = max(status, *(_status_of(r) for r in gathered), EXIT_FAILED if failed else EXIT_OK)
         outfolder.tell_faults(merged, written)

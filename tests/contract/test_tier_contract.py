@@ -24,7 +24,7 @@ def make(kind, tmp_path, request=None):
         return NullTier("nvme", SLOTS * SLOT, SLOT)
     medium, variant = kind.split("/", 1)
     k = kinds_by_name()[medium]
-    server = request.getfixturevalue(f"{k.server}_server") if k.server else None  # a real one, started here
+    server = request.getfixturevalue(f"{medium}_server") if k.local_server else None  # its real one, started here
     d = tmp_path / "data"
     d.mkdir()
     t = k.make_for_test(variant, str(d), SLOTS * SLOT, SLOT, server)

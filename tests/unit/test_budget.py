@@ -93,7 +93,7 @@ def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monke
     import gc
 
     from kv_cache.lifecycle.payload import PayloadPool
-    from kv_cache.run import compose, pipeline
+    from kv_cache.run import compose, prepare
     from kv_cache.tiers.devices import FakeDevice
 
     dev = FakeDevice(hbm_bytes=4 * GiB)
@@ -106,7 +106,7 @@ def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monke
     gc.collect()
     before = _rss()
     payloads = PayloadPool(s.run.seed)
-    b = pipeline._build(s, "budget-check", payloads)
+    b = prepare.build(s, "budget-check", payloads)
     try:
         geo = b.geo
         bufs = [compose.worker_state(b.tiers, geo.io_bytes, False)() for _ in range(b.workers)]
@@ -121,7 +121,7 @@ def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monke
         assert budget.gpu_staging_bytes == (b.workers + 1) * geo.io_bytes > 0
         assert abs(grown - allocated) <= 0.10 * allocated, (grown, budget.to_dict())
     finally:
-        pipeline._close(b, remove=True)
+        prepare.close(b, True, role_open=False)
 
 
 def test_the_references_object_per_request_streams_through_buffers_of_one_part():

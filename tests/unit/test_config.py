@@ -68,7 +68,7 @@ def test_bad_files_are_refused_with_the_key(tmp_path, text, msg):
 def test_an_engine_not_in_the_table_is_one_sentence(tmp_path):
     """The engine names are the engines table's (issue 40): a file naming another is refused by the options' check,
     listing the table."""
-    from kv_cache.run.roles import check_options
+    from kv_cache.run.checks import check_options
 
     f = tmp_path / "c.yaml"
     f.write_text("tiers: {io_engine: aio}\n")

@@ -5,7 +5,8 @@ included).
 
 - a stage imports itself, the one stage after it, the recorder and the shared leaves;
 - the recorder imports itself and the shared leaves; the report, the recorder too;
-- the shared leaves (types, errors, model, signals, buffers, runlog, inputs, markers, config) import only shared leaves;
+- the shared leaves (types, counters, errors, model, signals, buffers, runlog, inputs, markers, config) import only
+  shared leaves;
 - the composition root (run/) may import anything; nothing imports it but the command line (cli/) and the entry
   points (__main__); nothing imports the command line but the entry points.
 A module outside these units fails: a new file has to be placed in the picture.
@@ -17,8 +18,8 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "kv_cache"
 FLOW = ["sources", "scheduler", "lifecycle", "cache", "tiers"]
-SHARED = {"__init__", "types", "errors", "model", "signals", "buffers", "runlog", "inputs", "markers", "config",
-          "safefiles"}
+SHARED = {"__init__", "types", "counters", "errors", "model", "signals", "buffers", "runlog", "inputs", "markers",
+          "config", "safefiles"}
 ROOT = "run"
 CLI = "cli"
 

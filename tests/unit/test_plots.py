@@ -17,6 +17,7 @@ from kv_cache.report.plots import (
     make_plots,
 )
 from kv_cache.report.plots_control import draw_autoscale, draw_qos
+from kv_cache.types import RequestOutcome
 
 
 def _busy_results():
@@ -26,7 +27,7 @@ def _busy_results():
         r.op("nvme", "read", "load", S // 10 + i, 1_000_000 + 1000 * i, 2 << 20)
     r.op("cpu", "write", "prefill", S // 10, 50_000, 2 << 20)
     for i in range(15):  # per-request latencies: never on the per-block plot
-        r.request(S // 10, S // 10 + 10, S // 5 + i, 1000, {"tokens.prompt": 10}, ttft_ns=S // 5, qos="interactive")
+        r.request(S // 10, S // 10 + 10, S // 5 + i, 1000, RequestOutcome(10, 0), ttft_ns=S // 5, qos="interactive")
     r.gauge({"queue_depth": 1, "in_flight": 2, "cpu_used_bytes": 2 << 20, "nvme_used_bytes": 6 << 20}, S // 2)
     r.stop_measuring(3 * S)
     return results(r)

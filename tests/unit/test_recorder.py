@@ -3,6 +3,7 @@
 import threading
 
 from kv_cache.recorder.recorder import Recorder, Snapshot
+from kv_cache.types import RequestOutcome
 
 S = 1_000_000_000
 
@@ -24,8 +25,8 @@ def test_warmup_operations_are_counted_apart():
 def test_requests_count_when_they_complete_in_the_window():
     r = Recorder()
     r.start_measuring(10 * S)
-    r.request(1 * S, 2 * S, 12 * S, 5, {"tokens.prompt": 100})  # issued in warm-up, done in the window
-    r.request(1 * S, 2 * S, 3 * S, 5, {"tokens.prompt": 50})    # done in warm-up
+    r.request(1 * S, 2 * S, 12 * S, 5, RequestOutcome(100, 0))  # issued in warm-up, done in the window
+    r.request(1 * S, 2 * S, 3 * S, 5, RequestOutcome(50, 0))    # done in warm-up
     snap = r.snapshot()
     assert snap.counters["requests.completed"] == 1
     assert snap.counters["tokens.prompt"] == 100

@@ -20,6 +20,7 @@ from kv_cache.recorder.semantic_metrics import semantic_section
 from kv_cache.sources.semantic import TRANSFORMS, fuzzy, make_semantic_users
 from kv_cache.sources.textcorpus import TextCorpus
 from kv_cache.sources.tokenizer import FallbackTokenizer
+from kv_cache.types import RequestOutcome
 
 BT, VOCAB = 16, 100_000
 PROFILE = ProfileSettings().document
@@ -57,7 +58,7 @@ class Served:
         dplan = self.reuse.find(req, n, exact)
         loaded = {r for r, keys in dplan.reads.items() if all(k in self.cached for k in keys)}
         self.cached.update(plan.keys[i] for i in range(n) if i not in loaded)
-        self.reuse.finish(req, plan, dplan, exact, loaded, {})
+        self.reuse.finish(req, plan, dplan, exact, loaded, RequestOutcome(req.num_prompt_tokens, 0))
         return n, exact, dplan, loaded
 
 

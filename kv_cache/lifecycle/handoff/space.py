@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from time import monotonic_ns as now_ns
 
+from kv_cache import counters as C
 from kv_cache.lifecycle.payload import block_digest
 
 WAITED_NS = 1_000_000  # a wait shorter than this is a lock's hiccup, not backpressure: not recorded
@@ -114,7 +115,7 @@ class HandoffSpace:
             self._holds.pop(old, None)
             self._drop(old)
             if recorder is not None:
-                recorder.count("handoff.dropped_unread")
+                recorder.count(C.HANDOFF_DROPPED_UNREAD)
 
     def _drop(self, key: int) -> None:
         self._used -= self._published.pop(key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kv_cache import counters as C
 from kv_cache.report.mlperf.fields import PCTS, Fields, GiB
 
 HIT_SOURCES = {"system_prompt_hits": ("system",), "multi_turn_hits": ("history",)}  # the rest: user_cache_hits
@@ -9,7 +10,7 @@ HIT_SOURCES = {"system_prompt_hits": ("system",), "multi_turn_hits": ("history",
 
 def cache_stats(f: Fields, profile: str) -> dict:
     r = f.r
-    lookups, hits = f.count("blocks.lookup"), f.count("blocks.hit")
+    lookups, hits = f.count(C.BLOCKS_LOOKUP), f.count(C.BLOCKS_HIT)
     rate = r.hit_rate.blocks  # results.json's hit_rate.blocks: blocks.hit / blocks.lookup of the window
     out: dict = {"cache_hit_rate": rate if rate is not None else f.zero(
         "summary.cache_stats.cache_hit_rate", "no block was looked up in the measurement window", 0.0),
@@ -46,7 +47,7 @@ def _tier_bytes(f: Fields) -> dict:
 
 
 def _hits_by_source(f: Fields) -> dict:
-    by_source = f.prefixed("blocks.hit_by_source.")
+    by_source = C.BLOCKS_HIT_BY_SOURCE.of(f.c)
     named = {k: sum(by_source.get(s, 0) for s in sources) for k, sources in HIT_SOURCES.items()}
     known = {s for sources in HIT_SOURCES.values() for s in sources}
     return {"system_prompt_hits": named["system_prompt_hits"],

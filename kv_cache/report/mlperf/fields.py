@@ -46,9 +46,6 @@ class Fields:
     def count(self, name: str) -> int:
         return int(self.c.get(name, 0))
 
-    def prefixed(self, prefix: str) -> dict[str, int]:
-        return {k[len(prefix):]: v for k, v in self.c.items() if k.startswith(prefix)}
-
     def hist(self, tier: str, op: str, phases: tuple[str, ...] = ()):
         """The histogram of one tier and op over its phases (all of them when none is named), or None."""
         parts = [h for (t, o, p), h in self.snap.hists.items() if t == tier and o == op and (not phases or p in phases)]

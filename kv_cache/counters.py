@@ -1,0 +1,73 @@
+"""The counters' vocabulary: every name a stage counts under and the results read back, built here only.
+
+A counter is kept by name: a flat name -> int map that worker shards, trials and MPI ranks sum without knowing
+what it holds (recorder/snapshot.py), and that results.json keeps in its snapshot. Its names are spelled once,
+here, so the stage that counts and the results that read cannot drift apart: a plain counter is a constant, a
+counter per label (per tier, per source, per transform) is a ``Family``, whose ``of(counters)`` reads it back
+as {label: n}. The lifecycle reports a finished request as a typed ``types.RequestOutcome``, which the recorder
+turns into these names (``RequestOutcome.counts``).
+"""
+
+from __future__ import annotations
+
+
+class Family(str):
+    """Counters sharing a prefix, one per label: ``TOKENS_CACHED_BY_TIER("cpu")`` is "tokens.cached_by_tier.cpu"."""
+
+    __slots__ = ()
+
+    def __call__(self, *labels: str) -> str:
+        return ".".join((self, *labels))
+
+    def under(self, label: str) -> Family:
+        """The family one level down: ``OPS.under("cpu").of(counters)`` is {op: n} of the cpu tier."""
+        return Family(self(label))
+
+    def of(self, counters: dict[str, int]) -> dict[str, int]:
+        """{label: n} of this family (a label may hold dots: "<tier>.<op>" of OPS.of)."""
+        head = self + "."
+        return {k[len(head):]: v for k, v in counters.items() if k.startswith(head)}
+
+
+# a request's tokens (the per-second series keeps these three too)
+TOKENS_PROMPT, TOKENS_CACHED, TOKENS_GENERATED = "tokens.prompt", "tokens.cached", "tokens.generated"
+SERIES_TOKENS = (TOKENS_PROMPT, TOKENS_CACHED, TOKENS_GENERATED)
+TOKENS_CACHED_BY_TIER = Family("tokens.cached_by_tier")
+TOKENS_CACHED_BY_SOURCE = Family("tokens.cached_by_source")
+TOKENS_PROMPT_BY_SOURCE = Family("tokens.prompt_by_source")
+
+# a request's blocks
+BLOCKS_LOOKUP, BLOCKS_HIT, BLOCKS_WRITE_SKIPPED = "blocks.lookup", "blocks.hit", "blocks.write_skipped"
+BLOCKS_HIT_BY_SOURCE = Family("blocks.hit_by_source")
+
+# requests
+REQUESTS_COMPLETED = "requests.completed"
+REQUESTS_ISSUED_IN_WINDOW = "requests.issued_in_window"  # the offered load, window only
+
+# a tier's traffic in the window (bytes and blocks per direction, ops per op), and the warm-up's
+BYTES, BLOCKS, OPS = Family("bytes"), Family("blocks"), Family("ops")  # BYTES(tier, "read")
+WARMUP_OPS, WARMUP_REQUESTS = "warmup.ops", "warmup.requests"
+WARMUP_BYTES = Family("warmup.bytes")  # WARMUP_BYTES(tier, "write")
+
+# correctness (whole run, warm-up included)
+VERIFIED = "verification.blocks_checked"
+VERIFY_FAILED = "verification.failures"
+VERIFY_FAILED_IN_WARMUP = "verification.failures_in_warmup"
+VERIFY_DISCARDED = "verification.blocks_discarded"
+
+# semantic reuse: donors read per tier, and each transform's metrics (SEMANTIC(transform, metric))
+DONOR_MISSING = "semantic.donor_missing"
+DONOR_BYTES, DONOR_BLOCKS = Family("semantic.donor_bytes"), Family("semantic.donor_blocks")
+SEMANTIC = Family("semantic")
+
+# the rest of the run
+HANDOFF_MISSING = "handoff.missing_blocks"      # decode node: a handed-over block not there
+HANDOFF_DROPPED_UNREAD = "handoff.dropped_unread"  # prefill node: a block dropped before a decode node read it
+SHARED_VANISHED = "shared.vanished"             # shared storage: a block another rank evicted under our read
+CASCADE_DROPS = "cache.cascade_drops"           # a chain's descendants dropped with an evicted parent
+PROCESS_CPU_US = "process.cpu_us"               # every thread of the process, over the window
+
+
+def found(label: str, hit: bool) -> str:
+    """requests.<label>_hit or requests.<label>_miss: whether a request found its prefix / system / history."""
+    return f"requests.{label}_{'hit' if hit else 'miss'}"

@@ -1,0 +1,145 @@
+"""Everything that can refuse a run, agreed on by all ranks before any of them measures: the traffic, the payload
+pool, the tiers and sizes (build), and their undoing (close). Part of the composition root (run/)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kv_cache.config import Settings, replace
+from kv_cache.errors import UserError
+from kv_cache.lifecycle.executor import buffer_bytes
+from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.run.budget import check_fits
+from kv_cache.run.checks import check_options, check_traffic
+from kv_cache.run.compose import (
+    RunContext,
+    build_tiers,
+    check_dir,
+    choose_workers,
+    default_workers,
+    gds_link,
+    geometry,
+    memory_budget,
+    open_gpu,
+    pin_host_memory,
+    qos_policy,
+    storage_site,
+    worker_ceiling,
+    workers,
+)
+from kv_cache.run.distributed import Dist
+from kv_cache.run.handoff import abandon_role, open_handoff
+from kv_cache.run.leftovers import set_state
+from kv_cache.run.traffic import Traffic, build_traffic
+
+
+def build(s: Settings, run_id: str, payloads: PayloadPool | None, *, rank: int = 0, join: bool = False,
+           probe: bool = True, link=None) -> RunContext:
+    """probe: --workers 0 may step the storage tier's concurrency (not under MPI: ranks would probe each other);
+    link: the traffic's handoff link (a NIXL decode node's)."""
+    if not probe and not s.schedule.workers:
+        s = replace(s, "schedule.workers", default_workers())
+    geo = geometry(s)
+    gpu, gpu_note = open_gpu(s)
+    ceiling = worker_ceiling(s, geo, gpu)
+    sized = replace(s, "schedule.workers", ceiling)  # buffers, lanes and the budget for the most threads
+    budget = memory_budget(sized, geo, gpu)
+    check_fits(budget, ceiling, buffer_bytes(geo.io_bytes))
+    fill = payloads.fill if payloads else None
+    tiers, site = [], None
+    try:
+        site = None if s.tiers.null_io or s.tiers.nvme == "off" else storage_site(s, run_id, join)
+        tiers, notes = build_tiers(sized, geo, site, fill, f"r{rank}", gpu, run_id)
+        pin_host_memory(tiers, payloads)
+        gds = gds_link(sized, tiers, gpu, geo)
+        handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes, workers(s), link, gpu)
+        n, steps, probe_note = choose_workers(s, tiers, geo, ceiling, fill)
+    except BaseException:
+        for t in tiers:  # registered host memory and device slabs go back, files go
+            t.close()
+        if site and not join:
+            shutil.rmtree(site.data_dir, ignore_errors=True)
+        raise
+    gds_note = f"GDS path: {gds.mode}" if gds else ""
+    notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_note, probe_note) if x]
+    return RunContext(geo, site, tiers, notes, budget, n, handoff, probe=steps, gds=gds)
+
+
+def close(b: RunContext, remove: bool, role_open: bool) -> None:
+    """role_open: the run failed before its role ended: its manifest is ended here, its folder removed."""
+    if role_open:
+        abandon_role(b.handoff, remove)
+    if b.gds is not None:
+        b.gds.close()
+    for t in b.tiers:
+        t.close(remove=remove)
+    if b.site and remove:
+        shutil.rmtree(b.site.data_dir, ignore_errors=True)
+    elif b.site and os.path.isdir(b.site.data_dir):
+        set_state(b.site.data_dir, "kept")  # on purpose (--keep-data): not a killed run's leftover
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run to make: its settings, who speaks for it, the ranks, its id, its folder, its trial (0: the only
+    one)."""
+
+    s: Settings
+    say: Callable[[str], None]
+    dist: Dist
+    run_id: str
+    folder: Path
+    trial: int = 0
+
+    @property
+    def shared(self) -> bool:
+        """Ranks share one storage namespace (--shared-storage under MPI): rank 0 makes and removes it."""
+        return bool(self.s.tiers.shared_storage and self.dist.active)
+
+
+@dataclass
+class Prepared:
+    """What a run is made of before it measures, agreed on by every rank: its traffic, the payloads its blocks
+    are made of, and the built tiers and sizes."""
+
+    traffic: Traffic
+    payloads: PayloadPool | None
+    ctx: RunContext
+
+
+def prepare(run: RunSpec) -> Prepared:
+    """Everything that can refuse the run, agreed on by all ranks before any of them measures."""
+    s, dist = run.s, run.dist
+    error, b, ignored = None, None, []
+    try:
+        ignored = check_options(s, dist.active)
+        traffic = build_traffic(s, dist.rank, dist.size)  # bad traces are refused before any data is written
+        check_traffic(s, traffic.arrival)
+        qos_policy(s)  # a bad --qos-mix is refused here, before any data is written
+        if not s.tiers.null_io and s.tiers.nvme == "on" and s.tiers.cache_dir:
+            check_dir(os.path.abspath(s.tiers.cache_dir))  # a wrong folder is said before the payload pool is made
+        payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
+        if not run.shared:
+            b = build(s, f"{run.run_id}-r{dist.rank}" if dist.active else run.run_id, payloads, rank=dist.rank,
+                       probe=not dist.active, link=traffic.handoff_link)
+        elif dist.rank == 0:  # rank 0 makes the shared namespace; the others join it
+            b = build(s, run.run_id, payloads, probe=False)
+    except UserError as e:
+        error = str(e)
+    if run.shared and dist.bcast(error is None and b is not None) and dist.rank and error is None:
+        try:
+            b = build(s, run.run_id, payloads, rank=dist.rank, join=True, probe=False)
+        except UserError as e:
+            error = str(e)
+    try:
+        dist.agree(error)
+    except BaseException:
+        if b is not None:
+            close(b, not s.run.keep_data and not (run.shared and dist.rank), role_open=True)
+        raise
+    b.notes[:0] = ignored
+    return Prepared(traffic, payloads, b)

@@ -1,0 +1,39 @@
+"""One place shapes a Results (recorder/results.py: the snapshot and the run's RunFacts), for one process and for
+the merge of MPI ranks alike (issue 40, item 4)."""
+
+import dataclasses
+
+from results_fixture import S, facts, run_info
+
+from kv_cache.config import Settings
+from kv_cache.recorder.merge import merge_ranks
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.recorder.results import SCHEDULED, build_results
+from kv_cache.types import RequestOutcome
+
+
+def rank(r: int, completed: int, abandoned: int):
+    rec = Recorder()
+    rec.start_measuring(1)
+    for i in range(completed):
+        rec.request(S // 10, S // 10 + 5, S // 5 + i, 1000, RequestOutcome(32, 4, cached_tokens=16))
+    rec.stop_measuring(2 * S)
+    scheduled = dict.fromkeys(SCHEDULED, 0) | {"issued": completed + abandoned, "abandoned_at_stop": abandoned}
+    return build_results(rec.snapshot(), {**run_info(), "rank": r, "ranks": 2},
+                         Settings().to_dict(), dataclasses.replace(facts(), scheduled=scheduled))
+
+
+def test_every_request_a_rank_issued_is_accounted_for_after_the_merge():
+    """The merge of ranks summed the scheduler's counts but abandoned_at_stop: 3 requests abandoned at the drain
+    read as still in flight at the end."""
+    a, b = rank(0, 4, 1), rank(1, 3, 2)
+    assert (a.requests.in_flight_at_end, b.requests.in_flight_at_end) == (0, 0)
+    merged = merge_ranks([a, b])
+    assert merged.requests.issued == 10 and merged.requests.completed == 7
+    assert merged.requests.abandoned_at_stop == 3 and merged.requests.in_flight_at_end == 0
+
+
+def test_a_request_outcome_is_read_back_under_the_same_names():
+    r = rank(0, 2, 0)
+    assert (r.tokens.prompt, r.tokens.cached, r.tokens.generated) == (64, 32, 8)
+    assert r.hit_rate.tokens == 0.5
