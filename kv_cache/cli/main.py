@@ -28,7 +28,7 @@ from kv_cache.inputs import read_text
 from kv_cache.recorder.schema import Results, SchemaError
 from kv_cache.report.table import fit
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
-from kv_cache.tiers.registry import kinds
+from kv_cache.tiers.registry import kinds, media_sections
 
 SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean", "capacity")
 DEBUG = "--debug"  # any sub-command: print an internal error's traceback (it is always kept in a log file)
@@ -55,7 +55,7 @@ def _cmd_run(argv: list[str]) -> int:
         lm_sets, lm_origins, lmcache_notes = lmcache_translate(lmcache)
         sets, origins = lm_sets + sets, {**lm_origins, **origins}  # the file below --set and the flags
         lmcache_notes[:0] = [f"LMCache configuration {lmcache}, run here as: --set " + " --set ".join(lm_sets)]
-    settings = resolve(config, sets, args, origins or None)
+    settings = resolve(config, sets, args, origins or None, media_sections=media_sections())
     if list_models:
         from kv_cache.report.models_table import list_models_table
 
@@ -107,7 +107,7 @@ def _cmd_policies(argv: list[str]) -> int:
     ms = args.pop("prefill_ms_per_token")
     config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
     args.pop("lmcache_config")
-    settings = resolve(config, sets, args)
+    settings = resolve(config, sets, args, media_sections=media_sections())
     if not settings.run.max_requests:
         raise UserError("policies replays a fixed sequence: give its length with --max-requests N.")
     from kv_cache.run.policies import compare_policies

@@ -40,15 +40,16 @@ def iter_keys(cls=Settings, prefix: str = ""):
             yield name, f, typ
 
 
-def iter_media_keys():
-    """Yield (media.<medium>.<key>, field, type) for every key of every registered medium's section."""
-    for name, cls in sorted(media.SECTIONS.items()):
+def iter_media_keys(sections: dict[str, type] | None = None):
+    """Yield (media.<medium>.<key>, field, type) for every key of every medium's section (sections: those given,
+    else those registered so far)."""
+    for name, cls in sorted((media.SECTIONS if sections is None else sections).items()):
         yield from iter_keys(cls, f"media.{name}.")
 
 
-def default_dict() -> dict:
+def default_dict(sections: dict[str, type]) -> dict:
     out = _to_plain(Settings().to_dict())
-    out["media"] = _to_plain(media.defaults())
+    out["media"] = _to_plain({name: dataclasses.asdict(cls()) for name, cls in sorted(sections.items())})
     return out
 
 
@@ -71,10 +72,12 @@ def _origin(origins: dict, dotted: str, where: str) -> str:
     return origins[below[0]] if below else where
 
 
-def _build(cls, data: dict, where: str, prefix: str = "", origins: dict | None = None):
+def _build(cls, data: dict, where: str, prefix: str = "", origins: dict | None = None,
+           sections: dict[str, type] | None = None):
     """Build dataclass cls from a plain mapping, refusing unknown keys.
 
-    origins: dotted key -> the flag or --set that gave its value (errors name it, not the file).
+    origins: dotted key -> the flag or --set that gave its value (errors name it, not the file); sections: the
+    media's settings sections (Settings' media).
     """
     origins = origins or {}
     section = prefix.rstrip(".")
@@ -95,7 +98,7 @@ def _build(cls, data: dict, where: str, prefix: str = "", origins: dict | None =
     for fname, value in data.items():
         typ = hints[fname]
         if cls is Settings and fname == "media":
-            kwargs[fname] = _media(value, where, origins)
+            kwargs[fname] = _media(value, where, origins, sections or {})
         elif dataclasses.is_dataclass(typ):
             kwargs[fname] = _build(typ, value, where, f"{prefix}{fname}.", origins)
         else:
@@ -104,16 +107,16 @@ def _build(cls, data: dict, where: str, prefix: str = "", origins: dict | None =
     return cls(**kwargs)
 
 
-def _media(data, where: str, origins: dict) -> dict:
+def _media(data, where: str, origins: dict, sections: dict[str, type]) -> dict:
     """media.<medium> sections, each built by the section its medium's module declared."""
     if not isinstance(data, dict):
         raise UserError(f"{_origin(origins, 'media', where)}: section media must be a mapping, got {data!r}.")
-    unknown = sorted(set(data) - set(media.SECTIONS))
+    unknown = sorted(set(data) - set(sections))
     if unknown:
         raise UserError(f"{_origin(origins, 'media.' + unknown[0], where)}: unknown medium 'media.{unknown[0]}' "
-                        f"(known: {', '.join(sorted(media.SECTIONS)) or 'none'}).")
+                        f"(known: {', '.join(sorted(sections)) or 'none'}).")
     return {name: _build(cls, data.get(name) or {}, where, f"media.{name}.", origins)
-            for name, cls in sorted(media.SECTIONS.items())}
+            for name, cls in sorted(sections.items())}
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
@@ -157,13 +160,15 @@ def read_config_file(path: Path) -> dict:
     return data
 
 
-def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any],
-            typed: dict[str, str] | None = None) -> Settings:
+def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any], typed: dict[str, str] | None = None,
+            *, media_sections: dict[str, type]) -> Settings:
     """Merge defaults < config file < --set < flags into one validated Settings.
 
-    typed: dotted key -> what the user typed for a --set made on their behalf (an MLPerf reference flag)."""
+    typed: dotted key -> what the user typed for a --set made on their behalf (an MLPerf reference flag);
+    media_sections: medium -> its settings section (tiers.registry.media_sections(): every medium found), given,
+    not read from whatever modules happen to be imported."""
     typed = typed or {}
-    tree = default_dict()
+    tree = default_dict(media_sections)
     path = Path(config_path) if config_path else (REPO_CONFIG if REPO_CONFIG.exists() else None)
     if path is not None:
         tree = _deep_merge(tree, read_config_file(path))
@@ -184,11 +189,11 @@ def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any],
                             f"or give a mapping ({{key: value, ...}}).")
         origins[dotted] = typed.get(dotted, f"--set {dotted}")
         _set_dotted(tree, dotted, parsed, where if path is not None else "", origins[dotted])
-    fields = {d: f for d, f, _ in (*iter_keys(Settings), *iter_media_keys())}
+    fields = {d: f for d, f, _ in (*iter_keys(Settings), *iter_media_keys(media_sections))}
     for dotted, value in flags.items():
         origins[dotted] = flag_name(dotted, fields[dotted]) if dotted in fields else f"--{dotted}"
         _set_dotted(tree, dotted, value, where if path is not None else "", origins[dotted])
-    settings = _build(Settings, tree, where, origins=origins)
+    settings = _build(Settings, tree, where, origins=origins, sections=media_sections)
     for name, spec in settings.models.items():  # checked here, where what set them is known
         check_model(name, spec, _origin(origins, f"models.{name}", where))
     return settings

@@ -3,8 +3,9 @@
 A medium (``tiers/<medium>.py``) declares its section with ``@section("valkey")`` on a frozen dataclass of
 ``key()`` fields. The schema finds it here: config.yaml holds it under ``media.<medium>``, every key gets a flag
 ``--<medium>-<key>``, and ``--set media.<medium>.<key>=...`` sets it. The schema never names a medium, so a
-new one is its module alone. Sections are registered when the medium's module is imported
-(``tiers.registry.kinds()`` imports them all); the entry points do that before reading settings.
+new one is its module alone. Sections are registered when the medium's module is imported; ``config.resolve``
+takes them as an argument (``tiers.registry.media_sections()``: every medium found first), so settings are never
+read against whatever modules happen to be imported yet.
 
 A shared leaf: it imports nothing of the stages.
 """

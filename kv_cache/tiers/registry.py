@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from kv_cache.config import media as media_sections
+from kv_cache.config import media
 from kv_cache.model import GiB
 
 
@@ -58,7 +58,7 @@ class StackContext:
 
     def section(self, medium: str):
         """The settings section a medium declared (its defaults when the settings hold none)."""
-        return media_sections.of(self.media, medium)
+        return media.of(self.media, medium)
 
 
 def _holds_nothing(_settings) -> int:
@@ -169,6 +169,13 @@ def kinds_by_name() -> dict[str, TierKind]:
             importlib.import_module(f"{package.__name__}.{info.name}")
         _DISCOVERED.append(True)
     return dict(KINDS)
+
+
+def media_sections() -> dict[str, type]:
+    """Every medium's settings section (config.media's @section), once every medium is found: what
+    config.resolve takes."""
+    kinds_by_name()
+    return dict(media.SECTIONS)
 
 
 def kinds() -> list[TierKind]:

@@ -11,6 +11,7 @@ from kv_cache.cli.mlperf import expand_prefixes, translate
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
 from kv_cache.model import find_model
+from kv_cache.tiers.registry import media_sections
 
 OURS = {"--users", "--duration", "--model", "--output-dir", "--max-requests", "--seed", "--cache-dir"}
 
@@ -18,7 +19,7 @@ OURS = {"--users", "--duration", "--model", "--output-dir", "--max-requests", "-
 def settings_of(*argv):
     t = translate(list(argv))
     sets = [t.argv[i + 1] for i, a in enumerate(t.argv) if a == "--set"]
-    return resolve(None, sets, {}), t
+    return resolve(None, sets, {}, media_sections=media_sections()), t
 
 
 def test_trace_speedup_zero_is_no_delay_back_to_back(tmp_path):

@@ -10,6 +10,7 @@ from mlperf_reference import key_paths
 
 from kv_cache.cli.mlperf import speaks_reference, translate
 from kv_cache.config import resolve
+from kv_cache.tiers.registry import media_sections
 
 REFERENCE_KEYS = json.loads((Path(__file__).parents[1] / "fixtures" / "mlperf_reference_keys.json").read_text())
 
@@ -18,7 +19,7 @@ def settings_of(*argv):
     """Our Settings for a reference command line (what cli._cmd_run resolves)."""
     t = translate(list(argv))
     sets = [t.argv[i + 1] for i, a in enumerate(t.argv) if a == "--set"]
-    return resolve(None, sets, {}), t
+    return resolve(None, sets, {}, media_sections=media_sections()), t
 
 
 # Their four documented tests, shortened (requests, users, sizes) and pointed at the test's folders; the

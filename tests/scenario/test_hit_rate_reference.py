@@ -21,6 +21,7 @@ from kv_cache.config import resolve
 from kv_cache.lifecycle.plan import Planner
 from kv_cache.run.compose import geometry
 from kv_cache.run.traffic import build_traffic
+from kv_cache.tiers.registry import media_sections
 
 pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
 
@@ -81,7 +82,7 @@ def _simulate(args: list[str], capacity: int | None) -> ReferencePrefixLRU:
     trace = args[args.index("--trace") + 1] if "--trace" in args else None
     if trace:
         flags["trace.path"] = trace
-    s = resolve(str(SMALL), [], flags)
+    s = resolve(str(SMALL), [], flags, media_sections=media_sections())
     planner = Planner(s.model.block_tokens,
                       chain_root(f"{geometry(s).model.name}/{s.model.kv_dtype}/tp{s.model.tp}"))
     user = build_traffic(s).users[0]

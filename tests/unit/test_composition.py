@@ -13,7 +13,7 @@ from kv_cache.run.compose import build_tiers, geometry
 from kv_cache.run.traffic import rank_seed
 from kv_cache.tiers import registry
 from kv_cache.tiers.base import PINS_HOST, PRECONDITIONS, STORAGE, SlottedTier
-from kv_cache.tiers.registry import StackContext, build_stack
+from kv_cache.tiers.registry import StackContext, build_stack, media_sections
 
 MiB = 2**20
 
@@ -46,7 +46,7 @@ def test_a_new_bottom_tier_is_one_registration(monkeypatch):
     monkeypatch.setattr(registry, "KINDS", kinds)
     registry.register("objectstore", level=2)(lambda ctx: (ObjectStoreTier(8 * MiB, ctx.slot_bytes), ""))
     s = resolve(None, [], {"tiers.cpu_mem_gb": 0.004, "tiers.gpu": "off", "model.block_tokens": 16,
-                           "model.name": "llama8b"})
+                           "model.name": "llama8b"}, media_sections=media_sections())
     geo = geometry(s)
     tiers, _ = build_tiers(s, geo, None)
     assert [t.name for t in tiers] == ["cpu", "objectstore"]
@@ -61,7 +61,8 @@ def test_a_new_bottom_tier_is_one_registration(monkeypatch):
 
 def test_tiers_declare_optional_hooks_with_flags():
     s = resolve(None, [], {"tiers.gpu": "simulated", "tiers.gpu_mem_gb": 0.01, "tiers.cpu_mem_gb": 0.004,
-                           "model.block_tokens": 16, "model.name": "llama8b", "tiers.null_io": True})
+                           "model.block_tokens": 16, "model.name": "llama8b", "tiers.null_io": True},
+       media_sections=media_sections())
     tiers, _ = build_tiers(s, geometry(s), None)
     assert [t.name for t in tiers] == ["gpu", "cpu", "nvme"]
     buf = aligned_buffer(4096)
@@ -116,7 +117,7 @@ def test_a_signal_while_the_data_folder_is_made_leaves_no_folder(tmp_path, monke
         raise KeyboardInterrupt
 
     monkeypatch.setattr(compose, where, interrupted)
-    s = resolve(None, [f"tiers.cache_dir={tmp_path}"], {"tiers.null_io": False})
+    s = resolve(None, [f"tiers.cache_dir={tmp_path}"], {"tiers.null_io": False}, media_sections=media_sections())
     with pytest.raises(KeyboardInterrupt):
         compose.storage_site(s, "sig")
     assert os.listdir(tmp_path) == []

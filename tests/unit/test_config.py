@@ -1,6 +1,9 @@
 """Settings: config.yaml equals the schema; unknown keys and wrong types are refused by name."""
 
+import subprocess
+import sys
 import typing
+from pathlib import Path
 
 import pytest
 import yaml
@@ -8,10 +11,13 @@ import yaml
 from kv_cache.config import REPO_CONFIG, Settings, default_dict, iter_keys, resolve
 from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
+from kv_cache.tiers.registry import media_sections
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_config_yaml_holds_every_default_of_the_schema():
-    assert yaml.safe_load(REPO_CONFIG.read_text()) == default_dict()
+    assert yaml.safe_load(REPO_CONFIG.read_text()) == default_dict(media_sections())
 
 
 def test_every_key_is_documented_in_config_yaml():
@@ -41,7 +47,8 @@ def test_every_key_is_used_by_the_code():
 def test_precedence_defaults_file_set_flags(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("workload: {users: 3}\nrun: {seed: 5}\n")
-    s = resolve(str(f), ["run.seed=6", "tiers.cpu_mem_gb=1.5"], {"workload.users": "9"})
+    s = resolve(str(f), ["run.seed=6", "tiers.cpu_mem_gb=1.5"], {"workload.users": "9"},
+                media_sections=media_sections())
     assert (s.workload.users, s.run.seed, s.tiers.cpu_mem_gb) == (9, 6, 1.5)
     assert s.model.block_tokens == 256
 
@@ -62,7 +69,7 @@ def test_bad_files_are_refused_with_the_key(tmp_path, text, msg):
     f = tmp_path / "bad.yaml"
     f.write_text(text)
     with pytest.raises(UserError, match=msg):
-        resolve(str(f), [], {})
+        resolve(str(f), [], {}, media_sections=media_sections())
 
 
 def test_an_engine_not_in_the_table_is_one_sentence(tmp_path):
@@ -73,16 +80,17 @@ def test_an_engine_not_in_the_table_is_one_sentence(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("tiers: {io_engine: aio}\n")
     with pytest.raises(UserError, match="--io-engine aio: no such engine; use one of buffered, direct, io_uring, mmap"):
-        check_options(resolve(str(f), [], {}), False)
+        check_options(resolve(str(f), [], {}, media_sections=media_sections()), False)
 
 
 def test_missing_config_file():
     with pytest.raises(UserError, match="does not exist"):
-        resolve("/nonexistent/c.yaml", [], {})
+        resolve("/nonexistent/c.yaml", [], {}, media_sections=media_sections())
 
 
 def test_ranges_from_the_command_line():
-    s = resolve(None, ["profiles.coding.context_tokens=100,200"], {"workload.system_prompt_tokens": "10,20"})
+    s = resolve(None, ["profiles.coding.context_tokens=100,200"], {"workload.system_prompt_tokens": "10,20"},
+                media_sections=media_sections())
     assert s.profiles.coding.context_tokens == (100, 200)
     assert s.workload.system_prompt_tokens == (10, 20)
 
@@ -105,7 +113,7 @@ def test_every_number_a_user_gives_is_bounded_above():
                                          ("profiles.chatbot.context_tokens", (1, 10**30))])
 def test_a_number_past_its_ceiling_is_refused_with_the_flag(flag, value):
     with pytest.raises(UserError, match="must be <="):
-        resolve(None, [], {flag: value})
+        resolve(None, [], {flag: value}, media_sections=media_sections())
 
 
 def test_a_mistake_names_what_the_user_typed_not_another_source(tmp_path):
@@ -114,10 +122,24 @@ def test_a_mistake_names_what_the_user_typed_not_another_source(tmp_path):
     from kv_cache.errors import UserError
 
     with pytest.raises(UserError, match=r"^--set nosuch.key: unknown key 'nosuch'"):
-        resolve(None, ["nosuch.key=1"], {})
+        resolve(None, ["nosuch.key=1"], {}, media_sections=media_sections())
     with pytest.raises(UserError, match=r"^--set models.tiny: models.tiny must be a mapping"):
-        resolve(None, ["models.tiny=3"], {})
+        resolve(None, ["models.tiny=3"], {}, media_sections=media_sections())
     scalar = tmp_path / "s.yaml"
     scalar.write_text("run: 5\n")
     with pytest.raises(UserError, match=r"^config file .*s.yaml: section run must be a mapping, got 5"):
-        resolve(str(scalar), ["run.seed=1"], {})
+        resolve(str(scalar), ["run.seed=1"], {}, media_sections=media_sections())
+
+
+def test_settings_resolve_against_the_media_sections_given_not_an_import_side_effect():
+    """Issue 40, item 2: resolving media: {valkey: ...} before any tier module was imported failed with "unknown
+    medium (known: none)". resolve takes the sections; the registry finds every medium first. In a fresh
+    interpreter: this one has imported every medium already."""
+    code = ("from kv_cache.config import media, resolve\n"
+            "assert not media.SECTIONS, sorted(media.SECTIONS)\n"
+            "from kv_cache.tiers.registry import media_sections\n"
+            "s = resolve(None, ['media.valkey.timeout_s=3'], {}, media_sections=media_sections())\n"
+            "print(s.media['valkey'].timeout_s)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "3.0"

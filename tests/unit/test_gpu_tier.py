@@ -128,9 +128,11 @@ def test_blocks_demote_from_gpu_to_cpu_with_their_bytes(pool):
 def test_build_puts_a_real_gpu_tier_on_top_and_checks_the_device_count(tmp_path):
     from kv_cache.config import resolve
     from kv_cache.run.compose import build_tiers, geometry, storage_site, workers
+    from kv_cache.tiers.registry import media_sections
 
     s = resolve(None, ["tiers.gpu_mem_gb=0.5", "tiers.gpus=2", "tiers.cpu_mem_gb=0.1", "schedule.workers=3",
-                       "tiers.nvme_gb=0.25", f"tiers.cache_dir={tmp_path}"], {"tiers.null_io": False})
+                       "tiers.nvme_gb=0.25", f"tiers.cache_dir={tmp_path}"], {"tiers.null_io": False},
+       media_sections=media_sections())
     geo = geometry(s)
     tiers, notes = build_tiers(s, geo, storage_site(s, "gpu-build"), gpu=FakeDevice(count=2))
     try:
@@ -142,7 +144,8 @@ def test_build_puts_a_real_gpu_tier_on_top_and_checks_the_device_count(tmp_path)
         for t in tiers:
             t.close()
     with pytest.raises(UserError, match="--gpus 3 asks for more GPUs than the 2"):
-        build_tiers(resolve(None, ["tiers.gpus=3", "tiers.null_io=true"], {}), geo, None, gpu=FakeDevice(count=2))
+        build_tiers(resolve(None, ["tiers.gpus=3", "tiers.null_io=true"], {},
+                            media_sections=media_sections()), geo, None, gpu=FakeDevice(count=2))
 
 
 def test_demotions_land_straight_in_the_registered_cpu_arena(pool, monkeypatch):

@@ -198,9 +198,13 @@ def test_io_unit_layer_moves_a_block_as_timed_layer_ios(tmp_path, direct_ok, eng
 def test_io_unit_bytes_follow_the_model_layers():
     from kv_cache.config import resolve
     from kv_cache.run.compose import geometry, io_unit_bytes
+    from kv_cache.tiers.registry import media_sections
 
-    s = resolve(None, [], {"model.name": "llama70b", "tiers.io_unit": "layer"})  # 80 MiB blocks, 80 layers
+    s = resolve(None, [], {"model.name": "llama70b", "tiers.io_unit": "layer"},
+                media_sections=media_sections())  # 80 MiB blocks, 80 layers
     assert io_unit_bytes(s, geometry(s)) == 1 << 20
-    s = resolve(None, [], {"model.name": "llama70b", "tiers.io_unit": "layer", "tiers.layers_per_io": 8})
+    s = resolve(None, [], {"model.name": "llama70b", "tiers.io_unit": "layer", "tiers.layers_per_io": 8},
+                media_sections=media_sections())
     assert io_unit_bytes(s, geometry(s)) == 8 << 20
-    assert io_unit_bytes(resolve(None, [], {"model.name": "llama70b"}), geometry(s)) == 0
+    assert io_unit_bytes(resolve(None, [], {"model.name": "llama70b"},
+                                 media_sections=media_sections()), geometry(s)) == 0

@@ -186,9 +186,10 @@ def test_rates_over_no_recipient_are_null_not_zero():
 def test_memory_budget_counts_the_donor_store():
     from kv_cache.config import resolve
     from kv_cache.run.compose import geometry, memory_budget
+    from kv_cache.tiers.registry import media_sections
 
-    off = resolve(None, [], {})
-    on = resolve(None, [], {"semantic.enabled": True})
+    off = resolve(None, [], {}, media_sections=media_sections())
+    on = resolve(None, [], {"semantic.enabled": True}, media_sections=media_sections())
     extra = memory_budget(on, geometry(on)).total_bytes - memory_budget(off, geometry(off)).total_bytes
     # 10,000 donors of up to ~20K tokens in 256-token blocks: tens of MiB, counted before the run.
     assert extra == memory_budget(on, geometry(on)).donor_store_bytes and 20 << 20 < extra < 200 << 20
