@@ -227,7 +227,7 @@ m.{name} = hooked
 """
 
 
-@pytest.mark.parametrize("module,name", [("kv_cache.scheduler.runner", "_Runner._drain"),
+@pytest.mark.parametrize("module,name", [("kv_cache.scheduler.runner", "Runner._drain"),
                                          ("kv_cache.run.outfolder", "_write_files")],
                          ids=["in the drain", "while results are written"])
 def test_a_signal_after_the_window_keeps_the_results_and_exits_128_plus_it(small_run, module, name):
