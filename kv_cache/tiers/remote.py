@@ -55,6 +55,23 @@ def medium_of(url: str):
     return kind
 
 
+class Names:
+    """How a store names a run's objects: <prefix>kvbench-<run-id><sep><key in hex>, and its marker
+    <prefix>kvbench-<run-id><sep><marker leaf> (Valkey: "kvbench-<run>:<key>"; S3: "<prefix>kvbench-<run>/<key>")."""
+
+    name_prefix, name_sep, marker_leaf = "", "/", MARKER_OBJECT
+
+    def namespace(self, run_id: str) -> str:
+        """What every name of the run's namespace starts with."""
+        return f"{self.name_prefix}{NAMESPACE}{run_id}{self.name_sep}"
+
+    def object_name(self, run_id: str, key: int) -> str:
+        return f"{self.namespace(run_id)}{key:016x}"
+
+    def marker_name(self, run_id: str) -> str:
+        return self.namespace(run_id) + self.marker_leaf
+
+
 class Store(Protocol):
     """One medium's client, as a remote tier uses it: bytes only; every call is bounded by the medium's timeout and
     raises RunFault (during a run) naming the URL, never the client's own exception."""
@@ -68,7 +85,7 @@ class Store(Protocol):
     def get_into(self, name: str, out: np.ndarray) -> None: ...
     def delete(self, names: list[tuple[str, int]]) -> None: ...   # (name, bytes) of objects the run wrote
     def remove(self, names: list[str]) -> None: ...
-    def object_name(self, run_id: str, key: int) -> str: ...
+    def object_name(self, run_id: str, key: int) -> str: ...  # Names gives both
     def marker_name(self, run_id: str) -> str: ...
     def write_small(self, name: str, data: bytes) -> None: ...
     def read_small(self, name: str) -> bytes | None: ...

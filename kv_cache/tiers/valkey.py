@@ -32,6 +32,7 @@ from kv_cache.tiers.registry import GiB
 from kv_cache.tiers.remote import (
     NAMESPACE,
     REMOTE_AUTO_MAX,
+    Names,
     RemoteTier,
     Unlisted,
     contract_tier,
@@ -121,7 +122,7 @@ def check_url(url: str) -> None:
         raise UserError(f"--remote-url {shown}: the database {db!r} is not a number (the path is /DB, e.g. /0).")
 
 
-class ValkeyStore:
+class ValkeyStore(Names):
     """A Valkey/Redis server behind a URL, as a remote tier uses it (see tiers/remote.py's Store)."""
 
     def __init__(self, url: str, settings: ValkeySettings, lanes: int):
@@ -298,22 +299,18 @@ class ValkeyStore:
 
     # ------------------------------------------------------------------ namespace and marker
 
-    def object_name(self, run_id: str, key: int) -> str:
-        return f"{NAMESPACE}{run_id}:{key:016x}"
-
-    def marker_name(self, run_id: str) -> str:
-        return f"{NAMESPACE}{run_id}:marker"
+    name_sep, marker_leaf = ":", "marker"  # kvbench-<run>:<key>, kvbench-<run>:marker (Names)
 
     def names(self, run_id: str) -> Iterator[str]:
         try:
-            for k in self.client.scan_iter(match=f"{NAMESPACE}{run_id}:*", count=1000):
+            for k in self.client.scan_iter(match=f"{self.namespace(run_id)}*", count=1000):
                 yield k.decode()
         except self.errors.ValkeyError as e:
             raise self._fault(f"listing {NAMESPACE}{run_id}", e) from None
 
     def markers(self) -> Iterator[str]:
         try:
-            for k in self.client.scan_iter(match=f"{NAMESPACE}*:marker", count=1000):
+            for k in self.client.scan_iter(match=f"{NAMESPACE}*{self.name_sep}{self.marker_leaf}", count=1000):
                 yield k.decode()
         except self.errors.ValkeyError as e:
             raise self._fault("listing markers", e) from None

@@ -34,6 +34,7 @@ from kv_cache.tiers.remote import (
     MARKER_OBJECT,
     NAMESPACE,
     REMOTE_AUTO_MAX,
+    Names,
     RemoteTier,
     contract_tier,
     register_remote,
@@ -86,13 +87,14 @@ def _check_setup(url: str, endpoint: str, env) -> None:
                         f"(scheme://HOST[:PORT]); fix it, or unset it for AWS itself.")
 
 
-class S3ObjectStore:
+class S3ObjectStore(Names):
     """An S3 bucket (and prefix) behind a URL, as a remote tier uses it (see tiers/remote.py's Store)."""
 
     def __init__(self, url: str, settings: S3Settings, lanes: int, env=None):
         env = os.environ if env is None else env
         self.url = url  # s3:// URLs carry no secret: the credentials are in the environment
         self.bucket, self.prefix, endpoint = _where(url, env)
+        self.name_prefix = self.prefix  # <prefix>kvbench-<run>/<key> (Names)
         self.where = f"{url} at {endpoint or 'AWS'}"
         self.timeout = settings.timeout_s
         self.version = f"S3 ({settings.client})"
@@ -167,15 +169,9 @@ class S3ObjectStore:
         except self.ops.errors as e:
             raise self._error(f"deleting {names[0]}", e) from None
 
-    def object_name(self, run_id: str, key: int) -> str:
-        return f"{self.prefix}{NAMESPACE}{run_id}/{key:016x}"
-
-    def marker_name(self, run_id: str) -> str:
-        return f"{self.prefix}{NAMESPACE}{run_id}/{MARKER_OBJECT}"
-
     def names(self, run_id: str) -> Iterator[str]:
         try:
-            yield from self.ops.list(f"{self.prefix}{NAMESPACE}{run_id}/")
+            yield from self.ops.list(self.namespace(run_id))
         except self.ops.errors as e:
             raise self._error(f"listing {NAMESPACE}{run_id}", e) from None
 
