@@ -68,6 +68,9 @@ CASCADE_DROPS = "cache.cascade_drops"           # a chain's descendants dropped 
 PROCESS_CPU_US = "process.cpu_us"               # every thread of the process, over the window
 
 
+PREFIX = "prefix"  # found(PREFIX, ...): whether a request found any of its prompt cached
+
+
 def found(label: str, hit: bool) -> str:
     """requests.<label>_hit or requests.<label>_miss: whether a request found its prefix / system / history."""
     return f"requests.{label}_{'hit' if hit else 'miss'}"

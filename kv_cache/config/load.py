@@ -49,7 +49,7 @@ def iter_media_keys(sections: dict[str, type] | None = None):
 
 def default_dict(sections: dict[str, type]) -> dict:
     out = _to_plain(Settings().to_dict())
-    out["media"] = _to_plain({name: dataclasses.asdict(cls()) for name, cls in sorted(sections.items())})
+    out["media"] = _to_plain(media.defaults(sections))
     return out
 
 

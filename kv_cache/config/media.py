@@ -27,9 +27,9 @@ def section(name: str):
     return wrap
 
 
-def defaults() -> dict:
+def defaults(sections: dict[str, type]) -> dict:
     """media.<medium> -> the section's defaults, as a plain mapping (config.yaml's media section)."""
-    return {name: dataclasses.asdict(cls()) for name, cls in sorted(SECTIONS.items())}
+    return {name: dataclasses.asdict(cls()) for name, cls in sorted(sections.items())}
 
 
 def of(media: dict, name: str):

@@ -389,7 +389,7 @@ def _count_hits_by_source(plan: KVPlan, hit: list[int], out: RequestOutcome) -> 
     labels = plan.labels[:plan.num_prompt_blocks]
     for i in hit:
         _add(out.blocks_hit_by_source, labels[i], 1)
-    out.found["prefix"] = bool(hit)  # nothing to look up: a miss
+    out.found[C.PREFIX] = bool(hit)  # nothing to look up: a miss
     found = {labels[i] for i in hit}
     for label in (SYSTEM, HISTORY):
         if label in labels:

@@ -148,15 +148,13 @@ class RunFacts:
     @staticmethod
     def scheduled_of(outcome) -> dict[str, int]:
         """SCHEDULED from the scheduler's RunOutcome."""
-        return {"issued": outcome.issued, "dropped_at_stop": outcome.dropped_at_stop,
-                "abandoned_at_stop": outcome.abandoned, "users_started": outcome.users_started,
-                "users_paced": outcome.users_paced, "users_waiting_at_stop": outcome.users_waiting,
-                "held_for_previous_turn": outcome.held_for_turn}
+        return {name: getattr(outcome, attr) for name, attr in SCHEDULED.items()}
 
 
-# requests.<field> the scheduler counts (summed over ranks in a merge)
-SCHEDULED = ("issued", "dropped_at_stop", "abandoned_at_stop", "users_started", "users_paced", "users_waiting_at_stop",
-             "held_for_previous_turn")
+# requests.<name> the scheduler counts (summed over ranks in a merge) -> the RunOutcome's field holding it
+SCHEDULED = {"issued": "issued", "dropped_at_stop": "dropped_at_stop", "abandoned_at_stop": "abandoned",
+             "users_started": "users_started", "users_paced": "users_paced", "users_waiting_at_stop": "users_waiting",
+             "held_for_previous_turn": "held_for_turn"}
 
 
 def _requests(c: dict, window: float, scheduled: dict[str, int]) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
@@ -141,7 +141,7 @@ class RemoteTier(SlottedTier):
         """Remove every object of the run's namespace (its marker last), or mark it kept."""
         try:
             if remove:
-                remove_run(self.store, self.run_id, [self.store.object_name(self.run_id, k) for k in self.slots.keys()])
+                remove_run(self.store, self.run_id, self.slots.keys())
             else:
                 write_marker(self.store, self.run_id, "kept")
         except (RunFault, UserError) as e:  # the server is gone or silent: say what stays there, and how to go
@@ -157,11 +157,14 @@ def write_marker(store: Store, run_id: str, state: str = "running") -> None:
     store.write_small(store.marker_name(run_id), json.dumps(marker_body(run_id, state)).encode())
 
 
-def remove_run(store: Store, run_id: str, held: list[str] | None = None) -> int:
+def remove_run(store: Store, run_id: str, held: Iterable[int] = ()) -> int:
     """Delete every name of a run's namespace, the marker last (a crash midway leaves it findable): those the store
-    lists, or, from a store that cannot list, held (the names the run's tier holds: its own key index)."""
+    lists, or, from a store that cannot list, the objects of held (the keys the run's tier holds: its own index)."""
     marker = store.marker_name(run_id)
-    names = [n for n in store.names(run_id) if n != marker] if isinstance(store, Listing) else list(held or ())
+    if isinstance(store, Listing):
+        names = [n for n in store.names(run_id) if n != marker]
+    else:
+        names = [store.object_name(run_id, k) for k in held]
     for i in range(0, len(names), 1000):
         store.remove(names[i:i + 1000])
     store.remove([marker])

@@ -89,7 +89,7 @@ def _qos(r: Results) -> dict:
 
 
 def _prefix(f: Fields) -> dict:
-    return {"prefix_hits": f.count(C.found("prefix", True)), "prefix_misses": f.count(C.found("prefix", False)),
+    return {"prefix_hits": f.count(C.found(C.PREFIX, True)), "prefix_misses": f.count(C.found(C.PREFIX, False)),
             "system_prompt_reuse": f.count(C.found(SYSTEM, True)), "common_phrase_reuse": 0,
             "bytes_saved": f.r.tokens.cached * f.r.run.bytes_per_token}
 

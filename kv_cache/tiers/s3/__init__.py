@@ -224,9 +224,10 @@ def local_server(folder: Path, bucket: str = "kvbench", tls: bool = False) -> Lo
     identity = {"name": "kvbench", "credentials": [{"accessKey": LOCAL_KEY, "secretKey": LOCAL_SECRET}],
                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
     (folder / "s3.json").write_text(json.dumps({"identities": [identity]}))
-    ports = {"master": 65535}
-    while any(p + 10000 > 65535 for p in ports.values()):  # gRPC ports are the HTTP ones + 10000: draw below
+    while True:  # gRPC ports are the HTTP ones + 10000: draw until every one fits below 65536
         ports = {name: free_port() for name in ("master", "volume", "filer", "s3", "metrics", "https")}
+        if all(p + 10000 <= 65535 for p in ports.values()):
+            break
     args = [weed, "server", f"-dir={folder / 'data'}", f"-ip={HOST}", f"-ip.bind={HOST}", "-filer", "-s3",
             *(f"-{n}.port={ports[n]}" for n in ("master", "volume", "filer", "s3")), f"-s3.config={folder / 's3.json'}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-metricsPort={ports['metrics']}", "-master.telemetry=false",
