@@ -74,14 +74,16 @@ def spawn(args: list[str], folder: Path, port: int, url: str, log: str, seconds:
     stdout_log: the server writes its log on stdout (else it writes folder/log itself); sockets: files it makes
     outside its folder, removed at its stop (and when it fails to start)."""
     folder.mkdir(parents=True, exist_ok=True)
-    out = open(folder / log, "w") if stdout_log else subprocess.DEVNULL
+    # the log is opened never through a link (a folder reused by a test may hold one where the log goes)
+    out = os.open(folder / log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644) if stdout_log \
+        else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT if stdout_log else subprocess.DEVNULL,
                                 start_new_session=True, cwd=folder, preexec_fn=_die_with_parent,
                                 env=dict(os.environ, **(env or {})))
     finally:
         if stdout_log:
-            out.close()
+            os.close(out)
     server = LocalServer(url, proc, folder, sockets=list(sockets))
     end = time.monotonic() + seconds
     while time.monotonic() < end:

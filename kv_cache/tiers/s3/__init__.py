@@ -28,6 +28,7 @@ import numpy as np
 from kv_cache.config.keys import key
 from kv_cache.config.media import section
 from kv_cache.errors import RunFault, ServerDown, UserError
+from kv_cache.safefiles import write_file
 from kv_cache.tiers.localserver import HOST, LocalServer, certificates, free_port, spawn
 from kv_cache.tiers.registry import GiB
 from kv_cache.tiers.remote import (
@@ -223,7 +224,7 @@ def local_server(folder: Path, bucket: str = "kvbench", tls: bool = False) -> Lo
     (folder / "data").mkdir(parents=True, exist_ok=True)
     identity = {"name": "kvbench", "credentials": [{"accessKey": LOCAL_KEY, "secretKey": LOCAL_SECRET}],
                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
-    (folder / "s3.json").write_text(json.dumps({"identities": [identity]}))
+    write_file(folder / "s3.json", json.dumps({"identities": [identity]}), "the local S3 server's identities")
     while True:  # gRPC ports are the HTTP ones + 10000: draw until every one fits below 65536
         ports = {name: free_port() for name in ("master", "volume", "filer", "s3", "metrics", "https")}
         if all(p + 10000 <= 65535 for p in ports.values()):
