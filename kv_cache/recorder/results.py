@@ -8,6 +8,7 @@ window, bytes as integers. The storage under test is the bottom tier
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -217,7 +218,9 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, facts: RunFact
         "ops": {t: C.OPS.under(t).of(c) for t in tiers},
         "requests": requests,
         "load": load_verdict(requests, window, request_latency.get("queue", {}), request_latency.get("storage", {}),
-                             run_info["workers"], series, (settings.get("disagg") or {}).get("role", "both")),
+                             run_info["workers"], series, (settings.get("disagg") or {}).get("role", "both"),
+                             None if facts.ranks else c.get(C.PROCESS_CPU_US, 0) / 1e6,
+                             None if facts.ranks else os.cpu_count()),
         "tokens": tokens,
         "hit_rate": {"tokens": _rate(tokens["cached"], tokens["prompt"]),
                      "blocks": _rate(c.get(C.BLOCKS_HIT, 0), c.get(C.BLOCKS_LOOKUP, 0)),

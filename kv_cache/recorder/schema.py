@@ -49,8 +49,9 @@ from kv_cache.recorder.sections import (
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 6  # 6: role.requests_unacknowledged and role.dropped_unread (a prefill node's handoff); the
-# capacity_curve section (--capacity-curve); latency percentiles too few samples support are null
+SCHEMA_VERSION = 7  # 7: load.cause, load.workers_in_io_share, load.process_cpu_share (what a queue was made of)
+# (6: role.requests_unacknowledged and role.dropped_unread (a prefill node's handoff); the
+# capacity_curve section (--capacity-curve); latency percentiles too few samples support are null)
 # (5: run.tiers.*.transfers (direct / staged), memory.budget.gpu_staging and payload_stamps)
 # (4: memory.budget.handoff, a NIXL prefill node's registered region)
 # (3: every section typed (sections.py), value types checked on load, bytes_whole_run)

@@ -84,6 +84,9 @@ class LoadVerdict:
     workers_busy_mean: float | None
     kind: str
     advice: str
+    workers_in_io_share: float | None = None  # the workers' time in block I/O (storage time per request, summed)
+    process_cpu_share: float | None = None    # the process's CPU time over the cores' (None in an MPI merge)
+    cause: str = ""  # storage (workers busy in block I/O), cpu (the generator ran out of CPU) or generator
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""What decided the numbers: the storage, the load generator's queue, or the users' pace.
+"""What decided the numbers: the storage, the load generator's queue, or the users' pace; and for a queue, whether
+its workers were busy in storage (a storage result at that concurrency) or the generator ran out of CPU.
 
 A benchmark whose queue is saturated measures its own queue: request latencies grow with the backlog
 while the storage's per-block latencies stay flat. The verdict compares what was offered with what was
@@ -12,6 +13,8 @@ OFFERED_OVER_SERVED = 1.1  # offered load 10 % above the served rate: a backlog 
 DROPPED_OVER_SERVED = 0.1  # a backlog of a tenth of the window's requests left queued at the stop
 P95_SAMPLES = 20  # the requests a p95 needs to be more than the largest (the tables print '-' below)
 IDLE_WORKERS = 0.5         # fewer than half the workers busy on average: the users' pace limits the load
+CPU_BOUND = 0.85           # the process used this share of every core's time: the generator ran out of CPU
+STORAGE_BUSY = 0.6         # the workers spent this share of their time in block I/O: the storage set the pace
 
 
 def _mean(rows: list[dict], key: str) -> float | None:
@@ -19,10 +22,41 @@ def _mean(rows: list[dict], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _shares(storage_ms: dict, served: int, workers: int, window_s: float, cpu_s: float | None,
+            cores: int | None) -> tuple[float | None, float | None]:
+    """(share of the workers' time spent in block I/O, share of the cores' time the process used): what tells a
+    queue of storage (workers busy in I/O) from a queue of the generator (its CPU ran out)."""
+    mean = storage_ms.get("mean")
+    busy = None if mean is None else min(1.0, mean * served / 1e3 / (workers * window_s))
+    cpu = None if cpu_s is None or not cores else min(1.0, cpu_s / (window_s * cores))
+    return busy, cpu
+
+
+def _cause(busy: float | None, cpu: float | None, cores: int | None, workers: int) -> tuple[str, str]:
+    """Why requests queued: (cause, its sentence). storage: the workers were busy in block I/O, so the figures are
+    the storage's at that concurrency; cpu: the process used (nearly) every core; generator: neither."""
+    if busy is None and cpu is None:
+        return "", ("the numbers describe the load generator's queue; raise --workers or lower the load (--users, "
+                    "--request-rate, --trace-speedup)")
+    in_io = "-" if busy is None else f"{busy:.0%}"
+    used = "-" if cpu is None else f"{cpu:.0%} of {cores} cores' time"
+    if cpu is not None and cpu >= CPU_BOUND:
+        return "cpu", (f"the generator ran out of CPU (it used {used}; its workers spent {in_io} of their time in "
+                       f"block I/O): the figures describe this machine's CPU, not the storage; use more cores or "
+                       f"offer less load")
+    if busy is not None and busy >= STORAGE_BUSY:
+        return "storage", (f"the workers spent {in_io} of their time in block I/O (the process used {used}): a "
+                           f"storage result at {workers} workers' concurrency; --workers N offers more")
+    return "generator", (f"the workers spent {in_io} of their time in block I/O and the process used {used}: the "
+                         f"rest went to the generator's own work (payloads, checksums, bookkeeping) or to waits")
+
+
 def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: dict, workers: int,
-                 rows: list[dict], role: str = "both") -> dict | None:
-    """{kind: storage | queue | users, the rates, waits and backlog it rests on, advice}; None without a
-    request. requests: the Results' request counts; queue_ms / storage_ms: the per-request latency summaries."""
+                 rows: list[dict], role: str = "both", cpu_s: float | None = None,
+                 cores: int | None = None) -> dict | None:
+    """{kind: storage | queue | users, cause, the rates, waits, shares and backlog it rests on, advice}; None without
+    a request. requests: the Results' request counts; queue_ms / storage_ms: the per-request latency summaries;
+    cpu_s: the process's CPU seconds in the window, over cores (None where not one process's: an MPI merge)."""
     offered, served, dropped = requests["issued_in_window"], requests["completed"], requests.get("dropped_at_stop", 0)
     if not served or window_s <= 0:
         return None
@@ -32,8 +66,11 @@ def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: di
     q50, q95, st50, st95 = (queue_ms.get("p50"), queue_ms.get("p95"), storage_ms.get("p50"), storage_ms.get("p95"))
     if queue_ms.get("count", P95_SAMPLES) < P95_SAMPLES:  # a p95 of fewer requests is their max: not judged
         q95 = st95 = None
+    in_io, cpu = _shares(storage_ms, served, workers, window_s, cpu_s, cores)
+    cause, said = _cause(in_io, cpu, cores, workers)
     out = {"offered_per_s": offered_s, "served_per_s": served_s, "queue_wait_p50_ms": q50, "queue_wait_p95_ms": q95,
-           "storage_p50_ms": st50, "dropped_at_stop": dropped, "workers": workers, "workers_busy_mean": busy}
+           "storage_p50_ms": st50, "dropped_at_stop": dropped, "workers": workers, "workers_busy_mean": busy,
+           "workers_in_io_share": in_io, "process_cpu_share": cpu, "cause": cause}
     waited = [f"queue wait {p} {q:.1f} ms > storage time {p} {st:.1f} ms per request"
               for p, q, st in (("p50", q50, st50), ("p95", q95, st95))
               if q is not None and st and q > QUEUE_OVER_STORAGE * st]
@@ -43,9 +80,7 @@ def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: di
                         + ([f"offered {offered_s:.2f} req/s > served {served_s:.2f}"]
                            if offered_s > OFFERED_OVER_SERVED * served_s else []))
         return {**out, "kind": "queue",
-                "advice": f"requests waited for one of the {workers} workers ({why}): the numbers describe the load "
-                          f"generator's queue; raise --workers or lower the load (--users, --request-rate, "
-                          f"--trace-speedup)"}
+                "advice": f"requests waited for one of the {workers} workers ({why}); {said}"}
     if busy is not None and busy < IDLE_WORKERS * workers:
         if role == "decode":  # its requests are what prefill nodes hand over: their pace is its load
             return {**out, "kind": "users",

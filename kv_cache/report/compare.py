@@ -71,8 +71,35 @@ def setting_differences(runs: list[tuple[str, Results]]) -> list[str]:
             if len({repr(f.get(k)) for f in flats}) > 1]
 
 
+def _verdict(r: Results) -> str:
+    """The load verdict in a word or two: what decided the numbers, and for a queue what it was made of."""
+    v = r.load
+    if v is None:
+        return "-"
+    return {"queue": f"queue ({v.cause or '-'})", "users": "users' pace", "storage": "storage"}.get(v.kind, v.kind)
+
+
+def _size_gib(key: str):
+    """A tier's size as the run resolved it (auto choices written in), GiB."""
+    def get(r: Results) -> str:
+        v = _flat(r.settings).get(key)
+        return "-" if v is None else f"{v:.4g}"
+    return get
+
+
+CHOICES = (  # what a run chose or was told, beside the numbers: the same command chooses the same on one machine
+    ("workers", lambda r: str(r.run.workers)),
+    ("cpu tier GiB", _size_gib("tiers.cpu_mem_gb")),
+    ("nvme tier GiB", _size_gib("tiers.nvme_gb")),
+    ("load verdict", _verdict),
+)
+
+
 def comparison_table(runs: list[tuple[str, Results]]) -> str:
-    header = ["measure", ""] + [name for name, _ in runs] + [f"{name} / {runs[0][0]}" for name, _ in runs[1:]]
+    """Runs as columns named 1, 2, ... (their folders listed first), so that the table fits 100 columns."""
+    legend = [f"run {i}: {name}" for i, (name, _) in enumerate(runs, 1)]
+    header = ["measure", ""] + [f"run {i}" for i in range(1, len(runs) + 1)] + [
+        f"{i} / 1" for i in range(2, len(runs) + 1)]
     rows = [header]
     for title, get, _better in HEADLINES:
         values = [get(r) for _, r in runs]
@@ -81,10 +108,11 @@ def comparison_table(runs: list[tuple[str, Results]]) -> str:
         base = values[0]
         ratios = [f"{v / base:.2f}x" if v is not None and base else "-" for v in values[1:]]
         rows.append([title, ""] + [_fmt(v) for v in values] + ratios)
-    engine = ["io engine", ""] + [r.run.io_engine for _, r in runs] + [""] * (len(runs) - 1)
-    model = ["model", ""] + [r.run.model for _, r in runs] + [""] * (len(runs) - 1)
-    storage = ["storage tier", ""] + [r.bottom for _, r in runs] + [""] * (len(runs) - 1)
-    lines = format_table(rows + [model, engine, storage])
+    pad = [""] * (len(runs) - 1)
+    described = [("model", lambda r: r.run.model), ("io engine", lambda r: r.run.io_engine),
+                 ("storage tier", lambda r: r.bottom), *CHOICES]
+    lines = legend + [""] + format_table(rows + [[title, ""] + [get(r) for _, r in runs] + pad
+                                                  for title, get in described])
     diff = setting_differences(runs)
     if diff:
         lines += ["", f"note: these runs differ in {len(diff)} setting(s) that change the numbers (values in run "

@@ -234,6 +234,8 @@ def _verdict(results: Results) -> list[str]:
     if not v:
         return []
     kind = {"queue": "QUEUE-BOUND", "users": "bound by the users' pace", "storage": "storage-bound"}[v.kind]
+    if v.kind == "queue" and v.cause:  # what the queue was made of: the storage at this concurrency, or the CPU
+        kind += {"storage": " on storage", "cpu": " on CPU", "generator": " on the generator"}[v.cause]
     wait = (f"; queue wait p50 {_ms(v.queue_wait_p50_ms)} / p95 {_ms(v.queue_wait_p95_ms)} ms vs storage time p50 "
             f"{_ms(v.storage_p50_ms)} ms per request; {v.dropped_at_stop:,} queued at the stop")
     return [f"  load: {kind}: issued in the window {v.offered_per_s:.2f} req/s, completed {v.served_per_s:.2f} req/s"

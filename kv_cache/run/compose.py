@@ -11,6 +11,8 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
+import psutil
+
 from kv_cache.config import Settings, replace
 from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.donors import store_bytes
@@ -26,7 +28,7 @@ from kv_cache.run.leftovers import DATA_PREFIX, describe_dead, leftovers_note, w
 from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.qos import QosPolicy
 from kv_cache.tiers.base import PINS_HOST, REMOTE, STORAGE, SlottedTier, moves_real_bytes
-from kv_cache.tiers.devices import open_cupy
+from kv_cache.tiers.devices import FAKE_GPU_ENV, open_cupy
 from kv_cache.tiers.engines import engines
 from kv_cache.tiers.fsinfo import RAM_FILESYSTEMS, mount_of, probe_direct, refuse_system_dir
 from kv_cache.tiers.gds import GdsLink, open_link
@@ -75,6 +77,7 @@ class RunContext:
     handoff: Publisher | Loader | None = None  # a prefill node's side of the handoff, or a decode node's
     probe: list[tuple[int, float]] = field(default_factory=list)  # --workers 0: (threads, GB/s) of each step
     gds: GdsLink | None = None           # --gds: NVMe <-> HBM without the host bounce
+    handoff_gb: float = 0.0              # a prefill node's handoff space as sized (auto: 0 in the settings)
 
 
 
@@ -83,6 +86,8 @@ def resolved(s: Settings, b: RunContext) -> Settings:
     size) written in, so settings.yaml given back to --config repeats this run and not a new choice."""
     if not s.schedule.workers:
         s = replace(s, "schedule.workers", b.workers)
+    if not s.disagg.handoff_gb and b.handoff_gb:
+        s = replace(s, "disagg.handoff_gb", b.handoff_gb)
     if b.site is not None and not s.tiers.cache_dir:
         s = replace(s, "tiers.cache_dir", b.site.cache_dir)
     if not s.tiers.null_io:  # what each tier's automatic settings chose (its size): the medium says which key
@@ -105,11 +110,12 @@ def geometry(s: Settings) -> Geometry:
     return Geometry(model, bpt, 0, WHOLE_REQUEST_SLOT_BYTES, slot_bytes(longest * bpt), part)
 
 
-AUTO_MAX = 32  # --workers 0 (auto): the most threads the concurrency probe tries, as memory allows
+AUTO_MAX = 32  # --workers 0 (auto): the most threads the concurrency probe steps to, as memory allows
 
 
 def default_workers() -> int:
-    """Without a device to probe (null or simulated storage, MPI ranks): 2 per core, at least 4, at most 16."""
+    """--workers 0 (auto): 2 per core, at least 4, at most 16: a fixed fact of the machine, so the same command
+    runs the same workers whatever a neighbour does (the probe's bandwidth did not: 4 and 32 on one machine)."""
     return max(4, min(16, 2 * (os.cpu_count() or 1)))
 
 
@@ -118,36 +124,40 @@ def workers(s: Settings) -> int:
 
 
 def worker_ceiling(s: Settings, geo: Geometry, gpu=None) -> int:
-    """--workers 0: the most threads the probe may choose, halved from AUTO_MAX until their staging fits in memory
-    (down to one: whole-request objects of GiBs, the MLPerf reference's shape, fit few at a time)."""
+    """--workers 0: the most threads the run may have, halved from AUTO_MAX until their staging fits in the
+    machine's memory (its total, not what is free now: a fixed fact), down to one (whole-request objects of GiBs,
+    the MLPerf reference's shape, fit few at a time). The run's memory check against what is free follows."""
     if s.schedule.workers:
         return s.schedule.workers
-    n = AUTO_MAX
-    while n > 1 and not fits(memory_budget(replace(s, "schedule.workers", n), geo, gpu)):
+    total, n = psutil.virtual_memory().total, AUTO_MAX
+    while n > 1 and not fits(memory_budget(replace(s, "schedule.workers", n), geo, gpu), total):
         n //= 2
     return n
 
 
 def choose_workers(s: Settings, tiers: list, geo: Geometry, ceiling: int, fill) -> tuple[int, list, str]:
-    """--workers 0 on a real storage tier: (threads, the probe's steps, the line that says why)."""
+    """--workers 0: (threads, the probe's steps, the line that says the rule). The count is default_workers()
+    within the ceiling; on a real storage tier the probe steps its concurrency first, as information (the device's
+    bandwidth per thread count, said beside the choice; the run's most-writes estimate reads it)."""
+    if s.schedule.workers:
+        return s.schedule.workers, [], ""
+    chosen = min(default_workers(), ceiling)
+    rule = (f"workers: {chosen} (auto: 2 per core of {os.cpu_count() or 1}, at least 4, at most 16"
+            + (f", as memory allows at most {ceiling}" if ceiling < default_workers() else "")
+            + "; --workers N pins it)")
     bottom = tiers[-1]
-    if s.schedule.workers or not moves_real_bytes(bottom):
-        return workers(s), [], ""
+    if not moves_real_bytes(bottom):
+        return chosen, [], rule
     try:
         saturated, steps = concurrency(bottom, geo.io_bytes, ceiling, fill=fill)
     except RunFault as e:  # before the clock: a sentence, not a traceback
         raise UserError(f"--workers 0 (auto) probes the {bottom.name} tier before the run, and it failed: {e} "
                         f"Fix the device, or pass --workers N to skip the probe.") from None
-    # a worker also spends time outside the device (payload, checksum, bookkeeping): twice the device's
-    # concurrency keeps it busy; never fewer than the fixed default
-    chosen = max(min(default_workers(), ceiling), min(ceiling, 2 * saturated))
     seen = " / ".join(f"{g:.2f}" for _, g in steps)
     counts = " / ".join(str(k) for k, _ in steps)
-    return chosen, steps, (f"workers: auto chose {chosen}: the {bottom.name} tier moved {seen} GB/s with {counts} "
-                           f"threads (each writing and reading one {geo.io_bytes / 2**20:.1f} MiB object, "
-                           f"0.5 s a step), within 10 % of its best from {saturated}; twice that, as a worker also "
-                           f"works outside the device, and at least {min(default_workers(), ceiling)} (as memory "
-                           f"allows: at most {ceiling}; --workers N fixes it)")
+    return chosen, steps, (f"{rule}; the {bottom.name} tier moved {seen} GB/s with {counts} threads (each writing "
+                           f"and reading one {geo.io_bytes / 2**20:.1f} MiB object, 0.5 s a step), within 10 % of "
+                           f"its best from {saturated}")
 
 
 def memory_budget(s: Settings, geo: Geometry, gpu=None) -> MemoryBudget:
@@ -262,6 +272,8 @@ def open_gpu(s: Settings) -> tuple[object | None, str]:
     if s.tiers.gpu not in ("auto", "real") or s.tiers.null_io or not s.tiers.gpu_mem_gb:
         return None, ""
     backend, why = open_cupy()
+    if backend is not None and backend.name == "fake":  # KVBENCH_FAKE_GPU: a test's stand-in, never a measurement
+        return backend, f"GPU tier: {FAKE_GPU_ENV} set: fake devices in host memory (tests only), not a GPU."
     if backend is None and s.tiers.gpu == "real":
         raise UserError(f"--gpu real: {why}; use --gpu simulated or --gpu off on a machine without one.")
     return backend, f"GPU tier off: {why} (--gpu simulated models one)." if backend is None else ""

@@ -4,6 +4,9 @@ a prefill and a decode node, the decode node's traffic, and the role's end (part
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+
+import psutil
 
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
@@ -39,28 +42,80 @@ def handoff_target(s: Settings) -> tuple[str, str]:
 
 
 def nixl_region_bytes(s: Settings) -> int:
-    """The host memory a NIXL prefill node registers as its handoff space (--disagg-handoff-gb); 0 for any other
-    node (a decode node reads into its workers' buffers; a folder's handoff is files; a region in GPU memory is
-    not host memory)."""
+    """The host memory a NIXL prefill node registers as its handoff space (--disagg-handoff-gb, sized by
+    size_handoff first); 0 for any other node (a decode node reads into its workers' buffers; a folder's handoff is
+    files; a region in GPU memory is not host memory)."""
     if s.disagg.role != "prefill" or handoff_target(s)[0] != "nixl" or s.disagg.handoff_memory == "gpu":
         return 0
     return int(s.disagg.handoff_gb * 2**30)
 
 
-def _room_for_a_request(s: Settings, slot_bytes: int, workers: int) -> None:
-    """The blocks of a request are held until a decode node has loaded it, and each worker publishes one request
-    at a time: a space smaller than the workers' longest prompts could hold none of them whole (one sentence with
-    the numbers; synthetic traffic, whose longest is known)."""
-    if s.trace.path or not s.model.block_tokens:
-        return
-    longest = max(getattr(s.profiles, n).max_context_tokens for n in s.profiles.__dataclass_fields__)
-    need = workers * -(-longest // s.model.block_tokens) * slot_bytes
-    space = int(s.disagg.handoff_gb * 2**30)
-    if space < need:
-        raise UserError(f"--disagg-handoff-gb {s.disagg.handoff_gb:g} holds {space // slot_bytes} blocks, fewer "
-                        f"than {workers} workers' longest prompts ({need // slot_bytes} blocks of {longest:,} "
-                        f"tokens each): a request's blocks are held until a decode node loads them; raise it to at "
-                        f"least {need / 2**30:.2f} (or lower --workers).")
+AUTO_MEMORY_SHARE = 0.5  # auto: a NIXL host region takes at most half the machine's memory, less the rest
+AUTO_DISK_SHARE = 0.25   # auto: a handoff folder takes at most a quarter of its filesystem
+AUTO_MAX_BYTES = 64 << 30
+UNKNOWN_LONGEST = 32768  # a trace's longest prompt before it is read, unless --max-prompt-tokens bounds it
+
+
+def longest_prompt(s: Settings) -> tuple[int, str]:
+    """(tokens, where the figure comes from) of the longest prompt one worker may publish at once."""
+    if s.trace.path:
+        if s.trace.max_prompt_tokens:
+            return s.trace.max_prompt_tokens, "--max-prompt-tokens"
+        return UNKNOWN_LONGEST, "a trace's prompts assumed at most"
+    return max(getattr(s.profiles, n).max_context_tokens for n in s.profiles.__dataclass_fields__), "the profiles'"
+
+
+def _auto_cap(s: Settings, rest_of_budget: int) -> tuple[int, str]:
+    """(bytes, what bounds it) of an auto handoff space: fixed facts of the host (its memory, the filesystem's
+    size), never what is free right now, so a neighbour's load does not change the choice."""
+    kind = handoff_target(s)[0]
+    if kind == "nixl" and s.disagg.handoff_memory == "host":
+        total = psutil.virtual_memory().total
+        return max(0, int(total * AUTO_MEMORY_SHARE) - rest_of_budget), (
+            f"half of this machine's {total / 2**30:.1f} GiB of memory less the rest of the budget")
+    if kind == "nixl":
+        return AUTO_MAX_BYTES, "the GPU region's limit"
+    st = os.statvfs(os.path.abspath(handoff_target(s)[1]))
+    disk = st.f_blocks * st.f_frsize
+    return min(AUTO_MAX_BYTES, int(disk * AUTO_DISK_SHARE)), f"a quarter of the folder's {disk / 2**30:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class HandoffSize:
+    """A prefill node's handoff space and the publishing workers it holds whole."""
+
+    space_bytes: int
+    workers: int  # at most this many workers publish at once (each one request's blocks, held until loaded)
+    note: str     # what the space holds, said where it lowers the workers
+
+
+def size_handoff(s: Settings, slot_bytes: int, workers: int, rest_of_budget: int) -> HandoffSize | None:
+    """A prefill node's space (auto or --disagg-handoff-gb) and how many workers it holds: each worker publishes
+    one request at a time and its blocks are held until a decode node loads them, so a space smaller than the
+    workers' longest prompts runs fewer workers (said in one line); one that holds no request whole is refused.
+    workers: the most the run may have; rest_of_budget: the memory budget without the space. None: no prefill
+    node, or a settings' check refuses the transport later."""
+    if s.disagg.role != "prefill" or not s.model.block_tokens or not handoff_target(s)[0]:
+        return None
+    if handoff_target(s)[0] == "file":
+        _handoff_root(s)
+    longest, source = longest_prompt(s)
+    per = -(-longest // s.model.block_tokens) * slot_bytes
+    given = int(s.disagg.handoff_gb * 2**30)
+    if given and s.trace.path and not s.trace.max_prompt_tokens:  # a trace's longest is not known: taken as given
+        return HandoffSize(given, workers, "")
+    cap, bound = (given, "--disagg-handoff-gb") if given else _auto_cap(s, rest_of_budget)
+    fit = cap // per
+    if fit < 1:
+        raise UserError(f"the handoff space ({bound}: {cap / 2**30:.2f} GiB) cannot hold one request's blocks "
+                        f"({source} longest prompt, {longest:,} tokens = {per / 2**30:.2f} GiB), held until a "
+                        f"decode node loads them; give --disagg-handoff-gb {per / 2**30:.2f} or more, or a smaller "
+                        f"prompt limit.")
+    n = min(workers, fit)
+    space = given or n * per
+    note = (f"handoff: {space / 2**30:.2f} GiB ({bound}) holds the longest prompts ({longest:,} tokens, {source}) "
+            f"of {n} publishing workers")
+    return HandoffSize(space, n, note)
 
 
 def _handoff_root(s: Settings) -> str:
@@ -98,13 +153,13 @@ def _gpu_region(s: Settings, gpu) -> tuple[object, int] | None:
     if gpu is None:
         raise UserError("--disagg-handoff-memory gpu puts the NIXL handoff region in GPU memory, and this run has "
                         "no real GPU tier; add --gpu real (a CUDA device and CuPy), or drop the flag.")
-    return gpu, (s.tiers.gpus[0] if s.tiers.gpus else 0)
+    return gpu, 0  # the GPU tier's first device (tiers.gpus is how many it spreads over, not which)
 
 
-def open_handoff(s: Settings, model_name: str, slot_bytes: int, workers: int, link: NixlLoader | None = None,
+def open_handoff(s: Settings, model_name: str, slot_bytes: int, link: NixlLoader | None = None,
                  gpu=None) -> tuple[Publisher | Loader | None, str]:
-    """The prefill node's side of the handoff, or the decode node's; (side, engine note). workers: the most worker
-    threads the run may have; link: a NIXL decode node's link to its prefill node, made with its traffic
+    """The prefill node's side of the handoff, or the decode node's; (side, engine note). Its space is sized
+    (size_handoff) into s before; link: a NIXL decode node's link to its prefill node, made with its traffic
     (decode_traffic); gpu: the real GPU tier's backend."""
     if s.disagg.role == "both":
         return None, ""
@@ -118,7 +173,6 @@ def open_handoff(s: Settings, model_name: str, slot_bytes: int, workers: int, li
         if s.disagg.role == "decode":
             return link, note
         ident = handoff_identity(s, model_name)  # its region is a part of the memory budget, checked before
-        _room_for_a_request(s, slot_bytes, workers)
         side = NixlPublisher.create(url, slot_bytes, int(s.disagg.handoff_gb * 2**30), ident, _gpu_region(s, gpu))
         side.space.wait_s, side.channel.peer_timeout_s = s.disagg.wait_s, s.disagg.peer_timeout_s
         return side, note
@@ -131,7 +185,6 @@ def open_handoff(s: Settings, model_name: str, slot_bytes: int, workers: int, li
     blocks = shared_files(engine, slot_bytes)
     if s.disagg.role == "decode":
         return FolderLoader(root, blocks), note
-    _room_for_a_request(s, slot_bytes, workers)
     side = FolderPublisher(root, blocks, engine, int(s.disagg.handoff_gb * 2**30), handoff_identity(s, model_name))
     side.space.wait_s = s.disagg.wait_s
     return side, note

@@ -32,7 +32,7 @@ from kv_cache.run.compose import (
     workers,
 )
 from kv_cache.run.distributed import Dist
-from kv_cache.run.handoff import abandon_role, open_handoff
+from kv_cache.run.handoff import abandon_role, open_handoff, size_handoff
 from kv_cache.run.leftovers import set_state
 from kv_cache.run.traffic import Traffic, build_traffic
 
@@ -46,6 +46,7 @@ def build(s: Settings, run_id: str, payloads: PayloadPool | None, *, rank: int =
     geo = geometry(s)
     gpu, gpu_note = open_gpu(s)
     ceiling = worker_ceiling(s, geo, gpu)
+    s, ceiling, handoff_size_note = _sized_handoff(s, geo, gpu, ceiling)
     sized = replace(s, "schedule.workers", ceiling)  # buffers, lanes and the budget for the most threads
     budget = memory_budget(sized, geo, gpu)
     check_fits(budget, ceiling, buffer_bytes(geo.io_bytes))
@@ -56,7 +57,7 @@ def build(s: Settings, run_id: str, payloads: PayloadPool | None, *, rank: int =
         tiers, notes = build_tiers(sized, geo, site, fill, f"r{rank}", gpu, run_id)
         pin_host_memory(tiers, payloads)
         gds = gds_link(sized, tiers, gpu, geo)
-        handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes, workers(s), link, gpu)
+        handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes, link, gpu)
         n, steps, probe_note = choose_workers(s, tiers, geo, ceiling, fill)
     except BaseException:
         for t in tiers:  # registered host memory and device slabs go back, files go
@@ -65,8 +66,26 @@ def build(s: Settings, run_id: str, payloads: PayloadPool | None, *, rank: int =
             shutil.rmtree(site.data_dir, ignore_errors=True)
         raise
     gds_note = f"GDS path: {gds.mode}" if gds else ""
-    notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_note, probe_note) if x]
-    return RunContext(geo, site, tiers, notes, budget, n, handoff, probe=steps, gds=gds)
+    notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_size_note, handoff_note,
+                          probe_note) if x]
+    return RunContext(geo, site, tiers, notes, budget, n, handoff, probe=steps, gds=gds,
+                      handoff_gb=s.disagg.handoff_gb)
+
+
+def _sized_handoff(s: Settings, geo, gpu, ceiling: int) -> tuple[Settings, int, str]:
+    """A prefill node's handoff space written into the settings (auto sized), and the most workers it holds: (the
+    settings, the workers' ceiling, the line saying it lowered them)."""
+    rest = memory_budget(replace(s, "schedule.workers", ceiling), geo, gpu).total_bytes  # without an auto space
+    size = size_handoff(s, geo.slot_bytes, ceiling, rest)
+    if size is None:
+        return s, ceiling, ""
+    s, note = replace(s, "disagg.handoff_gb", size.space_bytes / 2**30), ""
+    if size.workers < ceiling:
+        ceiling = size.workers
+        if workers(s) > ceiling:  # a fixed count, or auto's: fewer run, said in one line
+            note = f"{size.note}, so this prefill node runs {ceiling} workers, not {workers(s)}"
+            s = replace(s, "schedule.workers", ceiling)
+    return s, ceiling, note
 
 
 def close(b: RunContext, remove: bool, role_open: bool) -> None:

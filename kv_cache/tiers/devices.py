@@ -263,8 +263,29 @@ def kvikio_compat_preferred(defaults) -> bool:
     return mode if isinstance(mode, bool) else int(mode) == 1
 
 
-def open_cupy() -> tuple[CupyDevice | None, str]:
-    """The CuPy backend, or None and one sentence saying what is missing."""
+FAKE_GPU_ENV = "KVBENCH_FAKE_GPU"  # tests only: --gpu real opens N fake devices (host memory), said as such
+
+
+def fake_from_env() -> FakeDevice | None:
+    """KVBENCH_FAKE_GPU=N[:HBM_GIB] (tests only): the GPU tier's fake devices behind --gpu real, so that a GPU
+    feature's test runs the command line a user types, through the same settings path. Every output names the
+    device "fake device N (host memory)"."""
+    spec = os.environ.get(FAKE_GPU_ENV, "")
+    if not spec:
+        return None
+    count, _, hbm = spec.partition(":")
+    try:
+        return FakeDevice(count=int(count), hbm_bytes=int(float(hbm or 4) * 2**30))
+    except ValueError:
+        raise UserError(f"{FAKE_GPU_ENV}={spec}: expected N or N:HBM_GIB (fake devices for tests); unset it.") from None
+
+
+def open_cupy() -> tuple[CupyDevice | FakeDevice | None, str]:
+    """The CuPy backend (or the tests' fake devices, fake_from_env), or None and one sentence saying what is
+    missing."""
+    fake = fake_from_env()
+    if fake is not None:
+        return fake, ""
     try:
         backend = CupyDevice()
     except ImportError:

@@ -247,23 +247,41 @@ class NvmeTier(SlottedTier):
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-NVME_AUTO_FRACTION, NVME_AUTO_MAX = 0.25, 64 * GiB  # --nvme-gb 0: a quarter of the free space, at most 64 GiB
+NVME_AUTO_FRACTION, NVME_AUTO_MAX = 0.25, 64 * GiB  # --nvme-gb 0: within a quarter of the filesystem, at most 64 GiB
+FREE_SHARE = 0.5  # ... and within half of what is free
 
 
-def capacity(s, site: StorageSite, slot: int, max_object_bytes: int, free: int) -> int:
-    """The tier's bytes: --nvme-gb, or a quarter of the free space; refused when it holds no object."""
+def auto_bytes(where: str, ranks: int = 1) -> tuple[int, str]:
+    """--nvme-gb 0: (bytes per rank, the rule as said): the largest power of two GiB within a quarter of the
+    filesystem's size (a fixed fact of the machine), 64 GiB and half its free space. A power of two, so that what a
+    neighbour writes or deletes does not change the choice short of halving or doubling the free space."""
+    usage = shutil.disk_usage(where)
+    bound = min(usage.total * NVME_AUTO_FRACTION, NVME_AUTO_MAX, usage.free * FREE_SHARE)
+    size = GiB
+    while size * 2 <= bound:
+        size *= 2
+    if size > bound:  # under 1 GiB: a small disk or a nearly full one
+        size = int(bound)
+    return size // ranks, (f"the largest power of two GiB within {NVME_AUTO_FRACTION:.0%} of the "
+                           f"{usage.total / GiB:.0f} GiB filesystem of {where}, {NVME_AUTO_MAX / GiB:.0f} GiB and half "
+                           f"its {usage.free / GiB:.0f} GiB free")
+
+
+def capacity(s, site: StorageSite, slot: int, max_object_bytes: int, free: int) -> tuple[int, str]:
+    """(The tier's bytes: --nvme-gb, or auto_bytes; the rule said for auto). Refused when it holds no object."""
+    said = ""
     if s.nvme_gb:
         want = int(s.nvme_gb * GiB)
         if want > free:
             raise UserError(f"--nvme-gb {s.nvme_gb:g} asks for {want / GiB:.2f} GiB but {site.cache_dir} "
                             f"has {free / GiB:.2f} GiB free; lower --nvme-gb or free space.")
     else:
-        want = min(int(free * NVME_AUTO_FRACTION), NVME_AUTO_MAX)
+        want, said = auto_bytes(site.cache_dir)
     if want // slot * slot < max_object_bytes:
         raise UserError(f"{site.cache_dir} has too little space for the NVMe tier: {want / GiB:.3f} GiB holds no "
                         f"{max_object_bytes / 2**20:.1f} MiB object ({free / GiB:.2f} GiB free); free space, "
                         f"pass a larger --nvme-gb or another --cache-dir.")
-    return want // slot * slot
+    return want // slot * slot, said
 
 
 def _most_bytes(s) -> int:
@@ -285,12 +303,10 @@ def _agree(s, ranks: int, cache_dir: str) -> tuple[dict, str]:
     where = cache_dir
     while not os.path.isdir(where) and os.path.dirname(where) != where:  # the default folder is made later
         where = os.path.dirname(where)
-    free = shutil.disk_usage(where).free
-    each = min(int(free * NVME_AUTO_FRACTION), NVME_AUTO_MAX) // ranks
+    each, said = auto_bytes(where, ranks)
     return {"tiers.nvme_gb": each / GiB}, (
         f"nvme tier size chosen by rank 0 for every rank: {each / GiB:.2f} GiB each, {each * ranks / GiB:.2f} GiB in "
-        f"all = {NVME_AUTO_FRACTION:.0%} of the {free / GiB:.1f} GiB free in {cache_dir} (at most "
-        f"{NVME_AUTO_MAX / GiB:.0f} GiB) over {ranks} ranks; --nvme-gb fixes it (per rank)")
+        f"all = {said}, over {ranks} ranks; --nvme-gb fixes it (per rank)")
 
 
 CONTRACT = tuple(f"{e}/{lay}" for e in ENGINES for lay in ("slab", "file-per-block")
@@ -314,11 +330,9 @@ def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
         cap = capacity_of(s.nvme_gb, slot) if s.nvme_gb else NVME_AUTO_MAX
         return NullTier("nvme", max(cap, slot), slot), ""
     free = shutil.disk_usage(site.cache_dir).free
-    cap = capacity(s, site, slot, ctx.max_object_bytes, free)
-    note = "" if s.nvme_gb else (f"nvme tier size chosen: {cap / GiB:.2f} GiB = {NVME_AUTO_FRACTION:.0%} of the "
-                                 f"{free / GiB:.1f} GiB free in {site.cache_dir} "
-                                 f"(at most {NVME_AUTO_MAX / GiB:.0f} GiB); it changes with the free space: "
-                                 f"--nvme-gb fixes it (settings.yaml records it)")
+    cap, said = capacity(s, site, slot, ctx.max_object_bytes, free)
+    note = "" if s.nvme_gb else (f"nvme tier size chosen: {cap / GiB:.2f} GiB = {said}; --nvme-gb fixes it "
+                                 f"(settings.yaml records it)")
     return NvmeTier(site.data_dir, cap, slot, site.engine, s.nvme_layout, int(s.slab_file_gb * GiB), site.engine_note,
                     s.shared_storage, ctx.writer, ctx.io_unit_bytes), note
 

@@ -11,6 +11,7 @@ one sentence when asked for.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import weakref
@@ -20,6 +21,7 @@ import numpy as np
 from kv_cache.errors import RunFault
 from kv_cache.tiers.base import DIRECT_IO
 from kv_cache.tiers.engines import Engine, Target, register_engine
+from kv_cache.tiers.native import child_main, probe_in_child
 from kv_cache.tiers.posix_io import CHUNK
 
 DEPTH = 64  # submission queue entries per ring: the most I/O units one batch holds
@@ -34,8 +36,9 @@ class UringEngine(Engine):
         self._why: str | None = None
 
     def unavailable(self) -> str:
+        """Asked once per process, in a child process: the binding may die by SIGILL on this CPU (see native.py)."""
         if self._why is None:
-            self._why = _probe()
+            self._why = probe_in_child(MODULE, "a ring and a no-op")[1]
         return self._why
 
     def write(self, t: Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
@@ -94,8 +97,9 @@ class UringEngine(Engine):
             done = pieces[whole][0] + got[whole] if whole < len(pieces) else pieces[-1][0] + pieces[-1][1]
 
 
-def _probe() -> str:
-    """Why this host cannot run io_uring ("" when it can): a ring is made and a no-op completes."""
+def _probe_here() -> str:
+    """Why this host cannot run io_uring ("" when it can): a ring is made and a no-op completes. Runs in the
+    probe's child process only (UringEngine.unavailable)."""
     try:
         import liburing
     except ImportError:
@@ -114,4 +118,8 @@ def _probe() -> str:
     return ""
 
 
+MODULE = "kv_cache.tiers.uring"
+
+if __name__ == "__main__":  # the probe's child, and make install's check of the installed binding
+    sys.exit(child_main(MODULE, "a ring and a no-op", _probe_here, sys.argv))
 register_engine(UringEngine())

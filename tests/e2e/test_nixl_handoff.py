@@ -279,7 +279,7 @@ def test_the_readmes_two_namespace_recipe_runs_as_printed(small_run, tmp_path):
                                f"--disagg-wait-s 10", shell=True, cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
         pre = subprocess.run(f"{pre_line.strip().replace('python', sys.executable)}{mine} --run-id pre --warmup 0 "
-                             f"--max-requests 12 --disagg-handoff-gb 0.25", shell=True, cwd=REPO,
+                             f"--max-requests 12", shell=True, cwd=REPO,
                              capture_output=True, text=True, timeout=300)
         _, err = dec.communicate(timeout=300)
     finally:
@@ -358,6 +358,28 @@ def test_a_prefill_region_in_gpu_memory_is_read_by_the_decode_side(tmp_path):
                        timeout=120, env={**ENV, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
     assert f"device DRAM 3 {4 * 2**20} 3" in r.stdout and "freed 0" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_gpu_region_runs_as_a_user_types_it(small_run, tmp_path):
+    """Issue 46, point 2: `--role prefill --handoff nixl://... --gpu real --disagg-handoff-memory gpu` died on the H200
+    ("TypeError: 'int' object is not subscriptable": tiers.gpus is a count) while the test above built the region
+    by hand. Here the command line a user types, on the fake device (KVBENCH_FAKE_GPU), with a decode node reading
+    every block of the region."""
+    url = f"nixl://127.0.0.1:{free_port()}"
+    fake = {**ENV, "KVBENCH_FAKE_GPU": "1:1"}
+    dec = start_decode([*CLI, *node_args(small_run, tmp_path, "dec", "decode", url, "--warmup", "0")])
+    pre = subprocess.run([*CLI, *node_args(small_run, tmp_path, "pre", "prefill", url, *bounded(6), "--gpu", "real",
+                                           "--gpu-mem-gb", "0.05", "--disagg-handoff-memory", "gpu")],
+                         capture_output=True, text=True, timeout=300, env=fake)
+    _, err = dec.communicate(timeout=300)
+    assert pre.returncode == 0, pre.stdout[-1500:] + pre.stderr
+    assert dec.returncode == 0, err
+    assert "fake devices in host memory (tests only)" in " ".join(pre.stdout.split())
+    p = json.loads((tmp_path / "reports" / "pre" / "results.json").read_text())
+    d = json.loads((tmp_path / "reports" / "dec" / "results.json").read_text())
+    assert "fake device 0" in json.dumps(p["run"]["tiers"]["gpu"])  # the real GPU tier's path, on the stand-in
+    assert d["requests"]["completed"] == p["requests"]["completed"] == 6 and d["role"]["missing_blocks"] == 0
+    assert d["verification"]["failures"] == 0
 
 
 def test_a_gpu_region_without_a_real_gpu_tier_is_one_sentence(small_run, tmp_path):

@@ -98,7 +98,7 @@ def test_ranges_from_the_command_line():
 def test_config_yaml_is_what_the_generator_writes():
     from kv_cache.config.doc import render
 
-    assert REPO_CONFIG.read_text() == render(), "run: python -m kv_cache.config.doc > config.yaml"
+    assert REPO_CONFIG.read_text() == render(), "run: python -m kv_cache.cli.configdoc config.yaml"
 
 
 def test_every_number_a_user_gives_is_bounded_above():
@@ -143,3 +143,15 @@ def test_settings_resolve_against_the_media_sections_given_not_an_import_side_ef
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "3.0"
+
+
+def test_the_schema_module_is_not_an_entry_that_empties_config_yaml():
+    """python -m kv_cache.config.doc printed nothing (exit 0), so the docs' `> config.yaml` emptied the file: it now
+    refuses, naming the real entry, which writes the file itself (no redirect to get wrong)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "kv_cache.config.doc"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode != 0 and not r.stdout and "python -m kv_cache.cli.configdoc config.yaml" in r.stderr
+    for page in ("docs/settings.md", "docs/architecture.md"):
+        assert "kv_cache.config.doc >" not in (REPO / page).read_text(), page

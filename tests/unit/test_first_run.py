@@ -105,3 +105,26 @@ def test_a_disk_the_benchmark_moved_nothing_on_reads_as_a_sentence():
                             2**30)
     text = "\n".join(telemetry_section(replace(results(), telemetry=tele)))
     assert "=  the benchmark's" not in text and "the benchmark moved nothing there" in text
+
+
+def _queue(storage_mean_ms: float, cpu_s: float, cores: int = 2):
+    """make run's queue: 4 workers, 30 requests served in 10 s, each waiting 2 s for a worker."""
+    return load_verdict({"issued_in_window": 60, "completed": 30, "dropped_at_stop": 0}, 10.0, {"p50": 2000.0},
+                        {"p50": storage_mean_ms, "mean": storage_mean_ms}, 4, [{"in_flight": 4}] * 10,
+                        cpu_s=cpu_s, cores=cores)
+
+
+def test_a_queue_of_workers_busy_in_storage_is_a_storage_result_at_that_concurrency():
+    """Issue 46, point 6: every quick-start run ended 'QUEUE-BOUND ... the numbers describe the load generator's
+    queue' even where the workers spent their time in block I/O: that is the storage's figure at 4 workers."""
+    v = _queue(storage_mean_ms=1200.0, cpu_s=6.0)  # 30 x 1.2 s in I/O of 4 x 10 s: 90 %
+    assert v["kind"] == "queue" and v["cause"] == "storage"
+    assert v["workers_in_io_share"] == pytest.approx(0.9) and v["process_cpu_share"] == pytest.approx(0.3)
+    assert "a storage result at 4 workers' concurrency" in v["advice"]
+
+
+def test_a_queue_of_a_generator_out_of_cpu_says_so():
+    v = _queue(storage_mean_ms=1200.0, cpu_s=19.0)  # 95 % of 2 cores' 10 s
+    assert v["cause"] == "cpu" and "ran out of CPU" in v["advice"] and "not the storage" in v["advice"]
+    idle = _queue(storage_mean_ms=100.0, cpu_s=4.0)  # neither: the generator's own work or waits
+    assert idle["cause"] == "generator" and "storage result" not in idle["advice"]
