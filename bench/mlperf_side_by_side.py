@@ -1,5 +1,5 @@
-"""The MLPerf reference and this benchmark on the same command lines, same machine, one table (README: "The MLPerf
-front door").
+"""The MLPerf reference and this benchmark on the same command lines, same machine, one table (docs/mlperf.md
+"The MLPerf front door").
 
 Each of the reference's four documented tests (shortened: fewer users, a shorter --duration; nothing else
 changed) runs once with the reference's kv-cache.py and once with ours, one after the other on the same cache

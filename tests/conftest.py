@@ -17,6 +17,39 @@ kinds()  # every medium registered, as the entry point does: their settings sect
 REPO = Path(__file__).resolve().parent.parent
 SMALL = REPO / "tests" / "fixtures" / "small.yaml"
 SHARED_TRACES = REPO.parent / "shared" / "traces"
+# Real trace text stays out of the repository: these tests read the development workspace's copies beside the clone
+TRACES_ABSENT = (f"the real trace slices (ShareGPT, BurstGPT, Azure, Mooncake: public data, see SOURCES.md there) "
+                 f"are read from ../shared/traces beside the clone, absent here ({SHARED_TRACES})")
+needs_shared_traces = pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=TRACES_ABSENT)
+# The MLPerf Storage reference (its kv_cache_benchmark/ and mlpstorage) at a56caea, as a tarball beside the clone;
+# MLPSTORAGE_CHECKOUT (a work tree or a git directory of github.com/hazemawadalla/storage) takes its place
+REFERENCE_TARBALL = REPO.parent / "shared" / "mlperf-reference" / "storage-a56caea.tar.gz"
+REFERENCE_ABSENT = (f"the MLPerf reference is absent: neither MLPSTORAGE_CHECKOUT (a checkout of "
+                    f"github.com/hazemawadalla/storage) nor ../shared/mlperf-reference/storage-a56caea.tar.gz beside "
+                    f"the clone ({REFERENCE_TARBALL}) is here")
+
+
+@pytest.fixture(scope="session")
+def mlperf_reference(tmp_path_factory) -> Path:
+    """The reference repository's root (mlpstorage_py/, kv_cache_benchmark/): MLPSTORAGE_CHECKOUT's work tree (a
+    git directory is cloned), else the tarball unpacked once for the session; skipped, saying which, without both."""
+    source = os.environ.get("MLPSTORAGE_CHECKOUT", "")
+    if source and (Path(source) / "kv_cache_benchmark").is_dir():
+        return Path(source)
+    if source and (Path(source) / "HEAD").is_file():
+        root = tmp_path_factory.mktemp("mlperf-reference") / "storage"
+        r = subprocess.run(["git", "clone", "-q", source, str(root)], capture_output=True, text=True, timeout=300)
+        if r.returncode:
+            pytest.skip(f"MLPSTORAGE_CHECKOUT={source} could not be cloned: {r.stderr.strip()[-200:]}")
+        return root
+    if not REFERENCE_TARBALL.is_file():
+        pytest.skip(REFERENCE_ABSENT)
+    import tarfile
+
+    into = tmp_path_factory.mktemp("mlperf-reference")
+    with tarfile.open(REFERENCE_TARBALL) as tar:
+        tar.extractall(into, filter="data")
+    return into / "storage-a56caea"
 
 
 def bounded(n: int) -> list[str]:

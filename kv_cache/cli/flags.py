@@ -13,7 +13,7 @@ from kv_cache.config.load import iter_media_keys
 from kv_cache.tiers.engines import engines
 from kv_cache.tiers.registry import kinds
 
-# --help: the flags of the README's quick start and of a first day, grouped by task; --help-all every setting, by
+# --help: the flags of the README's "Quick start" and of a first day, grouped by task; --help-all every setting, by
 # config.yaml section
 TASKS = (
     ("the run: how long, how many times, where the results go",

@@ -2,8 +2,9 @@
 
 LMCache keeps a request's KV in chunks of `chunk_size` tokens, in CPU memory (`local_cpu`, `max_local_cpu_size`
 GiB), on a local disk (`local_disk`, a path, `max_local_disk_size` GiB) and in a remote store (`remote_url`);
-`save_decode_cache` also stores the generated tokens' KV. Each maps onto one of our settings (the table in the
-README's "LMCache users"); a key with no counterpart here is said in one note, never silently dropped. The result
+`save_decode_cache` also stores the generated tokens' KV. Each maps onto one of our settings (the table in
+docs/lmcache.md "LMCache configurations"); a key with no counterpart here is said in one note, never silently
+dropped. The result
 is `--set` entries below the command line's own flags: a flag given beside the file wins (said too).
 """
 
@@ -77,7 +78,7 @@ def translate(path: str) -> tuple[list[str], dict[str, str], list[str]]:
                      f"{', '.join(engine)}")
     if ignored:
         raise UserError(f"--lmcache-config {path}: {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} "
-                        f"not LMCache keys this benchmark knows; check the spelling (the README's LMCache table "
+                        f"not LMCache keys this benchmark knows; check the spelling (docs/lmcache.md's table "
                         f"lists those it runs).")
     sets = [f"{k}={_yaml(v)}" for k, v in out.items()]
     origins = {k: where(next((lk for lk, ours in MAPPED.items() if ours == k and lk in conf), k)) for k in out}

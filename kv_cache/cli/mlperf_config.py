@@ -1,5 +1,5 @@
 """The MLPerf reference's config.yaml, read by the front door (mlperf.py): its strict schema checked, its keys
-mapped onto our settings (README: "MLPerf front door"), its model_configs applied."""
+mapped onto our settings (docs/mlperf.md "The MLPerf front door"), its model_configs applied."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ _QOS_KEYS = {"target_latency_p95_ms", "target_latency_p99_ms", "target_latency_p
              "priority"}
 MODEL_FIELDS = {"name", "num_layers", "hidden_dim", "num_heads", "kv_heads", "dtype", "kv_dim_per_head",
                 "attention_type", "kv_lora_rank", "qk_rope_head_dim"}
-# the reference's strict config schema (README: "MLPerf front door"; ../shared/reference/mlperf_reference.md
+# the reference's strict config schema (docs/mlperf.md "The MLPerf front door"; ../shared/reference/mlperf_reference.md
 # section 2): a section's keys, or for two-level sections each entry's keys; model_configs' entries are any name
 REFERENCE_SCHEMA: dict[str, set | dict] = {
     "user_templates": dict.fromkeys(("chatbot", "coding", "document"), _TEMPLATE_KEYS),

@@ -385,7 +385,7 @@ def _span_ranges(spans):
 
 def _count_hits_by_source(plan: KVPlan, hit: list[int], out: RequestOutcome) -> None:
     """The block hits by source, and per request whether its prefix, system prompt and history were found:
-    the reference's hit counters (system prompt, multi-turn, prefix) counted on our blocks (README: MLPerf)."""
+    the reference's hit counters (system prompt, multi-turn, prefix) counted on our blocks (docs/mlperf.md)."""
     labels = plan.labels[:plan.num_prompt_blocks]
     for i in hit:
         _add(out.blocks_hit_by_source, labels[i], 1)

@@ -20,7 +20,8 @@ from kv_cache.errors import UserError
 from kv_cache.safefiles import write_file
 
 COLUMNS = ("intended_start_s", "start_s", "latency_ms", "op", "tier", "bytes", "key", "phase", "measured")
-# the MLPerf reference's --io-trace-log (its docs/io_trace_log_usage.md): one row per KV object I/O
+# the MLPerf reference's --io-trace-log (its own docs: io_trace_log_usage.md in the reference's repository): one
+# row per KV object I/O
 MLPERF_COLUMNS = ("Timestamp", "Operation", "Object_Size_Bytes", "Tier", "Key", "Phase")
 MLPERF_OPS = {"write": ("Write", "Prefill"), "read": ("Read", "Decode"), "donor_read": ("Read", "Decode"),
               "demote": ("Write", "Evict"), "promote": ("Write", "Decode")}  # evict (a delete) moves no bytes

@@ -190,7 +190,7 @@ def _verification(c: dict, mode: str) -> dict:
 
 
 def build_results(snap: Snapshot, run_info: dict, settings: dict, facts: RunFacts) -> Results:
-    """Assemble the Results (see schema.py and the README)."""
+    """Assemble the Results (see schema.py and docs/results.md)."""
     c = snap.counters
     bottom = run_info["bottom_tier"]
     tiers = list(run_info["tiers"])

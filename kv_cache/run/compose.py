@@ -110,7 +110,7 @@ def geometry(s: Settings) -> Geometry:
     return Geometry(model, bpt, 0, WHOLE_REQUEST_SLOT_BYTES, slot_bytes(longest * bpt), part)
 
 
-AUTO_MAX = 32  # --workers 0 (auto): the most threads the concurrency probe steps to, as memory allows
+AUTO_MAX = 32  # --workers 0 (auto): the most threads memory is checked for (the rule gives at most 16)
 
 
 def default_workers() -> int:
@@ -135,29 +135,29 @@ def worker_ceiling(s: Settings, geo: Geometry, gpu=None) -> int:
     return n
 
 
-def choose_workers(s: Settings, tiers: list, geo: Geometry, ceiling: int, fill) -> tuple[int, list, str]:
-    """--workers 0: (threads, the probe's steps, the line that says the rule). The count is default_workers()
-    within the ceiling; on a real storage tier the probe steps its concurrency first, as information (the device's
-    bandwidth per thread count, said beside the choice; the run's most-writes estimate reads it)."""
+def probe_workers(s: Settings, tiers: list, geo: Geometry, n: int, ceiling: int,
+                  fill) -> tuple[list, str]:
+    """(the probe's steps, the line that says the workers' rule) for n workers. --workers 0 runs default_workers()
+    within the memory's ceiling; on a real storage tier its bandwidth at 1, 2, 4, ... up to n threads is probed
+    first, as information (said beside the choice; the run's most-writes estimate reads it)."""
     if s.schedule.workers:
-        return s.schedule.workers, [], ""
-    chosen = min(default_workers(), ceiling)
-    rule = (f"workers: {chosen} (auto: 2 per core of {os.cpu_count() or 1}, at least 4, at most 16"
-            + (f", as memory allows at most {ceiling}" if ceiling < default_workers() else "")
+        return [], ""
+    rule = (f"workers: {n} (auto: 2 per core of {os.cpu_count() or 1}, at least 4, at most 16"
+            + (f", as memory or the handoff allows at most {ceiling}" if ceiling < default_workers() else "")
             + "; --workers N pins it)")
     bottom = tiers[-1]
     if not moves_real_bytes(bottom):
-        return chosen, [], rule
+        return [], rule
     try:
-        saturated, steps = concurrency(bottom, geo.io_bytes, ceiling, fill=fill)
+        saturated, steps = concurrency(bottom, geo.io_bytes, n, fill=fill)
     except RunFault as e:  # before the clock: a sentence, not a traceback
         raise UserError(f"--workers 0 (auto) probes the {bottom.name} tier before the run, and it failed: {e} "
                         f"Fix the device, or pass --workers N to skip the probe.") from None
     seen = " / ".join(f"{g:.2f}" for _, g in steps)
     counts = " / ".join(str(k) for k, _ in steps)
-    return chosen, steps, (f"{rule}; the {bottom.name} tier moved {seen} GB/s with {counts} threads (each writing "
-                           f"and reading one {geo.io_bytes / 2**20:.1f} MiB object, 0.5 s a step), within 10 % of "
-                           f"its best from {saturated}")
+    return steps, (f"{rule}; the {bottom.name} tier moved {seen} GB/s with {counts} threads (each writing and "
+                   f"reading one {geo.io_bytes / 2**20:.1f} MiB object, 0.5 s a step), within 10 % of its best "
+                   f"from {saturated}")
 
 
 def memory_budget(s: Settings, geo: Geometry, gpu=None) -> MemoryBudget:

@@ -19,13 +19,13 @@ from kv_cache.run.compose import (
     RunContext,
     build_tiers,
     check_dir,
-    choose_workers,
     default_workers,
     gds_link,
     geometry,
     memory_budget,
     open_gpu,
     pin_host_memory,
+    probe_workers,
     qos_policy,
     storage_site,
     worker_ceiling,
@@ -47,9 +47,10 @@ def build(s: Settings, run_id: str, payloads: PayloadPool | None, *, rank: int =
     gpu, gpu_note = open_gpu(s)
     ceiling = worker_ceiling(s, geo, gpu)
     s, ceiling, handoff_size_note = _sized_handoff(s, geo, gpu, ceiling)
-    sized = replace(s, "schedule.workers", ceiling)  # buffers, lanes and the budget for the most threads
+    n = s.schedule.workers or min(default_workers(), ceiling)  # a rule of fixed facts: known before the tiers
+    sized = replace(s, "schedule.workers", n)  # buffers, lanes, connections and the budget for the threads that run
     budget = memory_budget(sized, geo, gpu)
-    check_fits(budget, ceiling, buffer_bytes(geo.io_bytes))
+    check_fits(budget, n, buffer_bytes(geo.io_bytes))
     fill = payloads.fill if payloads else None
     tiers, site = [], None
     try:
@@ -58,7 +59,7 @@ def build(s: Settings, run_id: str, payloads: PayloadPool | None, *, rank: int =
         pin_host_memory(tiers, payloads)
         gds = gds_link(sized, tiers, gpu, geo)
         handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes, link, gpu)
-        n, steps, probe_note = choose_workers(s, tiers, geo, ceiling, fill)
+        steps, probe_note = probe_workers(s, tiers, geo, n, ceiling, fill)
     except BaseException:
         for t in tiers:  # registered host memory and device slabs go back, files go
             t.close()

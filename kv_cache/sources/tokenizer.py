@@ -6,8 +6,8 @@ bundles the encoding file). Otherwise a deterministic fallback that splits
 text the way BPE pre-tokenizers do (words with their leading space, digit
 groups, punctuation runs, CJK characters) and estimates how many BPE tokens
 each piece takes; ids are a hash of the piece, so equal text gives equal
-ids. Its token counts on ../shared/traces' ShareGPT slices are compared with
-cl100k's in tests (README: "Tokens").
+ids. Its token counts on ShareGPT slices (../shared/traces in the development workspace) are compared with
+cl100k's in tests (docs/traffic-and-traces.md "Tokens").
 """
 
 from __future__ import annotations

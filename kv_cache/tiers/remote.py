@@ -244,10 +244,11 @@ def build_remote(ctx: StackContext, name: str, open_store) -> tuple[SlottedTier 
             cap = hint // slot * slot
             why = (f"{name} tier size chosen: {cap / GiB:.2f} GiB ({reason}); --remote-gb fixes it (settings.yaml "
                    f"records it)")
-        if cap < ctx.max_object_bytes:
+        if cap < ctx.max_object_bytes:  # a given size is too small, or the server has too little room
+            fix = (f"raise --remote-gb to at least {ctx.max_object_bytes / GiB:.3f}" if s.remote_gb else
+                   "give the server more memory (its maxmemory); --remote-gb cannot exceed what it has")
             raise UserError(f"--remote-url {store.url}: {cap / GiB:.3f} GiB holds no "
-                            f"{ctx.max_object_bytes / 2**20:.1f} MiB object; raise --remote-gb (or the server's "
-                            f"memory).")
+                            f"{ctx.max_object_bytes / 2**20:.1f} MiB object; {fix}.")
         notes = [n for n in (why, getattr(store, "warning", ""), leftovers_note(store, ctx.run_id)) if n]
         tier = RemoteTier(name, store, ctx.run_id, cap, slot,
                           f"{store.url} ({store.version}): network + server, not a device; one object per block in "

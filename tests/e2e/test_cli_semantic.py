@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, SHARED_TRACES, run_cli
+from conftest import REPO, SHARED_TRACES, TRACES_ABSENT, run_cli
 from helpers import assert_clean_error
 
 pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
@@ -48,7 +48,7 @@ def test_semantic_schedule_and_reuse_are_deterministic(small_run):
 def test_semantic_on_sharegpt_text(small_run):
     trace = SHARED_TRACES / "sharegpt" / "ShareGPT_V3_filtered_1000.json"
     if not trace.exists():
-        pytest.skip("the ShareGPT slice of ../shared/traces is not here")
+        pytest.skip(TRACES_ABSENT)
     r = run_cli(small_run("sg", "--semantic", *TINY, "--trace", str(trace), "--arrival", "sequence", "--max-requests",
                           "40", "--duration", "600", "--warmup", "0", "--no-telemetry",
                           "--semantic-mix", "instruction_variant=1,negative_control=1"), timeout=300)

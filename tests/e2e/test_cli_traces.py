@@ -1,7 +1,7 @@
 """Traces through the real CLI: exact theoretical hit rate, history hits, open loop, bad input."""
 
 import pytest
-from conftest import REPO, SHARED_TRACES, bounded, run_cli
+from conftest import REPO, SHARED_TRACES, bounded, needs_shared_traces, run_cli
 from helpers import assert_clean_error
 
 pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
@@ -23,7 +23,7 @@ def test_mooncake_achieved_hit_rate_equals_theoretical_with_room_for_everything(
     assert res["verification"]["failures"] == 0 and res["verification"]["blocks_checked"] > 0
 
 
-@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is absent")
+@needs_shared_traces
 def test_sharegpt_multi_turn_history_gives_prefix_hits(small_run):
     trace = str(SHARED_TRACES / "sharegpt" / "sharegpt_zh_1K.first600.jsonl")
     r = run_cli(small_run("s", "--trace", trace, *TINY, "--block-tokens", "16", "--max-conversations", "40",

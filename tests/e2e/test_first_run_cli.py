@@ -23,7 +23,7 @@ def test_the_run_says_what_it_writes_and_settings_yaml_repeats_it(small_run):
     folder = small_run.out / "a"
     saved = yaml.safe_load((folder / "settings.yaml").read_text())
     assert saved["schedule"]["workers"] >= 4  # 0 (auto) resolved to what ran
-    assert "workers: auto chose" in r.stdout  # issue 16: the probe says what it chose and why
+    assert "(auto: 2 per core of" in r.stdout  # issue 46: the rule that chose, and the probe beside it
     probe = small_run.results("a")["run"]["workers_probe"]
     assert probe and probe[0]["threads"] == 1 and all(s["gbps"] > 0 for s in probe)
     assert saved["tiers"]["cache_dir"] == str(small_run.cache.resolve())

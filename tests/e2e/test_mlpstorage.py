@@ -3,9 +3,10 @@ finds our mlperf/kv-cache.py (--kvcache-bin-path), runs our mlperf_wrapper.py be
 config.yaml beside it, reads every rank's kvcache_results_*.json with its own aggregation (max of the device p95s,
 sums of bandwidths), writes its run summary, and its run checker (reportgen) judges the run.
 
-mlpstorage is not on the package index: MLPSTORAGE_CHECKOUT names a checkout of github.com/hazemawadalla/storage
-(a56caea, which holds mlpstorage_py/), installed here into a throwaway virtual environment that sees this
-project's packages; none of its code is kept in this repository. Skipped, with the reason, where it is absent."""
+mlpstorage is not on the package index: the reference repository at a56caea (which holds mlpstorage_py/) comes from
+../shared/mlperf-reference/ beside the clone, unpacked for the session (or MLPSTORAGE_CHECKOUT: conftest's
+mlperf_reference), installed here into a throwaway virtual environment that sees this project's packages; none of
+its code is kept in this repository. Skipped, saying which is missing, where neither is present."""
 
 from __future__ import annotations
 
@@ -18,24 +19,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCE = os.environ.get("MLPSTORAGE_CHECKOUT", "")  # a work tree, or a git directory to clone one from
 KVCACHE = Path("mlpstorage_py") / "benchmarks" / "kvcache.py"
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    not (SOURCE and ((Path(SOURCE) / KVCACHE).is_file() or (Path(SOURCE) / "HEAD").is_file())),
-    reason="MLPSTORAGE_CHECKOUT does not name a checkout (or git directory) of the MLPerf storage repository")]
-CHECKOUT = SOURCE
+pytestmark = pytest.mark.slow
+CHECKOUT = ""
 
 
 @pytest.fixture(scope="module")
-def mlpstorage(tmp_path_factory):
+def mlpstorage(tmp_path_factory, mlperf_reference):
     """The mlpstorage command in a throwaway environment, and the environment to run it with."""
     global CHECKOUT
-    if not (Path(SOURCE) / KVCACHE).is_file():  # a git directory (a mirror): a work tree of its HEAD
-        CHECKOUT = str(tmp_path_factory.mktemp("mlpstorage-src") / "storage")
-        r = subprocess.run(["git", "clone", "-q", SOURCE, CHECKOUT], capture_output=True, text=True, timeout=300)
-        if r.returncode or not (Path(CHECKOUT) / KVCACHE).is_file():
-            pytest.skip(f"no mlpstorage_py in {SOURCE}: {r.stderr.strip()[-200:]}")
+    CHECKOUT = str(mlperf_reference)
+    if not (mlperf_reference / KVCACHE).is_file():
+        pytest.skip(f"no {KVCACHE} in {mlperf_reference}")
     venv = tmp_path_factory.mktemp("mlpstorage-venv")
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SMALL, bounded, run_cli
+from conftest import REPO, SMALL, TRACES_ABSENT, bounded, run_cli
 from helpers import assert_clean_error
 
 pytestmark = pytest.mark.slow  # real CLI runs: make test-all (CI); make test stays under 3 minutes
@@ -300,7 +300,7 @@ def test_a_trace_run_leaves_no_tokenizer_cache_in_tmpdir(small_run, tmp_path):
     trace = REPO.parent / "shared" / "traces" / "sharegpt"
     files = sorted(trace.glob("*.json*")) if trace.is_dir() else []
     if not files:
-        pytest.skip("no ShareGPT trace in ../shared/traces")
+        pytest.skip(TRACES_ABSENT)
     r = run_cli([*small_run("tok"), "--trace", str(files[0]), "--tokenizer", "tiktoken", *bounded(2)],
                 extra_env={"TMPDIR": str(tmp)})
     assert r.returncode == 0, r.stderr

@@ -9,7 +9,7 @@ import pytest
 
 from kv_cache.config import resolve
 from kv_cache.errors import RunFault, UserError
-from kv_cache.run.compose import choose_workers, geometry
+from kv_cache.run.compose import geometry, probe_workers
 from kv_cache.tiers.base import SlottedTier
 from kv_cache.tiers.probe import PROBE_KEY, _step, concurrency
 from kv_cache.tiers.registry import media_sections
@@ -102,4 +102,4 @@ def test_a_device_fault_in_the_probe_is_one_sentence_before_the_run():
         concurrency(FullDevice(4), 1 << 16, 8, seconds=0.05)
     s = resolve(None, [], {"model.name": "llama8b", "model.block_tokens": 4}, media_sections=media_sections())
     with pytest.raises(UserError, match="--workers 0 .* failed: disk full.*--workers N"):
-        choose_workers(s, [FullDevice(4)], geometry(s), 8, None)
+        probe_workers(s, [FullDevice(4)], geometry(s), 8, 8, None)

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO, SHARED_TRACES
+from conftest import REPO, SHARED_TRACES, needs_shared_traces
 
 from kv_cache.cache.hashing import block_keys, chain_root
 from kv_cache.errors import UserError
@@ -13,7 +13,7 @@ from kv_cache.sources.replay import TraceSet, closed_users, poisson_arrivals, tr
 from kv_cache.sources.tokenizer import FallbackTokenizer, make_tokenizer
 from kv_cache.sources.trace_io import TraceLog, detect_format, trace_files
 
-needs_shared = pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is absent")
+needs_shared = needs_shared_traces
 ROOT = chain_root("t")
 
 

@@ -1,4 +1,5 @@
-"""The reference's summary.cache_stats, every key of it, computed by our rules (README: "MLPerf front door")."""
+"""The reference's summary.cache_stats, every key of it, computed by our rules (docs/mlperf.md "The MLPerf front
+door")."""
 
 from __future__ import annotations
 

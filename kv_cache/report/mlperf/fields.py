@@ -1,5 +1,5 @@
 """The run's figures read under the MLPerf reference's names: histograms and counters of the run's snapshot, in
-the reference's units (GiB, GiB/s, ms), and one note for every field left null (README: "MLPerf front door").
+the reference's units (GiB, GiB/s, ms), and one note for every field left null (docs/mlperf.md "The MLPerf front door").
 
 The reference's "storage" tier is our bottom tier; its "gpu" and "cpu" tiers are ours of those names."""
 

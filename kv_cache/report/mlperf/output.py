@@ -1,5 +1,6 @@
 """The MLPerf reference's --output FILE in its own schema: every key path its runs write, same names, nesting and
-units (GiB, GiB/s, ms), computed by our measurement rules (README: "MLPerf front door" has the rules side by side).
+units (GiB, GiB/s, ms), computed by our measurement rules (docs/mlperf.md "The MLPerf front door" has the rules
+side by side).
 
 A value that cannot be had here is null, with its reason in `notes`; our own figures are under `kv_cache_bench`.
 tests/mlperf_reference.py remakes the reference's key paths; its test fails on any missing."""
