@@ -14,6 +14,7 @@ from kv_cache.lifecycle.handoff import Loader, Publisher, check_header
 from kv_cache.lifecycle.handoff.agent import SCHEME, parse_url
 from kv_cache.lifecycle.handoff.folder import FOLDER, MANIFEST, FolderLoader, FolderPublisher, mark_reading
 from kv_cache.lifecycle.handoff.nixl import NixlLoader, NixlPublisher
+from kv_cache.run.budget import HEADROOM
 from kv_cache.sources.handoff import ManifestFollower, RecordFollower, wait_for_manifest
 from kv_cache.tiers.engines import engines
 from kv_cache.tiers.fsinfo import probe_direct
@@ -65,14 +66,18 @@ def longest_prompt(s: Settings) -> tuple[int, str]:
     return max(getattr(s.profiles, n).max_context_tokens for n in s.profiles.__dataclass_fields__), "the profiles'"
 
 
-def _auto_cap(s: Settings, rest_of_budget: int) -> tuple[int, str]:
+def _auto_cap(s: Settings, rest_of_budget: int, per: int) -> tuple[int, str]:
     """(bytes, what bounds it) of an auto handoff space: fixed facts of the host (its memory, the filesystem's
-    size), never what is free right now, so a neighbour's load does not change the choice."""
+    size), never what is free right now, so a neighbour's load does not change the choice. per: one request's
+    blocks: a NIXL region that half the memory cannot hold takes one request's room where the budget can."""
     kind = handoff_target(s)[0]
     if kind == "nixl" and s.disagg.handoff_memory == "host":
         total = psutil.virtual_memory().total
-        return max(0, int(total * AUTO_MEMORY_SHARE) - rest_of_budget), (
-            f"half of this machine's {total / 2**30:.1f} GiB of memory less the rest of the budget")
+        half = max(0, int(total * AUTO_MEMORY_SHARE) - rest_of_budget)
+        if half < per <= int(total * HEADROOM) - rest_of_budget:
+            return per, (f"one request's room: half of this machine's {total / 2**30:.1f} GiB of memory less the "
+                         f"rest of the budget cannot hold it")
+        return half, f"half of this machine's {total / 2**30:.1f} GiB of memory less the rest of the budget"
     if kind == "nixl":
         return AUTO_MAX_BYTES, "the GPU region's limit"
     st = os.statvfs(os.path.abspath(handoff_target(s)[1]))
@@ -104,13 +109,15 @@ def size_handoff(s: Settings, slot_bytes: int, workers: int, rest_of_budget: int
     given = int(s.disagg.handoff_gb * 2**30)
     if given and s.trace.path and not s.trace.max_prompt_tokens:  # a trace's longest is not known: taken as given
         return HandoffSize(given, workers, "")
-    cap, bound = (given, "--disagg-handoff-gb") if given else _auto_cap(s, rest_of_budget)
+    cap, bound = (given, "--disagg-handoff-gb") if given else _auto_cap(s, rest_of_budget, per)
     fit = cap // per
     if fit < 1:
+        fix = (f"give --disagg-handoff-gb {per / 2**30:.2f} or more" if given or handoff_target(s)[0] == "file" else
+               f"the rest of the budget takes {rest_of_budget / 2**30:.2f} GiB: lower --cpu-mem-gb, or use a smaller "
+               f"model")
         raise UserError(f"the handoff space ({bound}: {cap / 2**30:.2f} GiB) cannot hold one request's blocks "
                         f"({source} longest prompt, {longest:,} tokens = {per / 2**30:.2f} GiB), held until a "
-                        f"decode node loads them; give --disagg-handoff-gb {per / 2**30:.2f} or more, or a smaller "
-                        f"prompt limit.")
+                        f"decode node loads them; {fix}, or lower the prompts' limit.")
     n = min(workers, fit)
     space = given or n * per
     note = (f"handoff: {space / 2**30:.2f} GiB ({bound}) holds the longest prompts ({longest:,} tokens, {source}) "
