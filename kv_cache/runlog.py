@@ -115,3 +115,17 @@ class PipeSafe:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+COLUMNS = 100  # what a person reads: an error wraps at the console's width, as the summary does
+PROG = "kv_cache_benchmark.py"
+
+
+def tell(text: str) -> None:
+    """One sentence for the user on stderr, prefixed with the program's name, wrapped at COLUMNS (continuation
+    lines indented by four: one sentence, however long its numbers make it; a path longer than a line stays
+    whole)."""
+    import textwrap
+
+    print(textwrap.fill(f"{PROG}: {text}", COLUMNS, subsequent_indent="    ", break_long_words=False,
+                        break_on_hyphens=False), file=sys.stderr, flush=True)

@@ -39,10 +39,10 @@ SUBCOMMAND_HELP = """sub-commands (kv_cache_benchmark.py COMMAND --help for each
   policies  one request sequence through several eviction policies, compared
   validate  check a submission package (--submission) against its manifest and rules
   clean     remove what killed runs left in the cache and report folders
-  capacity  hit rate and storage demand at every capacity of the bottom tier (runs made with --capacity-curve)
+  capacity  hit rate and storage demand at every capacity of the bottom tier (--capacity-curve runs)
 
---help-all lists every setting's flag (config.yaml documents each key too). --debug, with any sub-command,
-prints the traceback of an internal error on stderr (it is always kept in the run's run.log)."""
+--help-all lists every setting's flag (config.yaml documents each key too). --debug, with any
+sub-command, prints the traceback of an internal error on stderr (it is always kept in run.log)."""
 
 
 def _setting_groups(full: bool) -> list[tuple[str, list]]:

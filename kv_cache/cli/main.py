@@ -302,16 +302,16 @@ def main(argv: list[str] | None = None) -> int:
                     "policies": _cmd_policies, "clean": _cmd_clean, "capacity": _cmd_capacity}
         return commands[command](rest)
     except UserError as e:
-        print(f"kv_cache_benchmark.py: error: {e}", file=sys.stderr)
+        runlog.tell(f"error: {e}")
         return 2
     except KeyboardInterrupt:
         # a run that started measuring never gets here: the runner catches the signal and results are written
-        print(f"kv_cache_benchmark.py: {signals.name()} received before the measurement started; nothing was "
-              f"measured and temporary data was removed.", file=sys.stderr)
+        runlog.tell(f"{signals.name()} received before the measurement started; nothing was measured and "
+                    f"temporary data was removed.")
         return signals.exit_status()
     except Exception as e:  # a bug of ours, not the user's: one line, the traceback in a log file
-        print(f"kv_cache_benchmark.py: {runlog.internal('internal error', e)}; please report it with that file"
-              f"{'' if runlog.debugging() else ' (--debug prints it)'}.", file=sys.stderr)
+        runlog.tell(f"{runlog.internal('internal error', e)}; please report it with that file"
+                    f"{'' if runlog.debugging() else ' (--debug prints it)'}.")
         return 1
     finally:
         runlog.close()

@@ -10,7 +10,6 @@ Simulated tiers are labelled SIMULATED in every legend they appear in.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -211,6 +210,5 @@ def make_plots(results: Results, folder: Path, drawings=DRAWINGS) -> list[Path]:
         except Exception as e:  # noqa: BLE001 - any drawing error: the results are already written
             plt.close("all")
             line = runlog.internal(f"{name} could not be drawn", e)
-            print(f"kv_cache_benchmark.py: warning: {line}; the other report files are written.", file=sys.stderr,
-                  flush=True)
+            runlog.tell(f"warning: {line}; the other report files are written.")
     return made

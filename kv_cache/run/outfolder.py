@@ -15,11 +15,10 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-from kv_cache import signals
+from kv_cache import runlog, signals
 from kv_cache.errors import UserError
 from kv_cache.recorder.schema import Results
 from kv_cache.run.describe import nothing_measured
@@ -138,8 +137,8 @@ def write_results(merged: Results, report_dir: Path, extra: dict) -> tuple[Path,
     except OSError as e:
         where = fallback_folder(merged.run.run_id)
         _write_files(merged, where, extra)
-        print(f"kv_cache_benchmark.py: could not write the results into {report_dir} ({e.strerror or e}); "
-              f"they are in {where} instead.", file=sys.stderr, flush=True)
+        runlog.tell(f"could not write the results into {report_dir} ({e.strerror or e}); they are in {where} "
+                    f"instead.")
         return where, True
 
 
@@ -159,13 +158,11 @@ def tell_faults(results: Results, where: Path) -> None:
         how = (f"the run stopped {results.run.duration_s:.1f} s into the measurement: partial results"
                if results.run.stopped_reason == "interrupted" else
                "after the measurement had ended: the results are complete")
-        print(f"kv_cache_benchmark.py: {signals.name()} received; {how}, in {where / 'results.json'}.",
-              file=sys.stderr, flush=True)
+        runlog.tell(f"{signals.name()} received; {how}, in {where / 'results.json'}.")
     if results.run.fault:
-        print(f"kv_cache_benchmark.py: run fault: {results.run.fault}", file=sys.stderr, flush=True)
+        runlog.tell(f"run fault: {results.run.fault}")
     elif why := nothing_measured(results):  # exit 1: --quiet must still say why
-        print(f"kv_cache_benchmark.py: {why}.", file=sys.stderr, flush=True)
+        runlog.tell(f"{why}.")
     failures = results.verification.failures
     if failures:
-        print(f"kv_cache_benchmark.py: {failures} blocks read back wrong (verification); see results.json.",
-              file=sys.stderr, flush=True)
+        runlog.tell(f"{failures} blocks read back wrong (verification); see results.json.")

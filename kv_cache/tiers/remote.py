@@ -16,7 +16,6 @@ latency is the network and the server together: the output says so and never cal
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
+from kv_cache import runlog
 from kv_cache.errors import RunFault, ServerDown, UserError
 from kv_cache.markers import leftover, marker_body, sweep
 from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier
@@ -146,9 +146,8 @@ class RemoteTier(SlottedTier):
                 write_marker(self.store, self.run_id, "kept")
         except (RunFault, UserError) as e:  # the server is gone or silent: say what stays there, and how to go
             what = "could not remove this run's objects from" if remove else "could not mark this run's objects kept in"
-            print(f"kv_cache_benchmark.py: {what} {self.store.url} ({str(e).rstrip('.')}); once the server answers, "
-                  f"`kv_cache_benchmark.py clean --remote-url {self.store.url}` removes them.", file=sys.stderr,
-                  flush=True)
+            runlog.tell(f"{what} {self.store.url} ({str(e).rstrip('.')}); once the server answers, "
+                        f"`kv_cache_benchmark.py clean --remote-url {self.store.url}` removes them.")
         finally:
             self.store.close()
 
