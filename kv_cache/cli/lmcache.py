@@ -32,7 +32,7 @@ REMOTE_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "s3://")
 def translate(path: str) -> tuple[list[str], dict[str, str], list[str]]:
     """(--set entries, dotted key -> what set it, notes) for an LMCache YAML file; one sentence for what cannot
     be run here."""
-    conf = read_config_file(Path(path))
+    conf = read_config_file(Path(path), "--lmcache-config", "LMCache configuration")
     out: dict[str, object] = {}
     notes: list[str] = []
 

@@ -144,19 +144,20 @@ def _set_dotted(tree: dict, dotted: str, value, where: str = "", origin: str = "
 CONFIG_LIMIT = 4 << 20  # config.yaml is 20 KB; a settings file of megabytes is not one
 
 
-def read_config_file(path: Path) -> dict:
-    """Read a YAML settings file; a missing, special, huge, binary or malformed file is a UserError."""
-    text = read_text(str(path), "config file", CONFIG_LIMIT, "pass a YAML file to --config")
+def read_config_file(path: Path, flag: str = "--config", what: str = "config file") -> dict:
+    """Read a YAML settings file; a missing, special, huge, binary or malformed file is a UserError naming it as
+    `what` and the flag that gave it."""
+    text = read_text(str(path), what, CONFIG_LIMIT, f"pass a YAML file to {flag}")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f":{mark.line + 1}" if mark else ""
-        raise UserError(f"config file {path}{at} is not valid YAML ({getattr(e, 'problem', e)}).") from None
+        raise UserError(f"{what} {path}{at} ({flag}) is not valid YAML ({getattr(e, 'problem', e)}).") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UserError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}.")
+        raise UserError(f"{what} {path} ({flag}) must hold a mapping of keys, not {type(data).__name__}.")
     return data
 
 

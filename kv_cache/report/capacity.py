@@ -37,6 +37,19 @@ def capacity_lines(results: Results, rows: int = 12) -> list[str]:
                f"{c.slot_bytes / 2**20:.2f} MiB)"])
 
 
+def _hit_axis(ax, percents: list[float]) -> None:
+    """A hit-rate axis scaled to the curves drawn: a 4-6 % curve on 0-100 % is a flat line."""
+    top = max([*percents, 1.0])
+    ax.set_ylim(0, min(105.0, top * 1.15))
+
+
+def _title(ax, text: str, width: int = 70) -> None:
+    """A title wrapped to the axis (a merged run's model name is long): never cut at the figure's edge."""
+    import textwrap
+
+    ax.set_title(textwrap.fill(text, width))
+
+
 def draw_capacity(results: Results):
     c = results.capacity_curve
     if c is None or len(c.points) < 2:
@@ -54,8 +67,9 @@ def draw_capacity(results: Results):
         if slots:
             ax1.axvline(max(slots * c.slot_bytes / GiB, 1e-3), color=color, ls="--", lw=1, label=text)
     ax1.set_ylabel("token hit rate (%)")
-    ax1.set_ylim(0, 105)
-    ax1.set_title(f"Hit rate by bottom-tier capacity ({c.model}; tiers above: {c.tiers_above_slots:,} blocks)")
+    _hit_axis(ax1, [100 * v for p in c.points for v in (p.hit_rate, *p.by_source.values())]
+              + [100 * c.infinite_hit_rate])
+    _title(ax1, f"Hit rate by bottom-tier capacity ({c.model}; tiers above: {c.tiers_above_slots:,} blocks)")
     ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax1.grid(alpha=0.3)
     ax2.plot(gib, [p.read_gbps for p in c.points], "-", color="C0", label="read GB/s")
@@ -86,7 +100,7 @@ def draw_capacity_overlay(runs: list[tuple[str, Results]]):
     ax.set_xscale("symlog", linthresh=1e-3)
     ax.set_xlabel("bottom-tier capacity (GiB)")
     ax.set_ylabel("token hit rate (%)")
-    ax.set_ylim(0, 105)
+    _hit_axis(ax, [100 * p.hit_rate for _, c in curves for p in c.points])
     ax.set_title("Capacity curves")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

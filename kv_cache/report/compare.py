@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kv_cache.recorder.schema import Results
-from kv_cache.report.table import format_table
+from kv_cache.report.table import fit, format_table
 
 
 def _storage(op: str, pct: str):
@@ -117,7 +117,7 @@ def comparison_table(runs: list[tuple[str, Results]]) -> str:
     if diff:
         lines += ["", f"note: these runs differ in {len(diff)} setting(s) that change the numbers (values in run "
                       f"order; compare like with like, or read the ratios knowing it):"] + [f"  {d}" for d in diff]
-    return "\n".join(lines)
+    return fit("\n".join(lines))
 
 
 def comparison_plots(runs: list[tuple[str, Results]], folder: Path) -> list[Path]:

@@ -128,3 +128,19 @@ def test_a_queue_of_a_generator_out_of_cpu_says_so():
     assert v["cause"] == "cpu" and "ran out of CPU" in v["advice"] and "not the storage" in v["advice"]
     idle = _queue(storage_mean_ms=100.0, cpu_s=4.0)  # neither: the generator's own work or waits
     assert idle["cause"] == "generator" and "storage result" not in idle["advice"]
+
+
+def test_compare_fits_100_columns_and_shows_the_choices_and_the_verdict():
+    """Issue 46, points 6 and 8: compare printed tables 121-141 columns wide (the runs' folders as column names),
+    and did not show what each run chose (workers, tier sizes) nor what bound it."""
+    from kv_cache.report.compare import comparison_table
+
+    a, b = results(), results()
+    b.settings = {**b.settings, "tiers": {**b.settings.get("tiers", {}), "cache_dir": "/x" * 30}}
+    text = comparison_table([("reports/20261127T045205Z-4385-with-a-long-name", a),
+                             ("reports/20261127T045205Z-4386-with-a-long-name", b)])
+    lines = text.splitlines()
+    assert all(len(x) <= 100 for x in lines if " " in x.strip()), max(lines, key=len)
+    assert any(x.startswith("workers") for x in lines) and any(x.startswith("load verdict") for x in lines)
+    assert any(x.startswith("nvme tier GiB") for x in lines)
+    assert "run 1: reports/20261127T045205Z-4385-with-a-long-name" in text

@@ -59,3 +59,15 @@ def test_a_run_from_an_lmcache_file(small_run, tmp_path):
     assert s["tiers"]["cache_dir"] != str(disk)  # the test's own --cache-dir flag wins over the file's local_disk
     bad = run_cli(small_run("bad", "--lmcache-config", _file(tmp_path, "remote_url: lm://h:1\n")))
     assert_clean_error(bad, "lm://h:1", "redis://")
+
+
+def test_a_missing_or_wrong_shaped_lmcache_file_names_its_own_flag(tmp_path):
+    """Issue 46, point 8: a missing --lmcache-config file was blamed on --config."""
+    from conftest import run_cli
+    from helpers import assert_clean_error
+
+    r = run_cli(["--lmcache-config", str(tmp_path / "missing.yaml")])
+    assert_clean_error(r, "LMCache configuration", "--lmcache-config")
+    assert "--config." not in r.stderr
+    (tmp_path / "list.yaml").write_text("- local_cpu\n")
+    assert_clean_error(run_cli(["--lmcache-config", str(tmp_path / "list.yaml")]), "(--lmcache-config) must hold")

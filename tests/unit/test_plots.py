@@ -101,8 +101,10 @@ def test_a_plot_that_cannot_be_drawn_is_skipped_with_one_warning(tmp_path, capsy
     finally:
         runlog.close()
     assert [p.name for p in made] == ["latency.png"]
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "broken.png could not be drawn: KeyError" in err[0] and "run.log" in err[0]
+    err = capsys.readouterr().err.strip().splitlines()  # one sentence, wrapped at 100 columns
+    assert all(x.startswith("    ") for x in err[1:]) and all(len(x) <= 100 for x in err)
+    said = " ".join(" ".join(err).split())
+    assert "broken.png could not be drawn: KeyError" in said and "run.log" in said
     log = (tmp_path / "run.log").read_text()
     assert "Traceback" in log and "no_such_column" in log
 
@@ -174,3 +176,31 @@ def test_the_compare_plot_puts_higher_and_lower_is_better_on_axes_of_their_own(t
     titles = [ax.get_title() for ax in fig.axes]
     assert any(t.startswith("Higher is better") for t in titles) and any(t.startswith("Lower is better")
                                                                           for t in titles), titles
+
+
+def _curve(model: str, rates: list[float]):
+    from kv_cache.recorder.capacity import CapacityCurve, CapacityPoint
+
+    points = [CapacityPoint(2 ** i, 2 ** i / 512, r, r / 2, {"system": r / 2}, 1.0, 0.5, 10.0, 5.0, 1e6)
+              for i, r in enumerate(rates)]
+    return CapacityCurve(model, 1.0, "lru", 0, 2 << 20, 100, 1.0, 4, rates[-1], 2, 8, points)
+
+
+def test_a_capacity_curve_of_a_few_percent_fills_its_axis_and_a_long_title_is_whole(tmp_path):
+    """Issue 46, point 8: a 4-6 % curve was drawn on a 0-100 % axis (a flat line), and the merged plot's title was
+    cut at the figure's edge."""
+    from kv_cache.report.capacity import draw_capacity
+    from kv_cache.report.figure import save
+
+    res = _busy_results()
+    res.capacity_curve = _curve("LRU stack distances of 3 runs merged in wall-clock order; their upper tiers pooled "
+                                "(modelled)", [0.04, 0.05, 0.055, 0.06])
+    fig = draw_capacity(res)
+    top = fig.axes[0].get_ylim()[1]
+    assert 6 < top < 10
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig.tight_layout()  # as save() lays it out
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    box, title = fig.bbox, fig.axes[0].title.get_window_extent(renderer)
+    assert box.x0 <= title.x0 and title.x1 <= box.x1, (title, box)
