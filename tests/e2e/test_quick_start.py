@@ -5,7 +5,8 @@ would (relative paths such as traces/ are the repository's). What the test chang
 this interpreter and kv_cache_benchmark.py the repository's; /mnt/nvme (the README says it stands for the user's
 mount) is a folder of the test's; the two ports are free ones; RUN_ID is the run the line before made; as root,
 mpirun gets --allow-run-as-root (the README says so); and every run is bounded by flags added at its end
-(--max-requests, --warmup 0; a decode node's warm-up only), so that the suite asserts what the commands do, not how long they take."""
+(--max-requests, --warmup 0; a decode node's warm-up only), so that the suite asserts what the commands do, not
+how long they take."""
 
 from __future__ import annotations
 

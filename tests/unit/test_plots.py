@@ -190,7 +190,6 @@ def test_a_capacity_curve_of_a_few_percent_fills_its_axis_and_a_long_title_is_wh
     """Issue 46, point 8: a 4-6 % curve was drawn on a 0-100 % axis (a flat line), and the merged plot's title was
     cut at the figure's edge."""
     from kv_cache.report.capacity import draw_capacity
-    from kv_cache.report.figure import save
 
     res = _busy_results()
     res.capacity_curve = _curve("LRU stack distances of 3 runs merged in wall-clock order; their upper tiers pooled "
