@@ -20,6 +20,18 @@ def assert_cache_consistent(cache) -> None:
         assert all(e.pins >= 0 for e in in_tier)
 
 
+def sentences(text: str) -> list[str]:
+    """The sentences a program wrote on stderr: each starts a line, its continuation lines (wrapped at 100
+    columns) are indented; whitespace joined."""
+    out: list[str] = []
+    for line in text.strip().splitlines():
+        if line.startswith(" ") and out:
+            out[-1] += " " + line.strip()
+        elif line.strip():
+            out.append(line.strip())
+    return [" ".join(x.split()) for x in out]
+
+
 def said(text: str) -> str:
     """What a person reads on the console, its lines joined: a sentence wrapped at 100 columns is one sentence."""
     return " ".join(text.split())

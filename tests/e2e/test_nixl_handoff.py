@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import REPO, SMALL, bounded, run_cli
-from helpers import assert_clean_error, assert_held_until_loaded, wait_for_line
+from helpers import assert_clean_error, assert_held_until_loaded, sentences, wait_for_line
 from netns import NetnsPair, why_not
 
 SCRIPTS = REPO / "tests" / "scripts"  # the helper processes' code, in files ruff checks
@@ -213,7 +213,7 @@ def test_a_frozen_prefill_node_is_a_fault_stop_within_the_peer_timeout(small_run
     d = small_run.results("dec")
     assert d["run"]["stopped_reason"] == "fault" and url in d["run"]["fault"], d["run"]["fault"]
     assert "--disagg-peer-timeout-s" in d["run"]["fault"] and d["run"]["partial"]
-    assert len(err.strip().splitlines()) <= 1, err  # one sentence: no NIXL or UCX log line beside it
+    assert len(sentences(err)) <= 1, err  # one sentence: no NIXL or UCX log line beside it
     assert took < 90, took  # the 3 s peer timeout, the drain of READs bound by it, the results: never unbounded
 
 

@@ -52,7 +52,8 @@ def test_compare_two_real_runs(small_run, tmp_path):
     out = tmp_path / "cmp"
     r = run_cli(["compare", str(small_run.out / "d"), str(small_run.out / "m"), "--output", str(out)])
     assert r.returncode == 0, r.stderr
-    assert "m / d" in r.stdout and "requests / s" in r.stdout and "mmap" in r.stdout
+    assert "2 / 1" in r.stdout and "requests / s" in r.stdout and "mmap" in r.stdout
+    assert "run 2: m" in r.stdout  # the runs' names above the table, the columns numbered
     lines = [line for line in r.stdout.splitlines() if line.startswith("storage write GB/s")]
     assert lines and lines[0].rstrip().endswith("x")
     assert png_size(out / "compare_headlines.png")[0] >= 600

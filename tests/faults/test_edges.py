@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, SMALL, TRACES_ABSENT, bounded, run_cli
-from helpers import assert_clean_error
+from helpers import assert_clean_error, sentences
 
 pytestmark = pytest.mark.slow  # real CLI runs: make test-all (CI); make test stays under 3 minutes
 
@@ -199,7 +199,7 @@ def test_a_bug_in_a_worker_is_one_line_naming_the_log_that_holds_its_traceback(s
     text = log.read_text()
     assert "Traceback" in text and "no such block" in text and "test_edges" not in text
     assert "in execute" in text  # the frame of the bug
-    fault = [x for x in r.stderr.splitlines() if x.startswith("kv_cache_benchmark.py: run fault:")]
+    fault = [x for x in sentences(r.stderr) if x.startswith("kv_cache_benchmark.py: run fault:")]
     assert fault and "internal error in a worker: KeyError" in fault[0] and str(log) in fault[0]
     assert ("Traceback" in r.stderr) == debug  # --debug prints it; otherwise it is in the log only
     assert small_run.results("bug")["run"]["fault"].startswith("internal error in a worker: KeyError")
@@ -210,7 +210,7 @@ def test_a_bug_in_the_report_is_exit_1_with_its_traceback_kept(small_run, tmp_pa
     patch = "import kv_cache.report.console as c\ndef render(*a, **k):\n    raise TypeError('a bug')\nc.render = render"
     r = run_patched(patch, ["report", str(small_run.out / "ok")], env={"TMPDIR": str(tmp_path)})
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    lines = r.stderr.strip().splitlines()
+    lines = sentences(r.stderr)
     assert len(lines) == 1 and "internal error: TypeError: a bug (traceback in" in lines[0]
     logs = list(tmp_path.glob("kvbench-*.log"))
     assert len(logs) == 1 and "in render\nTypeError: a bug" in logs[0].read_text()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, SMALL, bounded, run_cli
-from helpers import assert_clean_error
+from helpers import assert_clean_error, said, sentences
 from servers import HOST, free_port, password_of, s3_objects, valkey_keys
 from servers import start as start_server
 
@@ -28,12 +28,13 @@ def remote_args(out: Path, run_id: str, url: str, *extra: str, requests: int = 1
 
 
 def one_sentence(r: subprocess.CompletedProcess, *words: str) -> str:
-    err = r.stderr.strip()
+    """The one sentence on stderr (wrapped at 100 columns), holding every word."""
     assert "Traceback" not in r.stderr + r.stdout, r.stderr
-    assert len(err.splitlines()) == 1, err
+    err = sentences(r.stderr)
+    assert len(err) == 1, r.stderr
     for w in words:
-        assert w in err, err
-    return err
+        assert w in err[0], r.stderr
+    return err[0]
 
 
 def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
@@ -126,6 +127,7 @@ def test_a_server_killed_or_frozen_mid_run_stops_the_run_with_partial_results(tm
         if how == "frozen":
             os.kill(server.proc.pid, signal.SIGCONT)
         assert run.returncode == 1, err
+        err = said(err)
         assert "stopped answering" in err and server.url in err and "Traceback" not in err
         if how == "frozen":  # still frozen when the run closed: what stays there is said, and how it goes
             assert "could not remove this run's objects" in err and "clean --remote-url" in err, err
