@@ -55,7 +55,8 @@ def missing_references(texts: list[tuple[Path, str]]) -> list[str]:
                 bad.append(f"{where}: python -m {m.group(1)}: no such module")
         for m in SECTION.finditer(text):
             page = REPO / ("README.md" if m.group(1) == "README" else m.group(1))
-            if not page.exists() or not any(m.group(2).lower() in h.lower() for h in _headings(page)):
+            name = " ".join(m.group(2).split()).lower()  # a docstring may wrap the section's name
+            if not page.exists() or not any(name in h.lower() for h in _headings(page)):
                 bad.append(f"{where}: {m.group(1)} has no section \"{m.group(2)}\"")
     return bad
 
