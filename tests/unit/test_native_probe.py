@@ -1,25 +1,25 @@
 """Native engines are probed in a child process (kv_cache/tiers/native.py): a binding built for instructions this
-CPU lacks dies by SIGILL, which no `try` catches. CI's machines may have AVX-512, so a planted binding that kills
-its process with SIGILL forces the crash path: the run, the test session and make install's check survive it."""
+CPU lacks dies by SIGILL, which no `try` catches (the liburing wheel did on an AVX2-only EPYC; the io_uring engine
+now speaks the system calls itself, and the probe stays for any native engine). CI's machines may have AVX-512, so
+a planted sitecustomize that kills the probe's child with SIGILL forces the crash path: the run, the test session
+and make install's check survive it."""
 
 import subprocess
 import sys
 
 from conftest import REPO, bounded, run_cli
 
-SIGILL_BINDING = '''import os, signal
-class Cqe:
-    pass
-def Ring():
+SIGILL_PROBE = '''import os, signal, sys
+if "--probe-here" in sys.argv:  # the probe's child only: the process that asked for it runs on
     os.kill(os.getpid(), signal.SIGILL)
 '''
 
 
 def planted(tmp_path) -> dict:
-    """An environment whose `import liburing` finds a binding that dies by SIGILL at its first ring."""
+    """An environment in which a native probe's child dies by SIGILL, as a binding built for AVX-512 did."""
     d = tmp_path / "binding"
     d.mkdir()
-    (d / "liburing.py").write_text(SIGILL_BINDING)
+    (d / "sitecustomize.py").write_text(SIGILL_PROBE)
     return {"PYTHONPATH": f"{d}:{REPO}"}
 
 
@@ -32,7 +32,7 @@ def test_a_run_on_a_binding_that_dies_by_sigill_is_one_sentence(small_run, tmp_p
 
 
 def test_make_install_s_check_tells_a_crash_apart(tmp_path):
-    """Exit 3 (a crash: make install removes the binding) for the SIGILL binding, 0 or 1 for the real one."""
+    """Exit 3 (a crash, said by make install) for the planted SIGILL, 0 or 1 for the real engine."""
     import os
 
     env = dict(os.environ, **planted(tmp_path))
@@ -45,7 +45,7 @@ def test_make_install_s_check_tells_a_crash_apart(tmp_path):
 
 
 def test_the_engine_s_probe_never_runs_the_binding_in_this_process(tmp_path, monkeypatch):
-    """This test process survives the probe of a binding that kills whoever runs it."""
+    """This test process survives the probe of an engine that kills whoever runs it."""
     from kv_cache.tiers.uring import UringEngine
 
     monkeypatch.setenv("PYTHONPATH", planted(tmp_path)["PYTHONPATH"])

@@ -1,0 +1,167 @@
+"""io_uring spoken through its two system calls (io_uring_setup, io_uring_enter) and the rings they map: no
+native binding, so nothing compiled for one CPU's instructions (the liburing wheel carried AVX-512 and died by
+SIGILL on an AVX2-only EPYC). x86-64 Linux only; the kernel's ABI is stable (include/uapi/linux/io_uring.h).
+
+One Ring per thread: a batch of reads or writes is written into the submission queue, made visible by one store
+of its tail, submitted and waited for in one io_uring_enter, and its completions reaped from the completion
+queue. On x86-64 stores are not reordered with other stores, nor loads with other loads, which is the ordering
+the ring protocol asks of user space (the kernel's side has its own barriers); a store of the tail after the
+entries and a load of the completion tail before the entries are therefore enough.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+
+SYS_SETUP, SYS_ENTER = 425, 426  # x86-64 system call numbers
+OFF_SQ_RING, OFF_CQ_RING, OFF_SQES = 0, 0x8000000, 0x10000000
+FEAT_SINGLE_MMAP = 1
+ENTER_GETEVENTS = 1
+OP_NOP, OP_READ, OP_WRITE = 0, 22, 23  # IORING_OP_READ / WRITE: kernel 5.6 and later
+SQE_BYTES, CQE_BYTES = 64, 16
+
+_u32, _u64 = ctypes.c_uint32, ctypes.c_uint64
+
+
+class _SqOffsets(ctypes.Structure):
+    _fields_ = [(n, _u32) for n in ("head", "tail", "ring_mask", "ring_entries", "flags", "dropped", "array",
+                                    "resv1")] + [("user_addr", _u64)]
+
+
+class _CqOffsets(ctypes.Structure):
+    _fields_ = [(n, _u32) for n in ("head", "tail", "ring_mask", "ring_entries", "overflow", "cqes", "flags",
+                                    "resv1")] + [("user_addr", _u64)]
+
+
+class _Params(ctypes.Structure):
+    _fields_ = [(n, _u32) for n in ("sq_entries", "cq_entries", "flags", "sq_thread_cpu", "sq_thread_idle",
+                                    "features", "wq_fd")] + [("resv", _u32 * 3), ("sq_off", _SqOffsets),
+                                                             ("cq_off", _CqOffsets)]
+
+
+class _Sqe(ctypes.Structure):
+    _fields_ = [("opcode", ctypes.c_uint8), ("flags", ctypes.c_uint8), ("ioprio", ctypes.c_uint16),
+                ("fd", ctypes.c_int32), ("off", _u64), ("addr", _u64), ("len", _u32), ("rw_flags", _u32),
+                ("user_data", _u64), ("pad", _u64 * 3)]
+
+
+class _Cqe(ctypes.Structure):
+    _fields_ = [("user_data", _u64), ("res", ctypes.c_int32), ("flags", _u32)]
+
+
+assert ctypes.sizeof(_Params) == 120 and ctypes.sizeof(_Sqe) == SQE_BYTES and ctypes.sizeof(_Cqe) == CQE_BYTES
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _check_platform() -> None:
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        raise OSError(0, f"io_uring's system calls are spoken here for x86-64 Linux only, not "
+                         f"{platform.system()} {platform.machine()}")
+
+
+class Ring:
+    """An io_uring of `entries` submission slots: submit(ops) runs a batch of reads and writes and returns each
+    one's result (bytes moved, or -errno), in the order given."""
+
+    def __init__(self, entries: int):
+        _check_platform()
+        p = _Params()
+        fd = _libc.syscall(SYS_SETUP, _u32(entries), ctypes.byref(p))
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"io_uring_setup: {os.strerror(err)}")
+        self.fd, self.entries = fd, p.sq_entries
+        self._maps: list[mmap.mmap] = []
+        try:
+            sq_len = p.sq_off.array + p.sq_entries * 4
+            cq_len = p.cq_off.cqes + p.cq_entries * CQE_BYTES
+            if p.features & FEAT_SINGLE_MMAP:
+                sq = cq = self._map(max(sq_len, cq_len), OFF_SQ_RING)
+            else:
+                sq, cq = self._map(sq_len, OFF_SQ_RING), self._map(cq_len, OFF_CQ_RING)
+            sqes = self._map(p.sq_entries * SQE_BYTES, OFF_SQES)
+        except BaseException:
+            self.close()
+            raise
+        self._sq_tail = _u32.from_buffer(sq, p.sq_off.tail)
+        self._sq_mask = _u32.from_buffer(sq, p.sq_off.ring_mask).value
+        self._sq_array = (_u32 * p.sq_entries).from_buffer(sq, p.sq_off.array)
+        self._sqes = (_Sqe * p.sq_entries).from_buffer(sqes)
+        self._cq_head = _u32.from_buffer(cq, p.cq_off.head)
+        self._cq_tail = _u32.from_buffer(cq, p.cq_off.tail)
+        self._cq_mask = _u32.from_buffer(cq, p.cq_off.ring_mask).value
+        self._cqes = (_Cqe * p.cq_entries).from_buffer(cq, p.cq_off.cqes)
+
+    def _map(self, length: int, offset: int) -> mmap.mmap:
+        m = mmap.mmap(self.fd, length, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                      mmap.PROT_READ | mmap.PROT_WRITE, offset=offset)
+        self._maps.append(m)
+        return m
+
+    def submit(self, ops: list[tuple[int, int, int, int, int]]) -> list[int]:
+        """ops: (opcode, fd, file offset, buffer address, length), at most `entries` of them; all submitted with
+        one system call that also waits for all of them. Returns each op's result."""
+        n = len(ops)
+        if not 0 < n <= self.entries:
+            raise ValueError(f"a batch of {n} operations on a ring of {self.entries}")
+        tail = self._sq_tail.value
+        for k, (opcode, fd, off, addr, length) in enumerate(ops):
+            idx = (tail + k) & self._sq_mask
+            sqe = self._sqes[idx]
+            ctypes.memset(ctypes.addressof(sqe), 0, SQE_BYTES)
+            sqe.opcode, sqe.fd, sqe.off, sqe.addr, sqe.len, sqe.user_data = opcode, fd, off, addr, length, k
+            self._sq_array[idx] = idx
+        self._sq_tail.value = (tail + n) & 0xFFFFFFFF  # the entries are written before the kernel sees the tail
+        done = 0
+        results = [0] * n
+        while done < n:
+            got = _libc.syscall(SYS_ENTER, ctypes.c_uint(self.fd), ctypes.c_uint(n if done == 0 else 0),
+                                ctypes.c_uint(n - done), ctypes.c_uint(ENTER_GETEVENTS), None, ctypes.c_size_t(0))
+            if got < 0:
+                err = ctypes.get_errno()
+                if err == 4:  # EINTR: a signal (the run's Ctrl-C handler runs between calls)
+                    continue
+                raise OSError(err, f"io_uring_enter: {os.strerror(err)}")
+            done += self._reap(results)
+        return results
+
+    def _reap(self, results: list[int]) -> int:
+        head, tail, seen = self._cq_head.value, self._cq_tail.value, 0
+        while head != tail:
+            cqe = self._cqes[head & self._cq_mask]
+            results[cqe.user_data] = cqe.res
+            head = (head + 1) & 0xFFFFFFFF
+            seen += 1
+        self._cq_head.value = head
+        return seen
+
+    def close(self) -> None:
+        for name in ("_sq_tail", "_sq_array", "_sqes", "_cq_head", "_cq_tail", "_cqes"):
+            self.__dict__.pop(name, None)  # ctypes views pin their map: released before it is closed
+        for m in self._maps:
+            m.close()
+        self._maps = []
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def probe() -> str:
+    """Why this host cannot run io_uring ("" when it can): a ring is made and a no-op completes."""
+    try:
+        ring = Ring(2)
+    except OSError as e:
+        return f"io_uring is refused here ({e.strerror or e}; a container's seccomp profile blocks it)"
+    try:
+        if ring.submit([(OP_NOP, -1, 0, 0, 0)]) != [0]:
+            return "the kernel's io_uring did not complete a no-op"
+    except OSError as e:
+        return f"io_uring is refused here ({e.strerror or e})"
+    finally:
+        ring.close()
+    return ""
