@@ -56,3 +56,9 @@ def write_with(path, writer, flag: str = "output", binary: bool = False) -> Path
     buf = io.BytesIO() if binary else io.StringIO(newline="")
     writer(buf)
     return write_file(path, buf.getvalue(), flag)
+
+
+def create_new(path) -> None:
+    """An empty marker file of this process's own (its name is this process's): made new, never an existing file
+    and never through a link (FileExistsError for either: a planted link truncated its target before)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))

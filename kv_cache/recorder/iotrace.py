@@ -60,7 +60,16 @@ class IOTraceWriter:
         except OSError as e:
             raise UserError(f"--io-trace {path}: cannot write there ({e.strerror}).") from None
         self._csv = csv.writer(self._file)
-        self._csv.writerow(MLPERF_COLUMNS if self.mlperf else COLUMNS)
+        self.failed = ""  # why the trace stopped (a full filesystem): a side output fails alone
+        try:  # its header reaches the filesystem now: one full from the start is said before the run
+            self._csv.writerow(MLPERF_COLUMNS if self.mlperf else COLUMNS)
+            self._file.flush()
+            if self.path.suffix == ".zst":
+                self._zst.flush()
+        except OSError as e:
+            self._discard()
+            raise UserError(f"--io-trace {path}: cannot write there ({e.strerror}); free space or name another "
+                            f"file.") from None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.sizes: Counter = Counter()   # storage tier's (op kind, bytes) -> count
         self.rows = 0
@@ -70,28 +79,49 @@ class IOTraceWriter:
     def op(self, intended_ns, start_ns, op, tier, nbytes, key, dur_ns, phase, measured: bool) -> None:
         self._queue.put((intended_ns, start_ns, op, tier, nbytes, key, dur_ns, phase, measured))
 
+    def _discard(self) -> None:
+        """The file made for the trace goes (nothing of it was written)."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        self.path.unlink(missing_ok=True)
+
     def _drain(self) -> None:
-        t0 = self.t0_ns
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            intended, start, op, tier, nbytes, key, dur, phase, measured = item
-            if not self.mlperf:
-                self._csv.writerow((f"{(intended - t0) / 1e9:.6f}", f"{(start - t0) / 1e9:.6f}", f"{dur / 1e6:.4f}",
-                                    op, tier, nbytes, f"{key:016x}", phase, int(measured)))
-            elif op in MLPERF_OPS:
-                operation, ref_phase = MLPERF_OPS[op]
-                self._csv.writerow((f"{self.t0_wall + (start - t0) / 1e9:.6f}", operation, nbytes,
-                                    mlperf_tier(tier, self.storage_tier), f"{key:016x}", ref_phase))
-            self.rows += 1
-            if tier == self.storage_tier and op != "evict":
-                self.sizes[("read" if op == "read" else "write", nbytes)] += 1
+            if self.failed:
+                continue  # the rows after a failed write are dropped: the run goes on
+            try:
+                self._row(item)
+            except OSError as e:
+                self.failed = f"{e.strerror or e} after {self.rows:,} rows"
+
+    def _row(self, item: tuple) -> None:
+        t0 = self.t0_ns
+        intended, start, op, tier, nbytes, key, dur, phase, measured = item
+        if not self.mlperf:
+            self._csv.writerow((f"{(intended - t0) / 1e9:.6f}", f"{(start - t0) / 1e9:.6f}", f"{dur / 1e6:.4f}",
+                                op, tier, nbytes, f"{key:016x}", phase, int(measured)))
+        elif op in MLPERF_OPS:
+            operation, ref_phase = MLPERF_OPS[op]
+            self._csv.writerow((f"{self.t0_wall + (start - t0) / 1e9:.6f}", operation, nbytes,
+                                mlperf_tier(tier, self.storage_tier), f"{key:016x}", ref_phase))
+        self.rows += 1
+        if tier == self.storage_tier and op != "evict":
+            self.sizes[("read" if op == "read" else "write", nbytes)] += 1
 
     def close(self) -> None:
+        """Ends the trace; a write that failed on the way (or at the last flush) is in `failed`, never raised: the
+        run's results do not depend on a side output."""
         self._queue.put(None)
         self._thread.join()
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError as e:
+            self.failed = self.failed or f"{e.strerror or e} at its last {self.rows:,} rows' flush"
 
     def fio_job(self, directory: str, fio: tuple[str, int, bool], workers: int, runtime_s: float,
                 capacity_bytes: int) -> Path:

@@ -199,10 +199,17 @@ def _close_io_trace(run: RunSpec, b: RunContext, st: Stages) -> None:
     if trace is None:
         return
     trace.close()
+    if trace.failed:  # a side output fails alone: the run measured, and its results are written
+        runlog.tell(f"warning: --io-trace {trace.path} stopped ({trace.failed}): it is cut there and no fio job "
+                    f"was written; the run's results are complete.")
+        return
     job = "none (the storage tier is remote: network + server, no fio job replays it)"
-    if REMOTE not in b.tiers[-1].flags:
-        job = trace.fio_job(b.site.cache_dir if b.site else ".", fio_of(b.site), b.workers, run.s.run.duration_s,
-                            b.tiers[-1].capacity_bytes)
+    try:
+        if REMOTE not in b.tiers[-1].flags:
+            job = trace.fio_job(b.site.cache_dir if b.site else ".", fio_of(b.site), b.workers,
+                                run.s.run.duration_s, b.tiers[-1].capacity_bytes)
+    except UserError as e:
+        job = f"not written ({e})"
     run.say(f"  I/O trace: {trace.rows:,} operations in {trace.path}; fio job: {job}")
 
 

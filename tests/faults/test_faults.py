@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SMALL, run_cli
+from conftest import REPO, SMALL, bounded, run_cli
+from helpers import assert_clean_error, said
 
 sys.path.insert(0, str(Path(__file__).parent))
 from corrupt import corrupt  # noqa: E402
@@ -243,3 +244,32 @@ def test_kept_data_is_no_leftover_until_clean_is_asked_for_it(small_run):
     asked = run_cli(["clean", "--cache-dir", str(small_run.cache), "--output-dir", str(small_run.out), "--kept"])
     assert asked.returncode == 0 and "kept with --keep-data" in asked.stdout, asked.stdout + asked.stderr
     assert os.listdir(small_run.cache) == [] and (small_run.out / "kept" / "results.json").exists()
+
+
+def _nearly_full(small_tmpfs, free_kib: int) -> Path:
+    """A 2 MiB filesystem with free_kib left: a trace fills it a few hundred rows in."""
+    point = small_tmpfs(2)
+    with open(point / "filler", "wb") as f:
+        f.write(b"\0" * ((2 << 20) - (free_kib << 10)))
+    return point
+
+
+def test_an_io_trace_that_fills_its_filesystem_fails_alone_and_the_results_stay(small_run, small_tmpfs):
+    """Issue 52, item 1: --io-trace on a filesystem that filled during the run was a thread's traceback, exit 2
+    after the window, and the whole report folder deleted. The trace stops, said in one line; the results stay."""
+    trace = _nearly_full(small_tmpfs, 48) / "ops.csv"
+    r = run_cli(small_run("tr", *bounded(40), "--io-trace", str(trace)))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "Exception" not in r.stderr
+    told = said(r.stderr)
+    assert f"--io-trace {trace} stopped (No space left on device after" in told and "results are complete" in told
+    res = small_run.results("tr")  # the report folder and its results, whole
+    assert res["requests"]["completed"] == 40 and (small_run.out / "tr" / "summary.md").exists()
+    assert not trace.with_suffix(".fio").exists()
+
+
+def test_an_io_trace_on_a_full_filesystem_is_one_sentence_before_the_run(small_run, small_tmpfs):
+    trace = _nearly_full(small_tmpfs, 0) / "ops.csv"
+    r = run_cli(small_run("tf", *bounded(4), "--io-trace", str(trace)))
+    assert_clean_error(r, f"--io-trace {trace}: cannot write there (No space left on device)")
+    assert not trace.exists() and not (small_run.out / "tf").exists()

@@ -239,3 +239,27 @@ def test_a_decode_node_never_writes_its_acknowledgements_through_a_link(tmp_path
         dec.loaded(h)
     assert victim.read_text() == "keep"
     dec.detach()
+
+
+def test_a_decode_node_never_writes_its_markers_through_a_link(tmp_path, capsys):
+    """Issue 52, item 2: the decode node's .done marker was opened with open(..., "w"): a link planted at its name
+    truncated the file it points to, exit 0. Its .reading and .done markers are new files of its own: a link
+    planted at either is refused (.reading: one sentence before the run) or said (.done: at the end), and what
+    it points at is untouched."""
+    from kv_cache.errors import UserError
+    from kv_cache.lifecycle.handoff.folder import FOLDER, FolderLoader, mark_reading
+
+    folder = tmp_path / FOLDER
+    (folder / "blocks").mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    dec = FolderLoader(str(tmp_path), shared_files("buffered", BLOCK))
+    (folder / f"{dec.marker}.done").symlink_to(victim)
+    dec.detach()
+    assert victim.read_text() == "keep" and "planted" in capsys.readouterr().err
+    (folder / f"{dec.marker}.done").unlink()
+    (folder / f"{dec.marker}.reading").unlink()  # made by the loader above; now a link in its place
+    (folder / f"{dec.marker}.reading").symlink_to(victim)
+    with pytest.raises(UserError, match="planted at this decode node's marker"):
+        mark_reading(str(folder))
+    assert victim.read_text() == "keep"

@@ -24,8 +24,10 @@ import os
 import threading
 import time
 
+from kv_cache import runlog
 from kv_cache.errors import BlockVanished, RunFault, UserError
 from kv_cache.lifecycle.handoff.space import HandoffSpace, OnSpace
+from kv_cache.safefiles import create_new
 from kv_cache.types import Handoff
 
 FOLDER = "kvbench-handoff"
@@ -143,8 +145,12 @@ class FolderPublisher(OnSpace):
 def mark_reading(folder: str) -> str:
     """Say in the folder that this decode node reads it (the prefill node waits for it at its end)."""
     marker = f"decode-{os.uname().nodename}-{os.getpid()}"
+    path = os.path.join(folder, marker + ".reading")
     try:
-        open(os.path.join(folder, marker + ".reading"), "w").close()
+        create_new(path)
+    except FileExistsError:
+        raise UserError(f"{path} exists (a file or link planted at this decode node's marker); nothing is "
+                        f"written through it: remove it.") from None
     except FileNotFoundError:  # the prefill node ended between its manifest being found and now
         raise UserError(f"the prefill node finished and removed {folder} before this decode node could attach "
                         f"(it waits only for decode nodes already reading); start the decode node before the "
@@ -193,7 +199,11 @@ class FolderLoader:
             if self._acks >= 0:
                 os.close(self._acks)
                 self._acks = -1
+        done = os.path.join(self.where, self.marker + ".done")
         try:
-            open(os.path.join(self.where, self.marker + ".done"), "w").close()
+            create_new(done)
+        except FileExistsError:  # planted: never written through (it truncated what a link pointed at)
+            runlog.tell(f"warning: {done} exists (a file or link planted at this decode node's marker); nothing "
+                        f"was written through it.")
         except OSError:
             pass  # the prefill node already removed the folder
