@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
@@ -201,10 +202,11 @@ def storage_site(s: Settings, run_id: str, join: bool = False) -> StorageSite:
 
     join: the directory is a shared namespace another rank already made (--shared-storage).
     """
-    cache_dir = s.tiers.cache_dir
+    cache_dir, made = s.tiers.cache_dir, []
     if not cache_dir:
         cache_dir = os.path.join(s.run.output_dir, "cache")
         refuse_system_dir(cache_dir, "--output-dir")
+        made = [p for p in (cache_dir, *map(str, Path(cache_dir).parents)) if not os.path.lexists(p)]
         try:
             os.makedirs(cache_dir, exist_ok=True)
         except OSError as e:
@@ -244,7 +246,8 @@ def storage_site(s: Settings, run_id: str, join: bool = False) -> StorageSite:
             raise UserError(f"cannot create {data_dir}: {getattr(e, 'strerror', None) or e}; pass a writable "
                             f"--cache-dir with free space.") from None
         raise
-    return StorageSite(cache_dir, data_dir, mount.fs_type, mount.mount_point, engine, note, warnings)
+    return StorageSite(cache_dir, data_dir, mount.fs_type, mount.mount_point, engine, note, warnings,
+                       [os.path.abspath(p) for p in made])
 
 
 def _engine(engine: str, data_dir: str, cache_dir: str, fs_type: str, warnings: list[str]) -> tuple[str, str]:

@@ -39,12 +39,14 @@ def check_run_id(run_id: str) -> None:
                         f"or digit and hold no '..': it names one folder under --output-dir.")
 
 
-def reserve(folder: Path, run_id: str) -> None:
-    """Create folder with its marker and reserve file, or refuse in one sentence."""
+def reserve(folder: Path, run_id: str) -> list[Path]:
+    """Create folder with its marker and reserve file, or refuse in one sentence. Returns the folders above it
+    that it made (./reports on a first run): a run that writes nothing removes them again (abandon)."""
     refuse_system_dir(str(folder.parent), "--output-dir")
     if folder.exists() or folder.is_symlink():
         why = describe_dead(folder) or "a finished run wrote its results there"
         raise UserError(f"report folder {folder} already exists ({why}); choose another --run-id.")
+    made = [p for p in folder.parents if not p.exists() and not p.is_symlink()]
     try:
         folder.mkdir(parents=True)
     except FileExistsError:
@@ -65,6 +67,7 @@ def reserve(folder: Path, run_id: str) -> None:
             else e.strerror
         raise UserError(f"--output-dir {folder.parent} cannot hold the run's results ({room}); free space or "
                         f"pass another --output-dir.") from None
+    return made
 
 
 def _reserve(folder: Path) -> None:
@@ -98,14 +101,20 @@ def finish(folder: Path) -> None:
             pass
 
 
-def abandon(folder: Path) -> None:
-    """A run that wrote nothing into its reserved folder removes it (only what we put there)."""
+def abandon(folder: Path, made: list[Path] = ()) -> None:
+    """A run that wrote nothing into its reserved folder removes it (only what we put there), and the folders
+    above it that reserve made, where they are still empty (a refused first run left an empty ./reports)."""
     try:
         names = set(os.listdir(folder))
     except OSError:
         return
     if names <= {MARKER, RESERVE, MARKER + ".tmp"}:
         shutil.rmtree(folder, ignore_errors=True)
+        for parent in made:  # innermost first; rmdir removes only an empty folder
+            try:
+                parent.rmdir()
+            except OSError:
+                break
     else:
         finish(folder)
 

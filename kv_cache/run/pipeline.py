@@ -76,11 +76,11 @@ def execute(s: Settings, say=print) -> int:
         broken = rule_violations(s.to_dict(), rules)
         if broken:
             raise UserError(f"--submission {rules.name} refuses these settings: " + "; ".join(broken) + ".")
-    error = None
+    error, made = None, []
     if dist.rank == 0:  # checked and reserved before anything is measured: results are never lost at the end
         try:
             with signals.deferred(quiet=True):  # a signal now must not leave a reserved folder nobody removes
-                outfolder.reserve(folder, run_id)
+                made = outfolder.reserve(folder, run_id)
         except UserError as e:
             error = str(e)
     try:
@@ -98,7 +98,7 @@ def execute(s: Settings, say=print) -> int:
         signals.resume()
         if dist.rank == 0 and error is None:
             with signals.deferred():
-                outfolder.abandon(folder)  # removes it only if nothing was written into it (a log is kept)
+                outfolder.abandon(folder, made)  # removes it only if nothing was written into it (a log is kept)
 
 
 def _trials(run: RunSpec, rules) -> int:

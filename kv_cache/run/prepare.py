@@ -65,6 +65,7 @@ def build(s: Settings, run_id: str, payloads: PayloadPool | None, *, rank: int =
             t.close()
         if site and not join:
             shutil.rmtree(site.data_dir, ignore_errors=True)
+            _remove_empty(site.made)  # a refused first run leaves no empty reports/cache behind
         raise
     gds_note = f"GDS path: {gds.mode}" if gds else ""
     notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_size_note, handoff_note,
@@ -87,6 +88,15 @@ def _sized_handoff(s: Settings, geo, gpu, ceiling: int) -> tuple[Settings, int, 
             note = f"{size.note}, so this prefill node runs {ceiling} workers, not {workers(s)}"
             s = replace(s, "schedule.workers", ceiling)
     return s, ceiling, note
+
+
+def _remove_empty(folders: list[str]) -> None:
+    """The folders a run made, innermost first, each removed only while empty."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
 
 
 def close(b: RunContext, remove: bool, role_open: bool) -> None:

@@ -36,6 +36,7 @@ class StorageSite:
     engine: str
     engine_note: str = ""
     warnings: list[str] = field(default_factory=list)
+    made: list[str] = field(default_factory=list)  # folders made for the default cache directory, innermost first
 
 
 @dataclass(frozen=True)

@@ -324,3 +324,12 @@ def test_a_trace_timestamp_years_after_its_first_is_refused(small_run, tmp_path)
                      "0.0,ChatGPT,100,20,120,Conversation log\n1e11,ChatGPT,100,20,120,Conversation log\n")
     r = run_cli([*small_run("huge"), "--trace", str(trace), *bounded(2)])
     assert_clean_error(r, "after the file's first", "spans at most 365 days")
+
+
+@pytest.mark.parametrize("refused", [["--cpu-mem-gb", "100000"], ["--nvme-gb", "100000", "--model", "llama8b"]])
+def test_a_refused_first_run_leaves_no_empty_reports_folder(tmp_path, refused):
+    """Issue 52, item 7: a refusal left an empty ./reports (and reports/cache) in the current folder."""
+    r = subprocess.run([sys.executable, str(REPO / "kv_cache_benchmark.py"), *refused], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert_clean_error(r)
+    assert list(tmp_path.iterdir()) == []
