@@ -45,7 +45,7 @@ def translate(path: str) -> tuple[list[str], dict[str, str], list[str]]:
             raise UserError(f"{where('chunk_size')} is {chunk!r}; LMCache's chunk is a whole number of tokens "
                             f"(256 by default).")
         out["model.block_tokens"] = chunk
-    cpu_on = conf.get("local_cpu", True)
+    cpu_on = _flag(conf.get("local_cpu", True), where("local_cpu"))
     out["tiers.cpu_mem_gb"] = _gib(conf.get("max_local_cpu_size", 5.0), where("max_local_cpu_size")) if cpu_on else 0
     disk = conf.get("local_disk")
     if disk:
@@ -63,7 +63,7 @@ def translate(path: str) -> tuple[list[str], dict[str, str], list[str]]:
                             f"tiers alone).")
         out["tiers.remote_url"] = str(remote)
     if "save_decode_cache" in conf:
-        out["workload.decode_writes"] = bool(conf["save_decode_cache"])
+        out["workload.decode_writes"] = _flag(conf["save_decode_cache"], where("save_decode_cache"))
     else:  # LMCache stores the prompt's KV only unless told: so does this translation
         out["workload.decode_writes"] = False
     if "cache_policy" in conf:
@@ -92,12 +92,23 @@ def _gib(value, where: str) -> float:
     return float(value)
 
 
+def _flag(value, where: str) -> bool:
+    """An LMCache switch: YAML's true or false. A string ('no', 'false') is not one: bool('no') is True."""
+    if not isinstance(value, bool):
+        raise UserError(f"{where} is {value!r}; LMCache's switches are true or false (unquoted).")
+    return value
+
+
 def _disk_path(value: str, where: str) -> str:
     """LMCache's local_disk: a path, or file://PATH; several (comma-separated) are one folder each here."""
     if "," in value:
         raise UserError(f"{where} names several folders ({value}); this benchmark's disk tier is one folder: give "
                         f"one (run one benchmark per disk, or --processes N, to load several).")
-    return value.removeprefix("file://") or "."
+    path = value.removeprefix("file://")
+    if not path.strip():
+        raise UserError(f"{where} is {value!r}, which names no folder; give the disk tier's folder "
+                        f"(file:///mnt/nvme/lmcache or a path).")
+    return path
 
 
 def _yaml(v) -> str:

@@ -203,13 +203,16 @@ def _cmd_capacity(argv: list[str]) -> int:
     p.add_argument("runs", nargs="+", help="Run folders (each with capacity_access.npz).")
     p.add_argument("--output", help="Folder for capacity_curve.png (default: the first run's folder).")
     args = p.parse_args(argv)
+    if args.output:  # refused as compare's is (/etc, a file, an unwritable folder), before anything is read
+        _plot_folder(Path(args.output))
     from kv_cache.run.capacity import run_capacity
 
     return run_capacity(args.runs, args.output, lambda text="": print(fit(str(text)), flush=True))
 
 
 def _plot_folder(out: Path) -> None:
-    """compare --output: refused before anything is read if it cannot become a folder of plots (made after)."""
+    """compare's and capacity's --output: refused before anything is read if it cannot become a folder of plots
+    (made after)."""
     refuse_system_dir(str(out), "--output", FILES)
     if out.exists() and not out.is_dir():
         raise UserError(f"--output {out} is a file; the comparison writes plots into a folder: pass a new or "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,6 +182,9 @@ def translate(argv: list[str]) -> Translation:
                      f"writes them by default")
     check_output(ns.output)
     if ns.xlsx_output:
+        if os.path.abspath(ns.xlsx_output) == os.path.abspath(ns.output):
+            raise UserError(f"--xlsx-output {ns.xlsx_output} is --output's file too: the spreadsheet would replace "
+                            f"the JSON results; name another file.")
         check_xlsx(ns.xlsx_output)
     made = make_cache_dir(_value_of(rest, "--cache-dir"), notes)
     given = {a.split("=", 1)[0] for a in rest if a.startswith("--")}

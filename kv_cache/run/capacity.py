@@ -152,6 +152,13 @@ def run_capacity(folders: list[str], output: str | None, say) -> int:
     from kv_cache.report.capacity import capacity_lines, draw_capacity
     from kv_cache.report.figure import save
 
+    seen: dict[Path, str] = {}
+    for f in folders:  # one run given twice would count as two nodes sharing the tier
+        where = Path(f).resolve()
+        if where in seen:
+            raise UserError(f"capacity: {f} and {seen[where]} are the same run; a merged curve needs different "
+                            f"runs (each node's own), each named once.")
+        seen[where] = f
     runs = [load_run(Path(f)) for f in folders]
     slots = {m["slot_bytes"] for _, m in runs}
     if len(slots) > 1:

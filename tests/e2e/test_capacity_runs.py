@@ -49,6 +49,12 @@ def test_capacity_merges_runs_sharing_a_tier_and_compare_overlays_curves(small_r
     def infinite(text: str) -> float:
         return float(text.split("infinite cache: ")[1].split("%")[0])
     assert infinite(both.stdout) > infinite(one.stdout)  # the same seed twice: the second node reuses the first's
+    # issue 52, item 5: one run named twice counted as two nodes (its infinite-cache hit rate went up); an --output
+    # under /etc was written where compare refuses it
+    twice = run_cli(["capacity", str(small_run.out / "n1"), f"{small_run.out}/./n1", "--output", str(tmp_path)])
+    assert_clean_error(twice, "are the same run")
+    assert_clean_error(run_cli(["capacity", str(small_run.out / "n1"), "--output", "/etc/kvbench-x"]), "--output")
+    assert not __import__("os").path.exists("/etc/kvbench-x")
     cmp = run_cli(["compare", str(small_run.out / "n1"), str(small_run.out / "n2"), "--output", str(tmp_path / "c")])
     assert cmp.returncode == 0, cmp.stderr
     assert (tmp_path / "c" / "compare_capacity.png").exists()

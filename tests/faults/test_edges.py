@@ -333,3 +333,16 @@ def test_a_refused_first_run_leaves_no_empty_reports_folder(tmp_path, refused):
                        capture_output=True, text=True, timeout=120)
     assert_clean_error(r)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reference_run_that_measured_nothing_is_never_a_pass(tmp_path):
+    """Issue 52, item 5: under the reference's command line, a run with 0 completed requests printed "MLPerf
+    reference assessment: PASS" and wrote its criteria passed, while stderr said nothing was measured."""
+    patch = ("import kv_cache.recorder.recorder as r\n"
+             "r.Recorder.request = lambda self, *a, **k: None")  # no request is ever recorded as completed
+    out = tmp_path / "ref.json"
+    r = run_patched(patch, ["--num-users", "2", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.1", "--output", str(out),
+                            "--cache-dir", str(tmp_path), *bounded(3)])
+    assert "MLPerf reference assessment: PASS" not in r.stdout and "nothing was measured" in r.stderr
+    health = json.loads(out.read_text())["summary"]["cache_stats"]["storage_health"] if out.exists() else None
+    assert health is None or (health["overall_status"].startswith("NOT JUDGED") and not health["criteria"])

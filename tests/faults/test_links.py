@@ -81,3 +81,12 @@ def test_a_report_file_whose_name_is_a_link_is_refused_not_followed(victim, tmp_
     with pytest.raises(UserError, match="symbolic link"):
         save(fig, tmp_path, "plot.png")
     assert target.read_text() == "root:x:0:0\n"
+
+
+def test_one_file_for_both_reference_outputs_is_refused_before_the_run(tmp_path):
+    """Issue 52, item 5: --output X --xlsx-output X replaced the JSON results with the spreadsheet, exit 0."""
+    same = tmp_path / "out.json"
+    r = run_cli(["--num-users", "2", "--gpu-mem-gb", "0", "--output", str(same), "--xlsx-output", str(same),
+                 "--cache-dir", str(tmp_path), *bounded(2)], timeout=60)
+    assert_clean_error(r, "--xlsx-output", "is --output's file too")
+    assert not same.exists()

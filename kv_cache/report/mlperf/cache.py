@@ -114,8 +114,12 @@ def device_latency(f: Fields) -> dict | None:
 
 
 def storage_health(f: Fields, profile: str) -> dict:
-    """The reference's pass/fail criteria judged on our figures (informative: MLPerf has no pass/fail)."""
+    """The reference's pass/fail criteria judged on our figures (informative: MLPerf has no pass/fail). A run that
+    completed no request in its window has nothing to judge: never a PASS."""
     r, crit = f.r, []
+    if not r.requests.completed:
+        return {"overall_status": "NOT JUDGED (nothing was measured: no request completed in the window)",
+                "criteria": [], "passed_count": 0, "total_count": 0, "profile": profile, "judged_on": "nothing"}
     if profile == "throughput":
         for name, op in (("Storage KV Read Bandwidth", "read"), ("Storage KV Write Bandwidth", "write")):
             gibps = f.per_s(f.moved_gib("storage", op)) or 0.0
