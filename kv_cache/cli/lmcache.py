@@ -10,10 +10,12 @@ is `--set` entries below the command line's own flags: a flag given beside the f
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kv_cache.config.load import read_config_file
 from kv_cache.errors import UserError
+from kv_cache.tiers.fsinfo import refuse_system_dir
 
 # LMCache key -> our dotted key (what each translation below sets)
 MAPPED = {"chunk_size": "model.block_tokens", "local_cpu": "tiers.cpu_mem_gb", "max_local_cpu_size": "tiers.cpu_mem_gb",
@@ -108,6 +110,11 @@ def _disk_path(value: str, where: str) -> str:
     if not path.strip():
         raise UserError(f"{where} is {value!r}, which names no folder; give the disk tier's folder "
                         f"(file:///mnt/nvme/lmcache or a path).")
+    refuse_system_dir(path, where)  # the culprit is the LMCache file's key, not --cache-dir
+    if not os.path.isdir(path):
+        what = "a file" if os.path.exists(path) else ("a link to nothing" if os.path.islink(path) else "missing")
+        raise UserError(f"{where} is {value!r}, {what}: the disk tier's folder must exist; create it or name "
+                        f"another.")
     return path
 
 

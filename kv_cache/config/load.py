@@ -150,6 +150,9 @@ def read_config_file(path: Path, flag: str = "--config", what: str = "config fil
     text = read_text(str(path), what, CONFIG_LIMIT, f"pass a YAML file to {flag}")
     try:
         data = yaml.safe_load(text)
+    except RecursionError:  # a hostile file nests lists thousands deep: the parser's recursion runs out
+        raise UserError(f"{what} {path} ({flag}) nests deeper than a settings file can; give a flat YAML mapping "
+                        f"of keys.") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f":{mark.line + 1}" if mark else ""

@@ -87,3 +87,35 @@ def test_strings_that_look_like_switches_and_an_empty_folder_are_refused(tmp_pat
     f.write_text(text)
     with pytest.raises(UserError, match=fragment):
         translate(str(f))
+
+
+@pytest.mark.parametrize("disk, fragment", [
+    ("/etc", "local_disk /etc is a system folder"),
+    ("/proc/kvbench", "local_disk /proc/kvbench is a system folder"),
+    ("{tmp}/missing", "missing: the disk tier's folder must exist"),
+    ("{tmp}/a-file", "a file: the disk tier's folder must exist"),
+    ("{tmp}/dangling", "a link to nothing"),
+])
+def test_a_wrong_local_disk_is_blamed_on_the_lmcache_file_and_its_key(tmp_path, disk, fragment):
+    """Issue 52, item 6: these were blamed on --cache-dir (a flag the user never typed)."""
+    from conftest import run_cli
+    from helpers import assert_clean_error
+
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    f = tmp_path / "lmcache.yaml"
+    f.write_text(f"local_disk: '{disk.format(tmp=tmp_path)}'\nmax_local_disk_size: 1\n")
+    r = run_cli(["--lmcache-config", str(f), "--max-requests", "1"])
+    assert_clean_error(r, f"--lmcache-config {f}: ", fragment)
+    assert "--cache-dir" not in r.stderr
+
+
+def test_a_settings_file_nested_thousands_deep_is_one_sentence(tmp_path):
+    """Issue 52, item 6: a RecursionError (an internal error) for --lmcache-config and plain --config."""
+    from conftest import run_cli
+    from helpers import assert_clean_error
+
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 3000 + "]" * 3000 + "\n")
+    for flag in ("--lmcache-config", "--config"):
+        assert_clean_error(run_cli([flag, str(deep)]), f"({flag}) nests deeper than a settings file can")
