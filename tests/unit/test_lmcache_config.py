@@ -15,12 +15,13 @@ def _file(tmp_path, text: str) -> str:
 
 
 def test_each_lmcache_key_sets_its_counterpart(tmp_path):
+    (tmp_path / "kv").mkdir()
     sets, origins, notes = translate(_file(tmp_path, "chunk_size: 16\nlocal_cpu: true\nmax_local_cpu_size: 2.5\n"
-                                                     "local_disk: file:///mnt/kv/\nmax_local_disk_size: 40\n"
+                                                     f"local_disk: file://{tmp_path}/kv/\nmax_local_disk_size: 40\n"
                                                      "remote_url: redis://127.0.0.1:6379\nsave_decode_cache: true\n"
                                                      "cache_policy: LFU\nremote_serde: naive\n"))
-    assert sets == ["model.block_tokens=16", "tiers.cpu_mem_gb=2.5", "tiers.cache_dir='/mnt/kv/'", "tiers.nvme='on'",
-                    "tiers.nvme_gb=40.0", "tiers.remote_url='redis://127.0.0.1:6379'",
+    assert sets == ["model.block_tokens=16", "tiers.cpu_mem_gb=2.5", f"tiers.cache_dir='{tmp_path}/kv/'",
+                    "tiers.nvme='on'", "tiers.nvme_gb=40.0", "tiers.remote_url='redis://127.0.0.1:6379'",
                     "workload.decode_writes=true", "cache.policy='lfu'"]
     assert origins["tiers.nvme_gb"].endswith(": max_local_disk_size")
     assert notes and "remote_serde" in notes[0]
@@ -29,8 +30,8 @@ def test_each_lmcache_key_sets_its_counterpart(tmp_path):
 def test_lmcache_defaults_cpu_only_and_no_decode_cache(tmp_path):
     sets, _, _ = translate(_file(tmp_path, "chunk_size: 256\n"))
     assert "tiers.cpu_mem_gb=5.0" in sets and "tiers.nvme='off'" in sets and "workload.decode_writes=false" in sets
-    sets, _, _ = translate(_file(tmp_path, "local_cpu: false\nlocal_disk: /d\n"))
-    assert "tiers.cpu_mem_gb=0" in sets and "tiers.cache_dir='/d'" in sets
+    sets, _, _ = translate(_file(tmp_path, f"local_cpu: false\nlocal_disk: {tmp_path}\n"))
+    assert "tiers.cpu_mem_gb=0" in sets and f"tiers.cache_dir='{tmp_path}'" in sets
 
 
 @pytest.mark.parametrize("text,fragment", [
