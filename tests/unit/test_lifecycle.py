@@ -1,6 +1,7 @@
 """The request lifecycle on real tiers: history hits, decode appends, verification, whole-request mode."""
 
 import json
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -263,3 +264,29 @@ def test_a_decode_node_never_writes_its_markers_through_a_link(tmp_path, capsys)
     with pytest.raises(UserError, match="planted at this decode node's marker"):
         mark_reading(str(folder))
     assert victim.read_text() == "keep"
+
+
+@pytest.mark.parametrize("plant", ["zero", "fifo", "flood"])
+def test_a_prefill_node_reads_acknowledgements_bounded_and_never_through_a_link(tmp_path, plant, capsys):
+    """Issue 52, item 3: an .acks link to /dev/zero took a prefill node to 7 GiB (and a FIFO would hang its reader):
+    an acks file is read from a regular file only, at most ACKS_READ bytes a poll, never through a link."""
+    import resource
+
+    from kv_cache.lifecycle.handoff.folder import ACKS_READ, FOLDER, FolderPublisher
+
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    pre = FolderPublisher(str(folder), shared_files("buffered", BLOCK), "buffered", 16 * BLOCK, {"seed": 1})
+    acks = folder / FOLDER / "decode-x-1.acks"
+    if plant == "zero":
+        acks.symlink_to("/dev/zero")
+    elif plant == "fifo":
+        os.mkfifo(acks)
+    else:
+        acks.write_bytes(b"x" * (3 * ACKS_READ))  # no newline: not a decode node's lines
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(3):
+        assert pre._new_acks(str(acks)) == []
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: no 7 GiB
+    assert "is not a decode node's acknowledgements" in capsys.readouterr().err
+    pre.finish(0, True, lambda *_: None)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 
@@ -33,6 +34,7 @@ from kv_cache.types import Handoff
 FOLDER = "kvbench-handoff"
 MANIFEST = "manifest.jsonl"
 ACK_POLL_S = 0.01
+ACKS_READ = 1 << 20  # the most of one acks file read a poll: a request id a line, thousands of them
 
 
 def append_line(fd: int, record: dict | bytes, path: str) -> None:
@@ -73,6 +75,7 @@ class FolderPublisher(OnSpace):
         self.space.readers = lambda: bool(self.reading()) or not (self.attached() or self.space.waited_out)
         self._handed: dict[str, tuple[int, ...]] = {}  # rid -> keys, until its first acknowledgement
         self._acks_read: dict[str, int] = {}  # acks file -> bytes read
+        self._refused: set[str] = set()  # acks files that are not regular files (links, FIFOs, devices)
         self._fd = os.open(self.manifest, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         append_line(self._fd, {"kind": "header", **identity, "engine": engine, "started_wall": time.time()},
                     self.manifest)
@@ -94,15 +97,34 @@ class FolderPublisher(OnSpace):
             time.sleep(ACK_POLL_S)
 
     def _new_acks(self, path: str) -> list[str]:
+        """The request ids a decode node appended to its acks file since the last poll: at most ACKS_READ bytes
+        a poll, from a regular file only (never through a link: a link to /dev/zero took a node to 7 GiB, a FIFO
+        would hang it); a file that is not one is said once and never read."""
+        if path in self._refused:
+            return []
         try:
-            with open(path, "rb") as f:
-                f.seek(self._acks_read.get(path, 0))
-                data = f.read()
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return []
+        except OSError as e:
+            return self._refuse(path, e.strerror or str(e))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return self._refuse(path, "not a regular file")
+            data = os.pread(fd, ACKS_READ, self._acks_read.get(path, 0))
+        finally:
+            os.close(fd)
         whole = data[:data.rfind(b"\n") + 1]  # a line still being written is read next time
+        if not whole and len(data) == ACKS_READ:  # no line in a whole read: not a decode node's acks
+            return self._refuse(path, f"no line in {ACKS_READ:,} bytes")
         self._acks_read[path] = self._acks_read.get(path, 0) + len(whole)
-        return whole.decode().split()
+        return whole.decode(errors="replace").split()
+
+    def _refuse(self, path: str, why: str) -> list[str]:
+        self._refused.add(path)
+        runlog.tell(f"warning: {path} is not a decode node's acknowledgements ({why}, planted?); it is not read, "
+                    f"and the requests it would acknowledge keep their blocks until the run's end.")
+        return []
 
     def attached(self) -> set[str]:
         return _markers(self.where, ".reading")
