@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from time import monotonic_ns as now_ns
 
@@ -22,6 +23,35 @@ from kv_cache.types import Handoff, Request
 POLL_S = 0.005
 IDLE_TICK_S = 0.05
 EMPTY = np.zeros(0, dtype=np.int64)
+MAX_LINE = 16 << 20  # one manifest line: a request's keys and digests (a million-token prompt's is a few MiB)
+
+
+def open_manifest(path: str):
+    """The manifest, opened for reading as a regular file only: never through a link, and never a FIFO (whose
+    open and reads would wait past --disagg-wait-s) nor a device."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise UserError(f"{path} is not a prefill node's manifest ({e.strerror}: a link planted there?); remove "
+                        f"it, or pass the folder a prefill node writes.") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{path} is not a prefill node's manifest (not a regular file: a FIFO or a device planted "
+                        f"there?); remove it, or pass the folder a prefill node writes.")
+    return os.fdopen(fd, "rb")
+
+
+def _record(line: bytes, path: str) -> dict:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise RunFault(f"{path} holds a line that is not a manifest record ({line[:60]!r}...): not a prefill "
+                       f"node's manifest, or a damaged one.")
+    return record
 
 
 def wait_for_manifest(path: str, wait_s: float) -> dict:
@@ -29,10 +59,16 @@ def wait_for_manifest(path: str, wait_s: float) -> dict:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            with open(path, "rb") as f:
-                line = f.readline()
+            with open_manifest(path) as f:
+                line = f.readline(MAX_LINE)
             if line.endswith(b"\n"):
-                return json.loads(line)
+                try:
+                    return _record(line, path)
+                except RunFault as e:
+                    raise UserError(str(e)) from None
+            if len(line) >= MAX_LINE:
+                raise UserError(f"{path}: its first line runs past {MAX_LINE:,} bytes without an end; not a "
+                                f"prefill node's manifest.")
         except FileNotFoundError:
             pass
         if time.monotonic() >= deadline:
@@ -88,8 +124,8 @@ class ManifestFollower(RecordFollower):
 
     def __init__(self, path: str, wait_s: float):
         self.path = path
-        self._f = open(path, "rb")  # noqa: SIM115 - kept open while following
-        self._f.readline()  # the header, checked by the composition root
+        self._f = open_manifest(path)  # kept open while following
+        self._f.readline(MAX_LINE)  # the header, checked by the composition root
         self._partial = b""
         super().__init__(self._next_line, wait_s)
 
@@ -97,11 +133,14 @@ class ManifestFollower(RecordFollower):
         """The next whole line, or None when none came within timeout (a line still being written is kept)."""
         give_up = time.monotonic() + timeout
         while True:
-            line = self._f.readline()
+            line = self._f.readline(MAX_LINE)
             if line.endswith(b"\n"):
                 line, self._partial = self._partial + line, b""
-                return json.loads(line)
+                return _record(line, self.path)
             self._partial += line
+            if len(self._partial) > MAX_LINE:  # a line that never ends: not a prefill node writing
+                raise RunFault(f"{self.path}: a line runs past {MAX_LINE:,} bytes without an end; not a prefill "
+                               f"node's manifest, or a damaged one.")
             if time.monotonic() >= give_up:
                 return None
             time.sleep(POLL_S)

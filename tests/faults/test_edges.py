@@ -346,3 +346,23 @@ def test_a_reference_run_that_measured_nothing_is_never_a_pass(tmp_path):
     assert "MLPerf reference assessment: PASS" not in r.stdout and "nothing was measured" in r.stderr
     health = json.loads(out.read_text())["summary"]["cache_stats"]["storage_health"] if out.exists() else None
     assert health is None or (health["overall_status"].startswith("NOT JUDGED") and not health["criteria"])
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link", "junk", "endless"])
+def test_a_planted_manifest_is_one_sentence_never_a_hang(small_run, tmp_path, plant):
+    """Issue 52, item 3: a FIFO manifest hung a decode node past --disagg-wait-s; junk in it was an internal error."""
+    shared = tmp_path / "shared"
+    (shared / "kvbench-handoff").mkdir(parents=True)
+    manifest = shared / "kvbench-handoff" / "manifest.jsonl"
+    if plant == "fifo":
+        os.mkfifo(manifest)
+    elif plant == "link":
+        (tmp_path / "elsewhere.jsonl").write_text('{"kind": "header"}\n')
+        manifest.symlink_to(tmp_path / "elsewhere.jsonl")
+    elif plant == "junk":
+        manifest.write_text("not json at all\n")
+    else:
+        manifest.write_bytes(b"[" * (17 << 20))
+    r = run_cli(small_run("dec", "--role", "decode", "--handoff-dir", str(shared), "--disagg-wait-s", "2",
+                          *bounded(2)), timeout=60)
+    assert_clean_error(r, str(manifest))
