@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -301,6 +302,49 @@ def test_a_port_that_accepts_and_never_speaks_is_one_sentence(small_run, tmp_pat
     finally:
         server.close()
     assert_clean_error(r, url, "sent no handoff header within 2 s")
+
+
+def _fake_prefill(behaviour: str) -> tuple[socket.socket, threading.Thread]:
+    """A peer on 127.0.0.1 that accepts one decode node and misbehaves: drips bytes without a newline (one a
+    second, forever), or sends a header of the wrong shape, or one whose metadata is not base64."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(4096)  # its attach line
+            try:
+                if behaviour == "drip":
+                    for _ in range(60):
+                        conn.sendall(b"x")
+                        time.sleep(0.5)
+                elif behaviour == "shape":
+                    conn.sendall(b'{"kind": "header", "nslots": "many"}\n')
+                else:
+                    conn.sendall(b'{"kind": "header", "nslots": 1, "slot_bytes": 4096, "metadata": "%%%"}\n')
+                time.sleep(5)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return server, t
+
+
+@pytest.mark.parametrize("behaviour", ["drip", "shape", "base64"])
+def test_a_peer_that_drips_or_sends_a_wrong_header_is_one_sentence(small_run, tmp_path, behaviour):
+    """Issue 52, items 3 and 4: a peer dripping bytes without a newline hung a decode node (its timeout held per
+    receive, not per line); a header of the wrong shape or bad base64 was an internal error."""
+    server, _ = _fake_prefill(behaviour)
+    url = f"nixl://127.0.0.1:{server.getsockname()[1]}"
+    start = time.monotonic()
+    try:
+        r = run_cli([*node_args(small_run, tmp_path, "dec", "decode", url, "--disagg-peer-timeout-s", "2")],
+                    timeout=60, extra_env=TCP)
+    finally:
+        server.close()
+    assert_clean_error(r, url)
+    assert time.monotonic() - start < 30
 
 
 # A prefill side that publishes two blocks and serves them until killed, and a decode side that reads one, waits

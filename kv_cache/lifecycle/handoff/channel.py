@@ -12,17 +12,23 @@ import threading
 import time
 from collections import deque
 
+from kv_cache import runlog
 from kv_cache.errors import UserError
 
 HEARTBEAT_S = 1.0
 HEARTBEAT = b'{"kind":"alive"}\n'
 
 
+MAX_LINE = 16 << 20  # one line: a request's keys, slots and digests (a million-token prompt's is a few MiB)
+
+
 class Line:
-    """Newline-delimited JSON over a socket."""
+    """Newline-delimited JSON over a socket. A line must arrive whole within the socket's timeout (a peer that
+    drips bytes without a newline reset a per-receive timeout forever) and within MAX_LINE bytes (one that floods
+    without a newline ran a node out of memory)."""
 
     def __init__(self, sock: socket.socket):
-        self.sock, self.file = sock, sock.makefile("rb")
+        self.sock, self._buf = sock, bytearray()
         self.lock = threading.Lock()
 
     def send(self, record: dict | bytes) -> None:
@@ -31,15 +37,38 @@ class Line:
             self.sock.sendall(data)
 
     def recv(self) -> dict | None:
-        line = self.file.readline()
-        return json.loads(line) if line.endswith(b"\n") else None
+        """The next record; None when the peer closed. TimeoutError when no whole line came within the socket's
+        timeout; ValueError for a line too long, or not a JSON object."""
+        limit = self.sock.gettimeout()
+        deadline = None if limit is None else time.monotonic() + limit
+        while (end := self._buf.find(b"\n")) < 0:
+            if len(self._buf) > MAX_LINE:
+                raise ValueError(f"a line runs past {MAX_LINE:,} bytes without an end")
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("no whole line within the timeout")
+                self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(1 << 16)
+            finally:
+                if deadline is not None:
+                    self.sock.settimeout(limit)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line = bytes(self._buf[:end])
+        del self._buf[:end + 1]
+        record = json.loads(line)
+        if not isinstance(record, dict):
+            raise ValueError("a line that is not a JSON object")
+        return record
 
     def close(self) -> None:
-        for f in (self.file, self.sock):
-            try:
-                f.close()
-            except OSError:
-                pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
 
 class PrefillChannel:
@@ -117,7 +146,9 @@ class PrefillChannel:
         name = None
         try:
             name = self._talk(peer)
-        except (OSError, ValueError, AttributeError, TypeError):
+        except ValueError as e:  # junk or a flood: the connection ends, said once (it was silent)
+            runlog.tell(f"warning: a peer of the handoff's side channel sent {e}; its connection was closed.")
+        except (OSError, AttributeError, TypeError):
             pass
         finally:
             peer.close()

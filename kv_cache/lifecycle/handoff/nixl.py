@@ -135,10 +135,21 @@ class NixlLoader:
             raise UserError(f"the prefill node at {url} refused this decode node: {why}; start both nodes with the "
                             f"same --model, --kv-dtype, --tp, --block-tokens and --seed.")
         self.header = header
-        self.blocks = RemoteSlots(header["nslots"] * header["slot_bytes"],
-                                  f"the prefill node's registered memory at {url}, read with NIXL READs (UCX)")
+        try:  # a header of the wrong shape, bad base64 or a foreign metadata blob: one sentence naming the peer
+            self.blocks = RemoteSlots(int(header["nslots"]) * int(header["slot_bytes"]),
+                                      f"the prefill node's registered memory at {url}, read with NIXL READs (UCX)")
+            metadata = base64.b64decode(header["metadata"], validate=True)
+        except (KeyError, TypeError, ValueError) as e:
+            self.link.close()
+            raise UserError(f"the peer at {url} sent a handoff header this benchmark cannot use ({type(e).__name__}: "
+                            f"{e}); is it a --role prefill run of this version?") from None
         self.agent = make_agent(self.name, serves=False)
-        self.peer = self.agent.add_remote_agent(base64.b64decode(header["metadata"]))
+        try:
+            self.peer = self.agent.add_remote_agent(metadata)
+        except Exception as e:  # noqa: BLE001 - NIXL's own error classes for a blob that is no agent's metadata
+            self.link.close()
+            raise UserError(f"the peer at {url} sent NIXL metadata its agent refused ({type(e).__name__}); is it a "
+                            f"--role prefill run of this version?") from None
         self.slot_of: dict[int, int] = {}
         self.records: queue.Queue = queue.Queue()
         self.registered: dict[int, object] = {}
