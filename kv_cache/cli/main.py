@@ -25,7 +25,7 @@ from kv_cache.cli.flags import run_parser
 from kv_cache.config import media, resolve
 from kv_cache.errors import RunFault, UserError
 from kv_cache.inputs import read_text
-from kv_cache.recorder.schema import Results, SchemaError
+from kv_cache.recorder.schema import RESULTS_LIMIT, Results, SchemaError
 from kv_cache.report.table import fit
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 from kv_cache.tiers.registry import kinds, media_sections
@@ -115,7 +115,6 @@ def _cmd_policies(argv: list[str]) -> int:
     return compare_policies(settings, names, ms, print)
 
 
-RESULTS_LIMIT = 1 << 30  # a day's run with per-second histograms stays far below
 
 
 def _no_constant(name: str):

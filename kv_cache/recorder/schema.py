@@ -58,6 +58,7 @@ SCHEMA_VERSION = 7  # 7: load.cause, load.workers_in_io_share, load.process_cpu_
 # (2: typed Results; run.bottom_tier; optional sections always present, null when off)
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 SIGNIFICANT = 6  # digits of a measured float in results.json
+RESULTS_LIMIT = 1 << 30  # the most a results.json is read: a day's run with per-second histograms stays far below
 
 
 def rounded(obj, digits: int = SIGNIFICANT):

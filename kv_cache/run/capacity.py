@@ -12,15 +12,18 @@ from __future__ import annotations
 import io
 import json
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from kv_cache.cache.simulate import replay
 from kv_cache.errors import UserError
+from kv_cache.inputs import check_regular, read_text
 from kv_cache.model import GiB
 from kv_cache.recorder.capacity import CapacityCurve, Curve, capacity_grid, curve, in_window
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.schema import RESULTS_LIMIT, Results
 from kv_cache.recorder.typed import load_section
 from kv_cache.safefiles import write_file
 from kv_cache.tiers.registry import accounting_stack
@@ -106,13 +109,52 @@ def load_run(folder: Path) -> tuple[dict, dict]:
     if not path.is_file():
         raise UserError(f"{folder} has no {ACCESS_FILE}: run it with --capacity-curve (add --null-io to analyse the "
                         f"traffic without moving bytes).")
+    check_regular(str(path), "capacity access log", "run with --capacity-curve again")
     try:
         with np.load(path, allow_pickle=False) as z:
+            _unpacked_fits(z, path)
             meta = json.loads(str(z["meta"]))
-            log = {k: z[k] for k in ("keys", "parents", "lookup", "tokens", "requests")}
-    except (ValueError, KeyError, OSError) as e:
+            log = {k: z[k] for k in ARRAYS}
+    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile, AttributeError) as e:
         raise UserError(f"{path} is not a capacity access log this tool wrote ({type(e).__name__}).") from None
+    why = _malformed(log, meta)
+    if why:
+        raise UserError(f"{path} is not a capacity access log this tool wrote ({why}).")
     return log, meta
+
+
+ARRAYS = ("keys", "parents", "lookup", "tokens", "requests")
+META = {"upper_slots": int, "slot_bytes": int, "run_slots": int, "window_ns": list, "window_s": (int, float),
+        "requests_per_s": (int, float), "policy": str, "wall_minus_monotonic_ns": int}
+
+
+def _unpacked_fits(z, path: Path) -> None:
+    """An archive whose arrays would unpack past half the free memory is refused before any is read (a zip of
+    zeros asked 12 GiB)."""
+    need = sum(info.file_size for info in z.zip.infolist())
+    room = psutil.virtual_memory().available // 2
+    if need > room:
+        raise UserError(f"{path} would unpack to {need / 2**30:.2f} GiB, more than half the {2 * room / 2**30:.2f} "
+                        f"GiB of memory free; not a log this tool wrote on this scale (or free memory).")
+
+
+def _malformed(log: dict, meta) -> str:
+    """Why a log's arrays and meta are not what attach() writes ("" when they are): shapes, kinds, ranges."""
+    if not isinstance(meta, dict):
+        return "its meta is not a mapping"
+    for key, kind in META.items():
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            return f"meta {key} is {meta.get(key)!r}"
+    if meta["slot_bytes"] <= 0 or meta["upper_slots"] < 0 or meta["run_slots"] < 0 or meta["requests_per_s"] < 0:
+        return "a size or a rate in its meta is not positive"
+    n, reqs = len(log["keys"]), log["requests"]
+    if log["keys"].ndim != 1 or any(len(log[k]) != n for k in ("parents", "lookup", "tokens")):
+        return "its access arrays differ in length"
+    if log["tokens"].ndim != 2 or reqs.ndim != 2 or reqs.shape[1] != 3 or not np.issubdtype(reqs.dtype, np.integer):
+        return "its arrays are not of the shapes it writes"
+    if len(reqs) and (reqs[0, 0] != 0 or (np.diff(reqs[:, 0]) < 0).any() or reqs[-1, 0] > n):
+        return "its requests index past its accesses"
+    return ""
 
 
 def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
@@ -147,6 +189,17 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
             "requests": np.array(reqs, np.int64).reshape(len(reqs), 3)}, meta
 
 
+def _results_of(folder: Path) -> Results:
+    """The run's results.json, bounded and checked against its schema: one sentence for a damaged or foreign one."""
+    path = folder / "results.json"
+    text = read_text(str(path), "results file", RESULTS_LIMIT, "pass the run folder --capacity-curve wrote")
+    try:
+        return Results.from_dict(json.loads(text), str(path))
+    except (ValueError, TypeError, AttributeError) as e:  # SchemaError is a ValueError
+        raise UserError(f"{path} is not a results file this version reads ({str(e)[:200]}).") from None
+
+
+
 def run_capacity(folders: list[str], output: str | None, say) -> int:
     """`capacity RUN [RUN ...]`: the table, and capacity_curve.png in --output (default: the first run's folder)."""
     from kv_cache.report.capacity import capacity_lines, draw_capacity
@@ -167,7 +220,7 @@ def run_capacity(folders: list[str], output: str | None, say) -> int:
     log, meta = merged(runs) if len(runs) > 1 else runs[0]
     model = "LRU stack distances" if len(runs) == 1 else (f"LRU stack distances of {len(runs)} runs merged in "
                                                           f"wall-clock order; their upper tiers pooled (modelled)")
-    results = Results.from_dict(json.loads((Path(folders[0]) / "results.json").read_text()))
+    results = _results_of(Path(folders[0]))
     results.capacity_curve = section(log, meta, model)
     for line in capacity_lines(results):
         say(line)

@@ -80,3 +80,54 @@ def test_another_policy_is_replayed_and_predicts_a_real_run(small_run):
     slots = real["capacity_curve"]["run_slots"]
     predicted = _replayed(log, meta, np.array([slots])).hit_rate[0]
     assert abs(predicted - real["hit_rate"]["tokens"]) <= 0.01, (predicted, real["hit_rate"])
+
+
+def _damage(folder, how: str) -> None:
+    """Issue 52, item 4's damaged inputs of `capacity`: each was a traceback (exit 1)."""
+    import io
+    import zipfile
+
+    npz, res = folder / "capacity_access.npz", folder / "results.json"
+    if how == "truncated":
+        npz.write_bytes(npz.read_bytes()[:200])
+    elif how == "not-zip":
+        npz.write_bytes(b"\x93NUMPY garbage")
+    elif how == "bomb":  # a zip whose one member unpacks to 12 GiB of zeros (written as a sparse stream)
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z, z.open("keys.npy", "w", force_zip64=True) as f:
+            block = bytes(1 << 24)
+            for _ in range(12 * 64):
+                f.write(block)
+        npz.write_bytes(buf.getvalue())
+    elif how in ("index", "meta", "slot"):
+        with np.load(npz, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = json.loads(str(arrays["meta"]))
+        if how == "index":
+            arrays["requests"] = arrays["requests"].copy()
+            arrays["requests"][-1, 0] = 10 ** 12
+        elif how == "meta":
+            meta = ["a", "list"]
+        else:
+            meta["slot_bytes"] = 0
+        arrays["meta"] = np.array(json.dumps(meta))
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        npz.write_bytes(buf.getvalue())
+    elif how == "results-list":
+        res.write_text("[1, 2, 3]")
+    elif how == "results-corrupt":
+        res.write_text('{"schema_version": 7, "run": ')
+
+
+def test_capacity_on_damaged_input_is_one_sentence(small_run):
+    _run(small_run, "good", "0.25")
+    good = small_run.out / "good"
+    for how in ("truncated", "not-zip", "index", "meta", "slot", "results-list", "results-corrupt", "bomb"):
+        folder = small_run.out / how
+        import shutil
+
+        shutil.copytree(good, folder)
+        _damage(folder, how)
+        r = run_cli(["capacity", str(folder)], timeout=120)
+        assert_clean_error(r, str(folder))
