@@ -16,6 +16,7 @@ does not change); KV_CACHE_WRAPPER_DELAY_S sets both defaults (a test, or a quic
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -40,20 +41,59 @@ def standalone_env(env) -> dict:
     return {k: v for k, v in env.items() if not k.startswith(LAUNCHER_PREFIXES)}
 
 
+MOST_DELAY_S = 86400.0  # a pause longer than a day is a typo, not a harness setting
+PROG = "mlperf_wrapper.py"
+
+
+class Refused(Exception):
+    """Bad input: one sentence on stderr, exit 2 (never a traceback)."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise Refused(f"{message}; see {PROG} --help.")
+
+
+def seconds(text: str, where: str = "") -> float:
+    """A pause in seconds: a finite number from 0 to a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 <= value <= MOST_DELAY_S:
+        msg = f"must be a number of seconds from 0 to {MOST_DELAY_S:g}, got {text!r}"
+        if where:
+            raise Refused(f"{where} {msg}.")
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def main(argv=None) -> int:
-    default_delay = float(os.environ.get("KV_CACHE_WRAPPER_DELAY_S", DELAY_S))
-    p = argparse.ArgumentParser(description="One MPI rank of an mlpstorage kvcache run", allow_abbrev=False)
+    try:
+        return _main(argv)
+    except Refused as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
+    default_delay = seconds(os.environ.get("KV_CACHE_WRAPPER_DELAY_S", str(DELAY_S)), "KV_CACHE_WRAPPER_DELAY_S")
+    p = Parser(prog=PROG, description="One MPI rank of an mlpstorage kvcache run", allow_abbrev=False)
     p.add_argument("--rank-output-base", required=True, help="per-rank results go to <base>/rank_<N>/")
     p.add_argument("--rank-cache-base", required=True, help="per-rank cache folders are <base>/rank_<N>/")
     p.add_argument("--seed-base", type=int, default=BASE_SEED, help="the rank's seed is this + its rank")
-    p.add_argument("--start-delay", type=float, default=default_delay, help="seconds before the run")
-    p.add_argument("--end-delay", type=float, default=default_delay, help="seconds after the run")
+    p.add_argument("--start-delay", type=seconds, default=default_delay, help="seconds before the run")
+    p.add_argument("--end-delay", type=seconds, default=default_delay, help="seconds after the run")
     args, forwarded = p.parse_known_args(argv)
     rank = rank_of(os.environ)
     out_dir = Path(args.rank_output_base) / f"rank_{rank}"
     cache_dir = Path(args.rank_cache_base) / f"rank_{rank}"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    for flag, folder in (("--rank-output-base", out_dir), ("--rank-cache-base", cache_dir)):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise Refused(f"{flag} {folder.parent}: cannot make the rank's folder {folder} ({e.strerror}); pass a "
+                          f"writable folder.") from None
     output = out_dir / f"kvcache_results_{time.strftime('%Y%m%d_%H%M%S')}.json"
     cmd = [sys.executable, str(Path(__file__).resolve().parent / "kv-cache.py"), *forwarded,
            "--seed", str(args.seed_base + rank), "--output", str(output), "--cache-dir", str(cache_dir),

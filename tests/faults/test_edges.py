@@ -366,3 +366,23 @@ def test_a_planted_manifest_is_one_sentence_never_a_hang(small_run, tmp_path, pl
     r = run_cli(small_run("dec", "--role", "decode", "--handoff-dir", str(shared), "--disagg-wait-s", "2",
                           *bounded(2)), timeout=60)
     assert_clean_error(r, str(manifest))
+
+
+@pytest.mark.parametrize("args, env, fragment", [
+    (["--start-delay", "-1"], {}, "--start-delay: must be a number of seconds from 0 to 86400, got '-1'"),
+    (["--start-delay", "nan"], {}, "got 'nan'"),
+    (["--end-delay", "1e30"], {}, "got '1e30'"),
+    ([], {"KV_CACHE_WRAPPER_DELAY_S": "junk"}, "KV_CACHE_WRAPPER_DELAY_S must be a number of seconds"),
+    (["--rank-output-base", "{file}"], {}, "cannot make the rank's folder"),
+])
+def test_the_mlpstorage_wrapper_refuses_bad_input_in_one_sentence(tmp_path, args, env, fragment):
+    """Issue 52, item 4: Python tracebacks for a negative, NaN or 1e30 delay, junk in KV_CACHE_WRAPPER_DELAY_S, an
+    output base that is a file."""
+    (tmp_path / "a-file").write_text("x")
+    args = [a.replace("{file}", str(tmp_path / "a-file")) for a in args]
+    base = {"--rank-output-base": str(tmp_path / "out"), "--rank-cache-base": str(tmp_path / "cache")}
+    argv = [x for k, v in base.items() if k not in args for x in (k, v)] + args
+    r = subprocess.run([sys.executable, str(REPO / "mlperf" / "mlperf_wrapper.py"), *argv], capture_output=True,
+                       text=True, timeout=30, env=dict(os.environ, **env))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and fragment in r.stderr, r.stderr
