@@ -71,7 +71,7 @@ def reserve(folder: Path, run_id: str) -> list[Path]:
 
 
 def _reserve(folder: Path) -> None:
-    fd = os.open(folder / RESERVE, os.O_WRONLY | os.O_CREAT, 0o600)
+    fd = os.open(folder / RESERVE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         try:
             os.posix_fallocate(fd, 0, RESERVE_BYTES)

@@ -56,7 +56,7 @@ def probe_direct(directory: str) -> str | None:
     path = os.path.join(directory, ".odirect-probe")
     buf = aligned_buffer(4096)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_DIRECT, 0o600)
     except OSError as e:
         return f"open with O_DIRECT failed ({e.strerror})"
     try:

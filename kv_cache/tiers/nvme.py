@@ -16,6 +16,7 @@ one file per block); *engine* is how bytes move, one entry of an ops table
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import shutil
@@ -39,7 +40,7 @@ class _Slab(Target):
 
     def __init__(self, path: str, size: int, engine: Engine):
         self.size = size
-        super().__init__(path, os.open(path, os.O_RDWR | os.O_CREAT | engine.open_flags, 0o600))
+        super().__init__(path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | engine.open_flags, 0o600))
         try:
             os.posix_fallocate(self.fd, 0, size)
         except OSError as e:
@@ -117,9 +118,11 @@ class NvmeTier(SlottedTier):
         # Written under a private name and renamed: a reader in another process never sees half a block.
         path = f"{final}.{self.writer}-{threading.get_ident()}.tmp" if SHARED in self.flags else final
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | self.ops.open_flags, 0o600)
+            # never through a link: a shared folder (the handoff's) is others' to write in too
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | self.ops.open_flags, 0o600)
         except OSError as e:
-            raise RunFault(f"cannot create {path}: {e.strerror}.") from None
+            raise RunFault(f"cannot create {path}: {e.strerror}"
+                           f"{' (a link planted there?)' if e.errno == errno.ELOOP else ''}.") from None
         try:
             self.ops.write(Target(path, fd), 0, data, self.unit, self._times())
         finally:
@@ -224,7 +227,7 @@ class NvmeTier(SlottedTier):
         scratch = None
         if not targets:
             scratch = os.path.join(self.directory, "precondition.tmp")
-            fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | self.ops.open_flags, 0o600)
+            fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | self.ops.open_flags, 0o600)
             targets = [(fd, scratch, self.capacity_bytes)]
         try:
             for fd, path, size in targets:

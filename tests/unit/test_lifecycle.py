@@ -290,3 +290,21 @@ def test_a_prefill_node_reads_acknowledgements_bounded_and_never_through_a_link(
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: no 7 GiB
     assert "is not a decode node's acknowledgements" in capsys.readouterr().err
     pre.finish(0, True, lambda *_: None)
+
+
+def test_a_handoff_block_is_never_written_through_a_link_planted_at_its_private_name(tmp_path):
+    """Issue 52, item 2: a block of the shared folder was created with O_TRUNC through whatever its private name
+    was: a link planted there truncated the file it points to."""
+    import threading
+
+    from kv_cache.errors import RunFault
+
+    blocks = shared_files("buffered", BLOCK)(str(tmp_path), 4 * BLOCK, "p1")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    key = 7
+    (tmp_path / f"{key:016x}.kv.p1-{threading.get_ident()}.tmp").symlink_to(victim)
+    with pytest.raises(RunFault, match="a link planted there"):
+        blocks.put(key, np.zeros(BLOCK, np.uint8))
+    assert victim.read_text() == "keep"
+    blocks.close()

@@ -76,7 +76,7 @@ class FolderPublisher(OnSpace):
         self._handed: dict[str, tuple[int, ...]] = {}  # rid -> keys, until its first acknowledgement
         self._acks_read: dict[str, int] = {}  # acks file -> bytes read
         self._refused: set[str] = set()  # acks files that are not regular files (links, FIFOs, devices)
-        self._fd = os.open(self.manifest, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(self.manifest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND, 0o644)
         append_line(self._fd, {"kind": "header", **identity, "engine": engine, "started_wall": time.time()},
                     self.manifest)
         self._open = True
