@@ -66,7 +66,7 @@ def longest_prompt(s: Settings) -> tuple[int, str]:
     return max(getattr(s.profiles, n).max_context_tokens for n in s.profiles.__dataclass_fields__), "the profiles'"
 
 
-def _auto_cap(s: Settings, rest_of_budget: int, per: int) -> tuple[int, str]:
+def _auto_cap(s: Settings, rest_of_budget: int, per: int, gpu=None) -> tuple[int, str]:
     """(bytes, what bounds it) of an auto handoff space: fixed facts of the host (its memory, the filesystem's
     size), never what is free right now, so a neighbour's load does not change the choice. per: one request's
     blocks: a NIXL region that half the memory cannot hold takes one request's room where the budget can."""
@@ -78,8 +78,9 @@ def _auto_cap(s: Settings, rest_of_budget: int, per: int) -> tuple[int, str]:
             return per, (f"one request's room: half of this machine's {total / 2**30:.1f} GiB of memory less the "
                          f"rest of the budget cannot hold it")
         return half, f"half of this machine's {total / 2**30:.1f} GiB of memory less the rest of the budget"
-    if kind == "nixl":
-        return AUTO_MAX_BYTES, "the GPU region's limit"
+    if kind == "nixl":  # in HBM: a quarter of the first device's, at most 64 GiB (the GPU tier takes its own part)
+        hbm = gpu.total_bytes(0) if gpu is not None else 0
+        return min(AUTO_MAX_BYTES, int(hbm * AUTO_DISK_SHARE)), f"a quarter of GPU 0's {hbm / 2**30:.0f} GiB of HBM"
     st = os.statvfs(os.path.abspath(handoff_target(s)[1]))
     disk = st.f_blocks * st.f_frsize
     return min(AUTO_MAX_BYTES, int(disk * AUTO_DISK_SHARE)), f"a quarter of the folder's {disk / 2**30:.1f} GiB"
@@ -94,12 +95,13 @@ class HandoffSize:
     note: str     # what the space holds, said where it lowers the workers
 
 
-def size_handoff(s: Settings, slot_bytes: int, workers: int, rest_of_budget: int) -> HandoffSize | None:
+def size_handoff(s: Settings, slot_bytes: int, workers: int, rest_of_budget: int, gpu=None) -> HandoffSize | None:
     """A prefill node's space (auto or --disagg-handoff-gb) and how many workers it holds: each worker publishes
     one request at a time and its blocks are held until a decode node loads them, so a space smaller than the
     workers' longest prompts runs fewer workers (said in one line); one that holds no request whole is refused.
-    workers: the most the run may have; rest_of_budget: the memory budget without the space. None: no prefill
-    node, or a settings' check refuses the transport later."""
+    workers: the most the run may have; rest_of_budget: the memory budget without the space; gpu: the real GPU
+    tier's backend (a region in HBM is sized from it). None: no prefill node, or a settings' check refuses the
+    transport later."""
     if s.disagg.role != "prefill" or not s.model.block_tokens or not handoff_target(s)[0]:
         return None
     if handoff_target(s)[0] == "file":
@@ -109,7 +111,7 @@ def size_handoff(s: Settings, slot_bytes: int, workers: int, rest_of_budget: int
     given = int(s.disagg.handoff_gb * 2**30)
     if given and s.trace.path and not s.trace.max_prompt_tokens:  # a trace's longest is not known: taken as given
         return HandoffSize(given, workers, "")
-    cap, bound = (given, "--disagg-handoff-gb") if given else _auto_cap(s, rest_of_budget, per)
+    cap, bound = (given, "--disagg-handoff-gb") if given else _auto_cap(s, rest_of_budget, per, gpu)
     fit = cap // per
     if fit < 1:
         fix = (f"give --disagg-handoff-gb {per / 2**30:.2f} or more" if given or handoff_target(s)[0] == "file" else

@@ -78,7 +78,7 @@ def _sized_handoff(s: Settings, geo, gpu, ceiling: int) -> tuple[Settings, int, 
     """A prefill node's handoff space written into the settings (auto sized), and the most workers it holds: (the
     settings, the workers' ceiling, the line saying it lowered them)."""
     rest = memory_budget(replace(s, "schedule.workers", ceiling), geo, gpu).total_bytes  # without an auto space
-    size = size_handoff(s, geo.slot_bytes, ceiling, rest)
+    size = size_handoff(s, geo.slot_bytes, ceiling, rest, gpu)
     if size is None:
         return s, ceiling, ""
     s, note = replace(s, "disagg.handoff_gb", size.space_bytes / 2**30), ""

@@ -60,6 +60,9 @@ class FakeDevice:
     def free_bytes(self, device: int) -> int:
         return self.hbm_bytes - self.allocated[device]
 
+    def total_bytes(self, device: int) -> int:
+        return self.hbm_bytes
+
     def alloc_device(self, device: int, nbytes: int):
         self.allocated[device] += nbytes
         return aligned_buffer(nbytes)
@@ -165,6 +168,11 @@ class CupyDevice:
     def free_bytes(self, device: int) -> int:
         with self.cp.cuda.Device(device):
             return self.rt.memGetInfo()[0]
+
+    def total_bytes(self, device: int) -> int:
+        """The device's HBM: a fixed fact (what is free changes with other processes)."""
+        with self.cp.cuda.Device(device):
+            return self.rt.memGetInfo()[1]
 
     def alloc_device(self, device: int, nbytes: int):
         with self.cp.cuda.Device(device):
