@@ -84,8 +84,9 @@ class RoleSettings:
                                  "for NIXL's host region, a quarter of GPU 0's HBM for a region there, a quarter "
                                  "of the folder's filesystem for a folder, at most 64 GiB; fewer publishing "
                                  "workers where that cannot hold them all, said in one line). A request's "
-                                 "blocks stay there until a decode node acknowledges that it loaded them; when it is full the prefill node waits (timed: the handoff's wait), "
-                                 "at most --disagg-wait-s.", lo=0.0, hi=MAX_GIB)
+                                 "blocks stay there until a decode node acknowledges that it loaded them; when "
+                                 "it is full the prefill node waits (timed: the handoff's wait), at most "
+                                 "--disagg-wait-s.", lo=0.0, hi=MAX_GIB)
     handoff_memory: str = key("host", "NIXL handoff: where the prefill node's region lives: host (registered host "
                                       "memory) or gpu (HBM of the GPU tier's first device, NIXL VRAM; needs a real "
                                       "GPU tier).", "--disagg-handoff-memory", choices=("host", "gpu"))
