@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -58,7 +59,12 @@ def write_with(path, writer, flag: str = "output", binary: bool = False) -> Path
     return write_file(path, buf.getvalue(), flag)
 
 
-def create_new(path) -> None:
-    """An empty marker file of this process's own (its name is this process's): made new, never an existing file
-    and never through a link (FileExistsError for either: a planted link truncated its target before)."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+def create_marker(path) -> None:
+    """An empty marker file of this process's own (its name is this process's), made without following a link:
+    one already there as a regular file is the same marker (made again); a link or anything but a regular file
+    there is FileExistsError (a planted link truncated its target before)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+    except FileExistsError:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise

@@ -28,7 +28,7 @@ import time
 from kv_cache import runlog
 from kv_cache.errors import BlockVanished, RunFault, UserError
 from kv_cache.lifecycle.handoff.space import HandoffSpace, OnSpace
-from kv_cache.safefiles import create_new
+from kv_cache.safefiles import create_marker
 from kv_cache.types import Handoff
 
 FOLDER = "kvbench-handoff"
@@ -169,7 +169,7 @@ def mark_reading(folder: str) -> str:
     marker = f"decode-{os.uname().nodename}-{os.getpid()}"
     path = os.path.join(folder, marker + ".reading")
     try:
-        create_new(path)
+        create_marker(path)
     except FileExistsError:
         raise UserError(f"{path} exists (a file or link planted at this decode node's marker); nothing is "
                         f"written through it: remove it.") from None
@@ -223,7 +223,7 @@ class FolderLoader:
                 self._acks = -1
         done = os.path.join(self.where, self.marker + ".done")
         try:
-            create_new(done)
+            create_marker(done)
         except FileExistsError:  # planted: never written through (it truncated what a link pointed at)
             runlog.tell(f"warning: {done} exists (a file or link planted at this decode node's marker); nothing "
                         f"was written through it.")
