@@ -66,6 +66,7 @@ def test_a_run_from_an_lmcache_file(small_run, tmp_path):
     assert_clean_error(bad, "lm://h:1", "redis://")
 
 
+@pytest.mark.slow  # the real CLI, a process a case: make test-all (CI)
 def test_a_missing_or_wrong_shaped_lmcache_file_names_its_own_flag(tmp_path):
     """Issue 46, point 8: a missing --lmcache-config file was blamed on --config."""
     from conftest import run_cli
@@ -78,6 +79,7 @@ def test_a_missing_or_wrong_shaped_lmcache_file_names_its_own_flag(tmp_path):
     assert_clean_error(run_cli(["--lmcache-config", str(tmp_path / "list.yaml")]), "(--lmcache-config) must hold")
 
 
+@pytest.mark.slow  # the real CLI, a process a case: make test-all (CI)
 @pytest.mark.parametrize("disk, fragment", [
     ("/etc", "local_disk /etc is a system folder"),
     ("/proc/kvbench", "local_disk /proc/kvbench is a system folder"),
@@ -99,6 +101,7 @@ def test_a_wrong_local_disk_is_blamed_on_the_lmcache_file_and_its_key(tmp_path, 
     assert "--cache-dir" not in r.stderr
 
 
+@pytest.mark.slow  # the real CLI, a process a case: make test-all (CI)
 def test_a_settings_file_nested_thousands_deep_is_one_sentence(tmp_path):
     """Issue 52, item 6: a RecursionError (an internal error) for --lmcache-config and plain --config."""
     from conftest import run_cli
