@@ -111,7 +111,7 @@ def geometry(s: Settings) -> Geometry:
     return Geometry(model, bpt, 0, WHOLE_REQUEST_SLOT_BYTES, slot_bytes(longest * bpt), part)
 
 
-AUTO_MAX = 32  # --workers 0 (auto): the most threads memory is checked for (the rule gives at most 16)
+AUTO_MAX = 16  # --workers 0 (auto): the most the rule gives, halved until the machine's memory holds them
 
 
 def default_workers() -> int:

@@ -29,7 +29,6 @@ from kv_cache.run.compose import (
     qos_policy,
     storage_site,
     worker_ceiling,
-    workers,
 )
 from kv_cache.run.distributed import Dist
 from kv_cache.run.handoff import abandon_role, open_handoff, size_handoff
@@ -46,8 +45,8 @@ def build(s: Settings, run_id: str, payloads: PayloadPool | None, *, rank: int =
     geo = geometry(s)
     gpu, gpu_note = open_gpu(s)
     ceiling = worker_ceiling(s, geo, gpu)
-    s, ceiling, handoff_size_note = _sized_handoff(s, geo, gpu, ceiling)
     n = s.schedule.workers or min(default_workers(), ceiling)  # a rule of fixed facts: known before the tiers
+    s, n, handoff_size_note = _sized_handoff(s, geo, gpu, n)
     sized = replace(s, "schedule.workers", n)  # buffers, lanes, connections and the budget for the threads that run
     budget = memory_budget(sized, geo, gpu)
     check_fits(budget, n, buffer_bytes(geo.io_bytes))
@@ -74,20 +73,18 @@ def build(s: Settings, run_id: str, payloads: PayloadPool | None, *, rank: int =
                       handoff_gb=s.disagg.handoff_gb)
 
 
-def _sized_handoff(s: Settings, geo, gpu, ceiling: int) -> tuple[Settings, int, str]:
-    """A prefill node's handoff space written into the settings (auto sized), and the most workers it holds: (the
-    settings, the workers' ceiling, the line saying it lowered them)."""
-    rest = memory_budget(replace(s, "schedule.workers", ceiling), geo, gpu).total_bytes  # without an auto space
-    size = size_handoff(s, geo.slot_bytes, ceiling, rest, gpu)
+def _sized_handoff(s: Settings, geo, gpu, n: int) -> tuple[Settings, int, str]:
+    """A prefill node's handoff space, sized for the n workers that would run and written into the settings (auto
+    sized): (the settings, the workers it holds, the line saying it lowered them)."""
+    rest = memory_budget(replace(s, "schedule.workers", n), geo, gpu).total_bytes  # without an auto space
+    size = size_handoff(s, geo.slot_bytes, n, rest, gpu)
     if size is None:
-        return s, ceiling, ""
-    s, note = replace(s, "disagg.handoff_gb", size.space_bytes / 2**30), ""
-    if size.workers < ceiling:
-        ceiling = size.workers
-        if workers(s) > ceiling:  # a fixed count, or auto's: fewer run, said in one line
-            note = f"{size.note}, so this prefill node runs {ceiling} workers, not {workers(s)}"
-            s = replace(s, "schedule.workers", ceiling)
-    return s, ceiling, note
+        return s, n, ""
+    s = replace(s, "disagg.handoff_gb", size.space_bytes / 2**30)
+    if size.workers == n:
+        return s, n, ""
+    return (replace(s, "schedule.workers", size.workers), size.workers,  # fewer run, said in one line
+            f"{size.note}, so this prefill node runs {size.workers} workers, not {n}")
 
 
 def _remove_empty(folders: list[str]) -> None:
