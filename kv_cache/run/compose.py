@@ -144,7 +144,7 @@ def probe_workers(s: Settings, tiers: list, geo: Geometry, n: int, ceiling: int,
     if s.schedule.workers:
         return [], ""
     rule = (f"workers: {n} (auto: 2 per core of {os.cpu_count() or 1}, at least 4, at most 16"
-            + (f", as memory or the handoff allows at most {ceiling}" if ceiling < default_workers() else "")
+            + (f", as memory allows at most {ceiling}" if ceiling < default_workers() else "")
             + "; --workers N pins it)")
     bottom = tiers[-1]
     if not moves_real_bytes(bottom):

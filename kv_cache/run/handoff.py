@@ -53,6 +53,7 @@ def nixl_region_bytes(s: Settings) -> int:
 
 AUTO_MEMORY_SHARE = 0.5  # auto: a NIXL host region takes at most half the machine's memory, less the rest
 AUTO_DISK_SHARE = 0.25   # auto: a handoff folder takes at most a quarter of its filesystem
+AUTO_HBM_SHARE = 0.25    # auto: a NIXL region in HBM takes at most a quarter of GPU 0's (the GPU tier has its own)
 AUTO_MAX_BYTES = 64 << 30
 UNKNOWN_LONGEST = 32768  # a trace's longest prompt before it is read, unless --max-prompt-tokens bounds it
 
@@ -80,7 +81,7 @@ def _auto_cap(s: Settings, rest_of_budget: int, per: int, gpu=None) -> tuple[int
         return half, f"half of this machine's {total / 2**30:.1f} GiB of memory less the rest of the budget"
     if kind == "nixl":  # in HBM: a quarter of the first device's, at most 64 GiB (the GPU tier takes its own part)
         hbm = gpu.total_bytes(0) if gpu is not None else 0
-        return min(AUTO_MAX_BYTES, int(hbm * AUTO_DISK_SHARE)), f"a quarter of GPU 0's {hbm / 2**30:.0f} GiB of HBM"
+        return min(AUTO_MAX_BYTES, int(hbm * AUTO_HBM_SHARE)), f"a quarter of GPU 0's {hbm / 2**30:.0f} GiB of HBM"
     st = os.statvfs(os.path.abspath(handoff_target(s)[1]))
     disk = st.f_blocks * st.f_frsize
     return min(AUTO_MAX_BYTES, int(disk * AUTO_DISK_SHARE)), f"a quarter of the folder's {disk / 2**30:.1f} GiB"
