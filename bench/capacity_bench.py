@@ -4,7 +4,7 @@ sampling against the exact curve.
 
 A synthetic access stream of requests sharing Zipf-popular prefixes (the shape of conversation traffic: a few hot
 system prompts, long tails), --accesses of them (1,000,000 by default), 256 slots above the bottom tier:
-1. the exact stack distances and curve (recorder/capacity.py), timed on one core (the process is pinned);
+1. the exact stack distances and curve (recorder/stack_distances.py), timed on one core (the process is pinned);
 2. the same curve sampled at rates 0.1 and 0.01: the largest absolute difference in token hit rate from the exact
    curve over its capacity grid, in percentage points.
 """
@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kv_cache.recorder.capacity import AccessLog, capacity_grid, curve  # noqa: E402
+from kv_cache.recorder.stack_distances import AccessLog, capacity_grid, curve  # noqa: E402
 
 
 def synthetic(accesses: int, seed: int = 1) -> dict:

@@ -25,15 +25,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kv_cache.buffers import aligned_buffer  # noqa: E402
-from kv_cache.tiers.engines import Target, engines  # noqa: E402
+from kv_cache.run.registry import discover  # noqa: E402
+from kv_cache.tiers.engines import Target  # noqa: E402
 
+ENGINES = discover().engines
 UNIT = 2 << 20
 SIZES = (512 << 10, 2 << 20, 80 << 20)
 
 
 def ours(engine: str, path: str, size: int, n: int) -> tuple[float, float]:
     """(write p50, read p50) in ms of n blocks of size at distinct offsets of path."""
-    e = engines()[engine]
+    e = ENGINES[engine]
     fd = os.open(path, os.O_RDWR | os.O_CREAT | e.open_flags, 0o600)
     os.posix_fallocate(fd, 0, size * n)
     t, buf = Target(path, fd), aligned_buffer(size)
@@ -87,8 +89,8 @@ def main() -> None:
     ap.add_argument("--dir", help="where the files go (default: a RAM-backed loop device as root, else /tmp)")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    if engines()["io_uring"].unavailable():
-        print(f"engine bench: skipped: {engines()['io_uring'].unavailable()}")
+    if ENGINES["io_uring"].unavailable():
+        print(f"engine bench: skipped: {ENGINES['io_uring'].unavailable()}")
         return
     stack: list = []
     try:

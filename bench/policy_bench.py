@@ -32,7 +32,7 @@ def _write(cache: BlockCache, key: int, parent: int | None) -> bool:
 def evictions_per_s(policy: str, slots: int, seconds: float) -> float:
     rec = Recorder()
     rec.start_measuring(0)
-    cache = BlockCache([NullTier("nvme", slots * SLOT, SLOT)], policy, False, rec)
+    cache = BlockCache([NullTier("nvme", slots * SLOT, SLOT)], POLICIES[policy], False, rec)
     key = 0
     while key < slots:  # fill: chains of 8, a hit on every third block to give LFU/S3-FIFO something
         parent = None

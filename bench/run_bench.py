@@ -52,6 +52,7 @@ from kv_cache.buffers import aligned_buffer  # noqa: E402
 from kv_cache.lifecycle.payload import PayloadPool  # noqa: E402
 from kv_cache.recorder.telemetry import disk_of  # noqa: E402
 from kv_cache.tiers.cpu import CpuTier  # noqa: E402
+from kv_cache.tiers.engines import DirectEngine  # noqa: E402
 from kv_cache.tiers.fsinfo import mount_of, probe_direct  # noqa: E402
 from kv_cache.tiers.nvme import NvmeTier  # noqa: E402
 
@@ -109,7 +110,7 @@ def timed_loop(threads: int, op, keys_of, seconds: float, ramp: float, block: in
 
 def nvme_tier_round(directory: str, block: int, blocks: int, threads: int, seconds: float) -> dict:
     data_dir = tempfile.mkdtemp(prefix="bench-tier-", dir=directory)
-    tier = NvmeTier(data_dir, blocks * block, block, "direct")
+    tier = NvmeTier(data_dir, blocks * block, block, DirectEngine())
     pool = PayloadPool(seed=1)
     bufs = [aligned_buffer(block) for _ in range(threads)]
     for i, b in enumerate(bufs):

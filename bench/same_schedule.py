@@ -2,18 +2,40 @@
 """Do two runs have the same schedule? (the proof a refactoring changed no behaviour)
 
     python bench/same_schedule.py A/results.json A.csv B/results.json B.csv
+    python bench/same_schedule.py record DIR [-- more flags]   # the four standard sequences into DIR
+    python bench/same_schedule.py compare DIR_A DIR_B           # each sequence of A against B's
 
 A and B are two runs of the same command with --seed, one worker (so the order of operations is the
 schedule's, not the threads') and --io-trace: their block operations (op, tier, bytes, key) must be the
 same sequence, and every integer count of results.json (requests, blocks, bytes, tokens; latencies,
-time series, gauges and telemetry aside) the same.
+time series, gauges and telemetry aside) the same. ``record`` runs the four sequences a change is proven on
+(synthetic users, a Mooncake trace, RAG chunks, semantic transforms), one request at a time in the
+schedule's order (--arrival sequence: no think time or arrival clock decides what runs), each ended by its
+--max-requests, small tiers so that blocks are evicted and demoted; the Mooncake trace is read from
+../shared/traces beside the clone (skipped when absent).
 """
 
 from __future__ import annotations
 
 import csv
+import glob
 import json
+import os
+import subprocess
 import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MOONCAKE = os.path.join(os.path.dirname(REPO), "shared", "traces", "mooncake", "conversation_trace.jsonl")
+COMMON = ["--model", "llama3.1-8b", "--workers", "1", "--seed", "7", "--gpu", "off", "--cpu-mem-gb", "0.25",
+          "--nvme-gb", "1", "--no-telemetry", "--warmup", "0", "--arrival", "sequence", "--duration", "3600"]
+SEQUENCES = {
+    "synthetic": ["--users", "1", "--max-requests", "200"],
+    "mooncake": ["--trace", MOONCAKE, "--trace-speedup", "1000", "--max-requests", "300"],
+    "rag": ["--users", "1", "--rag", "--rag-reuse", "chunk", "--request-probability", "1", "--num-documents", "20",
+            "--max-requests", "150"],
+    "semantic": ["--users", "1", "--semantic", "--max-requests", "120"],
+}
 
 TIMED = ("series", "gauges", "histogram", "telemetry", "memory", "ns", "rss", "cpu", "timeseries", "_s")
 
@@ -39,7 +61,54 @@ def counts(path: str) -> dict[str, int]:
     return out
 
 
+def record(folder: str, more: list[str]) -> int:
+    """Run each sequence once into folder/<name>/ (results.json, ops.csv); 0 when every run exited 0."""
+    failed = 0
+    for name, flags in SEQUENCES.items():
+        if name == "mooncake" and not os.path.exists(MOONCAKE):
+            print(f"{name}: skipped: the trace is read from {MOONCAKE}, absent here")
+            continue
+        out = os.path.join(folder, name)
+        if os.path.exists(out):
+            print(f"{folder} holds a {name} run already; record into a new folder.")
+            return 1
+        os.makedirs(out)
+        with tempfile.TemporaryDirectory() as cache:
+            cmd = [sys.executable, os.path.join(REPO, "kv_cache_benchmark.py"), *COMMON, *flags, *more,
+                   "--cache-dir", cache, "--output-dir", out, "--io-trace", os.path.join(out, "ops.csv")]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            failed += 1
+            print(f"{name}: exit {r.returncode}: {r.stderr.strip()[-400:]}")
+            continue
+        found = sorted(glob.glob(os.path.join(out, "*", "results.json")))
+        os.replace(found[-1], os.path.join(out, "results.json"))
+        res = json.load(open(os.path.join(out, "results.json")))
+        if res["run"]["stopped_reason"] != "max_requests":  # a clock ended it: not the same schedule twice
+            failed += 1
+            print(f"{name}: ended by {res['run']['stopped_reason']}, not --max-requests: not a schedule to compare")
+        print(f"{name}: {sum(1 for _ in operations(os.path.join(out, 'ops.csv'))):,} block operations")
+    return 1 if failed else 0
+
+
+def compare(folder_a: str, folder_b: str) -> int:
+    worst = 0
+    for name in SEQUENCES:
+        a, b = os.path.join(folder_a, name), os.path.join(folder_b, name)
+        if not (os.path.exists(os.path.join(a, "results.json")) and os.path.exists(os.path.join(b, "results.json"))):
+            print(f"{name}: not in both folders")
+            continue
+        print(f"{name}:")
+        worst = max(worst, main([os.path.join(a, "results.json"), os.path.join(a, "ops.csv"),
+                                 os.path.join(b, "results.json"), os.path.join(b, "ops.csv")]))
+    return worst
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["record"] and len(argv) >= 2:
+        return record(argv[1], [a for a in argv[2:] if a != "--"])
+    if argv[:1] == ["compare"] and len(argv) == 3:
+        return compare(argv[1], argv[2])
     if len(argv) != 4:
         print(__doc__, file=sys.stderr)
         return 2

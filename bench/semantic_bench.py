@@ -21,8 +21,8 @@ TARGET_P99_MS = 5.0
 
 def semantic_round(donors: int = 10_000, documents: int = 100, probes: int = 400, block_tokens: int = 256) -> dict:
     from kv_cache.config import SemanticSettings
+    from kv_cache.lifecycle.donor_search import SemanticReuse
     from kv_cache.lifecycle.donors import make_donor
-    from kv_cache.lifecycle.semantic import SemanticReuse
     from kv_cache.lifecycle.sketch import ShingleSketch
     from kv_cache.recorder.histogram import value_at
     from kv_cache.recorder.recorder import Recorder

@@ -70,6 +70,31 @@ PROCESS_CPU_US = "process.cpu_us"               # every thread of the process, o
 
 PREFIX = "prefix"  # found(PREFIX, ...): whether a request found any of its prompt cached
 
+# Histogram keys: (scope, what, phase). A block operation's is (tier, op, phase), op one of the recorder's ops; these
+# spell the others once, as the counters' names are spelled once (the recorder writes them, results and reports
+# read them).
+ALL = "all"  # the phase of a histogram that has none
+
+
+def request_hist(what: str) -> tuple[str, str, str]:
+    """A request-level latency (recorder.results.REQUEST_LATENCIES: storage, queue, ttft, e2e, ...)."""
+    return ("request", what, ALL)
+
+
+def qos_hist(qos: str, what: str) -> tuple[str, str, str]:
+    """A QoS class's ttft or e2e."""
+    return (f"qos.{qos}", what, ALL)
+
+
+def semantic_hist(stage: str) -> tuple[str, str, str]:
+    """A stage of semantic donor search (recorder.semantic_metrics.STAGES)."""
+    return ("semantic", stage, ALL)
+
+
+def io_op(op: str) -> str:
+    """The op of each device I/O of a block operation (read -> read_io): one block may be several I/Os."""
+    return f"{op}_io"
+
 
 def found(label: str, hit: bool) -> str:
     """requests.<label>_hit or requests.<label>_miss: whether a request found its prefix / system / history."""

@@ -11,9 +11,6 @@ from pathlib import Path
 import pytest
 from servers import media_with_servers
 
-from kv_cache.tiers.registry import kinds
-
-kinds()  # every medium registered, as the entry point does: their settings sections are part of the schema
 REPO = Path(__file__).resolve().parent.parent
 SMALL = REPO / "tests" / "fixtures" / "small.yaml"
 SHARED_TRACES = REPO.parent / "shared" / "traces"

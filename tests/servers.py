@@ -1,5 +1,5 @@
 """Real servers for the remote tiers' tests and bench: each remote medium's module declares its own (its
-local_server hook: kv_cache/tiers/localserver.py runs it on 127.0.0.1 only), found here through the tier registry;
+local_server hook: kv_cache/tiers/localserver.py runs it on 127.0.0.1 only), found here through the registry (found.py);
 and what a test reads back from them (the keys or objects a run left)."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from found import REGISTRY
+
 from kv_cache.tiers.localserver import HOST, LocalServer, free_port
-from kv_cache.tiers.registry import kinds_by_name
 
 __all__ = ["HOST", "LocalServer", "free_port", "media_with_servers", "password_of", "s3_objects", "start",
            "valkey_keys"]
@@ -17,12 +18,12 @@ __all__ = ["HOST", "LocalServer", "free_port", "media_with_servers", "password_o
 def start(medium: str, folder: Path, **options) -> LocalServer:
     """The medium's own local server (its module's local_server), started in folder; RuntimeError or ImportError
     where it cannot start here."""
-    return kinds_by_name()[medium].local_server(folder, **options)
+    return REGISTRY.media.by_name()[medium].local_server(folder, **options)
 
 
 def media_with_servers() -> list[str]:
     """The media whose modules declare a local server: conftest.py makes a <name>_server fixture of each."""
-    return sorted(name for name, k in kinds_by_name().items() if k.local_server is not None)
+    return sorted(name for name, k in REGISTRY.media.by_name().items() if k.local_server is not None)
 
 
 def password_of(url: str) -> str:

@@ -1,7 +1,8 @@
 """A policy replayed at one capacity: the block accesses of a run (recorder/capacity.AccessLog) through this
 cache, on tiers that keep the slot accounting and move no byte, as the lifecycle drives it: each request's lookup
 groups pinned as prefixes, the hits read (promoted as a run promotes them), the prompt's other blocks and the
-decode blocks written. The capacity curve of a policy other than LRU is this replay at a grid of capacities."""
+decode blocks written, each with its plan label, the policy's clock reading each request's completion time. The
+capacity curve of a policy without the stack property (policies/protocol.py) is this replay at a grid of capacities."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ import numpy as np
 
 from kv_cache import counters as C
 from kv_cache.cache.cache import BlockCache
-from kv_cache.recorder.capacity import in_window
 from kv_cache.recorder.recorder import Recorder
+from kv_cache.recorder.stack_distances import in_window
 
 
-def replay(log: dict[str, np.ndarray], tiers: list, policy: str, window=(0, None)) -> tuple[float, int, int]:
+def replay(log: dict[str, np.ndarray], tiers: list, policy: type, window=(0, None)) -> tuple[float, int, int]:
     """(token hit rate, blocks read from the bottom tier, blocks written to it) of the window's requests when the
-    log is replayed on tiers with policy."""
+    log is replayed on tiers with policy (a POLICIES class)."""
     recorder = Recorder()
     recorder.start_measuring(0)  # every operation counted; the window's are picked below
-    cache = BlockCache(tiers, policy, True, recorder)
+    now = [0.0]  # the run's time of the request being replayed (its completion, in s): the policies' clock
+    cache = BlockCache(tiers, policy, True, recorder, clock=lambda: now[0])
+    names = log["label_names"][log["labels"]] if "labels" in log else None
     bottom = tiers[-1].name
     moved = (C.BLOCKS(bottom, "read"), C.BLOCKS(bottom, "write"))
     reads = writes = 0
@@ -28,16 +31,18 @@ def replay(log: dict[str, np.ndarray], tiers: list, policy: str, window=(0, None
     ends = np.append(req[1:, 0], len(log["keys"]))
     hit_tokens = prompt = 0
     for (first, tokens_in_prompt, done), end in zip(req, ends):
+        now[0] = done / 1e9
         before = [recorder.counters().get(k, 0) for k in moved]
         rows = range(end - 1, first - 1, -1)  # the log holds a request deepest first: plan order is its reverse
         keys = [int(log["keys"][i]) for i in rows]
         parents = [int(log["parents"][i]) for i in rows]
         looked = [bool(log["lookup"][i]) for i in rows]
         tokens = [int(log["tokens"][i].sum()) for i in rows]
+        labels = [str(names[i]) if names is not None else "" for i in rows]
         hit = _lookups(cache, keys, parents, looked, buf)
         for i, key in enumerate(keys):
             if i not in hit:
-                res = cache.reserve_write(key, slot, "", parents[i] or None)
+                res = cache.reserve_write(key, slot, labels[i], parents[i] or None)
                 if res is not None:
                     cache.commit_write(res, buf, "prefill" if looked[i] else "decode", buf)
         if in_window(done, window):

@@ -8,10 +8,8 @@ import typing
 
 from kv_cache import __version__
 from kv_cache.cli.args import Parser
-from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys, media
+from kv_cache.config import Settings, flag_name, is_flag_key, iter_keys
 from kv_cache.config.load import iter_media_keys
-from kv_cache.tiers.engines import engines
-from kv_cache.tiers.registry import kinds
 
 # --help: the flags of the README's "Quick start" and of a first day, grouped by task; --help-all every setting, by
 # config.yaml section
@@ -31,7 +29,8 @@ TASKS = (
     ("several processes or hosts, submissions, records", ("run.processes", "run.submission", "run.io_trace")),
 )
 COMMON = {k for _, keys in TASKS for k in keys}
-TABLES = {"tiers.io_engine": engines}  # settings whose choices are an extension table's names
+TABLES = {"tiers.io_engine": lambda reg: reg.engines,  # settings whose choices are an extension table's names
+          "cache.policy": lambda reg: reg.policies}
 SUBCOMMAND_HELP = """sub-commands (kv_cache_benchmark.py COMMAND --help for each):
   (none)    run the benchmark with the flags below
   report    re-render the summary (and --plots) of a run folder or results.json
@@ -45,23 +44,23 @@ SUBCOMMAND_HELP = """sub-commands (kv_cache_benchmark.py COMMAND --help for each
 sub-command, prints the traceback of an internal error on stderr (it is always kept in run.log)."""
 
 
-def _setting_groups(full: bool) -> list[tuple[str, list]]:
+def _setting_groups(full: bool, sections: dict[str, type]) -> list[tuple[str, list]]:
     """(title, keys) of the help's groups: by task for --help (the common flags), by config.yaml section for
-    --help-all (every flag)."""
-    kinds()  # every medium's module imported: the settings sections they declare get their flags too
-    every = {k[0]: k for k in [*iter_keys(Settings), *iter_media_keys()]}
+    --help-all (every flag); sections: every medium's settings section (the registry's)."""
+    every = {k[0]: k for k in [*iter_keys(Settings), *iter_media_keys(sections)]}
     if not full:
         return [(title, [every[k] for k in keys]) for title, keys in TASKS]
     groups = [(f"{s} settings (config.yaml section '{s}')", [k for k in every.values() if k[0].startswith(s + ".")])
               for s in ("run", "model", "tiers", "cache", "workload", "schedule", "trace", "rag", "qos", "autoscale",
                         "disagg", "semantic")]
     return groups + [(f"{m} settings (config.yaml media.{m}, declared by its module)",
-                      [k for k in every.values() if k[0].startswith(f"media.{m}.")]) for m in sorted(media.SECTIONS)]
+                      [k for k in every.values() if k[0].startswith(f"media.{m}.")]) for m in sorted(sections)]
 
 
-def _add_setting_flags(p: Parser, full: bool = True) -> None:
-    shown = set()
-    for title, keys in _setting_groups(full) + ([] if full else [("", [*iter_keys(Settings), *iter_media_keys()])]):
+def _add_setting_flags(p: Parser, reg, full: bool = True) -> None:
+    shown, sections = set(), reg.sections()
+    everything = [("", [*iter_keys(Settings), *iter_media_keys(sections)])]
+    for title, keys in _setting_groups(full, sections) + ([] if full else everything):
         group = p.add_argument_group(title)
         for dotted, f, typ in keys:
             if (not dotted.startswith("media.") and not is_flag_key(dotted, typ)) or dotted in shown:
@@ -71,7 +70,7 @@ def _add_setting_flags(p: Parser, full: bool = True) -> None:
             text = meta["help"].replace("%", "%%")  # argparse %-formats help texts
             choices = meta.get("choices")
             if dotted in TABLES:  # an extension table is the choices' one source: its entries and their lines
-                table = TABLES[dotted]()
+                table = TABLES[dotted](reg)
                 choices = sorted(table)
                 text += " " + "; ".join(f"{n}: {e.summary}" for n, e in sorted(table.items())) + "."
             text += f" [default: {f.default}]" if not isinstance(f.default, bool) else ""
@@ -88,8 +87,9 @@ def _add_setting_flags(p: Parser, full: bool = True) -> None:
                                    choices=choices, metavar=metavar)
 
 
-def run_parser(full: bool = True) -> Parser:
-    """The run's flags; full=False hides all but the common ones from --help (every flag is still accepted)."""
+def run_parser(reg, full: bool = True) -> Parser:
+    """The run's flags (reg: the registry, whose tables give the media's sections and the engines' and policies'
+    choices); full=False hides all but the common ones from --help (every flag is still accepted)."""
     p = Parser(prog="kv_cache_benchmark.py",
                description="Block-level KV-cache storage benchmark (GPU / CPU / NVMe tiers).",
                epilog=SUBCOMMAND_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,7 +102,7 @@ def run_parser(full: bool = True) -> Parser:
     p.add_argument("--lmcache-config", metavar="FILE", help="Run an LMCache configuration (its YAML: chunk_size, "
                    "local_cpu, max_local_cpu_size, local_disk, max_local_disk_size, remote_url, save_decode_cache, "
                    "cache_policy) as this benchmark's tiers; flags given beside it win.")
-    _add_setting_flags(p, full)
+    _add_setting_flags(p, reg, full)
     if not full:  # group titles with no visible flag would print empty sections
         p._action_groups = [g for g in p._action_groups
                             if any(a.help != argparse.SUPPRESS for a in g._group_actions)]

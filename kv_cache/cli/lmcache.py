@@ -28,10 +28,9 @@ ENGINE_ONLY = {"remote_serde", "blocking_timeout_secs", "use_layerwise", "enable
                "enable_async_loading", "internal_api_server_enabled", "extra_config", "save_unfull_chunk",
                "gds_path", "cufile_buffer_size", "local_disk_path_sharding", "numa_mode", "priority_limit"}
 POLICY = {"LRU": "lru", "LFU": "lfu", "FIFO": "fifo"}
-REMOTE_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "s3://")
 
 
-def translate(path: str) -> tuple[list[str], dict[str, str], list[str]]:
+def translate(path: str, media) -> tuple[list[str], dict[str, str], list[str]]:
     """(--set entries, dotted key -> what set it, notes) for an LMCache YAML file; one sentence for what cannot
     be run here."""
     conf = read_config_file(Path(path), "--lmcache-config", "LMCache configuration")
@@ -59,10 +58,10 @@ def translate(path: str) -> tuple[list[str], dict[str, str], list[str]]:
         out["tiers.nvme"] = "off"
     remote = conf.get("remote_url")
     if remote:
-        if not str(remote).startswith(REMOTE_SCHEMES):
+        if media.remote_kind(str(remote)) is None:  # the registry's media say which schemes are served
             raise UserError(f"{where('remote_url')} is {remote!r}, a store this benchmark has no medium for; it "
-                            f"runs redis://, valkey:// and s3:// remote tiers (drop remote_url to run the local "
-                            f"tiers alone).")
+                            f"runs {media.schemes_served()} remote tiers (drop remote_url to run the local tiers "
+                            f"alone).")
         out["tiers.remote_url"] = str(remote)
     if "save_decode_cache" in conf:
         out["workload.decode_writes"] = _flag(conf["save_decode_cache"], where("save_decode_cache"))

@@ -22,22 +22,22 @@ from pathlib import Path
 from kv_cache import runlog, signals
 from kv_cache.cli.args import Parser, amount
 from kv_cache.cli.flags import run_parser
-from kv_cache.config import media, resolve
+from kv_cache.config import resolve
 from kv_cache.errors import RunFault, UserError
 from kv_cache.inputs import read_text
-from kv_cache.recorder.schema import RESULTS_LIMIT, Results, SchemaError
+from kv_cache.recorder.results_schema import RESULTS_LIMIT, Results, SchemaError
 from kv_cache.report.table import fit
+from kv_cache.run.registry import Registry, discover
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
-from kv_cache.tiers.registry import kinds, media_sections
 
 SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean", "capacity")
 DEBUG = "--debug"  # any sub-command: print an internal error's traceback (it is always kept in a log file)
 
 
-def _cmd_run(argv: list[str]) -> int:
+def _cmd_run(argv: list[str], reg: Registry) -> int:
     from kv_cache.cli import mlperf
 
-    parser = run_parser(full="--help-all" in argv)
+    parser = run_parser(reg, full="--help-all" in argv)
     argv, expanded = mlperf.expand_prefixes(argv, {s for a in parser._actions for s in a.option_strings})
     reference = mlperf.translate(argv) if mlperf.speaks_reference(argv) else None
     if reference is not None:
@@ -45,17 +45,17 @@ def _cmd_run(argv: list[str]) -> int:
         reference.notes[:0] = expanded
     args = vars(parser.parse_args(argv))
     if args.pop("help_all"):
-        run_parser().print_help()
+        run_parser(reg).print_help()
         return 0
     config, sets, list_models = args.pop("config"), args.pop("set"), args.pop("list_models")
     origins, lmcache_notes = dict(reference.origins) if reference is not None else {}, []
     if lmcache := args.pop("lmcache_config"):
         from kv_cache.cli.lmcache import translate as lmcache_translate
 
-        lm_sets, lm_origins, lmcache_notes = lmcache_translate(lmcache)
+        lm_sets, lm_origins, lmcache_notes = lmcache_translate(lmcache, reg.media)
         sets, origins = lm_sets + sets, {**lm_origins, **origins}  # the file below --set and the flags
         lmcache_notes[:0] = [f"LMCache configuration {lmcache}, run here as: --set " + " --set ".join(lm_sets)]
-    settings = resolve(config, sets, args, origins or None, media_sections=media_sections())
+    settings = resolve(config, sets, args, origins or None, media_sections=reg.sections())
     if list_models:
         from kv_cache.report.models_table import list_models_table
 
@@ -77,7 +77,7 @@ def _cmd_run(argv: list[str]) -> int:
     for i, note in enumerate(lmcache_notes):
         say(note if i == 0 else f"  note: {note}")
     try:
-        status = execute(settings, say)
+        status = execute(settings, reg, say)
     except UserError:
         for made in reference.made_dirs if reference is not None else []:
             if not os.listdir(made):  # refused before anything ran: the folders it made go again
@@ -90,29 +90,27 @@ def _cmd_run(argv: list[str]) -> int:
     return status
 
 
-def _cmd_policies(argv: list[str]) -> int:
-    from kv_cache.cache.policies import POLICIES
-
-    p = run_parser()
+def _cmd_policies(argv: list[str], reg: Registry) -> int:
+    p = run_parser(reg)
     p.prog = "kv_cache_benchmark.py policies"
     p.description = "Replay one deterministic request sequence through several eviction policies and compare."
-    p.add_argument("--policies", default=",".join(POLICIES), help="Comma-separated policies [default: all].")
+    p.add_argument("--policies", default=",".join(reg.policies), help="Comma-separated policies [default: all].")
     p.add_argument("--prefill-ms-per-token", type=amount, default=0.08,
                    help="Recompute cost of a missed prompt token in the modelled TTFT [default: 0.08].")
     args = vars(p.parse_args(argv))
     names = [n.strip() for n in args.pop("policies").split(",") if n.strip()]
-    unknown = [n for n in names if n not in POLICIES]
+    unknown = [n for n in names if n not in reg.policies]
     if unknown or not names:
-        raise UserError(f"--policies: unknown policy '{(unknown or [''])[0]}'; known: {', '.join(POLICIES)}.")
+        raise UserError(f"--policies: unknown policy '{(unknown or [''])[0]}'; known: {', '.join(reg.policies)}.")
     ms = args.pop("prefill_ms_per_token")
     config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
     args.pop("lmcache_config")
-    settings = resolve(config, sets, args, media_sections=media_sections())
+    settings = resolve(config, sets, args, media_sections=reg.sections())
     if not settings.run.max_requests:
         raise UserError("policies replays a fixed sequence: give its length with --max-requests N.")
-    from kv_cache.run.policies import compare_policies
+    from kv_cache.run.policy_runs import compare_policies
 
-    return compare_policies(settings, names, ms, print)
+    return compare_policies(settings, names, ms, print, reg)
 
 
 
@@ -140,7 +138,7 @@ def load_results(arg: str) -> tuple[Path, Results]:
         raise UserError(f"{path} is an incomplete or damaged results file ({e}); re-run or restore it.") from None
 
 
-def _cmd_report(argv: list[str]) -> int:
+def _cmd_report(argv: list[str], reg: Registry) -> int:
     p = Parser(prog="kv_cache_benchmark.py report", description="Re-render a results.json.")
     p.add_argument("results", help="A results.json file or the run folder holding it.")
     p.add_argument("--plots", action="store_true", help="Also rewrite the report folder's files and plots.")
@@ -158,15 +156,15 @@ def _cmd_report(argv: list[str]) -> int:
         write_report(data, path.parent)
     print(fit(render(data, str(path))))
     if args.mlperf_output:
-        from kv_cache.report.mlperf.console import reference_summary
         from kv_cache.report.mlperf.output import write_output
+        from kv_cache.report.mlperf.reference_console import reference_summary
 
         target, fields = write_output(args.mlperf_output, path.parent, args.mlperf_profile)
         print("\n".join(reference_summary(fields)) + f"\nMLPerf fields: {target}")
     return 0
 
 
-def _cmd_compare(argv: list[str]) -> int:
+def _cmd_compare(argv: list[str], reg: Registry) -> int:
     p = Parser(prog="kv_cache_benchmark.py compare",
                description="Headline numbers of several runs side by side, ratios to the first.")
     p.add_argument("runs", nargs="+", help="Run folders (or results.json files); the first is the baseline.")
@@ -195,7 +193,7 @@ def _cmd_compare(argv: list[str]) -> int:
     return 0
 
 
-def _cmd_capacity(argv: list[str]) -> int:
+def _cmd_capacity(argv: list[str], reg: Registry) -> int:
     p = Parser(prog="kv_cache_benchmark.py capacity",
                description="Hit rate and storage demand at every capacity of the bottom tier, from runs made with "
                            "--capacity-curve; several runs: the tier they would share, from their merged accesses.")
@@ -204,9 +202,9 @@ def _cmd_capacity(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.output:  # refused as compare's is (/etc, a file, an unwritable folder), before anything is read
         _plot_folder(Path(args.output))
-    from kv_cache.run.capacity import run_capacity
+    from kv_cache.run.capacity_curve import run_capacity
 
-    return run_capacity(args.runs, args.output, lambda text="": print(fit(str(text)), flush=True))
+    return run_capacity(args.runs, args.output, lambda text="": print(fit(str(text)), flush=True), reg.policies)
 
 
 def _plot_folder(out: Path) -> None:
@@ -225,7 +223,7 @@ def _plot_folder(out: Path) -> None:
         raise UserError(f"--output {out}: {top} is not writable; pass a writable folder.")
 
 
-def _cmd_validate(argv: list[str]) -> int:
+def _cmd_validate(argv: list[str], reg: Registry) -> int:
     p = Parser(prog="kv_cache_benchmark.py validate",
                description="Check a submission package against its rules and checksums.")
     p.add_argument("package", help="The run folder written by --submission.")
@@ -234,7 +232,7 @@ def _cmd_validate(argv: list[str]) -> int:
         raise UserError(f"{folder} is not a folder; pass the run folder a --submission run wrote.")
     from kv_cache.run.submission import validate
 
-    failures, rules = validate(folder)
+    failures, rules = validate(folder, reg.engines)
     if failures:
         print(f"{folder}: does NOT conform ({rules} rules), {len(failures)} problem(s):")
         for f in failures:
@@ -244,7 +242,7 @@ def _cmd_validate(argv: list[str]) -> int:
     return 0
 
 
-def _cmd_clean(argv: list[str]) -> int:
+def _cmd_clean(argv: list[str], reg: Registry) -> int:
     p = Parser(prog="kv_cache_benchmark.py clean",
                description="Remove the folders that killed runs (SIGKILL, a crashed host) left: "
                            "only folders carrying this program's marker whose run is gone.")
@@ -259,7 +257,7 @@ def _cmd_clean(argv: list[str]) -> int:
     p.add_argument("--kept", action="store_true", help="Also remove what runs kept on purpose (--keep-data).")
     args = p.parse_args(argv)
     if args.remote_url:
-        return _clean_remote(args.remote_url, args.other_hosts, args.dry_run, args.kept)
+        return _clean_remote(args.remote_url, args.other_hosts, args.dry_run, args.kept, reg)
     from kv_cache.run.leftovers import clean
 
     for where in (args.cache_dir, args.output_dir):
@@ -271,15 +269,15 @@ def _cmd_clean(argv: list[str]) -> int:
     return 0
 
 
-def _clean_remote(url: str, other_hosts: bool, dry_run: bool, kept: bool) -> int:
+def _clean_remote(url: str, other_hosts: bool, dry_run: bool, kept: bool, reg: Registry) -> int:
     """clean --remote-url: what killed runs left in a remote tier, found by their markers, removed."""
     from kv_cache.tiers import remote
 
-    kind = remote.medium_of(url)
-    store = kind.open_store(url, media.SECTIONS[kind.name]())
+    kind = remote.medium_of(reg.media, url)
+    store = kind.open_store(url, kind.settings_section())
     try:
         store.check()
-        n = remote.clean(store, other_hosts, dry_run, print, kept)
+        n = remote.clean_namespaces(store, other_hosts, dry_run, print, kept)
     except RunFault as e:  # the server went away midway
         raise UserError(str(e)) from None
     finally:
@@ -299,10 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     signals.install()  # SIGTERM and SIGHUP stop a run as Ctrl-C does
     try:
-        kinds()  # every medium's module imported: the settings sections they declare are part of the schema
+        reg = discover()  # every extension point, found once and handed down
         commands = {"report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate, "run": _cmd_run,
                     "policies": _cmd_policies, "clean": _cmd_clean, "capacity": _cmd_capacity}
-        return commands[command](rest)
+        return commands[command](rest, reg)
     except UserError as e:
         runlog.tell(f"error: {e}")
         return 2

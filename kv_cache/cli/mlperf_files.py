@@ -65,8 +65,8 @@ def make_cache_dir(path: str | None, notes: list[str]) -> list[str]:
 
 def after_run(reference, settings, say) -> None:
     """After a reference command line's run: its --output file, its console sections, its spreadsheet."""
-    from kv_cache.report.mlperf.console import reference_summary
     from kv_cache.report.mlperf.output import write_output
+    from kv_cache.report.mlperf.reference_console import reference_summary
 
     folder = Path(settings.run.output_dir) / settings.run.run_id
     if not reference.output or not (folder / "results.json").exists():

@@ -40,10 +40,10 @@ def iter_keys(cls=Settings, prefix: str = ""):
             yield name, f, typ
 
 
-def iter_media_keys(sections: dict[str, type] | None = None):
-    """Yield (media.<medium>.<key>, field, type) for every key of every medium's section (sections: those given,
-    else those registered so far)."""
-    for name, cls in sorted((media.SECTIONS if sections is None else sections).items()):
+def iter_media_keys(sections: dict[str, type]):
+    """Yield (media.<medium>.<key>, field, type) for every key of every medium's section (sections: the
+    registry's, medium -> its settings section)."""
+    for name, cls in sorted(sections.items()):
         yield from iter_keys(cls, f"media.{name}.")
 
 
@@ -169,7 +169,7 @@ def resolve(config_path: str | None, sets: list[str], flags: dict[str, Any], typ
     """Merge defaults < config file < --set < flags into one validated Settings.
 
     typed: dotted key -> what the user typed for a --set made on their behalf (an MLPerf reference flag);
-    media_sections: medium -> its settings section (tiers.registry.media_sections(): every medium found), given,
+    media_sections: medium -> its settings section (the registry's sections(): every medium found), given,
     not read from whatever modules happen to be imported."""
     typed = typed or {}
     tree = default_dict(media_sections)

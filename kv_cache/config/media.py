@@ -3,9 +3,9 @@
 A medium (``tiers/<medium>.py``) declares its section with ``@section("valkey")`` on a frozen dataclass of
 ``key()`` fields. The schema finds it here: config.yaml holds it under ``media.<medium>``, every key gets a flag
 ``--<medium>-<key>``, and ``--set media.<medium>.<key>=...`` sets it. The schema never names a medium, so a
-new one is its module alone. Sections are registered when the medium's module is imported; ``config.resolve``
-takes them as an argument (``tiers.registry.media_sections()``: every medium found first), so settings are never
-read against whatever modules happen to be imported yet.
+new one is its module alone. The medium's ``TierKind`` names its section; ``config.resolve`` takes every section
+as an argument (``tiers.catalog.Media.sections()``, from the media found once), so settings are never read
+against whatever modules happen to be imported yet, and no table here is filled by an import.
 
 A shared leaf: it imports nothing of the stages.
 """
@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 
-SECTIONS: dict[str, type] = {}  # medium name -> its settings dataclass
-
 
 def section(name: str):
     """Class decorator: the settings section of medium `name` (a frozen dataclass of key() fields)."""
     def wrap(cls):
         if not dataclasses.is_dataclass(cls):
             raise TypeError(f"the settings section of {name} must be a dataclass")
-        SECTIONS[name] = cls
+        cls.medium = name
         return cls
     return wrap
 
@@ -32,7 +30,7 @@ def defaults(sections: dict[str, type]) -> dict:
     return {name: dataclasses.asdict(cls()) for name, cls in sorted(sections.items())}
 
 
-def of(media: dict, name: str):
-    """The section of medium `name` from resolved settings (its defaults where settings came from elsewhere)."""
+def of(media: dict, name: str, cls: type | None):
+    """The section of medium `name` from resolved settings (cls's defaults where settings came from elsewhere)."""
     got = media.get(name)
-    return got if got is not None else SECTIONS[name]()
+    return got if got is not None or cls is None else cls()

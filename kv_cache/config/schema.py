@@ -143,10 +143,8 @@ class TierSettings:
 
 @dataclass(frozen=True)
 class CacheSettings:
-    policy: str = key("lru", "Eviction policy of every tier: lru, lfu, fifo, size-lru, s3fifo (S3-FIFO), "
-                             "semantic-static / semantic-adaptive (SemanticKV's type-weighted scores; adaptive "
-                             "learns from regrets).",
-                      choices=("lru", "lfu", "fifo", "size-lru", "s3fifo", "semantic-static", "semantic-adaptive"))
+    policy: str = key("lru", "Eviction policy of every tier: one of the policies' table (kv_cache/cache/policies; "
+                             "--help names them).")
     promote: bool = key(True, "Promote a block read from a lower tier back to the top tier "
                               "(--no-promote: waterfall only).")
 

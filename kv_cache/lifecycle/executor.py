@@ -18,52 +18,15 @@ import numpy as np
 import xxhash
 
 from kv_cache import counters as C
-from kv_cache.buffers import HUGE, aligned_buffer
 from kv_cache.errors import Abandoned, BlockVanished
+from kv_cache.lifecycle.by_source import add_to, count_hits_by_source, source_tokens, span_ranges
 from kv_cache.lifecycle.handoff import Loader, Publisher
 from kv_cache.lifecycle.payload import block_digest
 from kv_cache.lifecycle.plan import KVPlan, Planner
+from kv_cache.lifecycle.roles import HandoffPaths
+from kv_cache.lifecycle.worker import PartsCheck, WorkerBuffers
 from kv_cache.model import slot_bytes
-from kv_cache.recorder.capacity import SOURCES
-from kv_cache.types import HISTORY, SYSTEM, Handoff, Request, RequestOutcome, StopAfter
-
-
-def buffer_bytes(max_object_bytes: int) -> int:
-    """A worker buffer's size: its largest object, and at least a huge page (O_DIRECT pins one page, not 512)."""
-    return max(max_object_bytes, HUGE)
-
-
-class WorkerBuffers:
-    """One worker's page-aligned, pre-touched buffers: one for its block, one for moves."""
-
-    def __init__(self, max_object_bytes: int, fake_io: bool):
-        size = 4096 if fake_io else buffer_bytes(max_object_bytes)
-        self.block = aligned_buffer(size)
-        self.scratch = aligned_buffer(size)
-        self.fake_io = fake_io
-
-    def view(self, nbytes: int) -> np.ndarray:
-        return self.block[:nbytes] if not self.fake_io else np.empty(nbytes, dtype=np.uint8)
-
-
-class PartsCheck:
-    """The verification of an object read part by part (parts.py): its XXH3-64 taken incrementally and compared at
-    the end (the same digest as the whole object's), or each part's stamps or bytes checked as it arrives."""
-
-    def __init__(self, payloads, key: int, mode: str, digest: int | None):
-        self.payloads, self.key, self.digest = payloads, key, digest
-        self.mode = "full" if mode == "checksum" and digest is None else mode  # written elsewhere: every byte
-        self.hash = xxhash.xxh3_64() if self.mode == "checksum" else None
-        self.ok = True
-
-    def __call__(self, offset: int, part: np.ndarray) -> None:
-        if self.hash is not None:
-            self.hash.update(part)
-        elif self.ok:
-            self.ok = self.payloads.check(self.key, part, self.mode, None, offset)
-
-    def intact(self) -> bool:
-        return self.ok if self.hash is None else self.hash.intdigest() == self.digest
+from kv_cache.types import Request, RequestOutcome, StopAfter
 
 
 @dataclass(frozen=True)
@@ -80,7 +43,7 @@ class LifecycleOptions:
     decode: bool = True                   # write the generated tokens' blocks too (off: a prefill-only node)
 
 
-class Lifecycle:
+class Lifecycle(HandoffPaths):
     """Turns requests into plans and executes them."""
 
     def __init__(self, cache, payloads, recorder, options: LifecycleOptions, *,
@@ -113,8 +76,8 @@ class Lifecycle:
             return self._decode_node(req, bufs)
         plan = self.plan(req)
         out = RequestOutcome(req.num_prompt_tokens, req.num_output_tokens)
-        for end, start, label in _span_ranges(req.spans):
-            _add(out.prompt_tokens_by_source, label, end - start)
+        for end, start, label in span_ranges(req.spans):
+            add_to(out.prompt_tokens_by_source, label, end - start)
         storage_ns, hit = self._load(req, plan, bufs, out)
         donors, loaded = None, set()
         if self.semantic is not None:
@@ -153,52 +116,11 @@ class Lifecycle:
 
     def _log_accesses(self, req: Request, plan: KVPlan, whole: bool) -> None:
         n = plan.num_prompt_blocks
-        prompt = [(plan.keys[i], source_tokens(plan.cached_by_source(req, i)), plan.parent(i) or 0) for i in range(n)]
-        decode = [] if self.handoff is not None or whole else [(plan.keys[i], plan.parent(i) or 0)
+        prompt = [(plan.keys[i], source_tokens(plan.cached_by_source(req, i)), plan.parent(i) or 0, plan.labels[i])
+                  for i in range(n)]
+        decode = [] if self.handoff is not None or whole else [(plan.keys[i], plan.parent(i) or 0, plan.labels[i])
                                                                 for i in range(n, len(plan.keys))]
         self.recorder.accesses.request(prompt, plan.groups, decode, req.num_prompt_tokens, now_ns())
-
-    def _publish(self, req: Request, plan: KVPlan, bufs: WorkerBuffers) -> int:
-        n = plan.num_prompt_blocks
-        sizes = [self.object_bytes(t) for t in plan.tokens_per_key]
-        spent = self.handoff.publish(plan.keys[:n], sizes[:n], self.payloads.fill, bufs.scratch, self.recorder)
-        self.handoff.hand_over(Handoff(f"{req.user_id}.{req.seq}", plan.keys[:n], tuple(sizes[:n]), plan.keys[n:],
-                                       tuple(sizes[n:]), req.num_prompt_tokens, req.num_output_tokens,
-                                       self.block_tokens, time.time(), self.handoff.digests(plan.keys[:n])))
-        return spent
-
-    def _decode_node(self, req: Request, bufs: WorkerBuffers) -> None:
-        """Load the blocks a prefill node handed over, then append the decode blocks to our own tiers."""
-        h = req.handoff
-        out = RequestOutcome(h.prompt_tokens, h.output_tokens, blocks_looked_up=len(h.keys),
-                             prompt_tokens_by_source={"handoff": h.prompt_tokens})
-        storage_ns = loaded = 0
-        digests = h.digests or (0,) * len(h.keys)
-        for key, size, digest in zip(h.keys, h.nbytes, digests):
-            self._check_stop()
-            data = bufs.view(size)
-            start = now_ns()
-            if not self.handoff.load(key, data):
-                self.recorder.count(C.HANDOFF_MISSING, start_ns=start)
-                continue
-            spent = now_ns() - start
-            storage_ns += spent
-            self.recorder.op("handoff", "read", "load", start, spent, size, key)
-            self._check(key, data, start, digest or None)
-            loaded += 1
-        ttft_ns = now_ns()
-        self.handoff.loaded(h)  # its blocks may go (the NIXL prefill node holds them until now)
-        self.recorder.handoff(ttft_ns, int((time.time() - h.done_wall) * 1e9))
-        tokens = min(loaded * h.block_tokens, h.prompt_tokens)
-        out.blocks_hit, out.cached_tokens = loaded, tokens
-        out.cached_tokens_by_tier["handoff"] = out.cached_tokens_by_source["handoff"] = tokens
-        n = len(h.keys)
-        # the handed-over prompt blocks are not in this node's cache: its decode blocks start a chain here
-        plan = KVPlan(h.keys + h.decode_keys, (h.block_tokens,) * (n + len(h.decode_keys)), n,
-                      ("handoff",) * n + ("generated",) * len(h.decode_keys), ((0, n, False),
-                                                                               (n, n + len(h.decode_keys), False)))
-        storage_ns += self._write(plan, range(n, len(plan.keys)), bufs, "decode", out)
-        self._finish(req, h.output_tokens, storage_ns, out, ttft_ns)
 
     def _pin(self, plan: KVPlan) -> list[tuple[int, object]]:
         """Pin the plan's cached prompt blocks group by group (see KVPlan.lookup); (index, entry) pairs."""
@@ -268,13 +190,13 @@ class Lifecycle:
             tiers.append(got[1])
         out.blocks_hit = len(hits)
         hit = [i for i, _ in hits]
-        _count_hits_by_source(plan, hit, out)
+        count_hits_by_source(plan, hit, out)
         per_block, by_source = plan.hit_tokens(req, hit)
         for t, tokens in zip(tiers, per_block):
-            _add(out.cached_tokens_by_tier, self.cache.names[t], tokens)
+            add_to(out.cached_tokens_by_tier, self.cache.names[t], tokens)
         for label, tokens in by_source.items():
             out.cached_tokens += tokens
-            _add(out.cached_tokens_by_source, label, tokens)
+            add_to(out.cached_tokens_by_source, label, tokens)
         return storage_ns, {i for i, _ in hits}
 
     def _donor_load(self, reads: dict[int, tuple[int, ...]], bufs: WorkerBuffers,
@@ -290,8 +212,8 @@ class Lifecycle:
             storage_ns += read[0]
             got.add(key)
             name = self.cache.names[read[1]]
-            _add(out.donor_bytes_by_tier, name, pinned[0].nbytes)
-            _add(out.donor_blocks_by_tier, name, 1)
+            add_to(out.donor_bytes_by_tier, name, pinned[0].nbytes)
+            add_to(out.donor_blocks_by_tier, name, 1)
         return storage_ns, {r for r, keys in reads.items() if all(k in got for k in keys)}
 
     def _check(self, key: int, data: np.ndarray, start_ns: int, digest: int | None = None) -> bool:
@@ -360,37 +282,3 @@ class Lifecycle:
         if digest is not None:
             res.entry.digest = digest.intdigest()
         return spent
-
-
-def source_tokens(parts: list[tuple[str, int]]) -> tuple[int, ...]:
-    """A block's prompt tokens by capacity.SOURCES (a label not among them counts as "other")."""
-    out = [0] * len(SOURCES)
-    for label, tokens in parts:
-        out[SOURCES.index(label) if label in SOURCES else -1] += tokens
-    return tuple(out)
-
-
-def _add(by: dict[str, int], label: str, n: int) -> None:
-    by[label] = by.get(label, 0) + n
-
-
-def _span_ranges(spans):
-    """(end, start, label) of each span."""
-    start = 0
-    for end, label in spans:
-        if end > start:
-            yield end, start, label
-        start = max(start, end)
-
-
-def _count_hits_by_source(plan: KVPlan, hit: list[int], out: RequestOutcome) -> None:
-    """The block hits by source, and per request whether its prefix, system prompt and history were found:
-    the reference's hit counters (system prompt, multi-turn, prefix) counted on our blocks (docs/mlperf.md)."""
-    labels = plan.labels[:plan.num_prompt_blocks]
-    for i in hit:
-        _add(out.blocks_hit_by_source, labels[i], 1)
-    out.found[C.PREFIX] = bool(hit)  # nothing to look up: a miss
-    found = {labels[i] for i in hit}
-    for label in (SYSTEM, HISTORY):
-        if label in labels:
-            out.found[label] = label in found

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import reduce
 
 from kv_cache.recorder.results import SCHEDULED, RunFacts, build_results, rates_by_source
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
 from kv_cache.recorder.snapshot import Snapshot
 
 

@@ -182,7 +182,7 @@ class Recorder:
         bytes are the block's, already counted by op()."""
         if self._second(start_ns) is None:
             return
-        record_many(self._shard().hist((tier, f"{op}_io", phase)), [ns for ns, _nbytes in times])
+        record_many(self._shard().hist((tier, C.io_op(op), phase)), [ns for ns, _nbytes in times])
 
     def add_bytes(self, tier: str, direction: str, start_ns: int, nbytes: int) -> None:
         """One block's bytes moved as part of another op (the source side of a demotion): its bytes and the block
@@ -198,17 +198,17 @@ class Recorder:
     def handoff(self, done_ns: int, latency_ns: int) -> None:
         """Decode node: prefill-complete -> decode-loaded of one request (wall clocks of both nodes)."""
         if self._second(done_ns) is not None:
-            record(self._shard().hist(("request", "handoff", "all")), max(latency_ns, 1))
+            record(self._shard().hist(C.request_hist("handoff")), max(latency_ns, 1))
 
     def turn_wait(self, due_ns: int, wait_ns: int) -> None:
         """Open loop: how long a session's turn was held after its arrival for the previous turn's answer."""
         if self._second(due_ns) is not None:
-            record(self._shard().hist(("request", "turn_wait", "all")), max(wait_ns, 1))
+            record(self._shard().hist(C.request_hist("turn_wait")), max(wait_ns, 1))
 
     def lookup(self, stage: str, start_ns: int, dur_ns: int) -> None:
         """One step of a semantic donor lookup (embed, search, align): CPU time, not block I/O."""
         if self._second(start_ns) is not None:
-            record(self._shard().hist(("semantic", stage, "all")), max(dur_ns, 1))
+            record(self._shard().hist(C.semantic_hist(stage)), max(dur_ns, 1))
 
     def open_step(self, now_ns: int) -> None:
         """Start collecting the requests that complete from now on (one autoscaler step)."""
@@ -261,15 +261,15 @@ class Recorder:
         if sec is None:
             shard.counters[C.WARMUP_REQUESTS] += 1
             return
-        record(shard.hist(("request", "storage", "all")), storage_ns)
-        record(shard.hist(("request", "queue", "all")), dequeued_ns - intended_ns)
-        record(shard.hist(("request", "e2e", "all")), e2e)
-        record(shard.hist(("request", "ttft", "all")), ttft)
+        record(shard.hist(C.request_hist("storage")), storage_ns)
+        record(shard.hist(C.request_hist("queue")), dequeued_ns - intended_ns)
+        record(shard.hist(C.request_hist("e2e")), e2e)
+        record(shard.hist(C.request_hist("ttft")), ttft)
         if generation_ns:  # modelled decode time (--generation-ms-per-token), as slept
-            record(shard.hist(("request", "generation", "all")), generation_ns)
+            record(shard.hist(C.request_hist("generation")), generation_ns)
         if qos:
-            record(shard.hist((f"qos.{qos}", "ttft", "all")), ttft)
-            record(shard.hist((f"qos.{qos}", "e2e", "all")), e2e)
+            record(shard.hist(C.qos_hist(qos, "ttft")), ttft)
+            record(shard.hist(C.qos_hist(qos, "e2e")), e2e)
         shard.counters[C.REQUESTS_COMPLETED] += 1
         shard.series[(sec, "requests")] += 1
         for name, n in outcome.counts():

@@ -1,4 +1,4 @@
-"""Results from a Snapshot: the typed ``Results`` of schema.py, written as results.json.
+"""Results from a Snapshot: the typed ``Results`` of results_schema.py, written as results.json.
 
 Reports and plots read only the Results. Units are in the names: latencies in
 milliseconds, bandwidth in GB/s (10^9 bytes per second) over the measurement
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from kv_cache import counters as C
 from kv_cache.config import QOS_CLASSES
 from kv_cache.recorder.histogram import at_ms, merged, summary_ms
-from kv_cache.recorder.schema import SCHEMA_VERSION, Results
+from kv_cache.recorder.results_schema import SCHEMA_VERSION, Results
 from kv_cache.recorder.semantic_metrics import semantic_section
 from kv_cache.recorder.slas import judge, overall
 from kv_cache.recorder.snapshot import Snapshot
@@ -82,7 +82,7 @@ def qos_section(snap: Snapshot, settings: dict) -> dict:
     q = settings["qos"]
     classes = {}
     for name in QOS_CLASSES:
-        ttft, e2e = snap.hists.get((f"qos.{name}", "ttft", "all")), snap.hists.get((f"qos.{name}", "e2e", "all"))
+        ttft, e2e = snap.hists.get(C.qos_hist(name, "ttft")), snap.hists.get(C.qos_hist(name, "e2e"))
         if ttft is None:
             ttft = e2e = merged([])
         classes[name] = {"priority": q[name]["priority"], **judge(ttft, e2e, q[name], q["attainment"])}
@@ -98,7 +98,7 @@ def role_section(role: dict | None, c: dict, snap: Snapshot) -> dict | None:
     if role["role"] == "prefill":
         out["dropped_unread"] = c.get(C.HANDOFF_DROPPED_UNREAD, 0)
     if role["role"] == "decode":
-        h = snap.hists.get(("request", "handoff", "all"))
+        h = snap.hists.get(C.request_hist("handoff"))
         out.update(missing_blocks=c.get(C.HANDOFF_MISSING, 0),
                    prefill_done_to_decode_loaded_ms=summary_ms(h if h is not None else merged([])))
     return out
@@ -190,7 +190,7 @@ def _verification(c: dict, mode: str) -> dict:
 
 
 def build_results(snap: Snapshot, run_info: dict, settings: dict, facts: RunFacts) -> Results:
-    """Assemble the Results (see schema.py and docs/results.md)."""
+    """Assemble the Results (see results_schema.py and docs/results.md)."""
     c = snap.counters
     bottom = run_info["bottom_tier"]
     tiers = list(run_info["tiers"])
@@ -199,8 +199,8 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, facts: RunFact
     tokens = _tokens(c, tiers, window)
     series = timeseries(snap, tiers)
     requests = _requests(c, window, facts.scheduled)
-    request_latency = {k: summary_ms(snap.hists[("request", k, "all")]) for k in REQUEST_LATENCIES
-                       if ("request", k, "all") in snap.hists}
+    request_latency = {k: summary_ms(snap.hists[C.request_hist(k)]) for k in REQUEST_LATENCIES
+                       if C.request_hist(k) in snap.hists}
     bandwidth = _per_tier(c, C.BYTES, tiers, window)
     return Results.from_dict({
         "schema_version": SCHEMA_VERSION,

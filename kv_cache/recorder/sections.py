@@ -2,7 +2,7 @@
 cache's occupancy, telemetry, semantic reuse, trials and MPI ranks.
 
 Each is a dataclass whose fields are the keys results.json holds: report, compare, trials, submission and the
-MLPerf output read attributes, and loading a file checks every value's type (schema.py). Only mappings whose
+MLPerf output read attributes, and loading a file checks every value's type (results_schema.py). Only mappings whose
 keys are data stay mappings of typed values: tier names, QoS class and transform names, time-series columns,
 a GPU's sampled metrics, the settings tree and the encoded histograms of the snapshot.
 """

@@ -68,8 +68,8 @@ def semantic_section(snap: Snapshot, settings: dict, tiers: list[str]) -> dict |
         "overall": _rates(total),
         "by_transform": {t: _rates(v) for t, v in sorted(by.items())},
         "negative_control_semantic_eligible_rate": _rate(neg.get("semantic_blocks", 0), neg.get("blocks", 0)),
-        "donor_lookup_ms": {st: summary_ms(snap.hists[("semantic", st, "all")]) for st in STAGES
-                            if ("semantic", st, "all") in snap.hists},
+        "donor_lookup_ms": {st: summary_ms(snap.hists[C.semantic_hist(st)]) for st in STAGES
+                            if C.semantic_hist(st) in snap.hists},
         "donor_bytes_by_tier": {t: c.get(C.DONOR_BYTES(t), 0) for t in tiers},
         "donor_blocks_by_tier": {t: c.get(C.DONOR_BLOCKS(t), 0) for t in tiers},
         "donor_blocks_missing": c.get(C.DONOR_MISSING, 0),

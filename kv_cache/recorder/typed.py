@@ -2,7 +2,7 @@
 schema of those dataclasses (what results.json and its sections are checked against).
 
 A value of the wrong type, a number that is not finite or not within 64 bits, a key the dataclass does not
-know or lacks: a SchemaError naming the key path. A shared piece of the recorder: schema.py and the loaders
+know or lacks: a SchemaError naming the key path. A shared piece of the recorder: results_schema.py and the loaders
 of the Results use it.
 """
 

@@ -4,7 +4,7 @@ overlay of several runs' curves for `compare`."""
 from __future__ import annotations
 
 from kv_cache.model import GiB
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
 from kv_cache.report.table import format_table
 
 
@@ -26,7 +26,7 @@ def capacity_lines(results: Results, rows: int = 12) -> list[str]:
                       f"{p.read_gbps:.3f}", f"{p.write_gbps:.3f}", f"{p.read_iops:,.0f} / {p.write_iops:,.0f}",
                       f"{p.bytes_per_request / 1e6:,.1f}", marks.get(p.slots, "")])
     how = "exact" if c.sample_rate >= 1 else f"SHARDS-sampled at {c.sample_rate:g}"
-    lru = c.policy == "lru" or "replayed" in c.model
+    lru = c.policy == "lru" or c.replayed
     policy = "" if lru else f"; this run's policy is {c.policy}: the curve is LRU's"
     return (["", f"Capacity curve of the bottom tier ({c.model}, {how}; tiers above it: {c.tiers_above_slots:,} "
                  f"blocks; {c.requests:,} requests of the window at {c.requests_per_s:.2f}/s{policy}; bottom: the "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
 from kv_cache.report.table import fit, format_table
 
 

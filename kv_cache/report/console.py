@@ -6,14 +6,16 @@ operation; simulated tiers are labelled as such on every line they appear.
 
 from __future__ import annotations
 
-from kv_cache.recorder.schema import Results
+from kv_cache import counters as C
+from kv_cache.recorder.results_schema import Results
 from kv_cache.report.capacity import capacity_lines
-from kv_cache.report.load_control import sections
-from kv_cache.report.semantic import semantic_section
+from kv_cache.report.load_lines import sections
+from kv_cache.report.semantic_lines import semantic_section
 from kv_cache.report.table import format_table, pct_ms
 from kv_cache.report.table import ms as _ms
 
-OP_ORDER = ("read", "read_io", "donor_read", "write", "write_io", "promote", "demote", "demote_io", "evict")
+OP_ORDER = ("read", C.io_op("read"), "donor_read", "write", C.io_op("write"), "promote", "demote", C.io_op("demote"),
+            "evict")
 MiB, GiB = 2**20, 2**30
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
 from kv_cache.report.console import render
 from kv_cache.safefiles import write_file, write_with
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from kv_cache import runlog
 from kv_cache.recorder.histogram import decode, merged, values_at
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
 from kv_cache.report.capacity import draw_capacity
 from kv_cache.report.console import source_order, tier_label
 from kv_cache.report.figure import save

@@ -11,7 +11,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
 from kv_cache.report.table import PERCENTILE_OF, supported
 
 

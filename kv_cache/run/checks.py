@@ -11,9 +11,7 @@ from kv_cache.errors import UserError
 from kv_cache.recorder.iotrace import fio_job_path
 from kv_cache.run.handoff import handoff_target
 from kv_cache.safefiles import refuse_link
-from kv_cache.tiers.engines import engines
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
-from kv_cache.tiers.registry import kinds_by_name, remote_kind
 from kv_cache.tiers.remote import medium_of
 
 # Settings that act only in some modes: (keys or "section." prefixes, is the mode on?, what turns it on). A key
@@ -51,9 +49,9 @@ ENABLERS = {"trace.path", "rag.enabled", "semantic.enabled", "autoscale.mode", "
             "disagg.handoff"}
 
 
-def _given(s: Settings) -> list[tuple[str, str]]:
+def _given(s: Settings, media) -> list[tuple[str, str]]:
     """(dotted key, flag) of every flag-level key changed from its default to something that asks for more than
-    0 / off / nothing."""
+    0 / off / nothing (media: the registry's, whose sections hold the media's keys)."""
     out = []
     for dotted, f, _ in iter_keys(Settings):
         if dotted.count(".") != 1 or dotted in ENABLERS:  # models / profiles: tables, not flags
@@ -62,25 +60,25 @@ def _given(s: Settings) -> list[tuple[str, str]]:
         value = getattr(getattr(s, section), leaf)
         if value != f.default and value not in (0, "", False, "off"):
             out.append((dotted, flag_name(dotted, f)))
-    for dotted, f, _ in iter_media_keys():
+    for dotted, f, _ in iter_media_keys(media.sections()):
         _, medium, leaf = dotted.split(".")
         if medium in s.media and getattr(s.media[medium], leaf) != f.default:
             out.append((dotted, flag_name(dotted, f)))
     return out
 
 
-def _media_rules(s: Settings) -> list:
+def _media_rules(s: Settings, media) -> list:
     """A medium's own keys act only when the stack has that medium: --remote-url names it by its scheme."""
-    chosen = remote_kind(s.tiers.remote_url) if s.tiers.remote_url else None
+    chosen = media.remote_kind(s.tiers.remote_url) if s.tiers.remote_url else None
     return [((f"media.{name}.",), lambda s, mpi, name=name: chosen is not None and chosen.name == name,
              f"a --remote-url the {name} medium serves ({', '.join(kind.schemes) or name}://)")
-            for name, kind in kinds_by_name().items() if name in s.media]
+            for name, kind in media.by_name().items() if name in s.media]
 
 
-def _without_effect(s: Settings, mpi: bool) -> list[str]:
+def _without_effect(s: Settings, mpi: bool, media) -> list[str]:
     """Refuse a flag that would do nothing here; the lines for those that are ignored (--null-io's)."""
-    given, ignored = _given(s), []
-    for keys, on, what in (*ONLY_WHEN, *_media_rules(s)):
+    given, ignored = _given(s, media), []
+    for keys, on, what in (*ONLY_WHEN, *_media_rules(s, media)):
         if on(s, mpi):
             continue
         for dotted, flag in given:
@@ -96,7 +94,7 @@ def _without_effect(s: Settings, mpi: bool) -> list[str]:
 def _whole_objects_in_parts(s: Settings) -> None:
     """Objects larger than --io-chunk-mb move as parts (cache/parts.py), which a rank adopting another's object
     (--shared-storage) or a handoff (one object per published block) do not read: one sentence."""
-    from kv_cache.run.compose import geometry
+    from kv_cache.run.geometry import geometry
 
     if s.model.block_tokens or not (s.tiers.shared_storage or s.disagg.role != "both"):
         return
@@ -108,26 +106,30 @@ def _whole_objects_in_parts(s: Settings) -> None:
                         f"to {-(-geo.max_object_bytes // 2**24) * 16} or give --block-tokens N.")
 
 
-def _engine_known(s: Settings) -> None:
-    """--io-engine names an engine of the table that this host can run (one sentence each way)."""
-    table = engines()
+def _registered(s: Settings, reg) -> None:
+    """--io-engine names an engine found that this host can run, --policy a policy of the table (one sentence
+    each way)."""
+    if s.cache.policy not in reg.policies:
+        raise UserError(f"--policy {s.cache.policy}: no such eviction policy; use one of "
+                        f"{', '.join(reg.policies)}.")
+    table = reg.engines
     if s.tiers.io_engine not in table:
         raise UserError(f"--io-engine {s.tiers.io_engine}: no such engine; use one of {', '.join(sorted(table))}.")
     if s.tiers.nvme == "on" and not s.tiers.null_io and (why := table[s.tiers.io_engine].unavailable()):
         raise UserError(f"--io-engine {s.tiers.io_engine}: {why}; use --io-engine direct.")
 
 
-def check_options(s: Settings, mpi: bool) -> list[str]:
+def check_options(s: Settings, mpi: bool, reg) -> list[str]:
     """One clear sentence per contradiction between options (a flag without effect here is one); returns the
-    lines saying which flags are ignored (said before the run and kept in its notes)."""
-    ignored = _without_effect(s, mpi)
+    lines saying which flags are ignored (said before the run and kept in its notes). reg: the registry."""
+    ignored = _without_effect(s, mpi, reg.media)
     if s.tiers.remote_url:
-        medium_of(s.tiers.remote_url)  # an unknown scheme: one sentence
+        medium_of(reg.media, s.tiers.remote_url)  # an unknown scheme: one sentence
     if s.tiers.remote_url and s.tiers.shared_storage:
         raise UserError("--shared-storage shares the NVMe tier's directory between ranks; a remote tier gives each "
                         "rank a namespace of its own: drop --shared-storage.")
     _whole_objects_in_parts(s)
-    _engine_known(s)
+    _registered(s, reg)
     if not s.trace.shuffle and not s.trace.path:  # off is "nothing" to the rules above, but asks for file order
         raise UserError("--no-shuffle acts only with a replayed trace (--trace FILE); drop it.")
     if s.run.io_trace:
@@ -152,7 +154,7 @@ def check_options(s: Settings, mpi: bool) -> list[str]:
         if d.role == "decode":
             raise UserError("--autoscale cannot drive --role decode: a decode node serves what prefill nodes "
                             "publish; autoscale the prefill node instead.")
-    kind, _ = handoff_target(s)
+    kind, _ = handoff_target(s, reg.transports)
     if d.role != "both" and not kind:
         raise UserError(f"--role {d.role} needs --handoff-dir DIR, the directory prefill and decode nodes share "
                         f"(blocks and manifest), or --handoff nixl://HOST:PORT (NIXL READs from the prefill node).")

@@ -7,9 +7,9 @@ import time
 
 from kv_cache import __version__
 from kv_cache.config import Settings
-from kv_cache.recorder.schema import Results
-from kv_cache.run.compose import RunContext
+from kv_cache.recorder.results_schema import Results
 from kv_cache.run.distributed import Dist
+from kv_cache.run.stack import RunContext
 from kv_cache.run.traffic import Traffic
 from kv_cache.scheduler.runner import RunOutcome
 from kv_cache.tiers.base import FAKE_IO, SIMULATED

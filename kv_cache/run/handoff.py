@@ -11,14 +11,12 @@ import psutil
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.handoff import Loader, Publisher, check_header
-from kv_cache.lifecycle.handoff.agent import SCHEME, parse_url
+from kv_cache.lifecycle.handoff.agent import parse_url
 from kv_cache.lifecycle.handoff.folder import FOLDER, MANIFEST, FolderLoader, FolderPublisher, mark_reading
 from kv_cache.lifecycle.handoff.nixl import NixlLoader, NixlPublisher
 from kv_cache.run.budget import HEADROOM
-from kv_cache.sources.handoff import ManifestFollower, RecordFollower, wait_for_manifest
-from kv_cache.tiers.engines import engines
+from kv_cache.sources.decode_arrivals import ManifestFollower, RecordFollower, wait_for_manifest
 from kv_cache.tiers.fsinfo import probe_direct
-from kv_cache.tiers.registry import shared_files
 
 
 def handoff_identity(s: Settings, model_name: str) -> dict:
@@ -26,27 +24,28 @@ def handoff_identity(s: Settings, model_name: str) -> dict:
             "block_tokens": s.model.block_tokens, "seed": s.run.seed}
 
 
-def handoff_target(s: Settings) -> tuple[str, str]:
-    """("file", DIR), ("nixl", URL) or ("", ""): --handoff-dir DIR and --handoff file://DIR are one thing."""
+def handoff_target(s: Settings, transports: dict) -> tuple[str, str]:
+    """("file", DIR), ("nixl", URL) or ("", ""): --handoff-dir DIR and --handoff file://DIR are one thing.
+    transports: the registry's, by name."""
     d = s.disagg
     if d.handoff and d.handoff_dir:
         raise UserError("--handoff and --handoff-dir name the same thing; give one of them.")
-    if d.handoff.startswith("file://"):
-        return "file", d.handoff[len("file://"):]
-    if d.handoff.startswith(SCHEME):
+    t = next((t for t in transports.values() if d.handoff.startswith(t.scheme)), None)
+    if t is not None and t.name == "file":
+        return "file", t.address(d.handoff)
+    if t is not None:
         parse_url(d.handoff)
-        return "nixl", d.handoff
+        return t.name, d.handoff
     if d.handoff:
-        raise UserError(f"--handoff {d.handoff}: expected file://DIR (a folder both nodes share) or "
-                        f"nixl://HOST:PORT (the prefill node's address and a free port).")
+        raise UserError(f"--handoff {d.handoff}: expected " + " or ".join(t.form for t in transports.values()) + ".")
     return ("file", d.handoff_dir) if d.handoff_dir else ("", "")
 
 
-def nixl_region_bytes(s: Settings) -> int:
+def nixl_region_bytes(s: Settings, transports: dict) -> int:
     """The host memory a NIXL prefill node registers as its handoff space (--disagg-handoff-gb, sized by
     size_handoff first); 0 for any other node (a decode node reads into its workers' buffers; a folder's handoff is
     files; a region in GPU memory is not host memory)."""
-    if s.disagg.role != "prefill" or handoff_target(s)[0] != "nixl" or s.disagg.handoff_memory == "gpu":
+    if s.disagg.role != "prefill" or handoff_target(s, transports)[0] != "nixl" or s.disagg.handoff_memory == "gpu":
         return 0
     return int(s.disagg.handoff_gb * 2**30)
 
@@ -67,11 +66,11 @@ def longest_prompt(s: Settings) -> tuple[int, str]:
     return max(getattr(s.profiles, n).max_context_tokens for n in s.profiles.__dataclass_fields__), "the profiles'"
 
 
-def _auto_cap(s: Settings, rest_of_budget: int, per: int, gpu=None) -> tuple[int, str]:
+def _auto_cap(s: Settings, transports: dict, rest_of_budget: int, per: int, gpu=None) -> tuple[int, str]:
     """(bytes, what bounds it) of an auto handoff space: fixed facts of the host (its memory, the filesystem's
     size), never what is free right now, so a neighbour's load does not change the choice. per: one request's
     blocks: a NIXL region that half the memory cannot hold takes one request's room where the budget can."""
-    kind = handoff_target(s)[0]
+    kind = handoff_target(s, transports)[0]
     if kind == "nixl" and s.disagg.handoff_memory == "host":
         total = psutil.virtual_memory().total
         half = max(0, int(total * AUTO_MEMORY_SHARE) - rest_of_budget)
@@ -82,7 +81,7 @@ def _auto_cap(s: Settings, rest_of_budget: int, per: int, gpu=None) -> tuple[int
     if kind == "nixl":  # in HBM: a quarter of the first device's, at most 64 GiB (the GPU tier takes its own part)
         hbm = gpu.total_bytes(0) if gpu is not None else 0
         return min(AUTO_MAX_BYTES, int(hbm * AUTO_HBM_SHARE)), f"a quarter of GPU 0's {hbm / 2**30:.0f} GiB of HBM"
-    st = os.statvfs(os.path.abspath(handoff_target(s)[1]))
+    st = os.statvfs(os.path.abspath(handoff_target(s, transports)[1]))
     disk = st.f_blocks * st.f_frsize
     return min(AUTO_MAX_BYTES, int(disk * AUTO_DISK_SHARE)), f"a quarter of the folder's {disk / 2**30:.1f} GiB"
 
@@ -96,26 +95,28 @@ class HandoffSize:
     note: str     # what the space holds, said where it lowers the workers
 
 
-def size_handoff(s: Settings, slot_bytes: int, workers: int, rest_of_budget: int, gpu=None) -> HandoffSize | None:
+def size_handoff(s: Settings, transports: dict, slot_bytes: int, workers: int, rest_of_budget: int,
+                 gpu=None) -> HandoffSize | None:
     """A prefill node's space (auto or --disagg-handoff-gb) and how many workers it holds: each worker publishes
     one request at a time and its blocks are held until a decode node loads them, so a space smaller than the
     workers' longest prompts runs fewer workers (said in one line); one that holds no request whole is refused.
     workers: the most the run may have; rest_of_budget: the memory budget without the space; gpu: the real GPU
     tier's backend (a region in HBM is sized from it). None: no prefill node, or a settings' check refuses the
     transport later."""
-    if s.disagg.role != "prefill" or not s.model.block_tokens or not handoff_target(s)[0]:
+    if s.disagg.role != "prefill" or not s.model.block_tokens or not handoff_target(s, transports)[0]:
         return None
-    if handoff_target(s)[0] == "file":
-        _handoff_root(s)
+    if handoff_target(s, transports)[0] == "file":
+        _handoff_root(s, transports)
     longest, source = longest_prompt(s)
     per = -(-longest // s.model.block_tokens) * slot_bytes
     given = int(s.disagg.handoff_gb * 2**30)
     if given and s.trace.path and not s.trace.max_prompt_tokens:  # a trace's longest is not known: taken as given
         return HandoffSize(given, workers, "")
-    cap, bound = (given, "--disagg-handoff-gb") if given else _auto_cap(s, rest_of_budget, per, gpu)
+    cap, bound = (given, "--disagg-handoff-gb") if given else _auto_cap(s, transports, rest_of_budget, per, gpu)
     fit = cap // per
     if fit < 1:
-        fix = (f"give --disagg-handoff-gb {per / 2**30:.2f} or more" if given or handoff_target(s)[0] == "file" else
+        folder = handoff_target(s, transports)[0] == "file"
+        fix = (f"give --disagg-handoff-gb {per / 2**30:.2f} or more" if given or folder else
                f"the rest of the budget takes {rest_of_budget / 2**30:.2f} GiB: lower --cpu-mem-gb, or use a smaller "
                f"model")
         raise UserError(f"the handoff space ({bound}: {cap / 2**30:.2f} GiB) cannot hold one request's blocks "
@@ -128,23 +129,24 @@ def size_handoff(s: Settings, slot_bytes: int, workers: int, rest_of_budget: int
     return HandoffSize(space, n, note)
 
 
-def _handoff_root(s: Settings) -> str:
-    root = os.path.abspath(handoff_target(s)[1])
+def _handoff_root(s: Settings, transports: dict) -> str:
+    root = os.path.abspath(handoff_target(s, transports)[1])
     if not os.path.isdir(root) or not os.access(root, os.W_OK | os.X_OK):
         raise UserError(f"--handoff-dir {root} is not a writable directory; create it (on the storage both "
                         f"nodes share) or pass another.")
     return root
 
 
-def decode_traffic(s: Settings, model_name: str) -> tuple[ManifestFollower | RecordFollower, NixlLoader | None]:
+def decode_traffic(s: Settings, model_name: str,
+                   transports: dict) -> tuple[ManifestFollower | RecordFollower, NixlLoader | None]:
     """A decode node's arrivals: wait for a prefill node's manifest, check it matches, follow it; (arrivals, the
     NIXL link that also loads the blocks, or None for a folder)."""
-    kind, url = handoff_target(s)
+    kind, url = handoff_target(s, transports)
     if kind == "nixl":  # its side channel carries the manifest; the same link then loads the blocks
         say = (lambda m: None) if s.run.quiet else (lambda m: print(m, flush=True))
         link = NixlLoader(url, handoff_identity(s, model_name), s.disagg.wait_s, say, s.disagg.peer_timeout_s)
         return RecordFollower(link.next_record, s.disagg.wait_s), link
-    path = os.path.join(_handoff_root(s), FOLDER, MANIFEST)
+    path = os.path.join(_handoff_root(s, transports), FOLDER, MANIFEST)
     if not os.path.exists(path) and not s.run.quiet:  # started first: say what it waits for, and how long
         print(f"  waiting for a prefill node to publish into {os.path.dirname(path)} (up to {s.disagg.wait_s:g} s, "
               f"--disagg-wait-s)", flush=True)
@@ -166,14 +168,14 @@ def _gpu_region(s: Settings, gpu) -> tuple[object, int] | None:
     return gpu, 0  # the GPU tier's first device (tiers.gpus is how many it spreads over, not which)
 
 
-def open_handoff(s: Settings, model_name: str, slot_bytes: int, link: NixlLoader | None = None,
+def open_handoff(s: Settings, reg, model_name: str, slot_bytes: int, link: NixlLoader | None = None,
                  gpu=None) -> tuple[Publisher | Loader | None, str]:
     """The prefill node's side of the handoff, or the decode node's; (side, engine note). Its space is sized
     (size_handoff) into s before; link: a NIXL decode node's link to its prefill node, made with its traffic
     (decode_traffic); gpu: the real GPU tier's backend."""
     if s.disagg.role == "both":
         return None, ""
-    kind, url = handoff_target(s)
+    kind, url = handoff_target(s, reg.transports)
     if s.disagg.handoff_memory == "gpu" and (kind != "nixl" or s.disagg.role != "prefill"):
         raise UserError("--disagg-handoff-memory gpu is the NIXL prefill node's region (--role prefill --handoff "
                         "nixl://HOST:PORT); drop it here.")
@@ -186,13 +188,14 @@ def open_handoff(s: Settings, model_name: str, slot_bytes: int, link: NixlLoader
         side = NixlPublisher.create(url, slot_bytes, int(s.disagg.handoff_gb * 2**30), ident, _gpu_region(s, gpu))
         side.space.wait_s, side.channel.peer_timeout_s = s.disagg.wait_s, s.disagg.peer_timeout_s
         return side, note
-    root = _handoff_root(s)
+    root = _handoff_root(s, reg.transports)
+    engines = reg.engines
     engine, note = s.tiers.io_engine, ""
-    if engines()[engine].maps:  # blocks are files found by name: no mapping
+    if engines[engine].maps:  # blocks are files found by name: no mapping
         engine, note = "buffered", f"the handoff folder uses the buffered engine ({engine} maps slabs)"
-    elif engines()[engine].direct and (why := probe_direct(root)):
+    elif engines[engine].direct and (why := probe_direct(root)):
         engine, note = "buffered", f"O_DIRECT refused in {root} ({why}): the handoff folder runs buffered"
-    blocks = shared_files(engine, slot_bytes)
+    blocks = reg.media.shared_files(engine, slot_bytes)
     if s.disagg.role == "decode":
         return FolderLoader(root, blocks), note
     side = FolderPublisher(root, blocks, engine, int(s.disagg.handoff_gb * 2**30), handoff_identity(s, model_name))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kv_cache import runlog, signals
 from kv_cache.errors import UserError
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
 from kv_cache.run.describe import nothing_measured
 from kv_cache.run.leftovers import MARKER, describe_dead, write_marker
 from kv_cache.safefiles import write_file

@@ -1,5 +1,5 @@
 """One benchmark run, as a pipeline: build -> warm-up -> measure -> write results -> report. Part of the
-composition root (run/): with compose.py it builds every stage from the settings and passes them down explicitly."""
+composition root (run/): with prepare.py it builds every stage from the settings and passes them down explicitly."""
 
 from __future__ import annotations
 
@@ -19,32 +19,24 @@ from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import Analysis, analyse
 from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions
-from kv_cache.recorder.capacity import AccessLog
 from kv_cache.recorder.iotrace import IOTraceWriter
 from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import RunFacts, build_results
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
+from kv_cache.recorder.stack_distances import AccessLog
 from kv_cache.recorder.telemetry import Telemetry
 from kv_cache.report.console import render
-from kv_cache.run import capacity, outfolder
+from kv_cache.run import capacity_curve, outfolder
 from kv_cache.run.budget import peak_rss_bytes
-from kv_cache.run.compose import (
-    RunContext,
-    agreed_settings_of,
-    autoscaler,
-    device_latency_mode,
-    fio_of,
-    qos_policy,
-    resolved,
-    semantic_reuse,
-    worker_state,
-)
 from kv_cache.run.describe import banner, nothing_measured, run_info, warnings_of
 from kv_cache.run.distributed import Dist
 from kv_cache.run.handoff import finish_role
 from kv_cache.run.prepare import Prepared, RunSpec, close, prepare
 from kv_cache.run.progress import Progress
+from kv_cache.run.serving import autoscaler, qos_policy, semantic_reuse
+from kv_cache.run.site import fio_of
+from kv_cache.run.stack import RunContext, agreed_settings_of, device_latency_mode, resolved, worker_state
 from kv_cache.run.submission import RULES, rule_violations, validate, with_rule_defaults, write_package
 from kv_cache.run.trials import conclude
 from kv_cache.scheduler.autoscale import Autoscaler
@@ -60,8 +52,9 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
 
 
-def execute(s: Settings, say=print) -> int:
-    """Run the benchmark with settings s (N trials); return the exit status (the same on every rank)."""
+def execute(s: Settings, reg, say=print) -> int:
+    """Run the benchmark with settings s (N trials) and the registry reg (run/registry.py: media, engines,
+    policies, transports); return the exit status (the same on every rank)."""
     dist = Dist.detect()
     if dist.rank:
         say = _silent
@@ -73,7 +66,7 @@ def execute(s: Settings, say=print) -> int:
         s, applied = with_rule_defaults(s, rules)
         if applied:
             say(f"--submission {rules.name}: {', '.join(applied)} (its rules; a flag of yours chooses otherwise)")
-        broken = rule_violations(s.to_dict(), rules)
+        broken = rule_violations(s.to_dict(), rules, reg.engines)
         if broken:
             raise UserError(f"--submission {rules.name} refuses these settings: " + "; ".join(broken) + ".")
     error, made = None, []
@@ -88,7 +81,7 @@ def execute(s: Settings, say=print) -> int:
         dist.agree(error)
         if dist.rank == 0:
             runlog.open_log(folder / outfolder.LOG)  # created only if something goes wrong
-        return _trials(RunSpec(s, say, dist, run_id, folder), rules)
+        return _trials(RunSpec(s, say, dist, run_id, folder, reg), rules)
     except (UserError, KeyboardInterrupt):
         raise
     except Exception as e:  # a bug: its traceback into the run's log while the folder is still there
@@ -109,7 +102,7 @@ def _trials(run: RunSpec, rules) -> int:
     statuses, trials = [], []
     for k in range(1, s.run.trials + 1):
         say(f"== trial {k} of {s.run.trials} (same seed, same schedule)")
-        status, merged = _one_run(RunSpec(s, say, dist, f"{run.run_id}-t{k}", run.folder / f"trial-{k}", k))
+        status, merged = _one_run(RunSpec(s, say, dist, f"{run.run_id}-t{k}", run.folder / f"trial-{k}", run.reg, k))
         statuses.append(status)
         trials.append(merged)
         if k == 1 and not s.schedule.workers:  # one set-up: the probe's choice in trial 1, kept for every trial
@@ -124,7 +117,7 @@ def _trials(run: RunSpec, rules) -> int:
             cache_dir = best.run.cache_dir or s.run.output_dir
             outfolder.finish(run.folder)  # the marker and reserve are not part of the package
             manifest = write_package(run.folder, s.to_dict(), rules, cache_dir)
-            failures, _ = validate(run.folder)
+            failures, _ = validate(run.folder, run.reg.engines)
             say(f"Submission package ({rules.name} rules): {manifest}; validate: "
                 + ("conforms" if not failures else "; ".join(failures)))
     return dist.bcast(max(statuses))
@@ -159,7 +152,8 @@ def _stages(run: RunSpec, p: Prepared) -> Stages:
     if s.run.io_trace:
         recorder.io_trace = IOTraceWriter(_io_trace_path(run), time.monotonic_ns(), b.tiers[-1].name,
                                           s.run.io_trace_schema)
-    cache = BlockCache(b.tiers, s.cache.policy, s.cache.promote, recorder, b.gds, Parts(b.geo.part_bytes))
+    policy = run.reg.policies[s.cache.policy]
+    cache = BlockCache(b.tiers, policy, s.cache.promote, recorder, b.gds, Parts(b.geo.part_bytes))
     fake = all(FAKE_IO in t.flags for t in b.tiers)
     options = LifecycleOptions(s.model.block_tokens, b.geo.bytes_per_token,
                                chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify,
@@ -206,7 +200,7 @@ def _close_io_trace(run: RunSpec, b: RunContext, st: Stages) -> None:
     job = "none (the storage tier is remote: network + server, no fio job replays it)"
     try:
         if REMOTE not in b.tiers[-1].flags:
-            job = trace.fio_job(b.site.cache_dir if b.site else ".", fio_of(b.site), b.workers,
+            job = trace.fio_job(b.site.cache_dir if b.site else ".", fio_of(b.site, run.reg.engines), b.workers,
                                 run.s.run.duration_s, b.tiers[-1].capacity_bytes)
     except UserError as e:
         job = f"not written ({e})"
@@ -240,12 +234,13 @@ def _results(run: RunSpec, p: Prepared, st: Stages, outcome: RunOutcome, precond
         shared_storage=run.s.tiers.shared_storage, adopted_blocks=st.cache.adopted, precondition=precondition,
         autoscale=st.scaler.to_dict() if st.scaler is not None else None, role=role,
         telemetry=_telemetry(b, st, snap.counters))
-    return build_results(snap, run_info(run.s, b, run.run_id, outcome, run.dist), resolved(run.s, b).to_dict(), facts)
+    return build_results(snap, run_info(run.s, b, run.run_id, outcome, run.dist), resolved(run.s, b, run.reg).to_dict(),
+                         facts)
 
 
 def _one_run(run: RunSpec) -> tuple[int, Results | None]:
     """One measured run into run.folder; (exit status, merged results on rank 0)."""
-    s, agreed = agreed_settings_of(run.s, run.dist)
+    s, agreed = agreed_settings_of(run.s, run.dist, run.reg)
     run = dataclasses.replace(run, s=s)
     dist, say = run.dist, run.say
     p = prepare(run)
@@ -258,7 +253,7 @@ def _one_run(run: RunSpec) -> tuple[int, Results | None]:
         role_open = False
         _close_io_trace(run, p.ctx, st)
         results = _results(run, p, st, outcome, precondition, role)
-        capacity.attach(results, st.recorder, p.ctx.tiers, run.folder, s.cache.policy)
+        capacity_curve.attach(results, st.recorder, p.ctx.tiers, run.folder, s.cache.policy, run.reg.policies)
     finally:  # a shared namespace is removed by rank 0 alone, once every rank is done with it
         with signals.deferred():  # a signal now must not leave the data directory half removed
             close(p.ctx, not s.run.keep_data and not run.shared, role_open)

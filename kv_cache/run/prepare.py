@@ -11,53 +11,43 @@ from pathlib import Path
 
 from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
-from kv_cache.lifecycle.executor import buffer_bytes
 from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.lifecycle.worker import buffer_bytes
 from kv_cache.run.budget import check_fits
 from kv_cache.run.checks import check_options, check_traffic
-from kv_cache.run.compose import (
-    RunContext,
-    build_tiers,
-    check_dir,
-    default_workers,
-    gds_link,
-    geometry,
-    memory_budget,
-    open_gpu,
-    pin_host_memory,
-    probe_workers,
-    qos_policy,
-    storage_site,
-    worker_ceiling,
-)
 from kv_cache.run.distributed import Dist
+from kv_cache.run.geometry import geometry
 from kv_cache.run.handoff import abandon_role, open_handoff, size_handoff
 from kv_cache.run.leftovers import set_state
+from kv_cache.run.serving import qos_policy
+from kv_cache.run.site import check_dir, storage_site
+from kv_cache.run.sizing import default_workers, memory_budget, probe_workers, worker_ceiling
+from kv_cache.run.stack import RunContext, build_tiers, gds_link, open_gpu, pin_host_memory
 from kv_cache.run.traffic import Traffic, build_traffic
 
 
-def build(s: Settings, run_id: str, payloads: PayloadPool | None, *, rank: int = 0, join: bool = False,
+def build(s: Settings, reg, run_id: str, payloads: PayloadPool | None, *, rank: int = 0, join: bool = False,
            probe: bool = True, link=None) -> RunContext:
-    """probe: --workers 0 may step the storage tier's concurrency (not under MPI: ranks would probe each other);
-    link: the traffic's handoff link (a NIXL decode node's)."""
+    """reg: the registry (run/registry.py); probe: --workers 0 may step the storage tier's concurrency (not under
+    MPI: ranks would probe each other); link: the traffic's handoff link (a NIXL decode node's)."""
     if not probe and not s.schedule.workers:
         s = replace(s, "schedule.workers", default_workers())
     geo = geometry(s)
     gpu, gpu_note = open_gpu(s)
-    ceiling = worker_ceiling(s, geo, gpu)
+    ceiling = worker_ceiling(s, geo, reg, gpu)
     n = s.schedule.workers or min(default_workers(), ceiling)  # a rule of fixed facts: known before the tiers
-    s, n, handoff_size_note = _sized_handoff(s, geo, gpu, n)
+    s, n, handoff_size_note = _sized_handoff(s, reg, geo, gpu, n)
     sized = replace(s, "schedule.workers", n)  # buffers, lanes, connections and the budget for the threads that run
-    budget = memory_budget(sized, geo, gpu)
+    budget = memory_budget(sized, geo, reg, gpu)
     check_fits(budget, n, buffer_bytes(geo.io_bytes))
     fill = payloads.fill if payloads else None
     tiers, site = [], None
     try:
-        site = None if s.tiers.null_io or s.tiers.nvme == "off" else storage_site(s, run_id, join)
-        tiers, notes = build_tiers(sized, geo, site, fill, f"r{rank}", gpu, run_id)
+        site = None if s.tiers.null_io or s.tiers.nvme == "off" else storage_site(s, run_id, reg.engines, join)
+        tiers, notes = build_tiers(sized, geo, site, reg, fill, f"r{rank}", gpu, run_id)
         pin_host_memory(tiers, payloads)
         gds = gds_link(sized, tiers, gpu, geo)
-        handoff, handoff_note = open_handoff(s, geo.model.name, geo.slot_bytes, link, gpu)
+        handoff, handoff_note = open_handoff(s, reg, geo.model.name, geo.slot_bytes, link, gpu)
         steps, probe_note = probe_workers(s, tiers, geo, n, ceiling, fill)
     except BaseException:
         for t in tiers:  # registered host memory and device slabs go back, files go
@@ -73,11 +63,11 @@ def build(s: Settings, run_id: str, payloads: PayloadPool | None, *, rank: int =
                       handoff_gb=s.disagg.handoff_gb)
 
 
-def _sized_handoff(s: Settings, geo, gpu, n: int) -> tuple[Settings, int, str]:
+def _sized_handoff(s: Settings, reg, geo, gpu, n: int) -> tuple[Settings, int, str]:
     """A prefill node's handoff space, sized for the n workers that would run and written into the settings (auto
     sized): (the settings, the workers it holds, the line saying it lowered them)."""
-    rest = memory_budget(replace(s, "schedule.workers", n), geo, gpu).total_bytes  # without an auto space
-    size = size_handoff(s, geo.slot_bytes, n, rest, gpu)
+    rest = memory_budget(replace(s, "schedule.workers", n), geo, reg, gpu).total_bytes  # without an auto space
+    size = size_handoff(s, reg.transports, geo.slot_bytes, n, rest, gpu)
     if size is None:
         return s, n, ""
     s = replace(s, "disagg.handoff_gb", size.space_bytes / 2**30)
@@ -120,6 +110,7 @@ class RunSpec:
     dist: Dist
     run_id: str
     folder: Path
+    reg: object       # the registry (run/registry.py): media, engines, policies, transports
     trial: int = 0
 
     @property
@@ -143,23 +134,23 @@ def prepare(run: RunSpec) -> Prepared:
     s, dist = run.s, run.dist
     error, b, ignored = None, None, []
     try:
-        ignored = check_options(s, dist.active)
-        traffic = build_traffic(s, dist.rank, dist.size)  # bad traces are refused before any data is written
+        ignored = check_options(s, dist.active, run.reg)
+        traffic = build_traffic(s, run.reg, dist.rank, dist.size)  # bad traces are refused before any data is written
         check_traffic(s, traffic.arrival)
         qos_policy(s)  # a bad --qos-mix is refused here, before any data is written
         if not s.tiers.null_io and s.tiers.nvme == "on" and s.tiers.cache_dir:
             check_dir(os.path.abspath(s.tiers.cache_dir))  # a wrong folder is said before the payload pool is made
         payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
         if not run.shared:
-            b = build(s, f"{run.run_id}-r{dist.rank}" if dist.active else run.run_id, payloads, rank=dist.rank,
-                       probe=not dist.active, link=traffic.handoff_link)
+            b = build(s, run.reg, f"{run.run_id}-r{dist.rank}" if dist.active else run.run_id, payloads,
+                      rank=dist.rank, probe=not dist.active, link=traffic.handoff_link)
         elif dist.rank == 0:  # rank 0 makes the shared namespace; the others join it
-            b = build(s, run.run_id, payloads, probe=False)
+            b = build(s, run.reg, run.run_id, payloads, probe=False)
     except UserError as e:
         error = str(e)
     if run.shared and dist.bcast(error is None and b is not None) and dist.rank and error is None:
         try:
-            b = build(s, run.run_id, payloads, rank=dist.rank, join=True, probe=False)
+            b = build(s, run.reg, run.run_id, payloads, rank=dist.rank, join=True, probe=False)
         except UserError as e:
             error = str(e)
     try:

@@ -10,8 +10,8 @@ from kv_cache.config import Settings
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.telemetry import Telemetry
 from kv_cache.report.live import LiveLine
-from kv_cache.run.compose import RunContext
 from kv_cache.run.distributed import launched_by_mpi
+from kv_cache.run.stack import RunContext
 from kv_cache.scheduler.openloop import OpenLoopRunner
 from kv_cache.scheduler.runner import ClosedLoopRunner
 

@@ -26,9 +26,8 @@ import yaml
 
 from kv_cache import __version__
 from kv_cache.config import Settings, flag_name, iter_keys, replace
-from kv_cache.recorder.schema import Results, SchemaError
+from kv_cache.recorder.results_schema import Results, SchemaError
 from kv_cache.safefiles import write_file
-from kv_cache.tiers.engines import engines
 from kv_cache.tiers.fsinfo import mount_of
 
 
@@ -74,17 +73,17 @@ def with_rule_defaults(s: Settings, rules: Rules) -> tuple[Settings, list[str]]:
     return s, said
 
 
-def _direct(engine: str) -> bool:
-    e = engines().get(engine)
+def _direct(engine: str, engines: dict) -> bool:
+    e = engines.get(engine)
     return e is not None and e.direct
 
 
-def _directs() -> list[str]:
-    return sorted(n for n, e in engines().items() if e.direct)
+def _directs(engines: dict) -> list[str]:
+    return sorted(n for n, e in engines.items() if e.direct)
 
 
-def rule_violations(settings: dict, rules: Rules) -> list[str]:
-    """What in these settings breaks the rules (empty: nothing), each naming its flag."""
+def rule_violations(settings: dict, rules: Rules, engines: dict) -> list[str]:
+    """What in these settings breaks the rules (empty: nothing), each naming its flag; engines: the registry's."""
     run, tiers = settings["run"], settings["tiers"]
     checks = [
         (run["duration_s"] >= rules.min_duration_s, f"--duration must be >= {rules.min_duration_s:g} "
@@ -98,8 +97,8 @@ def rule_violations(settings: dict, rules: Rules) -> list[str]:
         (tiers["precondition"], "--precondition must be on"),
         (tiers["precondition_passes"] >= rules.min_precondition_passes,
          f"--precondition-passes must be >= {rules.min_precondition_passes} (is {tiers['precondition_passes']})"),
-        (not rules.direct_io or _direct(tiers["io_engine"]), f"--io-engine must be an O_DIRECT engine "
-                                                             f"({', '.join(_directs())}; is {tiers['io_engine']})"),
+        (not rules.direct_io or _direct(tiers["io_engine"], engines),
+         f"--io-engine must be an O_DIRECT engine ({', '.join(_directs(engines))}; is {tiers['io_engine']})"),
         (not tiers["null_io"], "--null-io must be off (a submission moves real bytes)"),
         (tiers["gpu"] != "simulated", "--gpu must not be simulated (modelled numbers are not measurements)"),
         (not tiers["allow_tmpfs"], "--allow-tmpfs must be off (the NVMe tier must be a device)"),
@@ -107,7 +106,7 @@ def rule_violations(settings: dict, rules: Rules) -> list[str]:
     return [message for ok, message in checks if not ok]
 
 
-def result_violations(folder: Path, rules: Rules) -> list[str]:
+def result_violations(folder: Path, rules: Rules, engines: dict) -> list[str]:
     """What in the measured trials breaks the rules."""
     out = []
     trials = sorted(folder.glob("trial-*/results.json"))
@@ -124,9 +123,9 @@ def result_violations(folder: Path, rules: Rules) -> list[str]:
             out.append(f"{name} is partial ({r.run.stopped_reason})")
         if r.verification.failures:
             out.append(f"{name} read {r.verification.failures} blocks back wrong")
-        if rules.direct_io and not _direct(r.run.io_engine):
+        if rules.direct_io and not _direct(r.run.io_engine, engines):
             out.append(f"{name} ran the {r.run.io_engine} engine ({r.run.io_engine_note}), an O_DIRECT engine "
-                       f"({', '.join(_directs())}) required")
+                       f"({', '.join(_directs(engines))}) required")
         if r.run.duration_s < rules.min_duration_s:
             out.append(f"{name} measured {r.run.duration_s:.1f} s, {rules.min_duration_s:g} s required")
         passes = r.precondition.passes if r.precondition is not None else 0
@@ -219,7 +218,7 @@ def write_package(folder: Path, settings: dict, rules: Rules, cache_dir: str) ->
     return write_file(folder / "manifest.json", json.dumps(manifest, indent=1), "--submission")
 
 
-def validate(folder: Path) -> tuple[list[str], str]:
+def validate(folder: Path, engines: dict) -> tuple[list[str], str]:
     """(failures, rules name) of a package; no failure means it conforms to its rules."""
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
@@ -239,10 +238,10 @@ def validate(folder: Path) -> tuple[list[str], str]:
     failures += [f"{name}: not in the manifest (added after packaging)" for name in sorted(present - set(listed))]
     try:
         settings = yaml.safe_load((folder / "settings.yaml").read_text())
-        failures += [f"rule: {v}" for v in rule_violations(settings, rules)]
+        failures += [f"rule: {v}" for v in rule_violations(settings, rules, engines)]
     except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
         failures.append(f"settings.yaml is missing or unreadable ({e})")
-    failures += [f"rule: {v}" for v in result_violations(folder, rules)]
+    failures += [f"rule: {v}" for v in result_violations(folder, rules, engines)]
     if not rules.for_submission:
         failures.append(f"rules {rules.name!r} are for trying the machinery: this package is not a valid submission")
     return failures, rules.name

@@ -1,6 +1,6 @@
 """Building the traffic from settings: which source, which arrival process, what to analyse.
 
-Part of the composition root (run/, with pipeline.py and compose.py): it knows the
+Part of the composition root (run/, with pipeline.py and prepare.py): it knows the
 concrete sources and hands the scheduler either closed-loop users or an
 open-loop arrival stream.
 """
@@ -15,7 +15,7 @@ import numpy as np
 from kv_cache.config import Settings
 from kv_cache.config.schema import TraceSettings
 from kv_cache.errors import UserError
-from kv_cache.run.compose import geometry
+from kv_cache.run.geometry import geometry
 from kv_cache.run.handoff import decode_traffic
 from kv_cache.sources import csvtrace, hashtrace, sharegpt
 from kv_cache.sources.replay import (
@@ -30,11 +30,11 @@ from kv_cache.sources.replay import (
     trace_builds,
     trace_span_s,
 )
-from kv_cache.sources.semantic import make_semantic_users
 from kv_cache.sources.synthetic import SystemPrompts, make_users
 from kv_cache.sources.textcorpus import ConversationTexts, TextCorpus
 from kv_cache.sources.tokenizer import make_tokenizer
 from kv_cache.sources.trace_io import TraceLog, detect_format, trace_files
+from kv_cache.sources.transforms import make_semantic_users
 
 SYNTHETIC_SAMPLE_TURNS = 20  # requests per user in the pre-run analysis of synthetic traffic
 SEMANTIC_SAMPLE_USERS = 32   # users sampled (4 requests each) in the pre-run analysis of semantic traffic
@@ -141,15 +141,16 @@ def _arrival(s: Settings, trace: TraceSet | None) -> str:
     return arrival
 
 
-def build_traffic(s: Settings, rank: int = 0, size: int = 1) -> Traffic:
-    """This rank's share of the traffic: users / sessions u with u mod size == rank."""
+def build_traffic(s: Settings, reg, rank: int = 0, size: int = 1) -> Traffic:
+    """This rank's share of the traffic: users / sessions u with u mod size == rank (reg: the registry, whose
+    handoff transports a decode node's traffic comes through)."""
     vocab, seed = s.workload.vocab_size, s.run.seed
 
     def owns(u: int) -> bool:
         return u % size == rank
 
     if s.disagg.role == "decode":  # a decode node serves what a prefill node hands over
-        arrivals, link = decode_traffic(s, geometry(s).model.name)
+        arrivals, link = decode_traffic(s, geometry(s).model.name, reg.transports)
         return Traffic("handoff", "handoff", arrivals=arrivals, handoff_link=link,
                        analysis_items=iter(()), analysis_total=0,
                        notes=["requests come from the prefill node's manifest as it publishes them"])

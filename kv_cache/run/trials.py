@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from kv_cache.recorder.schema import Results, rounded
+from kv_cache.recorder.results_schema import Results, rounded
 from kv_cache.recorder.sections import Trials
 from kv_cache.recorder.typed import load_section
 from kv_cache.report.table import format_table

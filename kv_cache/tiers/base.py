@@ -14,10 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-# Capability flags.
-DEVICE_MEMORY = "device_memory"    # bytes live in GPU HBM
-DIRECT_IO = "direct_io"            # bypasses the page cache
-NEEDS_ALIGNMENT = "needs_alignment"  # buffers must be page-aligned
+# Capability flags: each is read somewhere above the tier that sets it (tests/unit/test_composition.py checks).
 FAKE_IO = "fake_io"                # moves no bytes (null tier): payloads need not be built
 SIMULATED = "simulated"            # timing comes from a model, not a device
 SHARED = "shared"                  # other processes write and evict blocks here too (hook: adopt)

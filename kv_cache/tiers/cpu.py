@@ -10,9 +10,9 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import UserError
-from kv_cache.tiers.base import HOST_SLOTS, NEEDS_ALIGNMENT, SlottedTier
+from kv_cache.tiers.base import HOST_SLOTS, SlottedTier
+from kv_cache.tiers.kinds import GiB, StackContext, TierKind, holds_no_slot
 from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.registry import GiB, StackContext, holds_no_slot, register
 from kv_cache.tiers.slots import runs
 
 
@@ -20,7 +20,7 @@ class CpuTier(SlottedTier):
     """Host-memory tier over one aligned arena."""
 
     name = "cpu"
-    flags = frozenset({NEEDS_ALIGNMENT, HOST_SLOTS})
+    flags = frozenset({HOST_SLOTS})
 
     def __init__(self, capacity_bytes: int, slot_bytes: int):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
@@ -55,11 +55,11 @@ def _most_bytes(s) -> int:
     return int(s.cpu_mem_gb * GiB)
 
 
-def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None) -> CpuTier:
+def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None,
+                  engines=None) -> CpuTier:
     return CpuTier(capacity_bytes, slot_bytes)
 
 
-@register("cpu", level=1, most_bytes=_most_bytes, contract=("arena",), make_for_test=make_for_test)
 def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     """Host RAM: page-aligned slabs of fixed slots, or off with --cpu-mem-gb 0."""
     s, slot = ctx.settings, ctx.slot_bytes
@@ -69,3 +69,6 @@ def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     if want < slot:
         raise UserError(holds_no_slot("--cpu-mem-gb", s.cpu_mem_gb, slot, "CPU"))
     return (NullTier("cpu", want, slot) if ctx.null_io else CpuTier(want, slot)), ""
+
+
+MEDIUM = TierKind("cpu", 1, build, most_bytes=_most_bytes, contract=("arena",), make_for_test=make_for_test)

@@ -1,6 +1,7 @@
 """The NVMe tier's I/O engines, as fio's ioengines: how bytes move between a buffer and a file. One table, ENGINES:
 the --io-engine setting's choices, --help, the fio job an --io-trace writes and the submission rules read it. An
-engine is one class (here, or in a module of its own that registers it, as uring.py does)."""
+engine is one class, here or in a module of its own (uring.py): a module's ENGINES declares what it defines, and
+tiers.catalog.find_media() collects them (nothing registers on import)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import os
 
 import numpy as np
 
-from kv_cache.tiers.base import DIRECT_IO
 from kv_cache.tiers.posix_io import drop_cached, pread_all, pwrite_all
 
 
@@ -27,7 +27,6 @@ class Engine:
 
     name = ""
     open_flags = 0           # added to os.open's flags
-    tier_flags: frozenset = frozenset()
     maps = False             # moves bytes through a mapping of the whole file (slab layout only)
     fio = ("psync", 0, False)  # what fio runs for it: (ioengine, direct, fsync after each write)
     summary = ""             # one line for --help
@@ -49,7 +48,7 @@ class Engine:
 
 
 class DirectEngine(Engine):
-    name, open_flags, tier_flags = "direct", os.O_DIRECT, frozenset({DIRECT_IO})
+    name, open_flags = "direct", os.O_DIRECT
     fio, summary = ("psync", 1, False), "O_DIRECT pread / pwrite"
 
 
@@ -81,28 +80,4 @@ class MmapEngine(Engine):
         np.copyto(out, t.view[off:off + out.size])
 
 
-ENGINES: dict[str, Engine] = {}
-
-
-def register_engine(engine: Engine) -> Engine:
-    """An engine's module adds it here on import (the tiers package is imported whole before a stack is built): the
-    one table the setting's choices, --help, the fio job and the submission rules read."""
-    ENGINES[engine.name] = engine
-    return engine
-
-
-for _e in (DirectEngine(), BufferedEngine(), MmapEngine()):
-    register_engine(_e)
-
-
-def engines() -> dict[str, Engine]:
-    """Every engine, the other modules of the tiers package imported first (an engine of its own registers then)."""
-    from kv_cache.tiers.registry import kinds_by_name
-
-    kinds_by_name()
-    return ENGINES
-
-
-def usable_engines() -> dict[str, Engine]:
-    """The engines this host can run (io_uring may be refused by the kernel or a container's seccomp)."""
-    return {n: e for n, e in engines().items() if not e.unavailable()}
+ENGINES = (DirectEngine(), BufferedEngine(), MmapEngine())  # this module's engines (catalog.find_media reads it)

@@ -24,10 +24,10 @@ from bisect import bisect_right
 import numpy as np
 
 from kv_cache.errors import UserError
-from kv_cache.tiers.base import DEVICE_MEMORY, HOST_SLOTS, PINS_HOST, PerThread, SlottedTier
+from kv_cache.tiers.base import HOST_SLOTS, PINS_HOST, PerThread, SlottedTier
 from kv_cache.tiers.devices import D2H, H2D, check_fits
+from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of, holds_no_slot
 from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.registry import GiB, StackContext, capacity_of, holds_no_slot, register
 from kv_cache.tiers.simulated import SimulatedTier
 
 
@@ -46,7 +46,7 @@ H2D_DIRECT, H2D_STAGED, D2H_DIRECT, D2H_STAGED = range(4)
 
 class GpuTier(SlottedTier):
     name = "gpu"
-    flags = frozenset({DEVICE_MEMORY, PINS_HOST})
+    flags = frozenset({PINS_HOST})
 
     def __init__(self, backend, capacity_bytes: int, slot_bytes: int, devices: list[int], lanes: int,
                  staging_bytes: int):
@@ -225,7 +225,7 @@ def _most_bytes(s) -> int:
     return 0 if s.gpu == "off" else int(s.gpu_mem_gb * GiB)
 
 
-def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None):
+def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None, engines=None):
     """simulated (the bandwidth model), fake1 / fake2 (GpuTier over one or two fake devices), cupy (a real one,
     or None when there is none: the test skips)."""
     if variant == "simulated":
@@ -239,8 +239,6 @@ def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes:
     return GpuTier(backend, capacity_bytes, slot_bytes, devices, lanes=4, staging_bytes=4 * slot_bytes)
 
 
-@register("gpu", level=0, most_bytes=_most_bytes, contract=("simulated", "fake1", "fake2", "cupy"),
-          make_for_test=make_for_test)
 def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     """HBM: simulated (a bandwidth model, labelled), real (CuPy found a device), or off with the reason."""
     s, slot = ctx.settings, ctx.slot_bytes
@@ -265,3 +263,7 @@ def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     total = capacity_of(s.gpu_mem_gb, slot)
     check_fits(ctx.gpu, devices, -(-total // n))
     return GpuTier(ctx.gpu, total, slot, devices, ctx.lanes, ctx.io_bytes or ctx.max_object_bytes), ""
+
+
+MEDIUM = TierKind("gpu", 0, build, most_bytes=_most_bytes, contract=("simulated", "fake1", "fake2", "cupy"),
+                  make_for_test=make_for_test)

@@ -5,6 +5,7 @@ kills a run, a test session or `make install`."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -23,12 +24,20 @@ def crashed(rc: int) -> bool:
     return rc < 0
 
 
+def _finding_this_package() -> dict:
+    """The environment with this package's own folder first on PYTHONPATH: the child imports the same kv_cache as
+    its parent (run from a clone, or beside another install of it)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
 def probe_in_child(module: str, what: str, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, str]:
     """(exit status, why `what` cannot run here: "" when it can). The child runs `python -m MODULE --probe-here`,
     which prints the reason it found (empty when none) and exits 0; any other end is the reason."""
     try:
         r = subprocess.run([sys.executable, "-m", module, "--probe-here"], capture_output=True, text=True,
-                           timeout=timeout_s, stdin=subprocess.DEVNULL)
+                           timeout=timeout_s, stdin=subprocess.DEVNULL, env=_finding_this_package())
     except subprocess.TimeoutExpired:
         return 1, f"its probe ({what}, in a child process) did not answer within {timeout_s:g} s"
     if crashed(r.returncode):

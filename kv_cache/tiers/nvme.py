@@ -1,4 +1,4 @@
-"""NVMe tier: blocks in files of a cache directory, moved by one of the engines of ENGINES.
+"""NVMe tier: blocks in files of a cache directory, moved by one of the disk engines found (tiers/engines.py).
 
 Vocabulary: *layout* is where bytes go (``slab``: preallocated files cut
 into fixed slots, no file created or removed per block; ``file-per-block``:
@@ -27,11 +27,11 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import BlockVanished, RunFault, UserError
-from kv_cache.tiers.base import IO_UNITS, NEEDS_ALIGNMENT, PRECONDITIONS, SHARED, STORAGE, SlottedTier
-from kv_cache.tiers.engines import ENGINES, Engine, Target, engines
+from kv_cache.tiers.base import IO_UNITS, PRECONDITIONS, SHARED, STORAGE, SlottedTier
+from kv_cache.tiers.engines import Engine, Target
+from kv_cache.tiers.kinds import GiB, StackContext, StorageSite, TierKind, capacity_of
 from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.posix_io import CHUNK, pwrite_all
-from kv_cache.tiers.registry import GiB, StackContext, StorageSite, capacity_of, register, register_shared_files
 from kv_cache.tiers.slots import runs
 
 
@@ -65,21 +65,18 @@ class NvmeTier(SlottedTier):
 
     name = "nvme"
 
-    def __init__(self, directory: str, capacity_bytes: int, slot_bytes: int, engine: str,
+    def __init__(self, directory: str, capacity_bytes: int, slot_bytes: int, engine: Engine,
                  layout: str = "slab", slab_file_bytes: int = 4 << 30, engine_note: str = "", shared: bool = False,
                  writer: str = "0", io_unit_bytes: int = 0):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
         if shared:
             layout = "file-per-block"  # other processes must find blocks by name
-        if engine not in ENGINES:  # an engine of its own module registers on import: the package's, imported now
-            engines()
-        self.ops = ENGINES[engine]
+        self.ops, engine = engine, engine.name
         if layout == "file-per-block" and self.ops.maps:
             raise UserError(f"--io-engine {engine} needs --nvme-layout slab (one mapping per slab file)"
                             + (" and --shared-storage needs one file per block." if shared else "."))
         self.directory, self.engine, self.layout, self.writer = directory, engine, layout, writer
-        self.flags = frozenset({NEEDS_ALIGNMENT, PRECONDITIONS, STORAGE} | self.ops.tier_flags
-                               | ({SHARED} if shared else set()))
+        self.flags = frozenset({PRECONDITIONS, STORAGE} | ({SHARED} if shared else set()))
         self.per_file = max(1, slab_file_bytes // slot_bytes)
         # --io-unit layer: every block moves as I/Os of at most io_unit_bytes, each timed (io_times)
         self.unit = io_unit_bytes or CHUNK
@@ -312,18 +309,22 @@ def _agree(s, ranks: int, cache_dir: str) -> tuple[dict, str]:
         f"all = {said}, over {ranks} ranks; --nvme-gb fixes it (per rank)")
 
 
-CONTRACT = tuple(f"{e}/{lay}" for e in ENGINES for lay in ("slab", "file-per-block")
-                 if not (ENGINES[e].maps and lay != "slab"))
+def contract(engines: dict) -> tuple[str, ...]:
+    """engine/layout of every engine found (a mapping engine has the slab layout alone)."""
+    return tuple(f"{e}/{lay}" for e in engines for lay in ("slab", "file-per-block")
+                 if not (engines[e].maps and lay != "slab"))
 
 
-def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None) -> NvmeTier:
-    """The contract test's tier: engine/layout, two slots per slab file so objects cross file boundaries."""
+def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None,
+                  engines=None) -> NvmeTier | None:
+    """The contract test's tier: engine/layout, two slots per slab file so objects cross file boundaries (None:
+    the engine cannot run on this host, said by its unavailable())."""
     engine, layout = variant.split("/")
-    return NvmeTier(directory, capacity_bytes, slot_bytes, engine, layout, slab_file_bytes=2 * slot_bytes)
+    if engines[engine].unavailable():
+        return None
+    return NvmeTier(directory, capacity_bytes, slot_bytes, engines[engine], layout, slab_file_bytes=2 * slot_bytes)
 
 
-@register("nvme", level=2, most_bytes=_most_bytes, resolved=_resolved, contract=CONTRACT,
-          make_for_test=make_for_test, agree=_agree)
 def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     """The local disk tier; under --null-io the null tier of --nvme-gb (the policies' and hit rates' tests)."""
     s, slot, site = ctx.settings, ctx.slot_bytes, ctx.site
@@ -336,12 +337,12 @@ def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     cap, said = capacity(s, site, slot, ctx.max_object_bytes, free)
     note = "" if s.nvme_gb else (f"nvme tier size chosen: {cap / GiB:.2f} GiB = {said}; --nvme-gb fixes it "
                                  f"(settings.yaml records it)")
-    return NvmeTier(site.data_dir, cap, slot, site.engine, s.nvme_layout, int(s.slab_file_gb * GiB), site.engine_note,
-                    s.shared_storage, ctx.writer, ctx.io_unit_bytes), note
+    return NvmeTier(site.data_dir, cap, slot, ctx.engines[site.engine], s.nvme_layout, int(s.slab_file_gb * GiB),
+                    site.engine_note, s.shared_storage, ctx.writer, ctx.io_unit_bytes), note
 
 
 
-def _shared_files(engine: str, slot_bytes: int, name: str):
+def _shared_files(engine: Engine, slot_bytes: int, name: str):
     def open_blocks(directory: str, capacity_bytes: int, writer: str):
         tier = NvmeTier(directory, max(capacity_bytes, slot_bytes), slot_bytes, engine, shared=True, writer=writer)
         tier.name = name
@@ -349,4 +350,5 @@ def _shared_files(engine: str, slot_bytes: int, name: str):
     return open_blocks
 
 
-register_shared_files(_shared_files)
+MEDIUM = TierKind("nvme", 2, build, most_bytes=_most_bytes, resolved=_resolved, contract=contract,
+                  make_for_test=make_for_test, agree=_agree, shared_files=_shared_files)

@@ -28,8 +28,8 @@ from kv_cache import runlog
 from kv_cache.errors import RunFault, ServerDown, UserError
 from kv_cache.markers import leftover, marker_body, sweep
 from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier
+from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of, scheme_of
 from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.registry import GiB, StackContext, capacity_of, register, remote_kind, scheme_of, schemes_served
 
 NAMESPACE = "kvbench-"
 MARKER_OBJECT = ".kvbench-run.json"  # the marker of a namespace, as the marker file of a data directory
@@ -47,11 +47,13 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def medium_of(url: str):
-    """The TierKind serving url's scheme; an unknown scheme is one sentence naming those that are served."""
-    kind = remote_kind(url)
+def medium_of(media, url: str) -> TierKind:
+    """The TierKind (of catalog.Media media) serving url's scheme; an unknown scheme is one sentence naming those
+    that are served."""
+    kind = media.remote_kind(url)
     if kind is None:
-        raise UserError(f"--remote-url {redact(url)}: no medium serves that scheme; use one of {schemes_served()}.")
+        raise UserError(f"--remote-url {redact(url)}: no medium serves that scheme; use one of "
+                        f"{media.schemes_served()}.")
     return kind
 
 
@@ -110,7 +112,7 @@ class RemoteTier(SlottedTier):
         self.flags = frozenset({STORAGE, REMOTE})
         self.description = description
         self.down = ""  # why the server stopped answering: the run's later calls fail at once, not each after
-        write_marker(store, run_id)  # its timeout (a frozen server's stop took 4-5 timeouts of in-flight calls)
+        mark_namespace(store, run_id)  # its timeout (a frozen server's stop took 4-5 timeouts of in-flight calls)
 
     def _call(self, op, *args):
         if self.down:
@@ -143,7 +145,7 @@ class RemoteTier(SlottedTier):
             if remove:
                 remove_run(self.store, self.run_id, self.slots.keys())
             else:
-                write_marker(self.store, self.run_id, "kept")
+                mark_namespace(self.store, self.run_id, "kept")
         except (RunFault, UserError) as e:  # the server is gone or silent: say what stays there, and how to go
             what = "could not remove this run's objects from" if remove else "could not mark this run's objects kept in"
             runlog.tell(f"{what} {self.store.url} ({str(e).rstrip('.')}); once the server answers, "
@@ -152,7 +154,7 @@ class RemoteTier(SlottedTier):
             self.store.close()
 
 
-def write_marker(store: Store, run_id: str, state: str = "running") -> None:
+def mark_namespace(store: Store, run_id: str, state: str = "running") -> None:
     store.write_small(store.marker_name(run_id), json.dumps(marker_body(run_id, state)).encode())
 
 
@@ -186,7 +188,7 @@ class RemoteLeftover:
                 f"started {when}" + (", kept with --keep-data)" if self.kept else ")"))
 
 
-def find_leftovers(store: Store, this_run: str = "", kept: bool = False) -> list[RemoteLeftover]:
+def dead_namespaces(store: Store, this_run: str = "", kept: bool = False) -> list[RemoteLeftover]:
     """Namespaces whose marker says running while its run is gone (or on another host); with kept, also those
     kept on purpose (--keep-data). None from a store that cannot list its keys (see the module docstring)."""
     out: list[RemoteLeftover] = []
@@ -207,8 +209,8 @@ def find_leftovers(store: Store, this_run: str = "", kept: bool = False) -> list
     return out
 
 
-def leftovers_note(store: Store, run_id: str) -> str:
-    dead = [x for x in find_leftovers(store, run_id) if not x.other_host]
+def dead_namespaces_note(store: Store, run_id: str) -> str:
+    dead = [x for x in dead_namespaces(store, run_id) if not x.other_host]
     if not dead:
         return ""
     runs = ", ".join(x.run_id for x in dead[:3]) + (" ..." if len(dead) > 3 else "")
@@ -216,24 +218,24 @@ def leftovers_note(store: Store, run_id: str) -> str:
             f"remove them with `kv_cache_benchmark.py clean --remote-url {store.url}`.")
 
 
-def clean(store: Store, other_hosts: bool, dry_run: bool, say, kept: bool = False) -> int:
+def clean_namespaces(store: Store, other_hosts: bool, dry_run: bool, say, kept: bool = False) -> int:
     """Remove the namespaces dead runs left in store (of other hosts too with other_hosts, kept ones too with
     kept); how many."""
     if not isinstance(store, Listing):
         say(f"{store.url}: this store cannot list its keys, so no killed run's objects can be found there; its own "
             f"eviction reclaims them.")
         return 0
-    return sweep(find_leftovers(store, kept=kept), other_hosts, dry_run, say, lambda x: remove_run(store, x.run_id),
+    return sweep(dead_namespaces(store, kept=kept), other_hosts, dry_run, say, lambda x: remove_run(store, x.run_id),
                  lambda x: x.describe(store.url))
 
 
-def build_remote(ctx: StackContext, name: str, open_store) -> tuple[SlottedTier | None, str]:
+def build_remote(ctx: StackContext, kind: TierKind, open_store) -> tuple[SlottedTier | None, str]:
     """The remote tier a builder makes from --remote-url: its store opened and checked, its size chosen, the
     leftovers of killed runs said. open_store(url, section, lanes) -> Store."""
-    s, slot = ctx.settings, ctx.slot_bytes
+    s, slot, name = ctx.settings, ctx.slot_bytes, kind.name
     if ctx.null_io:
         return NullTier(name, capacity_of(s.remote_gb, slot) or REMOTE_AUTO_MAX, slot), ""
-    store = open_store(s.remote_url, ctx.section(name), ctx.lanes)
+    store = open_store(s.remote_url, ctx.section(kind), ctx.lanes)
     try:
         store.check()
         if s.remote_gb:
@@ -248,7 +250,7 @@ def build_remote(ctx: StackContext, name: str, open_store) -> tuple[SlottedTier 
                    "give the server more memory (its maxmemory); --remote-gb cannot exceed what it has")
             raise UserError(f"--remote-url {store.url}: {cap / GiB:.3f} GiB holds no "
                             f"{ctx.max_object_bytes / 2**20:.1f} MiB object; {fix}.")
-        notes = [n for n in (why, getattr(store, "warning", ""), leftovers_note(store, ctx.run_id)) if n]
+        notes = [n for n in (why, getattr(store, "warning", ""), dead_namespaces_note(store, ctx.run_id)) if n]
         tier = RemoteTier(name, store, ctx.run_id, cap, slot,
                           f"{store.url} ({store.version}): network + server, not a device; one object per block in "
                           f"namespace {NAMESPACE}{ctx.run_id}, {cap // slot} slots of {slot / 2**20:.2f} MiB")
@@ -280,8 +282,8 @@ def contract_tier(name: str, store: Store, variant: str, directory: str, capacit
     return RemoteTier(name, store, run_id, capacity_bytes, slot_bytes, f"{store.url} (contract)")
 
 
-def register_remote(name: str, schemes: tuple[str, ...], open_store, **hooks) -> None:
-    """Register a remote medium: the tier of --remote-url when its scheme is one of schemes. Its size is
+def remote_medium(name: str, schemes: tuple[str, ...], open_store, section: type, **hooks) -> TierKind:
+    """A remote medium's declaration: the tier of --remote-url when its scheme is one of schemes. Its size is
     --remote-gb (0: chosen from the server, written back into tiers.remote_gb); hooks: contract, make_for_test,
     local_server (see TierKind)."""
     def most_bytes(s) -> int:
@@ -295,7 +297,8 @@ def register_remote(name: str, schemes: tuple[str, ...], open_store, **hooks) ->
     def build(ctx: StackContext):
         if scheme_of(ctx.settings.remote_url) not in schemes:
             return None, ""
-        return build_remote(ctx, name, open_store)
+        return build_remote(ctx, kind, open_store)
 
-    register(name, level=3, most_bytes=most_bytes, resolved=resolved, schemes=schemes, open_store=open_store,
-             **hooks)(build)
+    kind = TierKind(name, 3, build, most_bytes=most_bytes, resolved=resolved, schemes=schemes, open_store=open_store,
+                    section=section, **hooks)
+    return kind

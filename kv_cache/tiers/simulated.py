@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kv_cache.tiers.base import DEVICE_MEMORY, SIMULATED, SlottedTier
+from kv_cache.tiers.base import SIMULATED, SlottedTier
 
 LAUNCH_S = 10e-6  # fixed per-transfer cost of a cudaMemcpyAsync + stream sync, roughly
 
@@ -23,7 +23,7 @@ LAUNCH_S = 10e-6  # fixed per-transfer cost of a cudaMemcpyAsync + stream sync, 
 class SimulatedTier(SlottedTier):
     """A modelled device-memory tier."""
 
-    flags = frozenset({SIMULATED, DEVICE_MEMORY})
+    flags = frozenset({SIMULATED})
 
     def __init__(self, name: str, capacity_bytes: int, slot_bytes: int, gbps: float,
                  fill: Callable[[int, np.ndarray], None] | None = None):

@@ -4,7 +4,7 @@ x86-64 CPU). Each worker thread has a ring of its own; a block moved in several 
 block past one call's limit) is submitted as one batch and waited for together: one system call for the batch,
 where the direct engine makes one per unit.
 
-Registered on import (the tiers package is imported whole before a stack is built): nothing else names it. A host
+Declared in ENGINES (tiers.catalog.find_media() reads every module's): nothing else names it. A host
 whose kernel or container refuses io_uring (Docker's default seccomp profile does) makes it unavailable, said in
 one sentence when asked for; the probe runs in a child process, as every native engine's does (native.py).
 """
@@ -20,8 +20,7 @@ import weakref
 import numpy as np
 
 from kv_cache.errors import RunFault
-from kv_cache.tiers.base import DIRECT_IO
-from kv_cache.tiers.engines import Engine, Target, register_engine
+from kv_cache.tiers.engines import Engine, Target
 from kv_cache.tiers.io_uring_sys import OP_READ, OP_WRITE, Ring, probe
 from kv_cache.tiers.native import child_main, probe_in_child
 from kv_cache.tiers.posix_io import CHUNK
@@ -31,7 +30,7 @@ MODULE = "kv_cache.tiers.uring"
 
 
 class UringEngine(Engine):
-    name, open_flags, tier_flags = "io_uring", os.O_DIRECT, frozenset({DIRECT_IO})
+    name, open_flags = "io_uring", os.O_DIRECT
     fio, summary = ("io_uring", 1, False), "O_DIRECT through an io_uring, a block's I/O units in one batch"
 
     def __init__(self) -> None:
@@ -90,4 +89,4 @@ class UringEngine(Engine):
 
 if __name__ == "__main__":  # the probe's child, and make install's check
     sys.exit(child_main(MODULE, "a ring and a no-op", probe, sys.argv))
-register_engine(UringEngine())
+ENGINES = (UringEngine(),)

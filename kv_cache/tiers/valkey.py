@@ -27,8 +27,8 @@ import numpy as np
 from kv_cache.config.keys import key
 from kv_cache.config.media import section
 from kv_cache.errors import RunFault, ServerDown, UserError
+from kv_cache.tiers.kinds import GiB
 from kv_cache.tiers.localserver import HOST, LocalServer, certificates, free_port, spawn
-from kv_cache.tiers.registry import GiB
 from kv_cache.tiers.remote import (
     NAMESPACE,
     REMOTE_AUTO_MAX,
@@ -37,7 +37,7 @@ from kv_cache.tiers.remote import (
     Unlisted,
     contract_tier,
     redact,
-    register_remote,
+    remote_medium,
 )
 
 SCHEMES = ("redis", "rediss", "valkey", "valkeys")
@@ -382,7 +382,8 @@ def _has_tls(binary: str) -> bool:
     return "Failed finding TLS support" not in probe.stdout + probe.stderr
 
 
-def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None) -> RemoteTier:
+def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None,
+                  engines=None) -> RemoteTier:
     """The contract test's tier over a real server (the valkey_server fixture's URL); variant 'parts' splits
     every block into 20 KiB values, so multi-part keys are checked too; 'unlisted' hides SCAN (remote.Unlisted)."""
     store = open_store(server.url, ValkeySettings(part_mb=20 / 1024 if variant == "parts" else 0.0))
@@ -390,5 +391,5 @@ def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes:
                          capacity_bytes, slot_bytes)
 
 
-register_remote("valkey", SCHEMES, open_store, contract=("whole", "parts", "unlisted"), make_for_test=make_for_test,
-                local_server=local_server)
+MEDIUM = remote_medium("valkey", SCHEMES, open_store, ValkeySettings, contract=("whole", "parts", "unlisted"),
+                       make_for_test=make_for_test, local_server=local_server)

@@ -4,37 +4,38 @@ import os
 
 import numpy as np
 import pytest
+from found import REGISTRY
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.tiers.base import FAKE_IO, Tier
 from kv_cache.tiers.cpu import CpuTier
+from kv_cache.tiers.engines import DirectEngine
 from kv_cache.tiers.null import NullTier
-from kv_cache.tiers.registry import kinds, kinds_by_name
 from kv_cache.tiers.slots import TierFull
 
 SLOT = 64 * 1024
 SLOTS = 8
 
 
-def make(kind, tmp_path, request=None):
+def make(kind, tmp_path, request=None, media=REGISTRY.media):
     """The tier of a contract case: "null", or <medium>/<variant> as the medium's module declares it (its
-    contract variants and make_for_test, found by the registry: a new medium brings its own cases)."""
+    contract variants and make_for_test, found by the registry: a new medium or engine brings its own cases)."""
     if kind == "null":
         return NullTier("nvme", SLOTS * SLOT, SLOT)
     medium, variant = kind.split("/", 1)
-    k = kinds_by_name()[medium]
+    k = media.by_name()[medium]
     server = request.getfixturevalue(f"{medium}_server") if k.local_server else None  # its real one, started here
     d = tmp_path / "data"
     d.mkdir()
-    t = k.make_for_test(variant, str(d), SLOTS * SLOT, SLOT, server)
+    t = k.make_for_test(variant, str(d), SLOTS * SLOT, SLOT, server, media.engines)
     if t is None:
         pytest.skip(f"{kind}: not on this machine")
     return t
 
 
-KINDS = ["null"] + [pytest.param(f"{k.name}/{v}", marks=pytest.mark.gpu) if v == "cupy" else f"{k.name}/{v}"
-                    for k in kinds() for v in k.contract]
+KINDS = ["null"] + [pytest.param(case, marks=pytest.mark.gpu) if case.endswith("/cupy") else case
+                    for case in REGISTRY.media.contract_cases()]  # computed from the registry when tests collect
 
 
 @pytest.fixture(params=KINDS)
@@ -108,6 +109,40 @@ def test_duplicate_put_is_refused(tier, pool):
     tier.put(5, payload(pool, 5, SLOT))
     with pytest.raises(KeyError):
         tier.put(5, payload(pool, 5, SLOT))
+
+
+class ThrowawayEngine(DirectEngine):
+    """An engine no module of kv_cache declares: O_DIRECT, each I/O counted."""
+
+    name = "throwaway"
+    moved = 0
+
+    def write(self, t, off, data, unit, times):
+        ThrowawayEngine.moved += 1
+        super().write(t, off, data, unit, times)
+
+    def read(self, t, off, out, unit, times):
+        ThrowawayEngine.moved += 1
+        super().read(t, off, out, unit, times)
+
+
+def test_an_engine_added_to_the_registry_gets_contract_cases_and_passes_them(tmp_path, pool):
+    """Contract cases come from the registry the test is handed, whatever module an engine lives in (issue 47)."""
+    media = REGISTRY.media.with_engine(ThrowawayEngine())
+    cases = [c for c in media.contract_cases() if "/throwaway/" in c]
+    assert cases == ["nvme/throwaway/slab", "nvme/throwaway/file-per-block"]
+    assert not [c for c in REGISTRY.media.contract_cases() if "/throwaway/" in c]  # the copy, not the registry
+    for n, case in enumerate(cases):
+        where = tmp_path / str(n)
+        where.mkdir()
+        t = make(case, where, media=media)
+        data = payload(pool, 9, 3 * SLOT)
+        t.put(9, data)
+        out = aligned_buffer(3 * SLOT)
+        t.get(9, out)
+        assert np.array_equal(out, data) and t.ops.name == "throwaway"
+        t.close()
+    assert ThrowawayEngine.moved >= 4
 
 
 def test_nvme_close_removes_its_files(tmp_path, pool):

@@ -3,10 +3,10 @@ wrote, and `clean` says it cannot find a killed run's objects rather than preten
 server, its SCAN withheld (remote.Unlisted)."""
 
 import numpy as np
+from found import REGISTRY
 from servers import valkey_keys
 
 from kv_cache.tiers import remote
-from kv_cache.tiers.registry import kinds_by_name
 
 SLOT = 64 * 1024
 
@@ -14,7 +14,8 @@ SLOT = 64 * 1024
 def unlisted_tier(valkey_server, tmp_path, name):
     d = tmp_path / name
     d.mkdir()
-    return kinds_by_name()["valkey"].make_for_test("unlisted", str(d), 8 * SLOT, SLOT, valkey_server)
+    return REGISTRY.media.by_name()["valkey"].make_for_test("unlisted", str(d), 8 * SLOT, SLOT, valkey_server,
+                                                        REGISTRY.engines)
 
 
 def test_the_tiers_own_index_removes_every_object_the_run_wrote(valkey_server, tmp_path):
@@ -34,8 +35,8 @@ def test_a_killed_runs_objects_are_not_found_and_clean_says_why(valkey_server, t
     tier.put(7, np.ones(SLOT, np.uint8))  # killed here: no close
     pattern = f"{remote.NAMESPACE}{tier.run_id}:*"
     said: list[str] = []
-    assert remote.find_leftovers(tier.store) == []
-    assert remote.clean(tier.store, True, False, said.append) == 0
+    assert remote.dead_namespaces(tier.store) == []
+    assert remote.clean_namespaces(tier.store, True, False, said.append) == 0
     assert said and "cannot list its keys" in said[0] and "eviction" in said[0]
     assert len(valkey_keys(valkey_server.url, pattern)) == 2  # nothing was removed blindly
     tier.close()  # the test's own cleanup: its index still knows the block

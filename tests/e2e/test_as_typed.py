@@ -50,21 +50,22 @@ def test_a_prefill_node_runs_on_its_defaults(tmp_path, transport):
 
 def test_the_auto_space_runs_fewer_publishers_on_a_16_core_machine_rather_than_refusing(monkeypatch):
     """The H200's 16 workers asked for 64 GiB and were refused; a 23 GiB machine was told to raise it to 40."""
+    from found import REGISTRY, SECTIONS
+
     from kv_cache.config import replace, resolve
     from kv_cache.run import handoff
-    from kv_cache.tiers.registry import media_sections
 
     s = resolve(None, [], {"disagg.role": "prefill", "disagg.handoff": "nixl://127.0.0.1:7000"},
-                media_sections=media_sections())
+                media_sections=SECTIONS)
     slot = 32 << 20
     for total_gib, want in ((128, 14), (23.5, 1)):
         monkeypatch.setattr(handoff.psutil, "virtual_memory", lambda t=total_gib: type("VM", (), {"total": t * 2**30}))
-        size = handoff.size_handoff(s, slot, 16, 6 << 30)
+        size = handoff.size_handoff(s, REGISTRY.transports, slot, 16, 6 << 30)
         assert size.workers == want and size.space_bytes == want * 128 * slot
-    given = handoff.size_handoff(replace(s, "disagg.handoff_gb", 9.0), slot, 16, 0)
+    given = handoff.size_handoff(replace(s, "disagg.handoff_gb", 9.0), REGISTRY.transports, slot, 16, 0)
     assert given.workers == 2 and given.space_bytes == 9 << 30  # a given space: the workers it holds
     with pytest.raises(Exception, match="cannot hold one request"):  # 2 GiB holds no 4 GiB prompt
-        handoff.size_handoff(replace(s, "disagg.handoff_gb", 2.0), slot, 16, 0)
+        handoff.size_handoff(replace(s, "disagg.handoff_gb", 2.0), REGISTRY.transports, slot, 16, 0)
 
 
 def test_the_same_command_chooses_the_same_workers_and_sizes(tmp_path, monkeypatch):

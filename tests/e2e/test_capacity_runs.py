@@ -6,10 +6,11 @@ import json
 import numpy as np
 import pytest
 from conftest import run_cli
+from found import POLICIES
 from helpers import assert_clean_error
 
-from kv_cache.recorder.capacity import curve
-from kv_cache.run.capacity import load_run
+from kv_cache.recorder.stack_distances import curve
+from kv_cache.run.capacity_curve import load_run
 
 pytestmark = pytest.mark.slow  # make test-all (CI)
 
@@ -72,13 +73,13 @@ def test_another_policy_is_replayed_and_predicts_a_real_run(small_run):
     """Issue 41: a policy other than LRU has no stack: its curve replays the run's accesses through the cache at a
     grid of capacities; read at another real run's capacity it is within one percentage point of what it achieved."""
     source = _run(small_run, "s3", "0.5", "--policy", "s3fifo")
-    assert source["capacity_curve"]["model"].startswith("s3fifo replayed on accounting tiers")
+    assert source["capacity_curve"]["replayed"] and source["capacity_curve"]["policy"] == "s3fifo"
     log, meta = load_run(small_run.out / "s3")
     real = _run(small_run, "s3small", "0.2", "--policy", "s3fifo")
-    from kv_cache.run.capacity import _replayed
+    from kv_cache.run.capacity_curve import _replayed
 
     slots = real["capacity_curve"]["run_slots"]
-    predicted = _replayed(log, meta, np.array([slots])).hit_rate[0]
+    predicted = _replayed(log, meta, np.array([slots]), POLICIES["s3fifo"]).hit_rate[0]
     assert abs(predicted - real["hit_rate"]["tokens"]) <= 0.01, (predicted, real["hit_rate"])
 
 
@@ -117,7 +118,7 @@ def _damage(folder, how: str) -> None:
     elif how == "results-list":
         res.write_text("[1, 2, 3]")
     elif how == "results-corrupt":
-        res.write_text('{"schema_version": 7, "run": ')
+        res.write_text('{"schema_version": 8, "run": ')
 
 
 def test_capacity_on_damaged_input_is_one_sentence(small_run):

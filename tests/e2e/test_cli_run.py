@@ -6,7 +6,7 @@ import re
 import pytest
 from conftest import bounded, run_cli
 
-from kv_cache.recorder.schema import SCHEMA_VERSION, Results
+from kv_cache.recorder.results_schema import SCHEMA_VERSION, Results
 
 REQUIRED = {
     "run": ["model", "users", "duration_s", "seed", "block_tokens", "block_bytes", "io_engine", "tiers"],

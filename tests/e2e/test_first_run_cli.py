@@ -2,12 +2,14 @@
 
 import yaml
 from conftest import bounded, run_cli
+from found import REGISTRY
 from results_fixture import results
 
 from kv_cache.config import Settings, replace
 from kv_cache.report.compare import setting_differences
-from kv_cache.run.compose import RunContext, geometry, resolved
-from kv_cache.tiers.registry import StorageSite
+from kv_cache.run.geometry import geometry
+from kv_cache.run.stack import RunContext, resolved
+from kv_cache.tiers.kinds import StorageSite
 
 
 def test_the_run_says_what_it_writes_and_settings_yaml_repeats_it(small_run):
@@ -41,18 +43,18 @@ def test_an_automatic_tier_size_is_recorded_exactly():
         capacity_bytes = 1234 * geo.slot_bytes
 
     site = StorageSite("/c", "/c/d", "ext4", "/", "direct")
-    out = resolved(s, RunContext(geo, site, [Bottom()], [], None, 6))
+    out = resolved(s, RunContext(geo, site, [Bottom()], [], None, 6), REGISTRY)
     assert int(out.tiers.nvme_gb * 2**30) == Bottom.capacity_bytes
     assert (out.schedule.workers, out.tiers.cache_dir) == (6, "/c")
     null_io = replace(replace(s, "schedule.workers", 3), "tiers.null_io", True)  # the null tier chose nothing
-    no_site = resolved(null_io, RunContext(geo, None, [Bottom()], [], None, 6))
+    no_site = resolved(null_io, RunContext(geo, None, [Bottom()], [], None, 6), REGISTRY)
     assert (no_site.tiers.nvme_gb, no_site.schedule.workers, no_site.tiers.cache_dir) == (0, 3, "")
 
     class Remote:
         name = "valkey"  # a remote bottom's automatic size goes into tiers.remote_gb, never tiers.nvme_gb
         capacity_bytes = 77 * geo.slot_bytes
 
-    remote = resolved(s, RunContext(geo, None, [Remote()], [], None, 6))
+    remote = resolved(s, RunContext(geo, None, [Remote()], [], None, 6), REGISTRY)
     assert (remote.tiers.nvme_gb, int(remote.tiers.remote_gb * 2**30)) == (0, Remote.capacity_bytes)
 
 

@@ -5,13 +5,13 @@ outside its strict config schema, an --output that cannot be written) is refused
 
 import pytest
 from conftest import SMALL, bounded, run_cli
+from found import SECTIONS
 from helpers import assert_clean_error
 
 from kv_cache.cli.mlperf import expand_prefixes, translate
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
 from kv_cache.model import find_model
-from kv_cache.tiers.registry import media_sections
 
 OURS = {"--users", "--duration", "--model", "--output-dir", "--max-requests", "--seed", "--cache-dir"}
 
@@ -19,7 +19,7 @@ OURS = {"--users", "--duration", "--model", "--output-dir", "--max-requests", "-
 def settings_of(*argv):
     t = translate(list(argv))
     sets = [t.argv[i + 1] for i, a in enumerate(t.argv) if a == "--set"]
-    return resolve(None, sets, {}, media_sections=media_sections()), t
+    return resolve(None, sets, {}, media_sections=SECTIONS), t
 
 
 def test_trace_speedup_zero_is_no_delay_back_to_back(tmp_path):

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 from conftest import SMALL, bounded, run_cli
+from found import REGISTRY, SECTIONS
 from helpers import assert_clean_error
 from mlperf_reference import key_paths
 
 from kv_cache.cli.mlperf import speaks_reference, translate
 from kv_cache.config import resolve
-from kv_cache.tiers.registry import media_sections
 
 REFERENCE_KEYS = json.loads((Path(__file__).parents[1] / "fixtures" / "mlperf_reference_keys.json").read_text())
 
@@ -19,7 +19,7 @@ def settings_of(*argv):
     """Our Settings for a reference command line (what cli._cmd_run resolves)."""
     t = translate(list(argv))
     sets = [t.argv[i + 1] for i, a in enumerate(t.argv) if a == "--set"]
-    return resolve(None, sets, {}, media_sections=media_sections()), t
+    return resolve(None, sets, {}, media_sections=SECTIONS), t
 
 
 # Their four documented tests, shortened (requests, users, sizes) and pointed at the test's folders; the
@@ -110,7 +110,7 @@ def test_flags_shared_by_name_pass_through_and_ours_alone_are_not_translated():
     from kv_cache.cli.main import run_parser
     from kv_cache.cli.mlperf import REFERENCE_FLAGS, SHARED_FLAGS
 
-    ours = {o for a in run_parser()._actions for o in a.option_strings}
+    ours = {o for a in run_parser(REGISTRY)._actions for o in a.option_strings}
     assert REFERENCE_FLAGS & ours == SHARED_FLAGS  # every other reference flag is theirs alone
     assert not speaks_reference(["--model", "llama70b", "--users", "20", "--duration", "5", "--gpu-mem-gb", "1",
                                  "--request-rate", "3"])

@@ -13,7 +13,7 @@ import zstandard
 from conftest import bounded, run_cli
 
 from kv_cache.recorder.recorder import Recorder
-from kv_cache.recorder.schema import SCHEMA_VERSION
+from kv_cache.recorder.results_schema import SCHEMA_VERSION
 from kv_cache.report.live import LiveLine
 
 PLOTS = ("latency_percentiles.png", "throughput.png", "occupancy.png", "hit_rate.png")

@@ -4,12 +4,12 @@ import random
 import threading
 
 import numpy as np
+from found import POLICIES
 from helpers import assert_cache_consistent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kv_cache.cache.cache import BlockCache
-from kv_cache.cache.policies import POLICIES
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.null import NullTier
 
@@ -22,7 +22,7 @@ def make(cpu, nvme, promote, gpu=0, policy="lru"):
                                                                      NullTier("nvme", nvme * SLOT, SLOT)]
     rec = Recorder()
     rec.start_measuring(0)
-    return BlockCache(tiers, policy, promote, rec)
+    return BlockCache(tiers, POLICIES[policy], promote, rec)
 
 
 op = st.one_of(

@@ -7,6 +7,7 @@ import pytest
 from helpers import assert_cache_consistent
 
 from kv_cache.cache.cache import BlockCache
+from kv_cache.cache.policies.lru import LRUPolicy
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.null import NullTier
 
@@ -18,7 +19,7 @@ def make_cache(cpu_slots=2, nvme_slots=3, promote=True, gpu_slots=0):
         NullTier("cpu", cpu_slots * SLOT, SLOT), NullTier("nvme", nvme_slots * SLOT, SLOT)]
     rec = Recorder()
     rec.start_measuring(0)
-    return BlockCache(tiers, "lru", promote, rec), rec
+    return BlockCache(tiers, LRUPolicy, promote, rec), rec
 
 
 BUF = np.zeros(SLOT, np.uint8)

@@ -15,13 +15,13 @@ import json
 
 import pytest
 from conftest import REPO, SMALL, run_cli
+from found import REGISTRY, SECTIONS
 
 from kv_cache.cache.hashing import chain_root
 from kv_cache.config import resolve
 from kv_cache.lifecycle.plan import Planner
-from kv_cache.run.compose import geometry
+from kv_cache.run.geometry import geometry
 from kv_cache.run.traffic import build_traffic
-from kv_cache.tiers.registry import media_sections
 
 pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
 
@@ -82,10 +82,10 @@ def _simulate(args: list[str], capacity: int | None) -> ReferencePrefixLRU:
     trace = args[args.index("--trace") + 1] if "--trace" in args else None
     if trace:
         flags["trace.path"] = trace
-    s = resolve(str(SMALL), [], flags, media_sections=media_sections())
+    s = resolve(str(SMALL), [], flags, media_sections=SECTIONS)
     planner = Planner(s.model.block_tokens,
                       chain_root(f"{geometry(s).model.name}/{s.model.kv_dtype}/tp{s.model.tp}"))
-    user = build_traffic(s).users[0]
+    user = build_traffic(s, REGISTRY).users[0]
     sim = ReferencePrefixLRU(capacity)
     for _ in range(REQUESTS):
         req = user.next_request()

@@ -8,10 +8,10 @@ import random
 
 import numpy as np
 import pytest
+from found import POLICIES
 from helpers import assert_cache_consistent
 
 from kv_cache.cache.cache import BlockCache
-from kv_cache.cache.policies import POLICIES
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.null import NullTier
 
@@ -23,7 +23,7 @@ def make(policy: str, *slots: int, promote: bool = True) -> BlockCache:
     names = ("gpu", "cpu", "nvme")[-len(slots):]
     rec = Recorder()
     rec.start_measuring(0)
-    return BlockCache([NullTier(n, k * SLOT, SLOT) for n, k in zip(names, slots)], policy, promote, rec)
+    return BlockCache([NullTier(n, k * SLOT, SLOT) for n, k in zip(names, slots)], POLICIES[policy], promote, rec)
 
 
 def write(cache: BlockCache, key: str, parent: str | None = None) -> list[str]:

@@ -1,19 +1,20 @@
 """The memory budget is computed before the run and refused with numbers."""
 
 import pytest
+from found import REGISTRY, SECTIONS
 
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
 from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, check_fits
-from kv_cache.run.compose import geometry, memory_budget
-from kv_cache.tiers.registry import media_sections
+from kv_cache.run.geometry import geometry
+from kv_cache.run.sizing import memory_budget
 
 GiB = 2**30
 
 
 def test_budget_parts():
-    s = resolve(None, [], {"tiers.cpu_mem_gb": "2", "schedule.workers": "4"}, media_sections=media_sections())
-    b = memory_budget(s, geometry(s))
+    s = resolve(None, [], {"tiers.cpu_mem_gb": "2", "schedule.workers": "4"}, media_sections=SECTIONS)
+    b = memory_budget(s, geometry(s), REGISTRY)
     assert b.cpu_tier_bytes == 25 * 80 * 2**20  # whole 80 MiB slots that fit in 2 GiB
     assert b.staging_bytes == 4 * 2 * 80 * 2**20  # workers x 2 x one llama70b block
     # gpu auto (16 GiB), cpu 2 GiB, nvme auto (at most 64 GiB) at 80 MiB slots: their blocks' bookkeeping
@@ -26,8 +27,8 @@ def test_budget_parts():
 
 def test_a_tier_too_large_to_keep_track_of_is_refused_before_anything_is_built():
     s = resolve(None, [], {"tiers.gpu": "simulated", "tiers.gpu_mem_gb": 2**20, "model.name": "llama8b",
-                           "model.block_tokens": 4}, media_sections=media_sections())
-    b = memory_budget(s, geometry(s))
+                           "model.block_tokens": 4}, media_sections=SECTIONS)
+    b = memory_budget(s, geometry(s), REGISTRY)
     assert b.bookkeeping_bytes > (2**20 * GiB // (512 << 10)) * 1000  # 2 G blocks of 512 KiB
     with pytest.raises(UserError, match="bookkeeping .* blocks the tiers can hold.*--block-tokens"):
         check_fits(b, 4, geometry(s).max_object_bytes, available=24 * GiB)
@@ -47,8 +48,8 @@ def test_staging_heavy_budget_suggests_fewer_workers():
 
 
 def test_default_run_fits_a_24_gib_machine():
-    s = resolve(None, [], {}, media_sections=media_sections())
-    b = memory_budget(s, geometry(s))
+    s = resolve(None, [], {}, media_sections=SECTIONS)
+    b = memory_budget(s, geometry(s), REGISTRY)
     check_fits(b, 4, geometry(s).max_object_bytes, available=24 * GiB)
     assert b.total_bytes < 8 * GiB
 
@@ -58,8 +59,8 @@ def test_a_nixl_prefill_nodes_region_is_a_part_of_the_budget_and_only_its():
     a decode node, or a folder handoff, registers none."""
     def handoff_bytes(role: str, url: str) -> int:
         s = resolve(None, [], {"disagg.role": role, "disagg.handoff": url, "disagg.handoff_gb": "3"},
-                    media_sections=media_sections())
-        b = memory_budget(s, geometry(s))
+                    media_sections=SECTIONS)
+        b = memory_budget(s, geometry(s), REGISTRY)
         assert b.to_dict()["handoff"] == b.handoff_bytes and b.to_dict()["total"] == b.total_bytes
         return b.handoff_bytes
 
@@ -75,11 +76,11 @@ def test_a_real_gpu_tiers_lanes_are_their_own_part_and_their_fix():
     from kv_cache.tiers.devices import FakeDevice
 
     s = resolve(None, [], {"tiers.cpu_mem_gb": "0.5", "schedule.workers": "8", "model.block_tokens": "0"},
-                media_sections=media_sections())
+                media_sections=SECTIONS)
     geo = geometry(s)
-    b = memory_budget(s, geo, FakeDevice())
+    b = memory_budget(s, geo, REGISTRY, FakeDevice())
     assert b.gpu_staging_bytes == 9 * geo.io_bytes
-    assert memory_budget(s, geo).gpu_staging_bytes == 0
+    assert memory_budget(s, geo, REGISTRY).gpu_staging_bytes == 0
     with pytest.raises(UserError, match="GPU lanes' pinned staging .* lower --workers"):
         check_fits(MemoryBudget(0, 1 * GiB, 128 << 20, gpu_staging_bytes=30 * GiB), 8, 1 * GiB, available=16 * GiB)
 
@@ -96,23 +97,23 @@ def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monke
     import gc
 
     from kv_cache.lifecycle.payload import PayloadPool
-    from kv_cache.run import compose, prepare
+    from kv_cache.run import prepare, stack
     from kv_cache.tiers.devices import FakeDevice
 
     dev = FakeDevice(hbm_bytes=4 * GiB)
-    monkeypatch.setattr(compose, "open_cupy", lambda: (dev, ""))
+    monkeypatch.setattr(stack, "open_cupy", lambda: (dev, ""))
     s = resolve(None, [], {"model.name": "llama8b", "model.block_tokens": "0", "tiers.gpu": "real",
                            "tiers.gpu_mem_gb": "0.25", "tiers.cpu_mem_gb": "0.5", "tiers.nvme_gb": "0.5",
                            "schedule.workers": "3", "tiers.cache_dir": str(tmp_path), "tiers.null_io": "false",
                            "profiles.chatbot.max_context_tokens": "1024", "profiles.coding.max_context_tokens": "1024",
-                           "profiles.document.max_context_tokens": "1024"}, media_sections=media_sections())
+                           "profiles.document.max_context_tokens": "1024"}, media_sections=SECTIONS)
     gc.collect()
     before = _rss()
     payloads = PayloadPool(s.run.seed)
-    b = prepare.build(s, "budget-check", payloads)
+    b = prepare.build(s, REGISTRY, "budget-check", payloads)
     try:
         geo = b.geo
-        bufs = [compose.worker_state(b.tiers, geo.io_bytes, False)() for _ in range(b.workers)]
+        bufs = [stack.worker_state(b.tiers, geo.io_bytes, False)() for _ in range(b.workers)]
         for i, w in enumerate(bufs):  # each worker stamps and checks the last part of the largest object once
             last = (geo.max_object_bytes - 1) // geo.io_bytes * geo.io_bytes
             part = w.block[:min(geo.io_bytes, geo.max_object_bytes - last)]
@@ -131,14 +132,14 @@ def test_the_references_object_per_request_streams_through_buffers_of_one_part()
     """Issue 36: its CLOSED workloads' objects reach 4,196 MiB at llama3.1-8b; held whole, 16 workers needed
     131 GiB of staging. Moved as parts of --io-chunk-mb, the budget grows with workers x part: it fits 24 GiB."""
     s = resolve(None, [], {"model.name": "llama3.1-8b", "model.block_tokens": "0", "schedule.workers": "16",
-                           "tiers.cpu_mem_gb": "4"}, media_sections=media_sections())
+                           "tiers.cpu_mem_gb": "4"}, media_sections=SECTIONS)
     geo = geometry(s)
     assert geo.max_object_bytes > 4000 * 2**20 and geo.io_bytes == 64 * 2**20 == geo.part_bytes
-    b = memory_budget(s, geo)
+    b = memory_budget(s, geo, REGISTRY)
     assert b.staging_bytes == 16 * 2 * 64 * 2**20
     check_fits(b, 16, geo.io_bytes, available=24 * GiB)
     assert geometry(resolve(None, [], {"model.block_tokens": "0", "tiers.io_chunk_mb": "40"},
-                            media_sections=media_sections())).part_bytes == 32 * 2**20
+                            media_sections=SECTIONS)).part_bytes == 32 * 2**20
     blocks = geometry(resolve(None, [], {"model.name": "llama8b"},
-                              media_sections=media_sections()))  # blocks: every block one I/O, no parts
+                              media_sections=SECTIONS))  # blocks: every block one I/O, no parts
     assert blocks.part_bytes == 0 and blocks.io_bytes == blocks.max_object_bytes

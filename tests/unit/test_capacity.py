@@ -1,4 +1,4 @@
-"""The capacity curve (recorder/capacity.py): exact LRU stack distances, against a plain LRU stack."""
+"""The capacity curve (recorder/stack_distances.py): exact LRU stack distances, against a plain LRU stack."""
 
 from collections import OrderedDict
 
@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kv_cache.recorder.capacity import INF, AccessLog, curve, stack_distances
+from kv_cache.recorder.stack_distances import INF, AccessLog, curve, stack_distances
 
 
 def naive(requests: list[list[int]]) -> list[int]:
@@ -44,7 +44,8 @@ def test_a_prefix_hits_as_a_prefix_and_the_curve_rises_to_the_infinite_hit_rate(
     tok = (16, 0, 0, 0, 0, 0)
     for _ in range(3):
         for chain in ([1, 2, 3, 4], [1, 2, 5, 6]):  # a shared root, two branches
-            log.request([(k, tok, p) for k, p in zip(chain, [0, *chain[:-1]])], ((0, len(chain), False),), [], 64, 1)
+            prompt = [(k, tok, p, "user") for k, p in zip(chain, [0, *chain[:-1]])]
+            log.request(prompt, ((0, len(chain), False),), [], 64, 1)
     a = log.arrays()
     c = curve(a, 0, np.array([0, 2, 4, 6, 100]))
     assert list(c.hit_rate) == sorted(c.hit_rate) and c.hit_rate[0] == 0

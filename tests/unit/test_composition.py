@@ -1,19 +1,23 @@
 """The composition root's seams: the tier registry, capability hooks, per-rank seeds, runner gauges, flags."""
 
+import dataclasses
 import os
 
 import numpy as np
 import pytest
+from found import REGISTRY, SECTIONS
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.cache.cache import BlockCache
+from kv_cache.cache.policies.lru import LRUPolicy
 from kv_cache.config import resolve
 from kv_cache.recorder.recorder import Recorder
-from kv_cache.run.compose import build_tiers, geometry
+from kv_cache.run.geometry import geometry
+from kv_cache.run.stack import build_tiers
 from kv_cache.run.traffic import rank_seed
-from kv_cache.tiers import registry
 from kv_cache.tiers.base import PINS_HOST, PRECONDITIONS, STORAGE, SlottedTier
-from kv_cache.tiers.registry import StackContext, build_stack, media_sections
+from kv_cache.tiers.catalog import Media
+from kv_cache.tiers.kinds import StackContext, TierKind
 
 MiB = 2**20
 
@@ -41,16 +45,17 @@ class ObjectStoreTier(SlottedTier):
         del self.objects[key]
 
 
-def test_a_new_bottom_tier_is_one_registration(monkeypatch):
-    kinds = {k: v for k, v in registry.kinds_by_name().items() if k != "nvme"}
-    monkeypatch.setattr(registry, "KINDS", kinds)
-    registry.register("objectstore", level=2)(lambda ctx: (ObjectStoreTier(8 * MiB, ctx.slot_bytes), ""))
+def test_a_new_bottom_tier_is_one_declaration():
+    """A medium is its TierKind: handed to the registry (a copy here), the stack is built with it."""
+    kind = TierKind("objectstore", 2, lambda ctx: (ObjectStoreTier(8 * MiB, ctx.slot_bytes), ""))
+    reg = dataclasses.replace(REGISTRY, media=REGISTRY.media.with_kind(kind, without=("nvme",)))
     s = resolve(None, [], {"tiers.cpu_mem_gb": 0.004, "tiers.gpu": "off", "model.block_tokens": 16,
-                           "model.name": "llama8b"}, media_sections=media_sections())
+                           "model.name": "llama8b"}, media_sections=SECTIONS)
     geo = geometry(s)
-    tiers, _ = build_tiers(s, geo, None)
+    tiers, _ = build_tiers(s, geo, None, reg)
     assert [t.name for t in tiers] == ["cpu", "objectstore"]
-    cache = BlockCache(tiers, "lru", True, Recorder())
+    assert "objectstore" not in REGISTRY.media.by_name()  # a copy: the registry handed to others is unchanged
+    cache = BlockCache(tiers, LRUPolicy, True, Recorder())
     assert cache.verifiable == [True, True]  # the cpu arena and ours move real bytes
     data = np.arange(4096, dtype=np.uint32).view(np.uint8)
     tiers[-1].put(7, data)
@@ -62,8 +67,8 @@ def test_a_new_bottom_tier_is_one_registration(monkeypatch):
 def test_tiers_declare_optional_hooks_with_flags():
     s = resolve(None, [], {"tiers.gpu": "simulated", "tiers.gpu_mem_gb": 0.01, "tiers.cpu_mem_gb": 0.004,
                            "model.block_tokens": 16, "model.name": "llama8b", "tiers.null_io": True},
-       media_sections=media_sections())
-    tiers, _ = build_tiers(s, geometry(s), None)
+       media_sections=SECTIONS)
+    tiers, _ = build_tiers(s, geometry(s), None, REGISTRY)
     assert [t.name for t in tiers] == ["gpu", "cpu", "nvme"]
     buf = aligned_buffer(4096)
     for t in tiers:  # the NULL hooks: callable on every tier, doing nothing where the flag is absent
@@ -74,7 +79,7 @@ def test_tiers_declare_optional_hooks_with_flags():
             t.precondition(1)
 
 
-def test_a_refused_tier_releases_the_ones_built_before_it(monkeypatch):
+def test_a_refused_tier_releases_the_ones_built_before_it():
     closed = []
 
     class Probe(ObjectStoreTier):
@@ -83,11 +88,9 @@ def test_a_refused_tier_releases_the_ones_built_before_it(monkeypatch):
 
     def refuse(ctx):
         raise RuntimeError("no room")
-    monkeypatch.setattr(registry, "KINDS", {})
-    registry.register("a", level=0)(lambda ctx: (Probe(4 * MiB, MiB), ""))
-    registry.register("b", level=1)(refuse)
+    media = Media((TierKind("a", 0, lambda ctx: (Probe(4 * MiB, MiB), "")), TierKind("b", 1, refuse)))
     with pytest.raises(RuntimeError):
-        build_stack(StackContext(None, MiB, MiB, 1, None))
+        media.build_stack(StackContext(None, MiB, MiB, 1, None))
     assert closed == ["objectstore"]
 
 
@@ -101,7 +104,7 @@ def test_rank_seeds_are_independent_and_rank_0_keeps_the_seed():
 def test_negative_flags_say_they_turn_the_feature_off():
     from kv_cache.cli.main import run_parser
 
-    helps = {a.option_strings[0]: a.help for a in run_parser()._actions if a.option_strings}
+    helps = {a.option_strings[0]: a.help for a in run_parser(REGISTRY)._actions if a.option_strings}
     for flag in ("--no-telemetry", "--no-promote"):
         assert helps[flag].startswith("Turn off"), (flag, helps[flag])
 
@@ -111,13 +114,26 @@ def test_a_signal_while_the_data_folder_is_made_leaves_no_folder(tmp_path, monke
     """Issue 37, item 6: a signal at start-up said "temporary data was removed" but left kvbench-<id>/ (empty, or
     holding only its marker; the empty one had no marker, so clean could not find it)."""
     from kv_cache.config import resolve
-    from kv_cache.run import compose
+    from kv_cache.run import site
 
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(compose, where, interrupted)
-    s = resolve(None, [f"tiers.cache_dir={tmp_path}"], {"tiers.null_io": False}, media_sections=media_sections())
+    monkeypatch.setattr(site, where, interrupted)
+    s = resolve(None, [f"tiers.cache_dir={tmp_path}"], {"tiers.null_io": False}, media_sections=SECTIONS)
     with pytest.raises(KeyboardInterrupt):
-        compose.storage_site(s, "sig")
+        site.storage_site(s, "sig", REGISTRY.engines)
     assert os.listdir(tmp_path) == []
+
+
+def test_every_capability_flag_is_read_somewhere():
+    """Issue 47, item 3: DIRECT_IO, NEEDS_ALIGNMENT and DEVICE_MEMORY were set by five modules and read by none. A
+    flag is declared in tiers/base.py only if some code asks a tier for it (`FLAG in ...flags`)."""
+    import re
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[2] / "kv_cache"
+    declared = re.findall(r"^([A-Z_]+) = \"\w+\"", (pkg / "tiers" / "base.py").read_text(), re.M)
+    code = "\n".join(p.read_text() for p in pkg.rglob("*.py"))
+    unread = [f for f in declared if not re.search(rf"\b{f} (not )?in\b|\bin \({f}\b|{f}\)? in \w", code)]
+    assert declared and not unread, unread

@@ -7,22 +7,22 @@ from pathlib import Path
 
 import pytest
 import yaml
+from found import REGISTRY, SECTIONS
 
 from kv_cache.config import REPO_CONFIG, Settings, default_dict, iter_keys, resolve
 from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
-from kv_cache.tiers.registry import media_sections
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_config_yaml_holds_every_default_of_the_schema():
-    assert yaml.safe_load(REPO_CONFIG.read_text()) == default_dict(media_sections())
+    assert yaml.safe_load(REPO_CONFIG.read_text()) == default_dict(SECTIONS)
 
 
 def test_every_key_is_documented_in_config_yaml():
     text = REPO_CONFIG.read_text()
-    for dotted, f, _ in (*iter_keys(Settings), *iter_media_keys()):
+    for dotted, f, _ in (*iter_keys(Settings), *iter_media_keys(SECTIONS)):
         assert f.metadata.get("help"), dotted
         assert f"{dotted.split('.')[-1]}:" in text, dotted
 
@@ -32,7 +32,7 @@ def test_every_key_is_used_by_the_code():
 
     code = "\n".join(p.read_text() for p in pathlib.Path(REPO_CONFIG.parent, "kv_cache").rglob("*.py")
                      if p.name != "config.py")
-    for dotted, _, _ in (*iter_keys(Settings), *iter_media_keys()):
+    for dotted, _, _ in (*iter_keys(Settings), *iter_media_keys(SECTIONS)):
         leaf = dotted.split(".")[-1]
         if dotted.startswith("profiles."):
             continue  # read through getattr(profile, ...) in the synthetic source
@@ -48,7 +48,7 @@ def test_precedence_defaults_file_set_flags(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("workload: {users: 3}\nrun: {seed: 5}\n")
     s = resolve(str(f), ["run.seed=6", "tiers.cpu_mem_gb=1.5"], {"workload.users": "9"},
-                media_sections=media_sections())
+                media_sections=SECTIONS)
     assert (s.workload.users, s.run.seed, s.tiers.cpu_mem_gb) == (9, 6, 1.5)
     assert s.model.block_tokens == 256
 
@@ -69,7 +69,7 @@ def test_bad_files_are_refused_with_the_key(tmp_path, text, msg):
     f = tmp_path / "bad.yaml"
     f.write_text(text)
     with pytest.raises(UserError, match=msg):
-        resolve(str(f), [], {}, media_sections=media_sections())
+        resolve(str(f), [], {}, media_sections=SECTIONS)
 
 
 def test_an_engine_not_in_the_table_is_one_sentence(tmp_path):
@@ -80,17 +80,17 @@ def test_an_engine_not_in_the_table_is_one_sentence(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("tiers: {io_engine: aio}\n")
     with pytest.raises(UserError, match="--io-engine aio: no such engine; use one of buffered, direct, io_uring, mmap"):
-        check_options(resolve(str(f), [], {}, media_sections=media_sections()), False)
+        check_options(resolve(str(f), [], {}, media_sections=SECTIONS), False, REGISTRY)
 
 
 def test_missing_config_file():
     with pytest.raises(UserError, match="does not exist"):
-        resolve("/nonexistent/c.yaml", [], {}, media_sections=media_sections())
+        resolve("/nonexistent/c.yaml", [], {}, media_sections=SECTIONS)
 
 
 def test_ranges_from_the_command_line():
     s = resolve(None, ["profiles.coding.context_tokens=100,200"], {"workload.system_prompt_tokens": "10,20"},
-                media_sections=media_sections())
+                media_sections=SECTIONS)
     assert s.profiles.coding.context_tokens == (100, 200)
     assert s.workload.system_prompt_tokens == (10, 20)
 
@@ -98,12 +98,12 @@ def test_ranges_from_the_command_line():
 def test_config_yaml_is_what_the_generator_writes():
     from kv_cache.config.doc import render
 
-    assert REPO_CONFIG.read_text() == render(), "run: python -m kv_cache.cli.configdoc config.yaml"
+    assert REPO_CONFIG.read_text() == render(SECTIONS), "run: python -m kv_cache.cli.configdoc config.yaml"
 
 
 def test_every_number_a_user_gives_is_bounded_above():
     """A 1e30 s duration never ends and a 1e30 GiB tier never finishes allocating: every number has a ceiling."""
-    unbounded = [d for d, f, t in (*iter_keys(Settings), *iter_media_keys())
+    unbounded = [d for d, f, t in (*iter_keys(Settings), *iter_media_keys(SECTIONS))
                  if (t in (int, float) or typing.get_origin(t) is tuple) and f.metadata.get("hi") is None]
     assert unbounded == []
 
@@ -113,7 +113,7 @@ def test_every_number_a_user_gives_is_bounded_above():
                                          ("profiles.chatbot.context_tokens", (1, 10**30))])
 def test_a_number_past_its_ceiling_is_refused_with_the_flag(flag, value):
     with pytest.raises(UserError, match="must be <="):
-        resolve(None, [], {flag: value}, media_sections=media_sections())
+        resolve(None, [], {flag: value}, media_sections=SECTIONS)
 
 
 def test_a_mistake_names_what_the_user_typed_not_another_source(tmp_path):
@@ -122,23 +122,24 @@ def test_a_mistake_names_what_the_user_typed_not_another_source(tmp_path):
     from kv_cache.errors import UserError
 
     with pytest.raises(UserError, match=r"^--set nosuch.key: unknown key 'nosuch'"):
-        resolve(None, ["nosuch.key=1"], {}, media_sections=media_sections())
+        resolve(None, ["nosuch.key=1"], {}, media_sections=SECTIONS)
     with pytest.raises(UserError, match=r"^--set models.tiny: models.tiny must be a mapping"):
-        resolve(None, ["models.tiny=3"], {}, media_sections=media_sections())
+        resolve(None, ["models.tiny=3"], {}, media_sections=SECTIONS)
     scalar = tmp_path / "s.yaml"
     scalar.write_text("run: 5\n")
     with pytest.raises(UserError, match=r"^config file .*s.yaml: section run must be a mapping, got 5"):
-        resolve(str(scalar), ["run.seed=1"], {}, media_sections=media_sections())
+        resolve(str(scalar), ["run.seed=1"], {}, media_sections=SECTIONS)
 
 
 def test_settings_resolve_against_the_media_sections_given_not_an_import_side_effect():
     """Issue 40, item 2: resolving media: {valkey: ...} before any tier module was imported failed with "unknown
     medium (known: none)". resolve takes the sections; the registry finds every medium first. In a fresh
     interpreter: this one has imported every medium already."""
-    code = ("from kv_cache.config import media, resolve\n"
-            "assert not media.SECTIONS, sorted(media.SECTIONS)\n"
-            "from kv_cache.tiers.registry import media_sections\n"
-            "s = resolve(None, ['media.valkey.timeout_s=3'], {}, media_sections=media_sections())\n"
+    code = ("import sys\n"
+            "from kv_cache.config import resolve\n"
+            "assert not any(m.startswith('kv_cache.tiers.') for m in sys.modules), 'a medium imported early'\n"
+            "from kv_cache.run.registry import discover\n"
+            "s = resolve(None, ['media.valkey.timeout_s=3'], {}, media_sections=discover().sections())\n"
             "print(s.media['valkey'].timeout_s)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -12,10 +12,12 @@ SUBCOMMANDS = ("report", "compare", "policies", "validate", "clean", "capacity")
 
 
 def _known_flags() -> set[str]:
+    from found import REGISTRY
+
     from kv_cache.cli import main as cli
     from kv_cache.cli import mlperf
 
-    flags = {s for a in cli.run_parser()._actions for s in a.option_strings}
+    flags = {s for a in cli.run_parser(REGISTRY)._actions for s in a.option_strings}
     flags |= mlperf.REFERENCE_FLAGS | {"--debug", "--allow-run-as-root", "--oversubscribe", "--hostfile", "-np"}
     for name in SUBCOMMANDS:
         make = getattr(cli, f"_{name}_parser", None)

@@ -3,7 +3,7 @@
 import pytest
 from results_fixture import results
 
-from kv_cache.recorder.schema import Latency
+from kv_cache.recorder.results_schema import Latency
 from kv_cache.recorder.sections import TheoreticalHitRate
 from kv_cache.recorder.verdict import load_verdict
 from kv_cache.report.console import render, source_order

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from found import ENGINES
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.cache.cache import BlockCache
+from kv_cache.cache.policies.lru import LRUPolicy
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.recorder.recorder import Recorder
@@ -24,7 +26,7 @@ def tiers(tmp_path):
         pytest.skip("no O_DIRECT in the test directory")
     dev = FakeDevice(count=2)
     gpu = GpuTier(dev, 4 * SLOT, SLOT, [0, 1], lanes=2, staging_bytes=2 * SLOT)
-    nvme = NvmeTier(str(tmp_path), 64 * SLOT, SLOT, "direct", slab_file_bytes=16 * SLOT)
+    nvme = NvmeTier(str(tmp_path), 64 * SLOT, SLOT, ENGINES["direct"], slab_file_bytes=16 * SLOT)
     yield dev, gpu, nvme
     nvme.close(remove=True)
     gpu.close()
@@ -37,7 +39,7 @@ def test_demotions_skip_host_memory_and_reads_land_in_device_memory(tiers):
     link = GdsLink(dev, gpu, nvme, lanes=2, max_bytes=2 * SLOT)
     rec = Recorder()
     rec.start_measuring(0)
-    cache = BlockCache([gpu, nvme], "lru", False, rec, link)
+    cache = BlockCache([gpu, nvme], LRUPolicy, False, rec, link)
     scratch = aligned_buffer(2 * SLOT)
     scratch[:] = 0xAB  # the host bounce buffer of moves: untouched when moves go through the link
     sizes = {k: SLOT if k % 2 else 2 * SLOT - 4096 for k in range(1, 9)}  # one- and two-slot blocks
@@ -62,7 +64,7 @@ def test_gds_refuses_what_it_cannot_do(tiers, tmp_path):
     dev, gpu, _ = tiers
     other = tmp_path / "files"
     other.mkdir()
-    per_block = NvmeTier(str(other), 8 * SLOT, SLOT, "direct", layout="file-per-block")
+    per_block = NvmeTier(str(other), 8 * SLOT, SLOT, ENGINES["direct"], layout="file-per-block")
     with pytest.raises(UserError, match="--nvme-layout slab"):
         GdsLink(dev, gpu, per_block, lanes=1, max_bytes=SLOT)
     from kv_cache.tiers.gds import open_link
@@ -85,7 +87,7 @@ def test_a_block_loaded_through_gds_is_promoted_device_to_device(tiers, monkeypa
     link = GdsLink(dev, gpu, nvme, lanes=2, max_bytes=SLOT)
     rec = Recorder()
     rec.start_measuring(0)
-    cache = BlockCache([gpu, nvme], "lru", True, rec, link)
+    cache = BlockCache([gpu, nvme], LRUPolicy, True, rec, link)
     scratch = aligned_buffer(SLOT)
     for k in range(1, 9):
         buf = aligned_buffer(SLOT)

@@ -10,6 +10,7 @@ import pytest
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.cache.cache import BlockCache
+from kv_cache.cache.policies.lru import LRUPolicy
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.recorder.recorder import Recorder
@@ -107,7 +108,7 @@ def test_blocks_demote_from_gpu_to_cpu_with_their_bytes(pool):
     cpu = CpuTier(16 * SLOT, SLOT)
     rec = Recorder()
     rec.start_measuring(0)
-    cache = BlockCache([gpu, cpu], "lru", True, rec)
+    cache = BlockCache([gpu, cpu], LRUPolicy, True, rec)
     scratch = aligned_buffer(SLOT)
     for k in range(1, 11):
         res = cache.reserve_write(k, SLOT, "user")
@@ -126,15 +127,20 @@ def test_blocks_demote_from_gpu_to_cpu_with_their_bytes(pool):
 
 
 def test_build_puts_a_real_gpu_tier_on_top_and_checks_the_device_count(tmp_path):
+    from found import REGISTRY, SECTIONS
+
     from kv_cache.config import resolve
-    from kv_cache.run.compose import build_tiers, geometry, storage_site, workers
-    from kv_cache.tiers.registry import media_sections
+    from kv_cache.run.geometry import geometry
+    from kv_cache.run.site import storage_site
+    from kv_cache.run.sizing import workers
+    from kv_cache.run.stack import build_tiers
 
     s = resolve(None, ["tiers.gpu_mem_gb=0.5", "tiers.gpus=2", "tiers.cpu_mem_gb=0.1", "schedule.workers=3",
                        "tiers.nvme_gb=0.25", f"tiers.cache_dir={tmp_path}"], {"tiers.null_io": False},
-       media_sections=media_sections())
+       media_sections=SECTIONS)
     geo = geometry(s)
-    tiers, notes = build_tiers(s, geo, storage_site(s, "gpu-build"), gpu=FakeDevice(count=2))
+    site = storage_site(s, "gpu-build", REGISTRY.engines)
+    tiers, notes = build_tiers(s, geo, site, REGISTRY, gpu=FakeDevice(count=2))
     try:
         assert [t.name for t in tiers] == ["gpu", "cpu", "nvme"]
         gpu = tiers[0]
@@ -145,13 +151,13 @@ def test_build_puts_a_real_gpu_tier_on_top_and_checks_the_device_count(tmp_path)
             t.close()
     with pytest.raises(UserError, match="--gpus 3 asks for more GPUs than the 2"):
         build_tiers(resolve(None, ["tiers.gpus=3", "tiers.null_io=true"], {},
-                            media_sections=media_sections()), geo, None, gpu=FakeDevice(count=2))
+                            media_sections=SECTIONS), geo, None, REGISTRY, gpu=FakeDevice(count=2))
 
 
 def test_demotions_land_straight_in_the_registered_cpu_arena(pool, monkeypatch):
     """GPU -> CPU is one D2H copy into the CPU tier's slots (registered before the clock), never through a
     worker's buffer or the lane's staging, and it is counted as direct."""
-    from kv_cache.run.compose import pin_host_memory
+    from kv_cache.run.stack import pin_host_memory
 
     dev = FakeDevice()
     gpu = GpuTier(dev, 2 * SLOT, SLOT, [0], lanes=1, staging_bytes=SLOT)
@@ -164,7 +170,7 @@ def test_demotions_land_straight_in_the_registered_cpu_arena(pool, monkeypatch):
                                                                        real_copy(kind, d, host, n, s)))
     rec = Recorder()
     rec.start_measuring(0)
-    cache = BlockCache([gpu, cpu], "lru", False, rec)
+    cache = BlockCache([gpu, cpu], LRUPolicy, False, rec)
     scratch = aligned_buffer(SLOT)
     for k in range(1, 5):  # written from the payload pool itself (lend): registered, so direct too
         res = cache.reserve_write(k, SLOT, "user")
@@ -219,10 +225,10 @@ def test_a_fake_gpu_run_stages_nothing_and_says_so_in_results(small_run, monkeyp
     import json
 
     from kv_cache.cli import main as cli
-    from kv_cache.run import compose
+    from kv_cache.run import stack
 
     dev = FakeDevice(hbm_bytes=1 << 30)
-    monkeypatch.setattr(compose, "open_cupy", lambda: (dev, ""))
+    monkeypatch.setattr(stack, "open_cupy", lambda: (dev, ""))
     status = cli.main(small_run("fakegpu", "--gpu", "real", "--gpu-mem-gb", "0.01", "--max-requests", "40",
                                 "--duration", "30"))
     assert status == 0

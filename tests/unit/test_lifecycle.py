@@ -6,19 +6,22 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from found import ENGINES, REGISTRY
 
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
-from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions, WorkerBuffers
+from kv_cache.cache.policies.lru import LRUPolicy
+from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions
 from kv_cache.lifecycle.handoff.folder import FolderLoader, FolderPublisher
 from kv_cache.lifecycle.payload import PayloadPool, block_digest
+from kv_cache.lifecycle.worker import WorkerBuffers
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.cpu import CpuTier
 from kv_cache.tiers.nvme import NvmeTier
-from kv_cache.tiers.registry import shared_files
 from kv_cache.types import HISTORY, SYSTEM, USER, Handoff, Request
 
 BT, BPT = 16, 4096  # 16-token blocks of 64 KiB
+SHARED = REGISTRY.media.shared_files  # a file-per-block tier other processes read by name
 BLOCK = BT * BPT
 
 
@@ -27,8 +30,8 @@ def rig(tmp_path):
     rec = Recorder()
     rec.start_measuring(1)
     (tmp_path / "d").mkdir()
-    tiers = [CpuTier(4 * BLOCK, BLOCK), NvmeTier(str(tmp_path / "d"), 64 * BLOCK, BLOCK, "buffered")]
-    cache = BlockCache(tiers, "lru", True, rec)
+    tiers = [CpuTier(4 * BLOCK, BLOCK), NvmeTier(str(tmp_path / "d"), 64 * BLOCK, BLOCK, ENGINES["buffered"])]
+    cache = BlockCache(tiers, LRUPolicy, True, rec)
     pool = PayloadPool(seed=1, span_bytes=1 << 20)
 
     def life(block_tokens=BT):
@@ -203,7 +206,7 @@ def test_a_decode_node_checks_handed_over_blocks_against_the_digests_its_prefill
     opts = LifecycleOptions(BT, BPT, chain_root("test"), "checksum")
     folder = tmp_path / "shared"
     folder.mkdir()
-    pre = FolderPublisher(str(folder), shared_files("buffered", BLOCK), "buffered", 16 * BLOCK, {"seed": 1})
+    pre = FolderPublisher(str(folder), SHARED("buffered", BLOCK), "buffered", 16 * BLOCK, {"seed": 1})
     Lifecycle(cache, pool, rec, opts, handoff=pre).execute(request(tokens(40, 1), tokens(8, 2), ((40, USER),)), bufs)
     with open(pre.manifest) as f:
         h = Handoff.from_dict(json.loads(f.read().splitlines()[-1]))
@@ -211,11 +214,12 @@ def test_a_decode_node_checks_handed_over_blocks_against_the_digests_its_prefill
     for k, e in zip(h.keys, expected):
         pool.fill(k, e)
     assert len(h.keys) == 2 and h.digests == tuple(block_digest(e) for e in expected)
-    dec = FolderLoader(str(folder), shared_files("buffered", BLOCK))
+    dec = FolderLoader(str(folder), SHARED("buffered", BLOCK))
     for digests, failures in ((h.digests, 0), ((h.digests[0] ^ 1, h.digests[1]), 1), ((0, 0), 0)):
         drec = Recorder()
         drec.start_measuring(1)
-        decode = Lifecycle(BlockCache([CpuTier(8 * BLOCK, BLOCK)], "lru", True, drec), pool, drec, opts, handoff=dec)
+        cache = BlockCache([CpuTier(8 * BLOCK, BLOCK)], LRUPolicy, True, drec)
+        decode = Lifecycle(cache, pool, drec, opts, handoff=dec)
         decode.execute(replace(request(tokens(1, 0), tokens(1, 0), ((1, USER),)), handoff=replace(h, digests=digests)),
                        bufs)
         c = drec.counters()
@@ -231,7 +235,7 @@ def test_a_decode_node_never_writes_its_acknowledgements_through_a_link(tmp_path
     from kv_cache.lifecycle.handoff.folder import FOLDER, FolderLoader
 
     (tmp_path / FOLDER / "blocks").mkdir(parents=True)
-    dec = FolderLoader(str(tmp_path), shared_files("buffered", BLOCK))
+    dec = FolderLoader(str(tmp_path), SHARED("buffered", BLOCK))
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
     (tmp_path / FOLDER / f"{dec.marker}.acks").symlink_to(victim)
@@ -254,7 +258,7 @@ def test_a_decode_node_never_writes_its_markers_through_a_link(tmp_path, capsys)
     (folder / "blocks").mkdir(parents=True)
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
-    dec = FolderLoader(str(tmp_path), shared_files("buffered", BLOCK))
+    dec = FolderLoader(str(tmp_path), SHARED("buffered", BLOCK))
     (folder / f"{dec.marker}.done").symlink_to(victim)
     dec.detach()
     assert victim.read_text() == "keep" and "planted" in capsys.readouterr().err
@@ -276,7 +280,7 @@ def test_a_prefill_node_reads_acknowledgements_bounded_and_never_through_a_link(
 
     folder = tmp_path / "shared"
     folder.mkdir()
-    pre = FolderPublisher(str(folder), shared_files("buffered", BLOCK), "buffered", 16 * BLOCK, {"seed": 1})
+    pre = FolderPublisher(str(folder), SHARED("buffered", BLOCK), "buffered", 16 * BLOCK, {"seed": 1})
     acks = folder / FOLDER / "decode-x-1.acks"
     if plant == "zero":
         acks.symlink_to("/dev/zero")
@@ -299,7 +303,7 @@ def test_a_handoff_block_is_never_written_through_a_link_planted_at_its_private_
 
     from kv_cache.errors import RunFault
 
-    blocks = shared_files("buffered", BLOCK)(str(tmp_path), 4 * BLOCK, "p1")
+    blocks = SHARED("buffered", BLOCK)(str(tmp_path), 4 * BLOCK, "p1")
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
     key = 7

@@ -2,6 +2,7 @@
 
 import pytest
 from conftest import bounded, run_cli
+from found import REGISTRY
 from helpers import assert_clean_error
 
 from kv_cache.cli.lmcache import translate
@@ -19,7 +20,7 @@ def test_each_lmcache_key_sets_its_counterpart(tmp_path):
     sets, origins, notes = translate(_file(tmp_path, "chunk_size: 16\nlocal_cpu: true\nmax_local_cpu_size: 2.5\n"
                                                      f"local_disk: file://{tmp_path}/kv/\nmax_local_disk_size: 40\n"
                                                      "remote_url: redis://127.0.0.1:6379\nsave_decode_cache: true\n"
-                                                     "cache_policy: LFU\nremote_serde: naive\n"))
+                                                     "cache_policy: LFU\nremote_serde: naive\n"), REGISTRY.media)
     assert sets == ["model.block_tokens=16", "tiers.cpu_mem_gb=2.5", f"tiers.cache_dir='{tmp_path}/kv/'",
                     "tiers.nvme='on'", "tiers.nvme_gb=40.0", "tiers.remote_url='redis://127.0.0.1:6379'",
                     "workload.decode_writes=true", "cache.policy='lfu'"]
@@ -28,9 +29,9 @@ def test_each_lmcache_key_sets_its_counterpart(tmp_path):
 
 
 def test_lmcache_defaults_cpu_only_and_no_decode_cache(tmp_path):
-    sets, _, _ = translate(_file(tmp_path, "chunk_size: 256\n"))
+    sets, _, _ = translate(_file(tmp_path, "chunk_size: 256\n"), REGISTRY.media)
     assert "tiers.cpu_mem_gb=5.0" in sets and "tiers.nvme='off'" in sets and "workload.decode_writes=false" in sets
-    sets, _, _ = translate(_file(tmp_path, f"local_cpu: false\nlocal_disk: {tmp_path}\n"))
+    sets, _, _ = translate(_file(tmp_path, f"local_cpu: false\nlocal_disk: {tmp_path}\n"), REGISTRY.media)
     assert "tiers.cpu_mem_gb=0" in sets and f"tiers.cache_dir='{tmp_path}'" in sets
 
 
@@ -48,7 +49,7 @@ def test_lmcache_defaults_cpu_only_and_no_decode_cache(tmp_path):
 ])
 def test_what_cannot_run_here_is_one_sentence(tmp_path, text, fragment):
     with pytest.raises(UserError, match=fragment.replace("(", r"\(")):
-        translate(_file(tmp_path, text))
+        translate(_file(tmp_path, text), REGISTRY.media)
 
 
 def test_a_run_from_an_lmcache_file(small_run, tmp_path):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from found import ENGINES
 
 from kv_cache.buffers import aligned_buffer, is_aligned
 from kv_cache.errors import RunFault
@@ -128,7 +129,7 @@ def test_blocks_do_not_stay_in_the_page_cache(tmp_path, engine):
     if engine == "direct" and probe_direct(str(tmp_path)):
         pytest.skip("O_DIRECT unavailable")
     pool = PayloadPool(seed=2, span_bytes=1 << 20)
-    t = NvmeTier(str(tmp_path / "d"), 8 * SLOT, SLOT, engine) if os.makedirs(tmp_path / "d") is None else None
+    t = NvmeTier(str(tmp_path / "d"), 8 * SLOT, SLOT, ENGINES[engine]) if os.makedirs(tmp_path / "d") is None else None
     buf = aligned_buffer(SLOT)
     for k in range(4):
         pool.fill(k, buf)
@@ -168,7 +169,7 @@ def test_preallocation_failure_is_a_clear_error_and_leaves_no_file(small_tmpfs):
 
     d = small_tmpfs(8)  # an 8 MiB filesystem: asking for 32 MiB must fail
     with pytest.raises(UserError, match="cannot preallocate"):
-        NvmeTier(str(d), 32 * SLOT, SLOT, "buffered", slab_file_bytes=32 * SLOT)
+        NvmeTier(str(d), 32 * SLOT, SLOT, ENGINES["buffered"], slab_file_bytes=32 * SLOT)
     assert os.listdir(d) == [], "a failed preallocation left its file behind"
 
 
@@ -179,8 +180,8 @@ def test_io_unit_layer_moves_a_block_as_timed_layer_ios(tmp_path, direct_ok, eng
     unit = 64 << 10
     (tmp_path / "d").mkdir()
     (tmp_path / "w").mkdir()
-    tier = NvmeTier(str(tmp_path / "d"), 8 * SLOT, SLOT, engine, layout, io_unit_bytes=unit)
-    whole = NvmeTier(str(tmp_path / "w"), 8 * SLOT, SLOT, engine, layout)
+    tier = NvmeTier(str(tmp_path / "d"), 8 * SLOT, SLOT, ENGINES[engine], layout, io_unit_bytes=unit)
+    whole = NvmeTier(str(tmp_path / "w"), 8 * SLOT, SLOT, ENGINES[engine], layout)
     data = aligned_buffer(SLOT + SLOT // 2)  # a block over two slots: runs cut at slot boundaries too
     PayloadPool(seed=3).fill(11, data)
     tier.put(11, data)
@@ -196,15 +197,16 @@ def test_io_unit_layer_moves_a_block_as_timed_layer_ios(tmp_path, direct_ok, eng
 
 
 def test_io_unit_bytes_follow_the_model_layers():
+    from found import SECTIONS
+
     from kv_cache.config import resolve
-    from kv_cache.run.compose import geometry, io_unit_bytes
-    from kv_cache.tiers.registry import media_sections
+    from kv_cache.run.geometry import geometry, io_unit_bytes
 
     s = resolve(None, [], {"model.name": "llama70b", "tiers.io_unit": "layer"},
-                media_sections=media_sections())  # 80 MiB blocks, 80 layers
+                media_sections=SECTIONS)  # 80 MiB blocks, 80 layers
     assert io_unit_bytes(s, geometry(s)) == 1 << 20
     s = resolve(None, [], {"model.name": "llama70b", "tiers.io_unit": "layer", "tiers.layers_per_io": 8},
-                media_sections=media_sections())
+                media_sections=SECTIONS)
     assert io_unit_bytes(s, geometry(s)) == 8 << 20
     assert io_unit_bytes(resolve(None, [], {"model.name": "llama70b"},
-                                 media_sections=media_sections()), geometry(s)) == 0
+                                 media_sections=SECTIONS), geometry(s)) == 0

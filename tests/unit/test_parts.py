@@ -10,8 +10,9 @@ import pytest
 from kv_cache.buffers import aligned_buffer
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.parts import Parts, part_key
-from kv_cache.lifecycle.executor import PartsCheck
+from kv_cache.cache.policies.lru import LRUPolicy
 from kv_cache.lifecycle.payload import PayloadPool, block_digest
+from kv_cache.lifecycle.worker import PartsCheck
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.cpu import CpuTier
 from kv_cache.tiers.devices import FakeDevice
@@ -32,7 +33,7 @@ def _stack():
     cpu = CpuTier(24 * SLOT, SLOT)
     rec = Recorder()
     rec.start_measuring(0)
-    return gpu, cpu, rec, BlockCache([gpu, cpu], "lru", True, rec, parts=Parts(PART))
+    return gpu, cpu, rec, BlockCache([gpu, cpu], LRUPolicy, True, rec, parts=Parts(PART))
 
 
 def _write(cache, pool, key, buf, scratch):

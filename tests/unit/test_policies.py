@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from kv_cache.cache.policies import POLICIES, make_policy
-from kv_cache.cache.policies.semantic import W_MAX, W_MIN, SemanticAdaptivePolicy
+from kv_cache.cache.policies import POLICIES, Policy, make
+from kv_cache.cache.policies.semantickv import W_MAX, W_MIN, SemanticAdaptivePolicy
+
+
+def make_policy(name: str):
+    return make(POLICIES[name])
 
 
 def _fill(policy, keys, label="user", nbytes=1 << 20):
@@ -122,3 +126,44 @@ def test_a_held_block_is_no_candidate_until_freed(name):
     p.hold(2)
     p.on_remove(2)
     assert p.keys() == {1, 3}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_is_the_declared_protocol_and_says_what_it_is(name):
+    """Issue 47: the six verbs are a Protocol, and each policy declares its summary, stack property and clock."""
+    cls = POLICIES[name]
+    assert isinstance(make(cls), Policy) and cls.name == name and cls.summary
+    assert cls.stack_property == (name == "lru")  # LRU's order alone is a stack (the capacity curve is exact)
+
+
+@pytest.mark.parametrize("name", [n for n, c in POLICIES.items() if c.stack_property])
+def test_a_policy_claiming_the_stack_property_has_it(name):
+    """A block hit at capacity C is hit at C + 1 too (what lets one pass of stack distances give every capacity)."""
+    import random
+
+    rng = random.Random(5)
+    seq = [rng.randrange(30) for _ in range(2000)]
+    hits = []
+    for cap in range(2, 20):
+        p, held, got = make_policy(name), set(), set()
+        for i, k in enumerate(seq):
+            if k in held:
+                p.on_hit(k)
+                got.add(i)
+                continue
+            if len(held) == cap:
+                victim = next(iter(p.candidates()))
+                p.on_remove(victim)
+                held.discard(victim)
+            p.on_insert(k)
+            held.add(k)
+        hits.append(got)
+    assert all(a <= b for a, b in zip(hits, hits[1:]))
+
+
+def test_a_clock_reading_policy_reads_the_clock_it_is_given():
+    now = [5.0]
+    p = make(POLICIES["semantic-static"], clock=lambda: now[0])
+    p.on_insert(1, "user", 1 << 20)
+    assert p._blocks[1].born == 5.0
+    assert not hasattr(make(POLICIES["lru"], clock=lambda: now[0]), "clock")  # LRU reads no clock

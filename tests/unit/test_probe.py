@@ -6,13 +6,14 @@ checked for what it leaves behind and what it raises, never for a speed.
 """
 
 import pytest
+from found import SECTIONS
 
 from kv_cache.config import resolve
 from kv_cache.errors import RunFault, UserError
-from kv_cache.run.compose import geometry, probe_workers
+from kv_cache.run.geometry import geometry
+from kv_cache.run.sizing import probe_workers
 from kv_cache.tiers.base import SlottedTier
 from kv_cache.tiers.probe import PROBE_KEY, _step, concurrency
-from kv_cache.tiers.registry import media_sections
 
 
 class QueueDepthTier(SlottedTier):
@@ -100,6 +101,6 @@ class FullDevice(QueueDepthTier):
 def test_a_device_fault_in_the_probe_is_one_sentence_before_the_run():
     with pytest.raises(RunFault, match="disk full"):  # not swallowed by a probe thread
         concurrency(FullDevice(4), 1 << 16, 8, seconds=0.05)
-    s = resolve(None, [], {"model.name": "llama8b", "model.block_tokens": 4}, media_sections=media_sections())
+    s = resolve(None, [], {"model.name": "llama8b", "model.block_tokens": 4}, media_sections=SECTIONS)
     with pytest.raises(UserError, match="--workers 0 .* failed: disk full.*--workers N"):
         probe_workers(s, [FullDevice(4)], geometry(s), 8, 8, None)

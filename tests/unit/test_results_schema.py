@@ -6,23 +6,25 @@ import json
 import pytest
 from results_fixture import results
 
-from kv_cache.recorder.schema import SCHEMA_VERSION, Results, SchemaError, render_schema, stored_schema
+from kv_cache.recorder.results_schema import SCHEMA_VERSION, Results, SchemaError, render_schema, stored_schema
 from kv_cache.report.console import render
 
 
 def test_the_schema_of_this_version_is_stored_and_unchanged():
     """An unannounced change fails here: bump SCHEMA_VERSION and store the new schema
-    (python -m kv_cache.recorder.schema), keeping the old ones."""
+    (python -m kv_cache.recorder.results_schema), keeping the old ones."""
     stored = stored_schema(SCHEMA_VERSION)
-    assert stored is not None, f"no schemas/results-v{SCHEMA_VERSION}.json: run python -m kv_cache.recorder.schema"
+    assert stored is not None, (f"no schemas/results-v{SCHEMA_VERSION}.json: run python -m "
+                                "kv_cache.recorder.results_schema")
     assert json.loads(render_schema()) == stored, (
         "the Results dataclasses changed without a new schema_version: bump SCHEMA_VERSION in "
-        "kv_cache/recorder/schema.py, run python -m kv_cache.recorder.schema, and say what changed in the README")
+        "kv_cache/recorder/results_schema.py, run python -m kv_cache.recorder.results_schema, and say what changed in "
+        "the README")
 
 
 def test_a_renamed_field_is_caught_by_the_schema_test():
     """The check above can fail: a Results with a field renamed no longer matches the stored schema."""
-    from kv_cache.recorder import schema
+    from kv_cache.recorder import results_schema as schema
 
     fields = [(f.name if f.name != "completed" else "done", f.type, f) for f in dataclasses.fields(schema.Requests)]
     renamed = dataclasses.make_dataclass("Requests", [(n, t, dataclasses.field(default=f.default))
@@ -91,8 +93,8 @@ def _untyped(cls, seen: set) -> list[str]:
 
 def test_every_field_of_the_results_and_of_a_run_is_typed():
     """Issue 28: 17 of 37 Results fields were bare dicts read by string keys; RunContext and Stages held object."""
-    from kv_cache.run.compose import RunContext
     from kv_cache.run.pipeline import Stages
+    from kv_cache.run.stack import RunContext
 
     assert _untyped(Results, set()) == []
     assert _untyped(RunContext, set()) == [] and _untyped(Stages, set()) == []

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from kv_cache.config import ProfileSettings, SemanticSettings
+from kv_cache.lifecycle.donor_search import SemanticReuse
 from kv_cache.lifecycle.donors import DonorStore, Windows, block_minhash, cover, make_donor
 from kv_cache.lifecycle.plan import Planner
-from kv_cache.lifecycle.semantic import SemanticReuse
 from kv_cache.lifecycle.sketch import ShingleSketch, block_hashes, window_hashes
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.semantic_metrics import semantic_section
-from kv_cache.sources.semantic import TRANSFORMS, fuzzy, make_semantic_users
 from kv_cache.sources.textcorpus import TextCorpus
 from kv_cache.sources.tokenizer import FallbackTokenizer
+from kv_cache.sources.transforms import TRANSFORMS, fuzzy, make_semantic_users
 from kv_cache.types import RequestOutcome
 
 BT, VOCAB = 16, 100_000
@@ -184,15 +184,20 @@ def test_rates_over_no_recipient_are_null_not_zero():
 
 
 def test_memory_budget_counts_the_donor_store():
-    from kv_cache.config import resolve
-    from kv_cache.run.compose import geometry, memory_budget
-    from kv_cache.tiers.registry import media_sections
+    from found import REGISTRY, SECTIONS
 
-    off = resolve(None, [], {}, media_sections=media_sections())
-    on = resolve(None, [], {"semantic.enabled": True}, media_sections=media_sections())
-    extra = memory_budget(on, geometry(on)).total_bytes - memory_budget(off, geometry(off)).total_bytes
+    from kv_cache.config import resolve
+    from kv_cache.run.geometry import geometry
+    from kv_cache.run.sizing import memory_budget
+
+    off = resolve(None, [], {}, media_sections=SECTIONS)
+    on = resolve(None, [], {"semantic.enabled": True}, media_sections=SECTIONS)
+    def total(x):
+        return memory_budget(x, geometry(x), REGISTRY).total_bytes
+
+    extra = total(on) - total(off)
     # 10,000 donors of up to ~20K tokens in 256-token blocks: tens of MiB, counted before the run.
-    assert extra == memory_budget(on, geometry(on)).donor_store_bytes and 20 << 20 < extra < 200 << 20
+    assert extra == memory_budget(on, geometry(on), REGISTRY).donor_store_bytes and 20 << 20 < extra < 200 << 20
 
 
 def test_a_donor_found_by_its_chunks_counts_as_recently_used():

@@ -2,13 +2,13 @@
 
 import numpy as np
 import pytest
+from found import SECTIONS
 
 from kv_cache.config import parse_mix, resolve
 from kv_cache.errors import UserError
 from kv_cache.sources.synthetic import make_users
-from kv_cache.tiers.registry import media_sections
 
-S = resolve(None, [], {}, media_sections=media_sections())
+S = resolve(None, [], {}, media_sections=SECTIONS)
 
 
 def schedule(seed, users=5, turns=8):
@@ -72,7 +72,7 @@ def test_bad_profile_mix(text, msg):
 
 def test_rag_documents_are_cut_at_block_boundaries_and_recorded():
     s = resolve(None, ["rag.request_probability=1", "rag.num_documents=50"], {"rag.enabled": True},
-                media_sections=media_sections())
+                media_sections=SECTIONS)
     users = make_users(5, s.workload, s.profiles, 2, rag=s.rag, block_tokens=16)
     for u in users:
         r = u.next_request()

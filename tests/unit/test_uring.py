@@ -1,17 +1,18 @@
 """The io_uring engine (kv_cache/tiers/uring.py), the proof that an engine is one module and its test (issue 40):
-it registers itself in the engines table; the setting's choices, --help, the fio job and the submission rules
-read it from there."""
+it declares itself in its module's ENGINES; the registry finds it, and the setting's choices, --help, the fio job,
+the contract cases and the submission rules read it from there."""
 
 import os
 
 import numpy as np
 import pytest
 from conftest import bounded, run_cli
+from found import ENGINES, REGISTRY
 
 from kv_cache.buffers import aligned_buffer
-from kv_cache.tiers.engines import Target, engines
+from kv_cache.tiers.engines import Target
 
-ENGINE = engines()["io_uring"]
+ENGINE = ENGINES["io_uring"]
 pytestmark = pytest.mark.skipif(bool(ENGINE.unavailable()), reason=ENGINE.unavailable() or "io_uring runs here")
 
 
@@ -43,7 +44,13 @@ def test_the_table_is_the_one_source(small_run, tmp_path):
     assert res["verification"]["blocks_checked"] > 0 and res["bytes"]["nvme"]["read"] > 0
     assert "ioengine=io_uring\ndirect=1\n" in (tmp_path / "io.fio").read_text()
     assert "io_uring: O_DIRECT through an io_uring" in " ".join(run_cli(["--help"]).stdout.split())
-    assert "io_uring" in _directs()
+    assert "io_uring" in _directs(ENGINES)
+
+
+def test_the_contract_covers_io_uring():
+    """Issue 47: nvme's contract cases were computed when nvme.py was imported, before uring.py registered (the
+    package goes alphabetically): io_uring had none. They are computed from the engines found."""
+    assert {"nvme/io_uring/slab", "nvme/io_uring/file-per-block"} <= set(REGISTRY.media.contract_cases())
 
 
 def test_a_worker_thread_s_ring_goes_with_it(tmp_path):

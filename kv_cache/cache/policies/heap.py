@@ -51,7 +51,9 @@ class Holding:
 class HeapPolicy(Holding):
     """Base of the priority policies: subclasses keep their metadata and define _priority(key)."""
 
-    name = ""
+    name, summary = "", ""
+    stack_property = False  # policies/protocol.py: only LRU's order is a stack
+    uses_clock = False
 
     def __init__(self) -> None:
         self._heap: list[tuple] = []           # (priority, tie, key), some stale

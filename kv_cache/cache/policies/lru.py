@@ -10,7 +10,8 @@ from kv_cache.cache.policies.heap import HeapPolicy
 class LRUPolicy(HeapPolicy):
     """Least recently used first; a hit makes a block the youngest. Prefix-aware (see heap.py)."""
 
-    name = "lru"
+    name, summary = "lru", "least recently used first"
+    stack_property = True  # a hit at capacity C is a hit at every larger one: exact stack distances
 
     def __init__(self) -> None:
         super().__init__()

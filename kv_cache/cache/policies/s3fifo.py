@@ -22,7 +22,8 @@ MAX_FREQ = 3
 
 
 class S3FIFOPolicy:
-    name = "s3fifo"
+    name, summary = "s3fifo", "S3-FIFO (a small probation FIFO, a main FIFO and a ghost list)"
+    stack_property = uses_clock = False
 
     def __init__(self) -> None:
         self._small: OrderedDict[int, None] = OrderedDict()

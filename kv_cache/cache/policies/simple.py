@@ -11,7 +11,8 @@ from kv_cache.cache.policies.lru import LRUPolicy
 class FIFOPolicy(LRUPolicy):
     """First in, first out: LRU's order without hits moving anything."""
 
-    name = "fifo"
+    name, summary = "fifo", "first in, first out (a hit changes nothing)"
+    stack_property = False  # not a stack algorithm in general (Belady's anomaly): replayed
 
     def _meta_hit(self, key: int) -> bool:
         return False  # FIFO ignores hits
@@ -20,7 +21,7 @@ class FIFOPolicy(LRUPolicy):
 class LFUPolicy(HeapPolicy):
     """Least frequently used first (hits since insertion); ties: the oldest insertion first."""
 
-    name = "lfu"
+    name, summary = "lfu", "least frequently used first"
 
     def __init__(self) -> None:
         super().__init__()
@@ -47,7 +48,7 @@ class SizeLRUPolicy(HeapPolicy):
     about as recently, the bigger goes first (one eviction frees more room). All blocks of a run in
     block mode have one size, so it matters in whole-request mode (--block-tokens 0)."""
 
-    name = "size-lru"
+    name, summary = "size-lru", "size-aware LRU (SemanticKV's: last access / size)"
 
     def __init__(self) -> None:
         super().__init__()

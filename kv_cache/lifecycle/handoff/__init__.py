@@ -10,17 +10,32 @@
 
 A transport is composed from the space and its own blocks store (put / delete / slots_for, slot_bytes,
 capacity_bytes): none subclasses another. The decode node's traffic (the manifest's requests as Requests) is a
-traffic source, sources/handoff.py, as every source is; the composition root (run/handoff.py) picks the transport.
+traffic source, sources/decode_arrivals.py, as every source is. Each transport's module declares its ``TRANSPORT`` (its
+scheme and the form a user types), found with the other extension points (run/registry.py); the composition root
+(run/handoff.py) picks the one a --handoff URL names.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from kv_cache.errors import UserError
 from kv_cache.types import Handoff
 
 IDENTITY = ("model", "kv_dtype", "tp", "block_tokens", "seed")  # what both nodes must agree on
+
+
+@dataclass(frozen=True)
+class Transport:
+    """A handoff transport as a --handoff URL names it."""
+
+    name: str     # "file", "nixl"
+    scheme: str   # what its URL starts with: "file://"
+    form: str     # the URL as a user types it, with what it is: "file://DIR (a folder both nodes share)"
+
+    def address(self, url: str) -> str:
+        return url[len(self.scheme):]
 
 
 class HandoffBlocks(Protocol):

@@ -9,7 +9,7 @@
 The prefill node computes a request's KV (its own tiers serve its prefix cache as usual), publishes every
 prompt block not already published (timed: op ``write`` on tier ``handoff``) and then appends the request's
 manifest line with one ``write`` on an O_APPEND descriptor: a reader sees whole lines or nothing. The decode node
-follows the manifest (sources/handoff.py), reads the listed blocks (timed: op ``read`` on tier ``handoff``; each
+follows the manifest (sources/decode_arrivals.py), reads the listed blocks (timed: op ``read`` on tier ``handoff``; each
 verified against the digest the line carries), appends the request's rid to its acks file, then appends its
 decode blocks to its own tiers. The request's blocks are held (space.py) until the first acknowledgement of it:
 a full space makes the prefill node wait, never removes a block a decode node has not read, unless no decode
@@ -27,10 +27,12 @@ import time
 
 from kv_cache import runlog
 from kv_cache.errors import BlockVanished, RunFault, UserError
+from kv_cache.lifecycle.handoff import Transport
 from kv_cache.lifecycle.handoff.space import HandoffSpace, OnSpace
 from kv_cache.safefiles import create_marker
 from kv_cache.types import Handoff
 
+TRANSPORT = Transport("file", "file://", "file://DIR (a folder both nodes share)")
 FOLDER = "kvbench-handoff"
 MANIFEST = "manifest.jsonl"
 ACK_POLL_S = 0.01

@@ -34,12 +34,15 @@ import time
 import numpy as np
 
 from kv_cache.errors import RunFault, UserError
-from kv_cache.lifecycle.handoff.agent import ENGINE, POLL_S, make_agent, parse_url
+from kv_cache.lifecycle.handoff import Transport
+from kv_cache.lifecycle.handoff.agent import ENGINE, POLL_S, SCHEME, make_agent, parse_url
 from kv_cache.lifecycle.handoff.channel import HEARTBEAT, HEARTBEAT_S, Line, PrefillChannel, connect
 from kv_cache.lifecycle.handoff.regions import DeviceSlots, RegisteredSlots, RemoteSlots
 from kv_cache.lifecycle.handoff.space import HandoffSpace, OnSpace
 from kv_cache.lifecycle.payload import stamped_with
 from kv_cache.types import Handoff
+
+TRANSPORT = Transport("nixl", SCHEME, f"{SCHEME}HOST:PORT (the prefill node's address and a free port)")
 
 
 class NixlPublisher(OnSpace):

@@ -5,9 +5,10 @@ The reference's "storage" tier is our bottom tier; its "gpu" and "cpu" tiers are
 
 from __future__ import annotations
 
+from kv_cache import counters as C
 from kv_cache.model import GiB
 from kv_cache.recorder.histogram import at_ms, mean_value, merged, supported
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
 from kv_cache.recorder.snapshot import Snapshot
 
 TIERS = (("GPU", "gpu"), ("CPU", "cpu"), ("Storage", "storage"))  # the reference's tier labels and field prefixes
@@ -81,7 +82,7 @@ class Fields:
         return h.get_max_value() / 1e6
 
     def request_latency(self, kind: str, field: str) -> dict[str, float]:
-        h = self.snap.hists.get(("request", kind, "all"))
+        h = self.snap.hists.get(C.request_hist(kind))
         if h is None or not h.get_total_count():
             why = ("no modelled generation (--generation-mode none)" if kind == "generation" else
                    "no request completed in the measurement window")
@@ -91,7 +92,7 @@ class Fields:
 
     def request_seconds(self, kind: str) -> float:
         """The sum over the window's requests of their time in one part (s): mean x count of its histogram."""
-        h = self.snap.hists.get(("request", kind, "all"))
+        h = self.snap.hists.get(C.request_hist(kind))
         return mean_value(h) * h.get_total_count() / 1e9 if h is not None else 0.0
 
     def moved_gib(self, ref_tier: str, direction: str) -> float:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from kv_cache import counters as C
 from kv_cache.errors import UserError
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
 from kv_cache.recorder.snapshot import Snapshot
-from kv_cache.report.mlperf.cache import cache_stats, device_latency
+from kv_cache.report.mlperf.cache_fields import cache_stats, device_latency
 from kv_cache.report.mlperf.fields import Fields
 from kv_cache.safefiles import write_file
 from kv_cache.types import HISTORY, SYSTEM

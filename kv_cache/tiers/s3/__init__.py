@@ -29,8 +29,8 @@ from kv_cache.config.keys import key
 from kv_cache.config.media import section
 from kv_cache.errors import RunFault, ServerDown, UserError
 from kv_cache.safefiles import write_file
+from kv_cache.tiers.kinds import GiB
 from kv_cache.tiers.localserver import HOST, LocalServer, certificates, free_port, spawn
-from kv_cache.tiers.registry import GiB
 from kv_cache.tiers.remote import (
     MARKER_OBJECT,
     NAMESPACE,
@@ -38,7 +38,7 @@ from kv_cache.tiers.remote import (
     Names,
     RemoteTier,
     contract_tier,
-    register_remote,
+    remote_medium,
 )
 from kv_cache.tiers.s3.clients import Boto3Ops, ObstoreOps
 
@@ -269,11 +269,12 @@ def _make_bucket(env: dict, bucket: str, seconds: float = 30.0) -> None:
             time.sleep(0.5)
 
 
-def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None) -> RemoteTier:
+def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None,
+                  engines=None) -> RemoteTier:
     """The contract test's tier over a real S3 gateway (the s3_server fixture), with each client (variant)."""
     store = open_store(server.url, S3Settings(client=variant), 4, server.env)
     return contract_tier("s3", store, variant, directory, capacity_bytes, slot_bytes)
 
 
-register_remote("s3", SCHEMES, open_store, contract=("obstore", "boto3"), make_for_test=make_for_test,
-                local_server=local_server)
+MEDIUM = remote_medium("s3", SCHEMES, open_store, S3Settings, contract=("obstore", "boto3"),
+                       make_for_test=make_for_test, local_server=local_server)

@@ -6,7 +6,7 @@ and the JSON schema in typed.py. The JSON schema is generated from the
 dataclasses and stored per version in ``schemas/results-v<N>.json``; ``tests/unit/test_results_schema.py``
 fails when the dataclasses no longer match the stored schema of
 ``SCHEMA_VERSION``: a change is announced by bumping the version and storing
-the new schema beside the old ones (``python -m kv_cache.recorder.schema``).
+the new schema beside the old ones (``python -m kv_cache.recorder.results_schema``).
 
 Units are in the names: ``_ms`` milliseconds, ``_gbps`` 10^9 bytes per second
 over the measurement window, ``_bytes`` and counts as integers. A ratio over
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kv_cache.recorder.capacity import CapacityCurve
 from kv_cache.recorder.sections import (
     Autoscale,
     BudgetParts,
@@ -46,10 +45,12 @@ from kv_cache.recorder.sections import (
     Trials,
     Workload,
 )
+from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 7  # 7: load.cause, load.workers_in_io_share, load.process_cpu_share (what a queue was made of)
+SCHEMA_VERSION = 8  # 8: capacity_curve.replayed (typed: was the curve's policy replayed, not read from its words)
+# (7: load.cause, load.workers_in_io_share, load.process_cpu_share (what a queue was made of))
 # (6: role.requests_unacknowledged and role.dropped_unread (a prefill node's handoff); the
 # capacity_curve section (--capacity-curve); latency percentiles too few samples support are null)
 # (5: run.tiers.*.transfers (direct / staged), memory.budget.gpu_staging and payload_stamps)
@@ -321,7 +322,7 @@ def render_schema() -> str:
     return json.dumps(doc, indent=1) + "\n"
 
 
-if __name__ == "__main__":  # python -m kv_cache.recorder.schema: store the schema of this version
+if __name__ == "__main__":  # python -m kv_cache.recorder.results_schema: store the schema of this version
     SCHEMAS.mkdir(exist_ok=True)
     target = SCHEMAS / f"results-v{SCHEMA_VERSION}.json"
     target.write_text(render_schema())

@@ -44,30 +44,33 @@ class AccessLog:
         self.parents: list[int] = []  # the block a lookup must hit first (0: none), for a replay in plan order
         self.lookup: list[bool] = []
         self.tokens: list[tuple[int, ...]] = []  # per access: tokens by SOURCES (0 for a decode block)
+        self.labels: list[int] = []  # per access: its plan label, as a code into label_names (a replay's labels)
+        self._codes: dict[str, int] = {}
         self.requests: list[tuple[int, int, int]] = []  # (first access, prompt tokens, completion time ns)
 
-    def request(self, prompt: list[tuple[int, tuple[int, ...], int]], groups, decode: list[tuple[int, int]],
+    def request(self, prompt: list[tuple[int, tuple[int, ...], int, str]], groups, decode: list[tuple[int, int, str]],
                 prompt_tokens: int, done_ns: int) -> None:
-        """prompt: (key, tokens by source, parent) of each prompt block in plan order; groups: the plan's lookup
-        groups (first, end, independent); decode: (key, parent) of the decode blocks. Stored deepest first (see the
-        module); a replay reads them back in reverse."""
-        rows: list[tuple[int, int, bool, tuple[int, ...]]] = []
-        for key, parent in reversed(decode):
-            rows.append((key, parent, False, (0,) * len(SOURCES)))
+        """prompt: (key, tokens by source, parent, label) of each prompt block in plan order; groups: the plan's
+        lookup groups (first, end, independent); decode: (key, parent, label) of the decode blocks. Stored deepest
+        first (see the module); a replay reads them back in reverse."""
+        rows: list[tuple[int, int, bool, tuple[int, ...], str]] = []
+        for key, parent, label in reversed(decode):
+            rows.append((key, parent, False, (0,) * len(SOURCES), label))
         for first, end, _ in reversed(groups):
             for i in range(end - 1, first - 1, -1):
-                rows.append((prompt[i][0], prompt[i][2], True, prompt[i][1]))
+                rows.append((prompt[i][0], prompt[i][2], True, prompt[i][1], prompt[i][3]))
         keys = [r[0] for r in rows]
         if len(set(keys)) < len(keys):  # a block twice in one request: counted once, where it is deepest
             first_use = {k: n for n, k in reversed(list(enumerate(keys)))}
             rows = [r for n, r in enumerate(rows) if first_use[r[0]] == n]
         with self._lock:
             self.requests.append((len(self.keys), prompt_tokens, done_ns))
-            for key, parent, looked, tokens in rows:
+            for key, parent, looked, tokens, label in rows:
                 self.keys.append(key)
                 self.parents.append(parent)
                 self.lookup.append(looked)
                 self.tokens.append(tokens)
+                self.labels.append(self._codes.setdefault(label, len(self._codes)))
 
     def arrays(self) -> dict[str, np.ndarray]:
         with self._lock:
@@ -75,7 +78,9 @@ class AccessLog:
             return {"keys": np.array(self.keys, np.uint64), "parents": np.array(self.parents, np.uint64),
                     "lookup": np.array(self.lookup, bool),
                     "tokens": np.array(self.tokens, np.int32).reshape(n, len(SOURCES)),
-                    "requests": np.array(self.requests, np.int64).reshape(len(self.requests), 3)}
+                    "requests": np.array(self.requests, np.int64).reshape(len(self.requests), 3),
+                    "labels": np.array(self.labels, np.int32),
+                    "label_names": np.array(sorted(self._codes, key=self._codes.get) or [""], dtype=str)}
 
 
 def previous_use(keys: np.ndarray) -> np.ndarray:
@@ -290,7 +295,8 @@ class CapacityCurve:
     """Hit rate and storage demand at every capacity of the bottom tier, from this run's block accesses (LRU stack
     distances, exact unless sampled; another policy replayed at a grid of capacities)."""
 
-    model: str                      # what computed it (LRU stack distances, or the policy replayed)
+    model: str                      # what computed it, in words (LRU stack distances, or the policy replayed)
+    replayed: bool                  # the run's policy replayed (it lacks the stack property); else stack distances
     sample_rate: float              # 1.0: exact; below: SHARDS spatial sampling at this rate
     policy: str                     # the run's policy
     tiers_above_slots: int          # the tiers above the bottom one, as configured

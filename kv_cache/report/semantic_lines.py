@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kv_cache.model import GiB
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
 from kv_cache.report.table import format_table
 from kv_cache.report.table import ms as _ms
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from kv_cache import signals
 from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
-from kv_cache.recorder.schema import Results
+from kv_cache.recorder.results_schema import Results
 from kv_cache.report.policies import policy_plot, policy_table
 from kv_cache.run.outfolder import write_json
 from kv_cache.run.pipeline import new_run_id
@@ -46,7 +46,7 @@ def summarize(name: str, r: Results, ms_per_token: float) -> dict:
     }
 
 
-def compare_policies(s: Settings, names: list[str], ms_per_token: float, say) -> int:
+def compare_policies(s: Settings, names: list[str], ms_per_token: float, say, reg) -> int:
     rid = s.run.run_id or new_run_id()
     root = Path(s.run.output_dir) / rid
     if root.exists():
@@ -60,7 +60,7 @@ def compare_policies(s: Settings, names: list[str], ms_per_token: float, say) ->
         for dotted, value in (("cache.policy", name), ("schedule.arrival", "sequence"), ("run.run_id", name),
                               ("run.output_dir", str(root)), ("run.quiet", True)):
             sp = replace(sp, dotted, value)
-        status = max(status, execute(sp, lambda *a, **k: None))
+        status = max(status, execute(sp, reg, lambda *a, **k: None))
         if signals.received() is not None:
             return status
         signals.resume()

@@ -1,5 +1,5 @@
 """--capacity-curve on a run, and `kv_cache_benchmark.py capacity RUN [RUN ...]`: the hit rate and storage demand at
-every capacity of the bottom tier (recorder/capacity.py computes, report/capacity.py renders; this composes).
+every capacity of the bottom tier (recorder/stack_distances.py computes, report/capacity.py renders; this composes).
 
 A run keeps its block accesses in capacity_access.npz beside results.json. `capacity` recomputes the curve from
 one run, or from several runs' accesses merged in wall-clock order of their requests: the tier they would share
@@ -22,17 +22,18 @@ from kv_cache.cache.simulate import replay
 from kv_cache.errors import UserError
 from kv_cache.inputs import check_regular, read_text
 from kv_cache.model import GiB
-from kv_cache.recorder.capacity import CapacityCurve, Curve, capacity_grid, curve, in_window
-from kv_cache.recorder.schema import RESULTS_LIMIT, Results
+from kv_cache.recorder.results_schema import RESULTS_LIMIT, Results
+from kv_cache.recorder.stack_distances import CapacityCurve, Curve, capacity_grid, curve, in_window
 from kv_cache.recorder.typed import load_section
 from kv_cache.safefiles import write_file
-from kv_cache.tiers.registry import accounting_stack
+from kv_cache.tiers.catalog import accounting_stack
 
 ACCESS_FILE = "capacity_access.npz"
 
 
-def attach(results: Results, recorder, tiers: list, folder: Path, policy: str) -> None:
-    """The run's curve into results.capacity_curve, its accesses into folder/capacity_access.npz."""
+def attach(results: Results, recorder, tiers: list, folder: Path, policy: str, policies: dict) -> None:
+    """The run's curve into results.capacity_curve, its accesses into folder/capacity_access.npz (policies: the
+    registry's table: whether policy has the stack property, and its class to replay)."""
     if recorder.accesses is None:
         return
     log = recorder.accesses.arrays()
@@ -48,14 +49,18 @@ def attach(results: Results, recorder, tiers: list, folder: Path, policy: str) -
     np.savez_compressed(buf, meta=np.array(json.dumps(meta)), **log)
     folder.mkdir(parents=True, exist_ok=True)
     write_file(folder / ACCESS_FILE, buf.getvalue(), "--capacity-curve's access log")
-    results.capacity_curve = section(log, meta)
+    results.capacity_curve = section(log, meta, policies)
 
 
-def section(log: dict, meta: dict, model: str = "LRU stack distances") -> CapacityCurve:
+def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack distances") -> CapacityCurve:
+    """The curve of the log: LRU's stack distances (exact unless sampled) where the run's policy has the stack
+    property (policies/protocol.py), else the policy replayed on accounting tiers."""
     upper, slot = meta["upper_slots"], meta["slot_bytes"]
-    if meta["policy"] != "lru" and "tiers" in meta:  # no stack for it: replayed at a coarser grid, the run's own in
+    policy = policies.get(meta["policy"])
+    replayed = policy is not None and not policy.stack_property and "tiers" in meta
+    if replayed:  # no stack for it: replayed at a coarser grid, the run's own in it
         grid = np.union1d(capacity_grid(log, upper, POLICY_POINTS), [meta["run_slots"]])
-        c = _replayed(log, meta, grid)
+        c = _replayed(log, meta, grid, policy)
         model = f"{meta['policy']} replayed on accounting tiers at {len(grid)} capacities"
     else:  # the run's own capacity and the exact knees among the grid's
         grid = np.union1d(capacity_grid(log, upper), [meta["run_slots"]])
@@ -72,7 +77,8 @@ def section(log: dict, meta: dict, model: str = "LRU stack distances") -> Capaci
                        "read_iops": rd / seconds, "write_iops": wr / seconds,
                        "bytes_per_request": (rd + wr) * slot / max(c.requests, 1)})
     return load_section(CapacityCurve, {
-        "model": model, "sample_rate": c.sampled, "policy": meta["policy"], "tiers_above_slots": int(upper),
+        "model": model, "replayed": replayed, "sample_rate": c.sampled, "policy": meta["policy"],
+        "tiers_above_slots": int(upper),
         "slot_bytes": int(slot), "requests": c.requests, "requests_per_s": meta["requests_per_s"],
         "run_slots": int(meta["run_slots"]), "infinite_hit_rate": c.infinite,
         "knee_90_slots": c.knees[0], "knee_99_slots": c.knees[1], "points": points}, "capacity_curve")
@@ -81,20 +87,21 @@ def section(log: dict, meta: dict, model: str = "LRU stack distances") -> Capaci
 POLICY_POINTS = 12  # capacities a policy other than LRU is replayed at (each a whole replay)
 
 
-def _replayed(log: dict, meta: dict, grid: np.ndarray) -> Curve:
-    """The curve of meta's policy by replaying the log at each capacity of grid (cache/simulate.py)."""
+def _replayed(log: dict, meta: dict, grid: np.ndarray, policy: type) -> Curve:
+    """The curve of the run's policy (its class) by replaying the log at each capacity of grid
+    (cache/simulate.py)."""
     slot, window = meta["slot_bytes"], tuple(meta["window_ns"])
     above = [(name, cap) for name, cap in meta["tiers"][:-1]]
     bottom = meta["tiers"][-1][0]
     rates, reads, writes = [], [], []
     for x in grid:
-        hit, rd, wr = replay(log, accounting_stack([*above, (bottom, int(x) * slot)], slot), meta["policy"], window)
+        hit, rd, wr = replay(log, accounting_stack([*above, (bottom, int(x) * slot)], slot), policy, window)
         rates.append(hit)
         reads.append(rd)
         writes.append(wr)
-    top = replay(log, accounting_stack([*above, (bottom, int(grid[-1] + 1) * slot * 4)], slot), meta["policy"],
+    top = replay(log, accounting_stack([*above, (bottom, int(grid[-1] + 1) * slot * 4)], slot), policy,
                  window)[0]  # room for every block: the policy's infinite cache
-    upper = replay(log, accounting_stack(above, slot), meta["policy"], window)[0] if above else 0.0
+    upper = replay(log, accounting_stack(above, slot), policy, window)[0] if above else 0.0
     rates_a = np.array(rates)
     knees = tuple(next((int(x) for x, r in zip(grid, rates_a) if r >= share * top - 1e-12), None)
                   for share in (0.90, 0.99))
@@ -115,6 +122,7 @@ def load_run(folder: Path) -> tuple[dict, dict]:
             _unpacked_fits(z, path)
             meta = json.loads(str(z["meta"]))
             log = {k: z[k] for k in ARRAYS}
+            log.update({k: z[k] for k in LABELLED if k in z.files})  # a log of an older version has no labels
     except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile, AttributeError) as e:
         raise UserError(f"{path} is not a capacity access log this tool wrote ({type(e).__name__}).") from None
     why = _malformed(log, meta)
@@ -124,6 +132,7 @@ def load_run(folder: Path) -> tuple[dict, dict]:
 
 
 ARRAYS = ("keys", "parents", "lookup", "tokens", "requests")
+LABELLED = ("labels", "label_names")  # each access's plan label (a replay's), as codes into the names
 META = {"upper_slots": int, "slot_bytes": int, "run_slots": int, "window_ns": list, "window_s": (int, float),
         "requests_per_s": (int, float), "policy": str, "wall_minus_monotonic_ns": int}
 
@@ -154,6 +163,9 @@ def _malformed(log: dict, meta) -> str:
         return "its arrays are not of the shapes it writes"
     if len(reqs) and (reqs[0, 0] != 0 or (np.diff(reqs[:, 0]) < 0).any() or reqs[-1, 0] > n):
         return "its requests index past its accesses"
+    if "labels" in log and (len(log["labels"]) != n or (n and not 0 <= log["labels"].min() <= log["labels"].max()
+                                                               < len(log.get("label_names", ())))):
+        return "its labels index past its label names"
     return ""
 
 
@@ -165,7 +177,7 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         wall = log["requests"][:, 2] + meta["wall_minus_monotonic_ns"]
         rows += [(int(w), r, i) for i, w in enumerate(wall)]
     rows.sort()
-    keys, parents, lookup, tokens, reqs = [], [], [], [], []
+    keys, parents, lookup, tokens, reqs, labels = [], [], [], [], [], []
     pos = 0
     for wall, r, i in rows:
         log = runs[r][0]
@@ -175,6 +187,8 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         parents.append(log["parents"][first:end])
         lookup.append(log["lookup"][first:end])
         tokens.append(log["tokens"][first:end])
+        if "labels" in log:
+            labels.append(log["label_names"][log["labels"][first:end]])
         reqs.append((pos, log["requests"][i, 1], wall))
         pos += end - first
     windows = [(m["window_ns"][0] + m["wall_minus_monotonic_ns"], m["window_ns"][1] + m["wall_minus_monotonic_ns"])
@@ -184,9 +198,11 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
             "window_s": max(m["window_s"] for _, m in runs),
             "requests_per_s": sum(m["requests_per_s"] for _, m in runs),
             "policy": runs[0][1]["policy"], "wall_minus_monotonic_ns": 0}
-    return {"keys": np.concatenate(keys), "parents": np.concatenate(parents), "lookup": np.concatenate(lookup),
-            "tokens": np.concatenate(tokens),
-            "requests": np.array(reqs, np.int64).reshape(len(reqs), 3)}, meta
+    out = {"keys": np.concatenate(keys), "parents": np.concatenate(parents), "lookup": np.concatenate(lookup),
+           "tokens": np.concatenate(tokens), "requests": np.array(reqs, np.int64).reshape(len(reqs), 3)}
+    if all("labels" in log for log, _ in runs):  # the runs' own label codes, as one set of names
+        out["label_names"], out["labels"] = np.unique(np.concatenate(labels), return_inverse=True)
+    return out, meta
 
 
 def _results_of(folder: Path) -> Results:
@@ -200,7 +216,7 @@ def _results_of(folder: Path) -> Results:
 
 
 
-def run_capacity(folders: list[str], output: str | None, say) -> int:
+def run_capacity(folders: list[str], output: str | None, say, policies: dict) -> int:
     """`capacity RUN [RUN ...]`: the table, and capacity_curve.png in --output (default: the first run's folder)."""
     from kv_cache.report.capacity import capacity_lines, draw_capacity
     from kv_cache.report.figure import save
@@ -221,7 +237,7 @@ def run_capacity(folders: list[str], output: str | None, say) -> int:
     model = "LRU stack distances" if len(runs) == 1 else (f"LRU stack distances of {len(runs)} runs merged in "
                                                           f"wall-clock order; their upper tiers pooled (modelled)")
     results = _results_of(Path(folders[0]))
-    results.capacity_curve = section(log, meta, model)
+    results.capacity_curve = section(log, meta, policies, model)
     for line in capacity_lines(results):
         say(line)
     fig = draw_capacity(results)

@@ -1,6 +1,6 @@
 """Decode-node traffic: the requests a prefill node hands over, read from the handoff manifest.
 
-The manifest (see lifecycle/handoff.py) is followed like ``tail -f``: whole
+The manifest (see lifecycle/handoff/folder.py) is followed like ``tail -f``: whole
 lines only, each request line becomes a Request carrying its Handoff record,
 due when the line is seen. While nothing new arrives the follower yields an
 idle tick every 50 ms so the scheduler keeps checking its deadline; it ends

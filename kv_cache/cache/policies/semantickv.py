@@ -55,7 +55,8 @@ class _Block:
 
 
 class SemanticStaticPolicy(HeapPolicy):
-    name = "semantic-static"
+    name, summary = "semantic-static", "SemanticKV's type-weighted score"
+    uses_clock = True
 
     def __init__(self, clock=time.monotonic) -> None:
         super().__init__()
@@ -88,7 +89,8 @@ FLOOR_AGE_S = HORIZON_S * math.log(1 / FLOOR)  # age at which exp(-age / H) reac
 class SemanticAdaptivePolicy(Holding):
     """Adaptive weights and freshness; per-type fresh and floored heaps merged at ask time."""
 
-    name = "semantic-adaptive"
+    name, summary = "semantic-adaptive", "SemanticKV's score with weights learnt from regrets"
+    stack_property, uses_clock = False, True
 
     def __init__(self, clock=time.monotonic) -> None:
         self.clock = clock

@@ -3,7 +3,7 @@ node's own figures and steady-state detection (pure functions of the Results).""
 
 from __future__ import annotations
 
-from kv_cache.recorder.schema import Latency, ReadWrite, Results
+from kv_cache.recorder.results_schema import Latency, ReadWrite, Results
 from kv_cache.report.table import format_table, pct_ms
 from kv_cache.report.table import ms as _ms
 

@@ -1,0 +1,47 @@
+"""A worker's own buffers (page-aligned, pre-touched, pinned with a GPU tier) and the check of an object read in
+parts."""
+
+from __future__ import annotations
+
+import numpy as np
+import xxhash
+
+from kv_cache.buffers import HUGE, aligned_buffer
+
+
+def buffer_bytes(max_object_bytes: int) -> int:
+    """A worker buffer's size: its largest object, and at least a huge page (O_DIRECT pins one page, not 512)."""
+    return max(max_object_bytes, HUGE)
+
+
+class WorkerBuffers:
+    """One worker's page-aligned, pre-touched buffers: one for its block, one for moves."""
+
+    def __init__(self, max_object_bytes: int, fake_io: bool):
+        size = 4096 if fake_io else buffer_bytes(max_object_bytes)
+        self.block = aligned_buffer(size)
+        self.scratch = aligned_buffer(size)
+        self.fake_io = fake_io
+
+    def view(self, nbytes: int) -> np.ndarray:
+        return self.block[:nbytes] if not self.fake_io else np.empty(nbytes, dtype=np.uint8)
+
+
+class PartsCheck:
+    """The verification of an object read part by part (parts.py): its XXH3-64 taken incrementally and compared at
+    the end (the same digest as the whole object's), or each part's stamps or bytes checked as it arrives."""
+
+    def __init__(self, payloads, key: int, mode: str, digest: int | None):
+        self.payloads, self.key, self.digest = payloads, key, digest
+        self.mode = "full" if mode == "checksum" and digest is None else mode  # written elsewhere: every byte
+        self.hash = xxhash.xxh3_64() if self.mode == "checksum" else None
+        self.ok = True
+
+    def __call__(self, offset: int, part: np.ndarray) -> None:
+        if self.hash is not None:
+            self.hash.update(part)
+        elif self.ok:
+            self.ok = self.payloads.check(self.key, part, self.mode, None, offset)
+
+    def intact(self) -> bool:
+        return self.ok if self.hash is None else self.hash.intdigest() == self.digest

@@ -1,0 +1,96 @@
+"""How many workers a run has (--workers 0: a rule of fixed facts, within the memory's ceiling) and the memory
+budget of a run of that size, checked before anything is allocated (part of the composition root)."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+from kv_cache.config import Settings, replace
+from kv_cache.errors import RunFault, UserError
+from kv_cache.lifecycle.donors import store_bytes
+from kv_cache.lifecycle.payload import PAGE, POOL_SPAN_BYTES, SEGMENT_BYTES
+from kv_cache.lifecycle.sketch import ShingleSketch
+from kv_cache.lifecycle.worker import buffer_bytes
+from kv_cache.model import GiB
+from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, fits
+from kv_cache.run.geometry import Geometry
+from kv_cache.run.handoff import nixl_region_bytes
+from kv_cache.tiers.base import moves_real_bytes
+from kv_cache.tiers.probe import concurrency
+
+AUTO_MAX = 16  # --workers 0 (auto): the most the rule gives, halved until the machine's memory holds them
+
+
+def default_workers() -> int:
+    """--workers 0 (auto): 2 per core, at least 4, at most 16: a fixed fact of the machine, so the same command
+    runs the same workers whatever a neighbour does (the probe's bandwidth did not: 4 and 32 on one machine)."""
+    return max(4, min(16, 2 * (os.cpu_count() or 1)))
+
+
+def workers(s: Settings) -> int:
+    return s.schedule.workers or default_workers()
+
+
+def worker_ceiling(s: Settings, geo: Geometry, reg, gpu=None) -> int:
+    """--workers 0: the most threads the run may have, halved from AUTO_MAX until their staging fits in the
+    machine's memory (its total, not what is free now: a fixed fact), down to one (whole-request objects of GiBs,
+    the MLPerf reference's shape, fit few at a time). The run's memory check against what is free follows."""
+    if s.schedule.workers:
+        return s.schedule.workers
+    total, n = psutil.virtual_memory().total, AUTO_MAX
+    while n > 1 and not fits(memory_budget(replace(s, "schedule.workers", n), geo, reg, gpu), total):
+        n //= 2
+    return n
+
+
+def probe_workers(s: Settings, tiers: list, geo: Geometry, n: int, ceiling: int,
+                  fill) -> tuple[list, str]:
+    """(the probe's steps, the line that says the workers' rule) for n workers. --workers 0 runs default_workers()
+    within the memory's ceiling; on a real storage tier its bandwidth at 1, 2, 4, ... up to n threads is probed
+    first, as information (said beside the choice; the run's most-writes estimate reads it)."""
+    if s.schedule.workers:
+        return [], ""
+    rule = (f"workers: {n} (auto: 2 per core of {os.cpu_count() or 1}, at least 4, at most 16"
+            + (f", as memory allows at most {ceiling}" if ceiling < default_workers() else "")
+            + "; --workers N pins it)")
+    bottom = tiers[-1]
+    if not moves_real_bytes(bottom):
+        return [], rule
+    try:
+        saturated, steps = concurrency(bottom, geo.io_bytes, n, fill=fill)
+    except RunFault as e:  # before the clock: a sentence, not a traceback
+        raise UserError(f"--workers 0 (auto) probes the {bottom.name} tier before the run, and it failed: {e} "
+                        f"Fix the device, or pass --workers N to skip the probe.") from None
+    seen = " / ".join(f"{g:.2f}" for _, g in steps)
+    counts = " / ".join(str(k) for k, _ in steps)
+    return steps, (f"{rule}; the {bottom.name} tier moved {seen} GB/s with {counts} threads (each writing and "
+                   f"reading one {geo.io_bytes / 2**20:.1f} MiB object, 0.5 s a step), within 10 % of its best "
+                   f"from {saturated}")
+
+
+def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
+    """reg: the registry (the most blocks its media may hold); gpu: the GPU backend when a real GPU tier will be
+    built (its lanes' pinned staging is host memory)."""
+    fake = s.tiers.null_io
+    cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
+    staging = 0 if fake else workers(s) * 2 * buffer_bytes(geo.io_bytes)
+    lanes = 0 if gpu is None else (workers(s) + 1) * geo.io_bytes  # the GPU tier's lanes (StackContext.lanes)
+    pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
+    # the pool's templates (24 bytes a page of the largest object, one set) and each worker's stamp rows and key
+    # column in flight (24 bytes a page of one I/O)
+    stamps = 0 if fake else (geo.max_object_bytes + geo.io_bytes * workers(s)) // PAGE * 24
+    return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s),
+                        bookkeeping_bytes=reg.media.most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES,
+                        handoff_bytes=nixl_region_bytes(s, reg.transports), gpu_staging_bytes=lanes,
+                        payload_stamps_bytes=stamps)
+
+
+def _donor_store_bytes(s: Settings) -> int:
+    sem = s.semantic
+    if not sem.enabled or s.model.block_tokens == 0:
+        return 0
+    longest = (s.trace.max_prompt_tokens or 32768) if s.trace.path else int(sem.doc_tokens[1] * 1.25) + 256
+    dims = 384 if sem.embedder == "minilm" else ShingleSketch.dims
+    return store_bytes(sem.max_donors, dims, longest, s.model.block_tokens, sem.fuzzy)
