@@ -4,6 +4,7 @@
     python bench/same_schedule.py A/results.json A.csv B/results.json B.csv
     python bench/same_schedule.py record DIR [-- more flags]   # the four standard sequences into DIR
     python bench/same_schedule.py compare DIR_A DIR_B           # each sequence of A against B's
+    python bench/same_schedule.py compare DIR_A DIR_B --batched # B ran --request-io batched, A serial
 
 A and B are two runs of the same command with --seed, one worker (so the order of operations is the
 schedule's, not the threads') and --io-trace: their block operations (op, tier, bytes, key) must be the
@@ -91,7 +92,29 @@ def record(folder: str, more: list[str]) -> int:
     return 1 if failed else 0
 
 
-def compare(folder_a: str, folder_b: str) -> int:
+BATCH_COUNTS = ("ops.", "latency", "queue_depth", "request_latency")  # a batch's shape, not the schedule's
+
+
+def same_cache(res_a: str, ops_a: str, res_b: str, ops_b: str) -> int:
+    """A batched run against a serial one: the same cache decisions in the same order (every eviction, demotion
+    and promotion, each op's (tier, key) sequence), the same multiset of block operations (a batch groups a
+    request's reads by tier: their order within a request differs) and every integer count equal but the batches'
+    own (how many load / store batches, their depth)."""
+    oa, ob = operations(ops_a), operations(ops_b)
+    moves = ("evict", "demote", "promote")
+    same_moves = all([o for o in oa if o[0] == m] == [o for o in ob if o[0] == m] for m in moves)
+    same_ops = sorted(oa) == sorted(ob)
+    ca, cb = counts(res_a), counts(res_b)
+    both = (set(ca) & set(cb)) - {".schema_version"}
+    differ = sorted(k for k in both if ca[k] != cb[k] and not any(b in k for b in BATCH_COUNTS))
+    print(f"block operations: {len(oa):,} vs {len(ob):,}, " + ("the same multiset" if same_ops else "DIFFERENT"))
+    print("evictions, demotions, promotions: " + ("the same sequences" if same_moves else "DIFFERENT"))
+    print(f"integer counts in both: {len(both)} compared, " + ("all equal" if not differ else
+                                                               f"{len(differ)} differ: {differ[:10]}"))
+    return 0 if same_ops and same_moves and not differ else 1
+
+
+def compare(folder_a: str, folder_b: str, batched: bool = False) -> int:
     worst = 0
     for name in SEQUENCES:
         a, b = os.path.join(folder_a, name), os.path.join(folder_b, name)
@@ -99,16 +122,17 @@ def compare(folder_a: str, folder_b: str) -> int:
             print(f"{name}: not in both folders")
             continue
         print(f"{name}:")
-        worst = max(worst, main([os.path.join(a, "results.json"), os.path.join(a, "ops.csv"),
-                                 os.path.join(b, "results.json"), os.path.join(b, "ops.csv")]))
+        files = [os.path.join(a, "results.json"), os.path.join(a, "ops.csv"), os.path.join(b, "results.json"),
+                 os.path.join(b, "ops.csv")]
+        worst = max(worst, same_cache(*files) if batched else main(files))
     return worst
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["record"] and len(argv) >= 2:
         return record(argv[1], [a for a in argv[2:] if a != "--"])
-    if argv[:1] == ["compare"] and len(argv) == 3:
-        return compare(argv[1], argv[2])
+    if argv[:1] == ["compare"] and len(argv) in (3, 4) and argv[3:] in ([], ["--batched"]):
+        return compare(argv[1], argv[2], argv[3:] == ["--batched"])
     if len(argv) != 4:
         print(__doc__, file=sys.stderr)
         return 2

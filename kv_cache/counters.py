@@ -91,6 +91,14 @@ def semantic_hist(stage: str) -> tuple[str, str, str]:
     return ("semantic", stage, ALL)
 
 
+BATCH_KINDS = ("load", "store")  # a batch as a whole: a request's hit blocks read, its new blocks written
+
+
+def depth_hist(tier: str, kind: str) -> tuple[str, str, str]:
+    """The blocks of each batch of kind (load, store) on tier: the queue depth one worker gave it."""
+    return ("depth", tier, kind)
+
+
 def io_op(op: str) -> str:
     """The op of each device I/O of a block operation (read -> read_io): one block may be several I/Os."""
     return f"{op}_io"

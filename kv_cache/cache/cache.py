@@ -30,6 +30,7 @@ from time import monotonic_ns as now_ns
 import numpy as np
 
 from kv_cache import counters as C
+from kv_cache.cache.batch import Batches
 from kv_cache.cache.chains import CORRUPT, DROPPING, READY, Entry, PrefixStructure
 from kv_cache.cache.parts import Parts
 from kv_cache.cache.policies import make
@@ -45,7 +46,7 @@ class Reservation:
     moves: list[Move]
 
 
-class BlockCache(Room, PrefixStructure):
+class BlockCache(Batches, Room, PrefixStructure):
     """Index + per-tier policies + placement over an ordered list of tiers."""
 
     def __init__(self, tiers: list, policy: type, promote: bool, recorder, gds=None, parts: Parts | None = None,
@@ -61,6 +62,7 @@ class BlockCache(Room, PrefixStructure):
         self.promote_enabled = promote
         self.recorder = recorder
         self.index: dict[int, Entry] = {}
+        self.pending: dict[int, tuple] = {}  # key -> (thread, bytes, phase) of a PLACING block's write (batch.py)
         # NOTE: with --shared-storage the bottom tier is written by other ranks too. A lookup that
         # misses here adopts a block published there; such remote blocks count against no local
         # capacity, are never local victims, and are copied (not moved) when promoted.
@@ -224,24 +226,28 @@ class BlockCache(Room, PrefixStructure):
         already cached or being written, no tier can take it, or its parent (the block before it in
         its chain) is not cached: no lookup could ever reach it, so no engine would store it."""
         with self._lock:
-            if key in self.index:
-                return None
-            p = self.index.get(parent) if parent is not None else None
-            if parent is not None and (p is None or p.state in (CORRUPT, DROPPING)):
-                return None
+            return self._reserve_write(key, nbytes, label, parent)
+
+    def _reserve_write(self, key: int, nbytes: int, label: str, parent: int | None) -> Reservation | None:
+        """reserve_write, the lock held."""
+        if key in self.index:
+            return None
+        p = self.index.get(parent) if parent is not None else None
+        if parent is not None and (p is None or p.state in (CORRUPT, DROPPING)):
+            return None
+        if p is not None:
+            p.pins += 1  # the parent must not be the victim that makes room for its own child
+        try:
+            for t in range(len(self.tiers)):
+                moves = self._reserve(t, nbytes)
+                if moves is not None:
+                    e = self.index[key] = Entry(key, t, nbytes, label)
+                    e.parent = p
+                    self._child_moved(e, None, t)
+                    return Reservation(e, moves)
+        finally:
             if p is not None:
-                p.pins += 1  # the parent must not be the victim that makes room for its own child
-            try:
-                for t in range(len(self.tiers)):
-                    moves = self._reserve(t, nbytes)
-                    if moves is not None:
-                        e = self.index[key] = Entry(key, t, nbytes, label)
-                        e.parent = p
-                        self._child_moved(e, None, t)
-                        return Reservation(e, moves)
-            finally:
-                if p is not None:
-                    p.pins -= 1
+                p.pins -= 1
         return None
 
     def commit_write(self, res: Reservation, buf: np.ndarray, phase: str, scratch: np.ndarray,

@@ -46,7 +46,7 @@ class Room:
         try:
             for key in order:
                 e = self.index[key]
-                if e.state == READY and e.pins == 0:
+                if e.pins == 0 and (e.state == READY or self._flushable(e)):
                     victims.append(e)
                     got += self._slots(t, e.nbytes)
                     if got >= deficit:  # out of the policy before close(), which then has none to put back
@@ -89,6 +89,12 @@ class Room:
         """Perform planned moves in order (deepest first), each timed and recorded."""
         for i, mv in enumerate(moves):
             e, src = mv.entry, self.tiers[mv.src]
+            try:
+                self._flush(e, mv.src)  # a block of this thread's batch whose bytes had not landed yet
+            except BaseException:
+                for failed in moves[i:]:
+                    self._forget(failed.entry, failed, src_accounted=True)
+                raise
             start = now_ns()
             try:
                 if mv.dst is not None and self._gds_whole(e) and self.gds.links(src, self.tiers[mv.dst]):

@@ -191,6 +191,16 @@ class ScheduleSettings:
     think_time_s: tuple[float, float] = key((0.1, 0.5), "Think-time range of closed-loop users replaying a trace "
                                                         "(synthetic users take theirs from their profile).", lo=0.0,
                                         hi=DAY_S)
+    request_io: str = key("batched", "How a worker moves one request's blocks in block mode: batched (its hit "
+                                     "prefix read in batches grouped by tier and its new blocks written as one "
+                                     "batch, up to --max-inflight at once, as vLLM's and LMCache's offloading do; "
+                                     "each block's latency runs from its batch's submission to its own completion) "
+                                     "or serial (one block at a time: the MLPerf reference's way). Whole-request "
+                                     "objects (--block-tokens 0) are one object a request: always serial.",
+                          choices=("batched", "serial"))
+    max_inflight: int = key(32, "The most blocks one worker has in flight together under --request-io batched (a "
+                                "larger batch goes in windows of this many); the device sees up to workers x this.",
+                            lo=1, hi=1024)
 
 
 @dataclass(frozen=True)

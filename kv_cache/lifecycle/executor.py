@@ -19,6 +19,7 @@ import xxhash
 
 from kv_cache import counters as C
 from kv_cache.errors import Abandoned, BlockVanished
+from kv_cache.lifecycle.batched import BatchedPaths
 from kv_cache.lifecycle.by_source import add_to, count_hits_by_source, source_tokens, span_ranges
 from kv_cache.lifecycle.handoff import Loader, Publisher
 from kv_cache.lifecycle.payload import block_digest
@@ -41,9 +42,10 @@ class LifecycleOptions:
     generation_ms_per_token: float = 0.0  # modelled decode time (0: none)
     rag_chunk: bool = False               # RAG documents cached chunk by chunk (position-free)
     decode: bool = True                   # write the generated tokens' blocks too (off: a prefill-only node)
+    batch: int = 0                        # blocks in flight together (--request-io batched); 0: one at a time
 
 
-class Lifecycle(HandoffPaths):
+class Lifecycle(BatchedPaths, HandoffPaths):
     """Turns requests into plans and executes them."""
 
     def __init__(self, cache, payloads, recorder, options: LifecycleOptions, *,
@@ -54,6 +56,7 @@ class Lifecycle(HandoffPaths):
         self.planner = Planner(o.block_tokens, o.root, o.rag_chunk, o.decode)
         self.verify = "off" if o.fake_io else o.verify
         self.fake_io = o.fake_io
+        self.batch = o.batch  # blocks in flight together (batched.py); 0: one at a time
         self.gen_s_per_token = o.generation_ms_per_token / 1000.0
         self.handoff = handoff  # a Publisher (a prefill node publishes into it) or a Loader (a decode node loads)
         self.semantic = semantic  # a SemanticReuse: donor discovery, when --semantic is on
@@ -173,21 +176,10 @@ class Lifecycle(HandoffPaths):
         """Read the cached prompt blocks; return (storage ns, indices of the blocks that hit)."""
         hits = self._pin(plan)
         out.blocks_looked_up = plan.num_prompt_blocks
-        storage_ns, tiers = 0, []  # the tier each hit was read from
-        for n, (_, e) in enumerate(hits):
-            try:
-                self._check_stop()
-                got = self._read(e, bufs, "read")
-            except BaseException:
-                self.cache.unpin([e for _, e in hits[n + 1:]])
-                raise
-            if got is None or not got[2]:  # the rest of the prefix is a miss (recomputed, rewritten)
-                storage_ns += got[0] if got else 0
-                self.cache.unpin([x for _, x in hits[n + 1:]])
-                hits = hits[:n]
-                break
-            storage_ns += got[0]
-            tiers.append(got[1])
+        entries = [e for _, e in hits]
+        read = self._read_hits_batched if self.batch else self._read_hits
+        storage_ns, tiers, n = read(entries, bufs)  # the tier each hit was read from; how many hit
+        hits = hits[:n]
         out.blocks_hit = len(hits)
         hit = [i for i, _ in hits]
         count_hits_by_source(plan, hit, out)
@@ -198,6 +190,23 @@ class Lifecycle(HandoffPaths):
             out.cached_tokens += tokens
             add_to(out.cached_tokens_by_source, label, tokens)
         return storage_ns, {i for i, _ in hits}
+
+    def _read_hits(self, entries: list, bufs: WorkerBuffers) -> tuple[int, list[int], int]:
+        """Read pinned entries (chain order) one at a time: (storage ns, the tier of each that hit, how many)."""
+        storage_ns, tiers = 0, []
+        for n, e in enumerate(entries):
+            try:
+                self._check_stop()
+                got = self._read(e, bufs, "read")
+            except BaseException:
+                self.cache.unpin(entries[n + 1:])
+                raise
+            if got is None or not got[2]:  # the rest of the prefix is a miss (recomputed, rewritten)
+                self.cache.unpin(entries[n + 1:])
+                return storage_ns + (got[0] if got else 0), tiers, n
+            storage_ns += got[0]
+            tiers.append(got[1])
+        return storage_ns, tiers, len(entries)
 
     def _donor_load(self, reads: dict[int, tuple[int, ...]], bufs: WorkerBuffers,
                     out: RequestOutcome) -> tuple[int, set]:
@@ -236,6 +245,8 @@ class Lifecycle(HandoffPaths):
         return False
 
     def _write(self, plan: KVPlan, indices, bufs: WorkerBuffers, phase: str, out: RequestOutcome) -> int:
+        if self.batch:
+            return self._write_batched(plan, indices, bufs, phase, out)
         storage_ns = 0
         for i in indices:
             self._check_stop()

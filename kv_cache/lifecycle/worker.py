@@ -15,16 +15,29 @@ def buffer_bytes(max_object_bytes: int) -> int:
 
 
 class WorkerBuffers:
-    """One worker's page-aligned, pre-touched buffers: one for its block, one for moves."""
+    """One worker's page-aligned, pre-touched buffers: one for its block, one for moves, and (batched request I/O)
+    one arena of `batch` slots, a block each, for the blocks it has in flight together."""
 
-    def __init__(self, max_object_bytes: int, fake_io: bool):
+    def __init__(self, max_object_bytes: int, fake_io: bool, batch: int = 0):
         size = 4096 if fake_io else buffer_bytes(max_object_bytes)
         self.block = aligned_buffer(size)
         self.scratch = aligned_buffer(size)
         self.fake_io = fake_io
+        self.each = -(-max_object_bytes // 4096) * 4096
+        self.arena = aligned_buffer(batch * self.each) if batch and not fake_io else None
 
     def view(self, nbytes: int) -> np.ndarray:
         return self.block[:nbytes] if not self.fake_io else np.empty(nbytes, dtype=np.uint8)
+
+    def batch_view(self, i: int, nbytes: int) -> np.ndarray:
+        """The i-th in-flight block's buffer."""
+        if self.arena is None:
+            return np.empty(nbytes, dtype=np.uint8)
+        return self.arena[i * self.each:i * self.each + nbytes]
+
+    def pinned(self) -> list[np.ndarray]:
+        """Every buffer a GPU tier copies to or from directly (registered as pinned before the clock)."""
+        return [self.block, self.scratch] + ([self.arena] if self.arena is not None else [])
 
 
 class PartsCheck:

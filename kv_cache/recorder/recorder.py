@@ -184,6 +184,15 @@ class Recorder:
             return
         record_many(self._shard().hist((tier, C.io_op(op), phase)), [ns for ns, _nbytes in times])
 
+    def batch(self, tier: str, kind: str, phase: str, start_ns: int, dur_ns: int, blocks: int) -> None:
+        """One batch of blocks on a tier as a whole (kind: load or store): its time from submission to its last
+        completion, as op <kind> beside the blocks' own, and how many blocks it held (the depth it gave)."""
+        if self._second(start_ns) is None:
+            return
+        shard = self._shard()
+        record(shard.hist((tier, kind, phase)), max(dur_ns, 1))
+        record(shard.hist(C.depth_hist(tier, kind)), blocks)
+
     def add_bytes(self, tier: str, direction: str, start_ns: int, nbytes: int) -> None:
         """One block's bytes moved as part of another op (the source side of a demotion): its bytes and the block
         count toward the tier's GB/s and IOPS, as the op's own do."""

@@ -189,6 +189,16 @@ def _verification(c: dict, mode: str) -> dict:
             "scope": "whole run, warm-up included"}
 
 
+def queue_depths(snap: Snapshot) -> dict:
+    """tier -> load / store -> the depth of its batches (counts, not times: read from the histogram's values)."""
+    out: dict = defaultdict(dict)
+    for key, h in snap.hists.items():
+        if key[0] == "depth" and h.get_total_count():
+            out[key[1]][key[2]] = {"batches": h.get_total_count(), "mean": round(h.get_mean_value(), 3),
+                                   "p95": h.get_value_at_percentile(95.0), "max": h.get_max_value()}
+    return dict(out)
+
+
 def build_results(snap: Snapshot, run_info: dict, settings: dict, facts: RunFacts) -> Results:
     """Assemble the Results (see results_schema.py and docs/results.md)."""
     c = snap.counters
@@ -225,7 +235,7 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, facts: RunFact
         "hit_rate": {"tokens": _rate(tokens["cached"], tokens["prompt"]),
                      "blocks": _rate(c.get(C.BLOCKS_HIT, 0), c.get(C.BLOCKS_LOOKUP, 0)),
                      "by_source": rates_by_source(tokens["cached_by_source"], tokens["prompt_by_source"])},
-        "blocks_write_skipped": c.get(C.BLOCKS_WRITE_SKIPPED, 0),
+        "blocks_write_skipped": c.get(C.BLOCKS_WRITE_SKIPPED, 0), "queue_depth": queue_depths(snap),
         "shared_storage": {"enabled": facts.shared_storage, "adopted_blocks": facts.adopted_blocks,
                            "vanished_blocks": c.get(C.SHARED_VANISHED, 0)},
         "verification": _verification(c, settings["run"]["verify"]),

@@ -91,6 +91,16 @@ class Transfers:
 
 
 @dataclass
+class QueueDepth:
+    """The blocks one worker had in flight together on a tier (--request-io batched): per batch of its kind."""
+
+    batches: int
+    mean: float
+    p95: float
+    max: int
+
+
+@dataclass
 class TierInfo:
     capacity_bytes: int
     description: str
@@ -98,6 +108,7 @@ class TierInfo:
     null: bool = False
     transfers: dict[str, Transfers] | None = None  # host_to_device, device_to_host (a real GPU tier)
     staged_why: str = ""  # the first staged transfer's buffer, when any was staged
+    batches: str = ""     # how a batch of its blocks reaches the medium (--request-io batched)
 
 
 @dataclass
@@ -137,6 +148,8 @@ class RunInfo:
     partial: bool
     stopped_reason: str | None
     fault: str
+    request_io: str = "serial"       # batched: a request's blocks in flight together; serial: one at a time
+    max_inflight: int = 1            # the most blocks of one worker in flight together
     duration_s: float = 0.0          # the measurement window
     issuing_s: float = 0.0           # the window until issuing stopped (the drain after it excluded)
 
@@ -269,6 +282,7 @@ class Results:
     warnings: list[str] = field(default_factory=list)
     trials: Trials | None = None
     capacity_curve: CapacityCurve | None = None
+    queue_depth: dict[str, dict[str, QueueDepth]] = field(default_factory=dict)  # tier -> load / store (batched)
 
     @property
     def bottom(self) -> str:

@@ -9,6 +9,7 @@ from kv_cache import __version__
 from kv_cache.config import Settings
 from kv_cache.recorder.results_schema import Results
 from kv_cache.run.distributed import Dist
+from kv_cache.run.sizing import batch_depth
 from kv_cache.run.stack import RunContext
 from kv_cache.run.traffic import Traffic
 from kv_cache.scheduler.runner import RunOutcome
@@ -42,7 +43,7 @@ def _tier_info(t) -> dict:
     transfers = getattr(t, "transfers", None)
     return {"capacity_bytes": t.capacity_bytes, "description": t.description, "simulated": SIMULATED in t.flags,
             "null": FAKE_IO in t.flags, "transfers": transfers() if transfers else None,
-            "staged_why": getattr(t, "staged_why", "")}
+            "staged_why": getattr(t, "staged_why", ""), "batches": t.batch_path() if hasattr(t, "batch_path") else ""}
 
 
 def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist: Dist) -> dict:
@@ -65,6 +66,8 @@ def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist:
         "bottom_tier": b.tiers[-1].name,
         "gds": None if b.gds is None else {"mode": b.gds.mode, "demoted_blocks": b.gds.demoted,
                                            "loaded_blocks": b.gds.loaded},
+        "request_io": "batched" if batch_depth(s, b.geo.io_bytes) else "serial",
+        "max_inflight": batch_depth(s, b.geo.io_bytes) or 1,
         "notes": b.notes, "partial": outcome.partial, "stopped_reason": outcome.stopped_reason,
         "issuing_s": outcome.issuing_s,
         "fault": outcome.fault,

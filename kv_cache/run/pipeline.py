@@ -36,6 +36,7 @@ from kv_cache.run.prepare import Prepared, RunSpec, close, prepare
 from kv_cache.run.progress import Progress
 from kv_cache.run.serving import autoscaler, qos_policy, semantic_reuse
 from kv_cache.run.site import fio_of
+from kv_cache.run.sizing import batch_depth
 from kv_cache.run.stack import RunContext, agreed_settings_of, device_latency_mode, resolved, worker_state
 from kv_cache.run.submission import RULES, rule_violations, validate, with_rule_defaults, write_package
 from kv_cache.run.trials import conclude
@@ -158,7 +159,7 @@ def _stages(run: RunSpec, p: Prepared) -> Stages:
     options = LifecycleOptions(s.model.block_tokens, b.geo.bytes_per_token,
                                chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify,
                                fake, s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk",
-                               s.workload.decode_writes)
+                               s.workload.decode_writes, batch_depth(s, b.geo.io_bytes))
     life = Lifecycle(cache, p.payloads, recorder, options, handoff=b.handoff, semantic=semantic_reuse(s, recorder))
     limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
     total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
@@ -167,7 +168,8 @@ def _stages(run: RunSpec, p: Prepared) -> Stages:
     tele = Telemetry(b.site.cache_dir if b.site else None, device_latency=device_latency_mode(s, b)) \
         if s.run.telemetry else None
     progress = Progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0, tele)
-    args = (b.workers, life.execute, worker_state(b.tiers, b.geo.io_bytes, fake), recorder, progress,
+    args = (b.workers, life.execute, worker_state(b.tiers, b.geo.io_bytes, fake,
+                                                batch_depth(s, b.geo.io_bytes)), recorder, progress,
             dist if dist.active else None)
     scaler = autoscaler(s, traffic.users, recorder)
     pace = s.schedule.admission == "paced" and scaler is None  # the autoscaler sets the users itself

@@ -21,7 +21,7 @@ from kv_cache.run.handoff import abandon_role, open_handoff, size_handoff
 from kv_cache.run.leftovers import set_state
 from kv_cache.run.serving import qos_policy
 from kv_cache.run.site import check_dir, storage_site
-from kv_cache.run.sizing import default_workers, memory_budget, probe_workers, worker_ceiling
+from kv_cache.run.sizing import default_workers, io_shape, memory_budget, probe_workers, worker_ceiling
 from kv_cache.run.stack import RunContext, build_tiers, gds_link, open_gpu, pin_host_memory
 from kv_cache.run.traffic import Traffic, build_traffic
 
@@ -57,6 +57,7 @@ def build(s: Settings, reg, run_id: str, payloads: PayloadPool | None, *, rank: 
             _remove_empty(site.made)  # a refused first run leaves no empty reports/cache behind
         raise
     gds_note = f"GDS path: {gds.mode}" if gds else ""
+    notes += [io_shape(sized, tiers, n, geo.io_bytes)]
     notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_size_note, handoff_note,
                           probe_note) if x]
     return RunContext(geo, site, tiers, notes, budget, n, handoff, probe=steps, gds=gds,

@@ -29,6 +29,32 @@ def default_workers() -> int:
     return max(4, min(16, 2 * (os.cpu_count() or 1)))
 
 
+BATCH_ARENA_BYTES = 256 << 20  # a worker's in-flight blocks at most: llama70b's 80 MiB blocks go 3 at a time
+
+
+def batch_depth(s: Settings, io_bytes: int) -> int:
+    """The blocks one worker has in flight together: --max-inflight under --request-io batched in block mode,
+    within a worker's BATCH_ARENA_BYTES of buffers (at least one); 0: one at a time (serial, or whole-request
+    objects)."""
+    if s.schedule.request_io != "batched" or not s.model.block_tokens:
+        return 0
+    return max(1, min(s.schedule.max_inflight, BATCH_ARENA_BYTES // max(io_bytes, 1)))
+
+
+def io_shape(s: Settings, tiers: list, n: int, io_bytes: int) -> str:
+    """The request I/O's shape in one line: batched or serial, how deep, and how each tier takes a batch."""
+    depth = batch_depth(s, io_bytes)
+    if not depth:
+        why = ("whole-request objects (--block-tokens 0): one object a request" if not s.model.block_tokens else
+               "--request-io serial: the MLPerf reference's way; batched moves a request's blocks together")
+        return f"request I/O: serial, one block at a time per worker ({why})"
+    paths = "; ".join(f"{t.name}: {t.batch_path()}" for t in tiers)
+    bound = (f"--max-inflight {s.schedule.max_inflight} bounded by {BATCH_ARENA_BYTES >> 20} MiB of batch buffers "
+             f"a worker" if depth < s.schedule.max_inflight else "--max-inflight sets it")
+    return (f"request I/O: batched, up to {depth} blocks of a request in flight per worker ({n} workers: up to "
+            f"{n * depth}; {bound}); {paths}")
+
+
 def workers(s: Settings) -> int:
     return s.schedule.workers or default_workers()
 
@@ -75,7 +101,8 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
     built (its lanes' pinned staging is host memory)."""
     fake = s.tiers.null_io
     cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
-    staging = 0 if fake else workers(s) * 2 * buffer_bytes(geo.io_bytes)
+    arena = batch_depth(s, geo.io_bytes) * (-(-geo.io_bytes // 4096) * 4096)  # the in-flight blocks' buffers
+    staging = 0 if fake else workers(s) * (2 * buffer_bytes(geo.io_bytes) + arena)
     lanes = 0 if gpu is None else (workers(s) + 1) * geo.io_bytes  # the GPU tier's lanes (StackContext.lanes)
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
     # the pool's templates (24 bytes a page of the largest object, one set) and each worker's stamp rows and key

@@ -10,6 +10,7 @@ it. Capability flags tell the core what a tier is without testing its name
 from __future__ import annotations
 
 import threading
+import time
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -26,6 +27,8 @@ IO_UNITS = "io_units"              # moves a block as several timed I/Os (hook: 
 STORAGE = "storage"                # holds blocks outside the process's memory (a disk, a remote store): a stack's
                                    # bottom must be one
 REMOTE = "remote"                  # behind a network: latency is network + server, never a device
+BATCHES = "batches"                # moves a batch of blocks together (hooks: get_many, put_many); without it a
+                                   # batch goes one block after another (the summary says which path ran)
 
 
 def moves_real_bytes(tier) -> bool:
@@ -47,6 +50,8 @@ class Tier(Protocol):
     def slots_for(self, nbytes: int) -> int: ...
     def put(self, key: int, buf: np.ndarray) -> None: ...
     def get(self, key: int, out: np.ndarray) -> None: ...
+    def put_many(self, items: list[tuple[int, np.ndarray]]) -> list: ...  # each: completion ns, or its exception
+    def get_many(self, items: list[tuple[int, np.ndarray]]) -> list: ...
     def delete(self, key: int) -> None: ...
     def contains(self, key: int) -> bool: ...
     @property
@@ -88,6 +93,19 @@ class SlottedTier:
         """Free key's slots without touching the bytes (a block whose copy elsewhere is the one kept)."""
         self.slots.release(key)
 
+    # Batch verbs: a batch of (key, buffer) in flight together; each item's result is its completion time
+    # (monotonic ns) or the exception it raised (one block failing does not take the batch's others with it). A
+    # medium without BATCHES inherits these loops: one block after another.
+    def put_many(self, items: list[tuple[int, np.ndarray]]) -> list:
+        return one_by_one(self.put, items)
+
+    def batch_path(self) -> str:
+        """How a batch of its blocks reaches the medium, in words (the summary and results say it)."""
+        return "one block after another (this medium has no batch path)"
+
+    def get_many(self, items: list[tuple[int, np.ndarray]]) -> list:
+        return one_by_one(self.get, items)
+
     # Optional hooks: a tier that has the capability overrides the hook and declares the flag.
     def pin_host(self, arr: np.ndarray) -> None:
         """PINS_HOST: register a host buffer for direct DMA; nothing to do elsewhere."""
@@ -123,6 +141,18 @@ class SlottedTier:
 
     def close(self, remove: bool = True) -> None:
         """Nothing to release by default; remove: also delete the tier's files, if it has any."""
+
+
+def one_by_one(verb, items: list) -> list:
+    """verb(key, buf) on each item in turn: each item's completion time, or the exception it raised."""
+    out: list = []
+    for key, buf in items:
+        try:
+            verb(key, buf)
+            out.append(time.monotonic_ns())
+        except Exception as e:  # noqa: BLE001 - the item's own failure, handed back to the cache to judge
+            out.append(e)
+    return out
 
 
 class PerThread:

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -22,8 +26,13 @@ class Target:
         self.view: np.ndarray | None = None
 
 
+POOL_THREADS = 8  # a worker's own I/O threads for a batch on a synchronous engine: the depth the device sees from it
+
+
 class Engine:
-    """How bytes move between a buffer and a file (fio's ioengine): the ops every layout calls."""
+    """How bytes move between a buffer and a file (fio's ioengine): the ops every layout calls. A batch (read_many,
+    write_many: (target, offset, buffer) each) goes over a small pool of this worker's own threads, so the device
+    sees up to POOL_THREADS of its I/Os at once; an engine with a native batch (io_uring) overrides them."""
 
     name = ""
     open_flags = 0           # added to os.open's flags
@@ -45,6 +54,37 @@ class Engine:
 
     def read(self, t: Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
         pread_all(t.fd, out, off, t.path, unit, times)
+
+    batch = f"a pool of {POOL_THREADS} threads per worker"  # how a batch reaches the device (the summary says it)
+
+    def write_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int) -> list:
+        """Each I/O's completion time (monotonic ns), or the exception it raised."""
+        return _pooled(self.write, ios, unit)
+
+    def read_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int) -> list:
+        return _pooled(self.read, ios, unit)
+
+
+_POOLS = threading.local()
+
+
+def _pooled(verb, ios: list, unit: int) -> list:
+    """ios over this thread's pool (made on its first batch; it goes with the thread)."""
+    if len(ios) == 1:
+        return [_one(verb, *ios[0], unit)]
+    pool = getattr(_POOLS, "pool", None)
+    if pool is None:
+        pool = _POOLS.pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="kvbench-io")
+        weakref.finalize(threading.current_thread(), pool.shutdown, wait=False)
+    return [f.result() for f in [pool.submit(_one, verb, t, off, buf, unit) for t, off, buf in ios]]
+
+
+def _one(verb, t: Target, off: int, buf: np.ndarray, unit: int):
+    try:
+        verb(t, off, buf, unit, None)
+        return time.monotonic_ns()
+    except Exception as e:  # noqa: BLE001 - handed back as this I/O's result
+        return e
 
 
 class DirectEngine(Engine):
@@ -68,6 +108,7 @@ class BufferedEngine(Engine):
 
 class MmapEngine(Engine):
     name, maps = "mmap", True
+    batch = "one copy after another (a mapping: no device queue to fill)"
     fio, summary = ("mmap", 0, False), "a mapping of the slab, msync after writes"
 
     def write(self, t: Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
@@ -78,6 +119,12 @@ class MmapEngine(Engine):
         t.mm.madvise(mmap.MADV_DONTNEED, off, out.size)
         drop_cached(t.fd, off, out.size)
         np.copyto(out, t.view[off:off + out.size])
+
+    def write_many(self, ios: list, unit: int) -> list:
+        return [_one(self.write, t, off, buf, unit) for t, off, buf in ios]
+
+    def read_many(self, ios: list, unit: int) -> list:
+        return [_one(self.read, t, off, buf, unit) for t, off, buf in ios]
 
 
 ENGINES = (DirectEngine(), BufferedEngine(), MmapEngine())  # this module's engines (catalog.find_media reads it)

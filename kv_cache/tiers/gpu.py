@@ -19,12 +19,13 @@ device-wide synchronisation anywhere.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_right
 
 import numpy as np
 
 from kv_cache.errors import UserError
-from kv_cache.tiers.base import HOST_SLOTS, PINS_HOST, PerThread, SlottedTier
+from kv_cache.tiers.base import BATCHES, HOST_SLOTS, PINS_HOST, PerThread, SlottedTier, one_by_one
 from kv_cache.tiers.devices import D2H, H2D, check_fits
 from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of, holds_no_slot
 from kv_cache.tiers.null import NullTier
@@ -46,7 +47,7 @@ H2D_DIRECT, H2D_STAGED, D2H_DIRECT, D2H_STAGED = range(4)
 
 class GpuTier(SlottedTier):
     name = "gpu"
-    flags = frozenset({PINS_HOST})
+    flags = frozenset({PINS_HOST, BATCHES})
 
     def __init__(self, backend, capacity_bytes: int, slot_bytes: int, devices: list[int], lanes: int,
                  staging_bytes: int):
@@ -122,6 +123,57 @@ class GpuTier(SlottedTier):
             used.add(d)
         for d in used:
             self.backend.sync(lane.streams[d])
+
+    def _queue(self, kind: int, slots: list[int], pieces: list[tuple[int, int]], lane: _Lane, used: set) -> None:
+        """One copy per slot queued on this lane's stream(s), not waited for; used gets the devices touched."""
+        copy = self.backend.copy_ptr
+        for slot, (addr, n) in zip(slots, pieces):
+            d, off = self._place(slot)
+            copy(kind, self._bases[d] + off, addr, n, lane.streams[d])
+            used.add(d)
+
+    def batch_path(self) -> str:
+        return ("every block's copies queued on the worker's stream, synchronised once per batch (a block from a "
+                "host buffer that is not page-locked goes alone, through the lane's staging buffer)")
+
+    def get_many(self, items: list[tuple[int, np.ndarray]]) -> list:
+        return self._many(D2H, items)
+
+    def put_many(self, items: list[tuple[int, np.ndarray]]) -> list:
+        return self._many(H2D, items)
+
+    def _many(self, kind: int, items: list) -> list:
+        """A batch of direct copies queued together and synchronised once (each block completes at that sync, as
+        an engine's batch does); a staged block, or one the slots refuse, goes alone."""
+        lane, used, out, queued = self._lane(), set(), [None] * len(items), []
+        for n, (key, buf) in enumerate(items):
+            try:
+                slots, nbytes = (self.slots.alloc(key, buf.size), buf.size) if kind == H2D else \
+                    self.slots.lookup(key)
+            except Exception as e:  # noqa: BLE001 - this block's result
+                out[n] = e
+                continue
+            if not self._is_pinned(buf.ctypes.data, nbytes):
+                if kind == H2D:
+                    self.slots.release(key)
+                out[n] = one_by_one(self.put if kind == H2D else self.get, [(key, buf)])[0]
+                continue
+            lane.counts[H2D_DIRECT if kind == H2D else D2H_DIRECT] += 1
+            self._queue(kind, slots, self._split(buf.ctypes.data, nbytes, len(slots)), lane, used)
+            queued.append(n)
+        try:
+            for d in used:
+                self.backend.sync(lane.streams[d])
+        except Exception as e:  # noqa: BLE001 - the batch's copies failed together
+            for n in queued:
+                out[n] = e
+                if kind == H2D:
+                    self.slots.release(items[n][0])
+            return out
+        done = time.monotonic_ns()
+        for n in queued:
+            out[n] = done
+        return out
 
     def _staged(self, lane: _Lane, which: int, nbytes: int, direction: str) -> None:
         lane.counts[which] += 1

@@ -15,6 +15,7 @@ import ctypes
 import mmap
 import os
 import platform
+import time
 
 SYS_SETUP, SYS_ENTER = 425, 426  # x86-64 system call numbers
 OFF_SQ_RING, OFF_CQ_RING, OFF_SQES = 0, 0x8000000, 0x10000000
@@ -103,9 +104,11 @@ class Ring:
         self._maps.append(m)
         return m
 
-    def submit(self, ops: list[tuple[int, int, int, int, int]]) -> list[int]:
+    def submit(self, ops: list[tuple[int, int, int, int, int]], completed: list | None = None) -> list[int]:
         """ops: (opcode, fd, file offset, buffer address, length), at most `entries` of them; all submitted with
-        one system call that also waits for all of them. Returns each op's result."""
+        one system call that also waits for them. Returns each op's result. completed: a list of len(ops) given
+        to know when each one completed (monotonic ns, as it is reaped): the calls then wait for one completion
+        at a time, not for all."""
         n = len(ops)
         if not 0 < n <= self.entries:
             raise ValueError(f"a batch of {n} operations on a ring of {self.entries}")
@@ -120,21 +123,25 @@ class Ring:
         done = 0
         results = [0] * n
         while done < n:
+            wait = n - done if completed is None else 1
             got = _libc.syscall(SYS_ENTER, ctypes.c_uint(self.fd), ctypes.c_uint(n if done == 0 else 0),
-                                ctypes.c_uint(n - done), ctypes.c_uint(ENTER_GETEVENTS), None, ctypes.c_size_t(0))
+                                ctypes.c_uint(wait), ctypes.c_uint(ENTER_GETEVENTS), None, ctypes.c_size_t(0))
             if got < 0:
                 err = ctypes.get_errno()
                 if err == 4:  # EINTR: a signal (the run's Ctrl-C handler runs between calls)
                     continue
                 raise OSError(err, f"io_uring_enter: {os.strerror(err)}")
-            done += self._reap(results)
+            done += self._reap(results, completed)
         return results
 
-    def _reap(self, results: list[int]) -> int:
+    def _reap(self, results: list[int], completed: list | None = None) -> int:
         head, tail, seen = self._cq_head.value, self._cq_tail.value, 0
+        now = time.monotonic_ns() if completed is not None else 0
         while head != tail:
             cqe = self._cqes[head & self._cq_mask]
             results[cqe.user_data] = cqe.res
+            if completed is not None:
+                completed[cqe.user_data] = now
             head = (head + 1) & 0xFFFFFFFF
             seen += 1
         self._cq_head.value = head

@@ -22,6 +22,9 @@ class NullTier(SlottedTier):
         self.name = name
         self.description = "null: no bytes move (orchestrator overhead only)"
 
+    def batch_path(self) -> str:
+        return "no I/O (the null tier)"
+
     def put(self, key: int, buf: np.ndarray) -> None:
         self.slots.alloc(key, buf.size)
 

@@ -27,10 +27,11 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import BlockVanished, RunFault, UserError
-from kv_cache.tiers.base import IO_UNITS, PRECONDITIONS, SHARED, STORAGE, SlottedTier
+from kv_cache.tiers.base import BATCHES, IO_UNITS, PRECONDITIONS, SHARED, STORAGE, SlottedTier
 from kv_cache.tiers.engines import Engine, Target
-from kv_cache.tiers.kinds import GiB, StackContext, StorageSite, TierKind, capacity_of
+from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of
 from kv_cache.tiers.null import NullTier
+from kv_cache.tiers.nvme_size import NVME_AUTO_MAX, _agree, _most_bytes, _resolved, capacity
 from kv_cache.tiers.posix_io import CHUNK, pwrite_all
 from kv_cache.tiers.slots import runs
 
@@ -86,6 +87,8 @@ class NvmeTier(SlottedTier):
         self.slabs: list[_Slab] = []
         if layout == "slab":
             self._make_slabs()
+            if not io_unit_bytes:  # a batch's I/Os go to the engine together (--io-unit layer times each block's)
+                self.flags = self.flags | {BATCHES}
         note = f" ({engine_note})" if engine_note else ""
         unit = f", one I/O per {io_unit_bytes / 2**10:,.0f} KiB (layer group)" if io_unit_bytes else ""
         self.description = (f"{engine}{note}, {layout} in {directory}{' (shared by every rank)' if shared else ''}, "
@@ -164,6 +167,64 @@ class NvmeTier(SlottedTier):
         except BaseException:
             self.slots.release(key)
             raise
+
+    def batch_path(self) -> str:
+        if BATCHES in self.flags:
+            return f"the {self.engine} engine's: {self.ops.batch}"
+        why = "--io-unit layer times each block's I/Os" if self.unit else "one file per block"
+        return f"one block after another ({why})"
+
+    def put_many(self, items: list[tuple[int, np.ndarray]]) -> list:
+        """A batch of blocks into their slabs, every block's I/Os handed to the engine at once (its batch path)."""
+        if BATCHES not in self.flags:
+            return super().put_many(items)
+        taken, out = [], [None] * len(items)
+        for n, (key, buf) in enumerate(items):
+            try:
+                taken.append((n, self.slots.alloc(key, buf.size)))
+            except Exception as e:  # noqa: BLE001 - this block's result (no room, a key twice)
+                out[n] = e
+        ios, owner = self._ios_of([(items[n][1], slots, items[n][1].size) for n, slots in taken])
+        done = self.ops.write_many(ios, self.unit)
+        self._gather(done, owner, [n for n, _ in taken], out)
+        for n, res in enumerate(out):
+            if isinstance(res, BaseException) and n in dict(taken):
+                self.slots.release(items[n][0])
+        return out
+
+    def get_many(self, items: list[tuple[int, np.ndarray]]) -> list:
+        if BATCHES not in self.flags or SHARED in self.flags:
+            return super().get_many(items)
+        found, out = [], [None] * len(items)
+        for n, (key, buf) in enumerate(items):
+            try:
+                slots, nbytes = self.slots.lookup(key)
+                found.append((n, (buf, slots, nbytes)))
+            except Exception as e:  # noqa: BLE001 - this block's result
+                out[n] = e
+        ios, owner = self._ios_of([b for _, b in found])
+        done = self.ops.read_many(ios, self.unit)
+        self._gather(done, owner, [n for n, _ in found], out)
+        return out
+
+    def _ios_of(self, blocks: list) -> tuple[list, list[int]]:
+        """(slab, offset, view) of each run of each (buffer, slots, nbytes), and the block each belongs to."""
+        ios, owner = [], []
+        for b, (buf, slots, nbytes) in enumerate(blocks):
+            for first, pos, length in runs(slots, nbytes, self.slot_bytes, self.per_file):
+                slab, off = self._slab_at(first)
+                ios.append((slab, off, buf[pos:pos + length]))
+                owner.append(b)
+        return ios, owner
+
+    @staticmethod
+    def _gather(done: list, owner: list[int], index: list[int], out: list) -> None:
+        """A block's result: its last I/O's completion, or the first exception among its I/Os."""
+        for res, b in zip(done, owner):
+            n = index[b]
+            if isinstance(out[n], BaseException):
+                continue
+            out[n] = res if isinstance(res, BaseException) else max(out[n] or 0, res)
 
     def adopt(self, key: int) -> int | None:
         """Size of a block another process published in this shared tier, or None."""
@@ -245,68 +306,6 @@ class NvmeTier(SlottedTier):
         self.slabs = []
         if remove:
             shutil.rmtree(self.directory, ignore_errors=True)
-
-
-NVME_AUTO_FRACTION, NVME_AUTO_MAX = 0.25, 64 * GiB  # --nvme-gb 0: within a quarter of the filesystem, at most 64 GiB
-FREE_SHARE = 0.5  # ... and within half of what is free
-
-
-def auto_bytes(where: str, ranks: int = 1) -> tuple[int, str]:
-    """--nvme-gb 0: (bytes per rank, the rule as said): the largest power of two GiB within a quarter of the
-    filesystem's size (a fixed fact of the machine), 64 GiB and half its free space. A power of two, so that what a
-    neighbour writes or deletes does not change the choice short of halving or doubling the free space."""
-    usage = shutil.disk_usage(where)
-    bound = min(usage.total * NVME_AUTO_FRACTION, NVME_AUTO_MAX, usage.free * FREE_SHARE)
-    size = GiB
-    while size * 2 <= bound:
-        size *= 2
-    if size > bound:  # under 1 GiB: a small disk or a nearly full one
-        size = int(bound)
-    return size // ranks, (f"the largest power of two GiB within {NVME_AUTO_FRACTION:.0%} of the "
-                           f"{usage.total / GiB:.0f} GiB filesystem of {where}, {NVME_AUTO_MAX / GiB:.0f} GiB and half "
-                           f"its {usage.free / GiB:.0f} GiB free")
-
-
-def capacity(s, site: StorageSite, slot: int, max_object_bytes: int, free: int) -> tuple[int, str]:
-    """(The tier's bytes: --nvme-gb, or auto_bytes; the rule said for auto). Refused when it holds no object."""
-    said = ""
-    if s.nvme_gb:
-        want = int(s.nvme_gb * GiB)
-        if want > free:
-            raise UserError(f"--nvme-gb {s.nvme_gb:g} asks for {want / GiB:.2f} GiB but {site.cache_dir} "
-                            f"has {free / GiB:.2f} GiB free; lower --nvme-gb or free space.")
-    else:
-        want, said = auto_bytes(site.cache_dir)
-    if want // slot * slot < max_object_bytes:
-        raise UserError(f"{site.cache_dir} has too little space for the NVMe tier: {want / GiB:.3f} GiB holds no "
-                        f"{max_object_bytes / 2**20:.1f} MiB object ({free / GiB:.2f} GiB free); free space, "
-                        f"pass a larger --nvme-gb or another --cache-dir.")
-    return want // slot * slot, said
-
-
-def _most_bytes(s) -> int:
-    if s.nvme == "off":
-        return 0
-    return int(s.nvme_gb * GiB) if s.nvme_gb else NVME_AUTO_MAX
-
-
-def _resolved(s, tier) -> dict:
-    """--nvme-gb 0 chose a size: a whole number of slots (GiB as a float is exact here, a power of 2)."""
-    return {} if s.nvme_gb else {"tiers.nvme_gb": tier.capacity_bytes / GiB}
-
-
-def _agree(s, ranks: int, cache_dir: str) -> tuple[dict, str]:
-    """--nvme-gb 0 under MPI: one size for every rank, the automatic share of the free space split over the ranks
-    (deciding alone, two ranks on one disk chose 17.50 and 13.12 GiB: the second saw the first's slabs)."""
-    if s.nvme == "off" or s.nvme_gb or s.shared_storage or s.null_io:
-        return {}, ""
-    where = cache_dir
-    while not os.path.isdir(where) and os.path.dirname(where) != where:  # the default folder is made later
-        where = os.path.dirname(where)
-    each, said = auto_bytes(where, ranks)
-    return {"tiers.nvme_gb": each / GiB}, (
-        f"nvme tier size chosen by rank 0 for every rank: {each / GiB:.2f} GiB each, {each * ranks / GiB:.2f} GiB in "
-        f"all = {said}, over {ranks} ranks; --nvme-gb fixes it (per rank)")
 
 
 def contract(engines: dict) -> tuple[str, ...]:

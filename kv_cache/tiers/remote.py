@@ -27,7 +27,7 @@ import numpy as np
 from kv_cache import runlog
 from kv_cache.errors import RunFault, ServerDown, UserError
 from kv_cache.markers import leftover, marker_body, sweep
-from kv_cache.tiers.base import REMOTE, STORAGE, SlottedTier
+from kv_cache.tiers.base import BATCHES, REMOTE, STORAGE, SlottedTier
 from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of, scheme_of
 from kv_cache.tiers.null import NullTier
 
@@ -109,7 +109,7 @@ class RemoteTier(SlottedTier):
                  description: str):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
         self.name, self.store, self.run_id = name, store, run_id
-        self.flags = frozenset({STORAGE, REMOTE})
+        self.flags = frozenset({STORAGE, REMOTE} | ({BATCHES} if hasattr(store, "get_many_into") else set()))
         self.description = description
         self.down = ""  # why the server stopped answering: the run's later calls fail at once, not each after
         mark_namespace(store, run_id)  # its timeout (a frozen server's stop took 4-5 timeouts of in-flight calls)
@@ -134,6 +134,44 @@ class RemoteTier(SlottedTier):
     def get(self, key: int, out: np.ndarray) -> None:
         _, nbytes = self.slots.lookup(key)
         self._call(self.store.get_into, self.store.object_name(self.run_id, key), out[:nbytes])
+
+    def batch_path(self) -> str:
+        return self.store.batch if BATCHES in self.flags else super().batch_path()
+
+    def put_many(self, items: list[tuple[int, np.ndarray]]) -> list:
+        """A store with a batch path (a Valkey pipeline) takes the batch in one round trip; a block's result is
+        its reply's arrival, or its error."""
+        if BATCHES not in self.flags:
+            return super().put_many(items)
+        out, sent = [None] * len(items), []
+        for n, (key, buf) in enumerate(items):
+            try:
+                self.slots.alloc(key, buf.size)
+                sent.append(n)
+            except Exception as e:  # noqa: BLE001 - this block's result
+                out[n] = e
+        done = self._call(self.store.put_many, [(self.store.object_name(self.run_id, items[n][0]), items[n][1])
+                                                for n in sent])
+        for n, d in zip(sent, done):
+            out[n] = d
+            if isinstance(d, BaseException):
+                self.slots.release(items[n][0])
+        return out
+
+    def get_many(self, items: list[tuple[int, np.ndarray]]) -> list:
+        if BATCHES not in self.flags:
+            return super().get_many(items)
+        out, asked = [None] * len(items), []
+        for n, (key, buf) in enumerate(items):
+            try:
+                asked.append((n, buf[:self.slots.lookup(key)[1]]))
+            except Exception as e:  # noqa: BLE001 - this block's result
+                out[n] = e
+        done = self._call(self.store.get_many_into, [(self.store.object_name(self.run_id, items[n][0]), view)
+                                                     for n, view in asked])
+        for (n, _), d in zip(asked, done):
+            out[n] = d
+        return out
 
     def delete(self, key: int) -> None:
         _, nbytes = self.slots.release(key)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 import secrets
 import shutil
-import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,7 @@ from kv_cache.tiers.remote import (
     redact,
     remote_medium,
 )
+from kv_cache.tiers.resp import bulk_into
 
 SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 DEFAULT_MAX_VALUE = 512 << 20  # proto-max-bulk-len's default
@@ -59,37 +60,6 @@ def stored_bytes(nbytes: int) -> int:
     n = nbytes + 64
     step = 1 << max(n.bit_length() - 3, 3)
     return -(-n // step) * step
-
-
-def _exact(sock, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        got = sock.recv(n - len(data))
-        if not got:
-            raise ConnectionError("the server closed the connection")
-        data += got
-    return data
-
-
-def _line(sock, most: int = 1024) -> bytes:
-    """A reply's first line, without its CRLF, never read past (the value follows): peeked at, then taken to its
-    end, two system calls (a byte at a time it was a dozen, each a GIL hand-off beside the other threads')."""
-    try:
-        seen = sock.recv(most, socket.MSG_PEEK)
-    except ValueError:  # a TLS socket (rediss://) takes no flags
-        seen = b""
-    else:
-        if not seen:
-            raise ConnectionError("the server closed the connection")
-    end = seen.find(b"\r\n")
-    if end >= 0:
-        return _exact(sock, end + 2)[:-2]
-    line = b""  # TLS, or the line has not all arrived (a reply split inside its first line): a byte at a time
-    while not line.endswith(b"\r\n"):
-        if len(line) > most:
-            raise ConnectionError(f"a reply line longer than {most} bytes: {line[:most]!r}")
-        line += _exact(sock, 1)
-    return line[:-2]
 
 
 def _tls_failed(text: str, url: str) -> str:
@@ -243,48 +213,58 @@ class ValkeyStore(Names):
         except self.errors.ValkeyError as e:
             raise self._fault(f"writing {name}", e) from None
 
-    def get_into(self, name: str, out: np.ndarray) -> None:
-        """GET a block's values (pipelined) straight into out: each reply's bytes go from the socket into the
-        block's buffer (recv_into, the GIL released), not through the client's reply parser, which copies a value
-        twice under the GIL (make bench: 4 threads' GETs of 2 MiB at 0.70 of redis-benchmark that way)."""
-        parts = self._parts(name, out.size)
-        conn = None
+    batch = "one pipeline per batch on the worker's connection (every SET, or every GET, in one round trip)"
+
+    def put_many(self, items: list[tuple[str, np.ndarray]]) -> list:
+        """Every value of every block SET in one pipeline; a block's result is the pipeline's completion, or the
+        error its own reply carried (the others stand)."""
+        pipe = self.client.pipeline(transaction=False)
+        owner = []
+        for n, (name, data) in enumerate(items):
+            view = memoryview(data).cast("B")
+            for k, off, length in self._parts(name, data.size):
+                pipe.set(k, view[off:off + length])
+                owner.append(n)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except self.errors.ValkeyError as e:
+            raise self._fault(f"writing {len(items)} blocks", e) from None
+        done, out = time.monotonic_ns(), [0] * len(items)
+        for n, r in zip(owner, replies):
+            if isinstance(r, Exception) and not isinstance(out[n], BaseException):
+                out[n] = self._fault(f"writing {items[n][0]}", r)
+        return [o if isinstance(o, BaseException) else done for o in out]
+
+    def get_many_into(self, items: list[tuple[str, np.ndarray]]) -> list:
+        """Every value of every block asked for in one packed command, each reply read straight into its block's
+        buffer as it arrives (recv_into, the GIL released), not through the client's reply parser, which copies a
+        value twice under the GIL (make bench: 4 threads' GETs of 2 MiB at 0.70 of redis-benchmark that way); a
+        block's result is its last reply's arrival."""
+        parts = [(n, k, out[off:off + length]) for n, (name, out) in enumerate(items)
+                 for k, off, length in self._parts(name, out.size)]
+        conn, done = None, [0] * len(items)
         try:
             conn = self.pool.get_connection("GET")
-            conn.send_packed_command(conn.pack_commands([("GET", k) for k, _, _ in parts]))
-            for k, off, n in parts:
-                self._bulk_into(conn._sock, k, out[off:off + n])
+            conn.send_packed_command(conn.pack_commands([("GET", k) for _, k, _ in parts]))
+            for n, k, view in parts:
+                bulk_into(conn._sock, k, view, self.url, self.policy)
+                done[n] = time.monotonic_ns()
         except BaseException as e:
             if conn is not None:
-                conn.disconnect()  # a reply read halfway: the connection is out of step, a new one replaces it
-            if isinstance(e, OSError):  # the socket's own timeout or error
+                conn.disconnect()  # replies read halfway: the connection is out of step, a new one replaces it
+            if isinstance(e, OSError):
                 e = (self.errors.TimeoutError if isinstance(e, TimeoutError) else self.errors.ConnectionError)(str(e))
             if isinstance(e, self.errors.ValkeyError):
-                raise self._fault(f"reading {name}", e) from None
+                raise self._fault(f"reading {items[0][0] if len(items) == 1 else f'{len(items)} blocks'}", e) from None
             raise
         finally:
             if conn is not None:
                 self.pool.release(conn)
+        return done
 
-    def _bulk_into(self, sock, key: str, out: np.ndarray) -> None:
-        """One RESP bulk-string reply ($<n>CRLF<n bytes>CRLF) read into out, which must hold exactly n bytes."""
-        head = _line(sock)
-        if head[:1] == b"-":
-            raise RunFault(f"{self.url} refused reading {key}: {head[1:].decode(errors='replace')}.")
-        n = int(head[1:]) if head[:1] == b"$" else None
-        if n is None or n != out.size:
-            got = "gone" if n == -1 else f"{n:,} bytes instead of {out.size:,}" if n is not None else repr(head[:40])
-            raise RunFault(f"{self.url}: key {key} the run wrote is {got} (maxmemory-policy {self.policy or '?'}: "
-                           f"the server evicts or changed it; run with noeviction).")
-        view = memoryview(out).cast("B")
-        done = 0
-        while done < n:
-            got = sock.recv_into(view[done:], n - done)
-            if not got:
-                raise ConnectionError("the server closed the connection")
-            done += got
-        if _exact(sock, 2) != b"\r\n":
-            raise RunFault(f"{self.url}: the reply for key {key} does not end where its length says.")
+    def get_into(self, name: str, out: np.ndarray) -> None:
+        """GET a block's values (pipelined) straight into out (get_many_into of one block)."""
+        self.get_many_into([(name, out)])
 
     def delete(self, names: list[tuple[str, int]]) -> None:
         self.remove([k for name, nbytes in names for k, _, _ in self._parts(name, nbytes)])

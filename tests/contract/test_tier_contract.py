@@ -77,6 +77,53 @@ def test_round_trip_and_accounting(tier, pool, nbytes):
     assert tier.used_bytes == 0
 
 
+def _moved(results: list) -> None:
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+
+
+@pytest.mark.parametrize("way", ["one by one", "batch"])
+def test_many_blocks_do_not_overlap_either_way(tier, pool, way):
+    """Issue 48: every medium moves a batch (put_many / get_many: natively, or the inherited loop) to the same
+    bytes as one block at a time, each item's result its completion time."""
+    keys = list(range(100, 100 + SLOTS))
+    sizes = [SLOT if k % 3 else 4096 for k in keys]  # whole slots and a short one: runs of every length
+    datas = [payload(pool, k, n) for k, n in zip(keys, sizes)]
+    if way == "batch":
+        done = tier.put_many(list(zip(keys, datas)))
+        _moved(done)
+        assert all(isinstance(t, int) and t > 0 for t in done)
+    else:
+        for k, d in zip(keys, datas):
+            tier.put(k, d)
+    assert tier.used_bytes == sum(tier.slots_for(n) for n in sizes) * SLOT
+    outs = [aligned_buffer(n)[:n] for n in sizes]
+    if way == "batch":
+        _moved(tier.get_many(list(zip(keys, outs))))
+    else:
+        for k, o in zip(keys, outs):
+            tier.get(k, o)
+    if FAKE_IO in tier.flags or "simulated" in tier.flags:
+        return
+    for k, o in zip(keys, outs):
+        assert pool.check(k, o, "full"), f"block {k} came back wrong ({way})"
+
+
+def test_a_batch_s_bad_item_fails_alone(tier, pool):
+    """A missing key in a get batch, a key already there in a put batch: that item's result is its error, the
+    others move (a whole batch failing for one block would lose what the cache must account)."""
+    tier.put(1, payload(pool, 1, SLOT))
+    got = tier.put_many([(1, payload(pool, 1, SLOT)), (2, payload(pool, 2, SLOT))])
+    assert isinstance(got[0], KeyError) and isinstance(got[1], int)
+    outs = [aligned_buffer(SLOT) for _ in range(3)]
+    got = tier.get_many([(2, outs[0]), (12345, outs[1]), (1, outs[2])])
+    assert isinstance(got[1], KeyError) and isinstance(got[0], int) and isinstance(got[2], int)
+    assert tier.used_bytes == 2 * SLOT
+    if FAKE_IO not in tier.flags and "simulated" not in tier.flags:
+        assert pool.check(2, outs[0], "full") and pool.check(1, outs[2], "full")
+
+
 def test_many_blocks_do_not_overlap(tier, pool):
     keys = list(range(100, 100 + SLOTS))
     for k in keys:

@@ -70,14 +70,14 @@ def test_the_auto_space_runs_fewer_publishers_on_a_16_core_machine_rather_than_r
 
 def test_the_same_command_chooses_the_same_workers_and_sizes(tmp_path, monkeypatch):
     """The choices are rules of fixed facts, said in the first lines with the flags that pin them."""
-    from kv_cache.tiers import nvme
+    from kv_cache.tiers import nvme_size as nvme
 
     free = []
     real = nvme.shutil.disk_usage
 
-    def neighbour(path):  # a neighbour fills and empties the disk between two runs
-        u = real(path)
-        return type(u)(u.total, u.used, int(u.free * (0.9 if free else 1.0)))
+    def neighbour(path):  # a neighbour fills and empties the disk between two runs: 100 GiB free, then 90
+        u = real(path)  # its type; the sizes are fixed (this machine's own free space may sit on a boundary)
+        return type(u)(256 << 30, 156 << 30, (90 if free else 100) << 30)
 
     sizes = []
     for _ in range(2):

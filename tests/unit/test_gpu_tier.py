@@ -96,6 +96,28 @@ def test_pinned_buffers_skip_the_staging_copy(pool, monkeypatch):
     assert dev.registered == [] and dev.allocated == [0]
 
 
+def test_a_batch_of_direct_copies_is_queued_and_synchronised_once(pool):
+    """Issue 48: a batch's copies go on the worker's streams and each stream is waited for once per batch (a
+    block synchronised alone cost 0.83 of the link at 2 MiB on an H200; a batch of 64, 0.95); the bytes come back."""
+    dev = FakeDevice(count=2)
+    t = GpuTier(dev, 8 * SLOT, SLOT, [0, 1], lanes=1, staging_bytes=SLOT)
+    bufs = [aligned_buffer(SLOT) for _ in range(4)]
+    for k, b in enumerate(bufs):
+        t.pin_host(b)
+        pool.fill(k, b)
+    done = t.put_many(list(enumerate(bufs)))
+    assert all(isinstance(d, int) for d in done)
+    streams = t._lane().streams
+    assert [s.syncs for s in streams] == [1, 1] and sum(s.copies for s in streams) == 4
+    outs = [aligned_buffer(SLOT) for _ in range(4)]
+    for o in outs:
+        t.pin_host(o)
+    assert all(isinstance(d, int) for d in t.get_many(list(enumerate(outs))))
+    assert [s.syncs for s in streams] == [2, 2]
+    assert all(pool.check(k, o, "full") for k, o in enumerate(outs))
+    t.close()
+
+
 def test_more_than_free_hbm_is_refused_with_numbers():
     dev = FakeDevice(count=2, hbm_bytes=1 << 30)
     with pytest.raises(UserError, match=r"2.00 GiB on GPU 0 .* 1.00 GiB of its HBM is free"):

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""make bench, batched request I/O (issue 48): a request's blocks in flight together against one at a time, and
+against fio at the same queue depth.
+
+On a RAM-backed loop device (ext4 on losetup over a file in /dev/shm, made and removed here as root; elsewhere the
+folder given with --dir): the NVMe tier (slab layout) holds 64 blocks; a prefix load of those 64 blocks is timed
+one block at a time (get, the serial path) and as batches of --max-inflight (get_many, the batched path), with the
+io_uring and the direct engine. Beside it, fio's io_uring engine reads the same number of blocks of the same size at
+iodepth = --max-inflight (one job, direct=1, randread): GB/s and CPU seconds per GiB (fio's usr + sys; ours: this
+process's CPU time over the batched loads). Each figure is the median of --rounds rounds. This times the tier and
+its engine, the path a batch takes below the cache; the whole program's own cost is e2e_bench's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine_bench import loop_dir  # noqa: E402
+
+from kv_cache.buffers import aligned_buffer  # noqa: E402
+from kv_cache.run.registry import discover  # noqa: E402
+from kv_cache.tiers.nvme import NvmeTier  # noqa: E402
+
+BLOCKS = 64
+SIZES = (512 << 10, 2 << 20)
+
+
+def ours(engine, where: str, size: int, depth: int) -> dict:
+    """Serial and batched load times of BLOCKS blocks (s), and the batched loads' GB/s and CPU s per GiB."""
+    folder = os.path.join(where, f"tier-{engine.name}")
+    os.makedirs(folder, exist_ok=True)
+    tier = NvmeTier(folder, BLOCKS * size, size, engine, slab_file_bytes=BLOCKS * size)
+    try:
+        bufs = [aligned_buffer(size) for _ in range(BLOCKS)]
+        for k, b in enumerate(bufs):
+            b[:] = k % 251
+        tier.put_many(list(enumerate(bufs)))
+        start = time.perf_counter()
+        for k, b in enumerate(bufs):
+            tier.get(k, b)
+        serial = time.perf_counter() - start
+        cpu0, start = time.process_time(), time.perf_counter()
+        for w in range(0, BLOCKS, depth):
+            done = tier.get_many([(k, bufs[k]) for k in range(w, min(BLOCKS, w + depth))])
+            assert not any(isinstance(d, BaseException) for d in done), done
+        batched, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    finally:
+        tier.close()
+    gib = BLOCKS * size / 2**30
+    return {"serial": serial, "batched": batched, "gbps": BLOCKS * size / batched / 1e9, "cpu_per_gib": cpu / gib}
+
+
+def fio(where: str, size: int, depth: int) -> dict:
+    path = os.path.join(where, "fio.bin")
+    common = ["fio", "--name=kv", f"--filename={path}", "--ioengine=io_uring", "--direct=1", f"--bs={size}",
+              f"--size={BLOCKS * size}", "--output-format=json"]
+    subprocess.run([*common, "--rw=write", "--iodepth=1"], capture_output=True, check=True)
+    res = json.loads(subprocess.run([*common, "--rw=randread", f"--iodepth={depth}", f"--io_size={BLOCKS * size * 8}"],
+                                    capture_output=True, text=True, check=True).stdout)
+    job = res["jobs"][0]
+    read, gib = job["read"], job["read"]["io_bytes"] / 2**30
+    return {"gbps": read["bw_bytes"] / 1e9, "cpu_per_gib": (job["usr_cpu"] + job["sys_cpu"]) / 100 *
+            job["job_runtime"] / 1000 / gib}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", help="where the files go (default: a RAM-backed loop device as root, else /tmp)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-inflight", type=int, default=32)
+    a = ap.parse_args()
+    engines = discover().engines
+    stack: list = []
+    try:
+        where = a.dir or (loop_dir(stack) if os.geteuid() == 0 else "/tmp")
+        print(f"Batched request I/O on {where}: a load of {BLOCKS} blocks, batches of {a.max_inflight} (median of "
+              f"{a.rounds} rounds)")
+        print(f"  {'block':>7} {'engine':>9} {'serial ms':>10} {'batched ms':>11} {'batched/serial':>15} "
+              f"{'GB/s':>6} {'fio GB/s':>9} {'ours/fio':>9} {'CPU s/GiB ours/fio':>19}")
+        for size in SIZES:
+            f = [fio(where, size, a.max_inflight) for _ in range(a.rounds)]
+            fio_gbps, fio_cpu = np.median([x["gbps"] for x in f]), np.median([x["cpu_per_gib"] for x in f])
+            for name in ("io_uring", "direct"):
+                if engines[name].unavailable():
+                    print(f"  {name}: skipped: {engines[name].unavailable()}")
+                    continue
+                r = [ours(engines[name], where, size, a.max_inflight) for _ in range(a.rounds)]
+                m = {k: float(np.median([x[k] for x in r])) for k in r[0]}
+                print(f"  {size / 2**20:6.2f}M {name:>9} {m['serial'] * 1e3:10.2f} {m['batched'] * 1e3:11.2f} "
+                      f"{m['batched'] / m['serial']:15.2f} {m['gbps']:6.2f} {fio_gbps:9.2f} "
+                      f"{m['gbps'] / fio_gbps:9.2f} {m['cpu_per_gib']:9.3f}/{fio_cpu:<9.3f}")
+            os.unlink(os.path.join(where, "fio.bin"))
+    finally:
+        for undo in reversed(stack):
+            undo()
+
+
+if __name__ == "__main__":
+    main()

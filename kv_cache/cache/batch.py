@@ -1,0 +1,167 @@
+"""A request's blocks in flight together (--request-io batched), a part of ``BlockCache`` (cache.py).
+
+The engines that offload KV move a request's blocks as one job (vLLM's offloading connector: one batched copy per
+request; LMCache: a request's chunks fetched concurrently; NIXL: a descriptor list per transfer). Here the reads of
+a request's pinned hit blocks go to each tier as one ``get_many``, and its new blocks' writes as one ``put_many``
+per tier. The cache's state changes stay where serial mode makes them and in its order: each new block is reserved,
+the demotions it needs run, and it is placed in its tier's order (PLACING) before the next one is reserved, as a
+serial write would leave it; only the bytes of the new blocks wait, to go together. Read blocks are judged and
+released (promoted if due) in chain order after their batch. Hit rates and eviction order are serial mode's
+(bench/same_schedule.py shows it). Each block's latency runs from its batch's submission to its own
+completion (fio's completion latency at that depth); each batch as a whole is recorded beside it (op load or
+store) with how many blocks it held (results' queue_depth).
+"""
+
+from __future__ import annotations
+
+import threading
+from time import monotonic_ns as now_ns
+
+import numpy as np
+
+from kv_cache.cache.chains import PLACING, READY, Entry
+from kv_cache.tiers.base import IO_UNITS
+
+
+class Batches:
+    """read_batch, reserve_writes and commit_batch of a BlockCache."""
+
+    def _batchable(self, e: Entry) -> bool:
+        """A block the batch path moves: one I/O (no parts, no --io-unit layer units to time apart), not another
+        rank's (read by name), not one GDS lands in HBM; the others take the serial path inside the batch."""
+        tier = self.tiers[e.tier]
+        gds = self._gds_whole(e) and self.gds.lands(tier)
+        return not (e.remote or gds or IO_UNITS in tier.flags or self.parts.many(e.nbytes))
+
+    def read_batch(self, entries: list[Entry], outs: list[np.ndarray], phase: str, op: str = "read") -> list:
+        """Read pinned entries into outs, one get_many per tier (chain order within it); per entry the tier index
+        it was read from, or the exception its read raised (the caller judges them in chain order)."""
+        result: list = [None] * len(entries)
+        by_tier: dict[int, list[int]] = {}
+        for i, e in enumerate(entries):
+            if self._batchable(e):
+                by_tier.setdefault(e.tier, []).append(i)
+            else:
+                try:
+                    result[i] = self.read(e, outs[i], phase, op)
+                except Exception as ex:  # noqa: BLE001 - judged by the caller, as a serial read's would be
+                    result[i] = ex
+        for t, idx in by_tier.items():
+            start = now_ns()
+            done = self.tiers[t].get_many([(entries[i].key, outs[i][:entries[i].nbytes]) for i in idx])
+            self._record_batch(t, "load", phase, op, start, [entries[i] for i in idx], done)
+            for i, d in zip(idx, done):
+                result[i] = d if isinstance(d, BaseException) else t
+        return result
+
+    def _record_batch(self, t: int, kind: str, phase: str, op: str, start: int, entries: list[Entry],
+                      done: list) -> None:
+        """Each block's op from the batch's submission to its completion, and the batch as a whole."""
+        last = start
+        for e, d in zip(entries, done):
+            if not isinstance(d, BaseException):
+                last = max(last, d)
+                self._timed(t, e, op, phase, start, [(d - start, e.nbytes)])
+        self.recorder.batch(self.names[t], kind, phase, start, last - start, len(entries))
+
+    def place_writes(self, wants: list[tuple[int, int, str, int | None]], make, phase: str,
+                     scratch: np.ndarray) -> list:
+        """Reserve, in order, each (key, nbytes, label, parent) as reserve_write does, run the moves it needs
+        (demotions), make its bytes (make(n, entry) -> its filled buffer, untimed) and place it in its tier's order
+        at once (PLACING: no reader's hit until its bytes land): every later block of the batch meets the cache
+        serial mode's write of this one would have left. Should a later block need it as a victim (as serial
+        mode could evict or demote it), its bytes are written first (_flush). The others go with commit_batch.
+        None for a block reserve_write refuses."""
+        placed: list = []
+        try:
+            for n, want in enumerate(wants):
+                with self._lock:
+                    res = self._reserve_write(*want)
+                if res is not None:
+                    try:
+                        self.run_moves(res.moves, scratch)
+                        data = make(n, res.entry)
+                    except BaseException:
+                        self.abort(res)
+                        raise
+                    with self._lock:
+                        res.entry.state = PLACING
+                        self.pending[res.entry.key] = (threading.get_ident(), data, phase)
+                        self._placed(res.entry)
+                placed.append(res)
+        except BaseException:
+            self.give_back([r for r in placed if r is not None])
+            raise
+        return placed
+
+    def give_back(self, reservations: list) -> None:
+        """Placed reservations whose bytes will not be written leave the cache (their tier's order too)."""
+        with self._lock:
+            for r in reservations:
+                if self.pending.pop(r.entry.key, None) is not None and self.index.get(r.entry.key) is r.entry:
+                    self._unplaced(r.entry)
+        for r in reservations:
+            if r.entry.state == PLACING:
+                self.abort(r)
+
+    def _flushable(self, e: Entry) -> bool:
+        """Lock held: e is this thread's PLACING block: serial mode would have written it already, so it may be a
+        victim (its bytes written first)."""
+        if e.state != PLACING:
+            return False
+        mine = self.pending.get(e.key)
+        return mine is not None and mine[0] == threading.get_ident()
+
+    def _flush(self, e: Entry, t: int) -> None:
+        """Before e moves out of tier t: the write of its bytes, if they had not landed (timed: the write serial
+        mode would have made)."""
+        with self._lock:
+            mine = self.pending.pop(e.key, None)
+        if mine is None:
+            return
+        _, data, phase = mine
+        start = now_ns()
+        times = self.parts.write(self.tiers[t], e.key, e.nbytes, data)
+        self._timed(t, e, "write", phase, start, times)
+
+    def commit_batch(self, reservations: list, datas: list[np.ndarray], phase: str) -> None:
+        """Write the placed blocks (one put_many per tier), then make them READY in order. A block whose write
+        fails is given back; the first failure is raised once the others are ready."""
+        with self._lock:  # those a later block of the batch moved out were written then (_flush)
+            todo = [i for i, r in enumerate(reservations) if self.pending.pop(r.entry.key, None) is not None]
+        by_tier: dict[int, list[int]] = {}
+        for i in todo:
+            by_tier.setdefault(reservations[i].entry.tier, []).append(i)
+        failed: dict[int, BaseException] = {}
+        try:
+            for t, idx in by_tier.items():
+                entries = [reservations[i].entry for i in idx]
+                start = now_ns()
+                done = self.tiers[t].put_many([(e.key, datas[i][:e.nbytes]) for e, i in zip(entries, idx)])
+                self._record_batch(t, "store", phase, "write", start, entries, done)
+                failed.update({i: d for i, d in zip(idx, done) if isinstance(d, BaseException)})
+        except BaseException:
+            with self._lock:
+                for i in todo:
+                    self.pending[reservations[i].entry.key] = (threading.get_ident(), None, phase)
+            self.give_back([reservations[i] for i in todo])
+            raise
+        with self._lock:
+            for i in todo:
+                e = reservations[i].entry
+                if i in failed or self.index.get(e.key) is not e:
+                    continue
+                e.state = READY
+                self._refresh(e)
+                if self._orphaned(e):  # its parent left while it was written: unreachable, dropped
+                    self._drop_now(e)
+            self._wake()
+        self._empty_trash()
+        with self._lock:
+            for i in failed:  # PLACING: out of its tier's order, then out of the index
+                if self.index.get(reservations[i].entry.key) is reservations[i].entry:
+                    self._unplaced(reservations[i].entry)
+        for i in failed:
+            self.abort(reservations[i])
+        if failed:
+            raise failed[min(failed)]

@@ -1,0 +1,102 @@
+"""--request-io batched, a part of ``Lifecycle`` (executor.py): a request's blocks in flight together.
+
+The hit prefix is read in windows of --max-inflight blocks (the cache groups a window by tier: one get_many each),
+then judged in chain order exactly as serial mode judges it block by block: each verified, released (promoted if
+due), and the first that vanished or reads back wrong ends the hit, the rest unpinned. The new blocks of a phase
+(prefill, decode) are reserved and placed in order (each as a serial write would leave the cache), filled, and
+written as one put_many per tier. The cache's
+state changes keep serial mode's order, so hit rates and eviction order are serial mode's; what changes is the
+depth the storage sees and each request's storage time (a batch's wall time, not the sum of its blocks').
+"""
+
+from __future__ import annotations
+
+from time import monotonic_ns as now_ns
+
+from kv_cache import counters as C
+from kv_cache.errors import BlockVanished
+from kv_cache.lifecycle.payload import block_digest
+from kv_cache.lifecycle.plan import KVPlan
+from kv_cache.lifecycle.worker import WorkerBuffers
+from kv_cache.types import RequestOutcome
+
+
+class BatchedPaths:
+    """The batched read of a hit prefix and the batched write of a phase's new blocks."""
+
+    def _read_hits_batched(self, entries: list, bufs: WorkerBuffers) -> tuple[int, list[int], int]:
+        """Read pinned entries (chain order) in windows: (storage ns, the tier of each that hit, how many hit)."""
+        storage_ns, tiers = 0, []
+        for w in range(0, len(entries), self.batch):
+            window = entries[w:w + self.batch]
+            outs = [bufs.batch_view(j, e.nbytes) for j, e in enumerate(window)]
+            try:
+                self._check_stop()
+                start = now_ns()
+                got = self.cache.read_batch(window, outs, "load", "read")
+                storage_ns += now_ns() - start
+            except BaseException:
+                self.cache.unpin(entries[w:])
+                raise
+            for j, (e, r) in enumerate(zip(window, got)):
+                n = w + j
+                if isinstance(r, BlockVanished):  # another rank evicted it from shared storage: a miss now
+                    self.cache.forget_vanished(e)
+                    self.recorder.count(C.SHARED_VANISHED, start_ns=start)
+                    self.cache.unpin(entries[n + 1:])
+                    return storage_ns, tiers, n
+                if isinstance(r, BaseException):
+                    self.cache.unpin(entries[n + 1:])
+                    raise r
+                spent, intact = self._judge(e, outs[j], r, bufs)
+                storage_ns += spent
+                if not intact:  # the rest of the prefix is a miss (recomputed, rewritten)
+                    self.cache.unpin(entries[n + 1:])
+                    return storage_ns, tiers, n
+                tiers.append(r)
+        return storage_ns, tiers, len(entries)
+
+    def _judge(self, e, data, tier: int, bufs: WorkerBuffers) -> tuple[int, bool]:
+        """Verify a block read into data, then release it (promoted if due) or discard it: (release ns, intact)."""
+        start = now_ns()
+        intact = self._check(e.key, data, start, e.digest) if self.cache.verifiable[tier] else True
+        start = now_ns()
+        if intact:
+            self.cache.release(e, data, bufs.scratch)
+        else:
+            self.cache.discard(e)
+            self.recorder.count(C.VERIFY_DISCARDED)
+        return now_ns() - start, intact
+
+    def _maker(self, views: dict, bufs: WorkerBuffers):
+        """make(n, entry): the n-th block of a window made into its buffer (untimed, as serial mode's payloads are
+        made before each write's clock), kept in views."""
+        def make(n: int, entry):
+            start = now_ns()
+            view = views[n] = bufs.batch_view(n, entry.nbytes)
+            if not self.fake_io:
+                self.payloads.fill(entry.key, view)
+            views["untimed"] = views.get("untimed", 0) + now_ns() - start
+            return view
+        return make
+
+    def _write_batched(self, plan: KVPlan, indices, bufs: WorkerBuffers, phase: str, out: RequestOutcome) -> int:
+        """Write the plan's blocks at indices in windows: reserved together, filled, one put_many per tier."""
+        storage_ns, todo = 0, list(indices)
+        for w in range(0, len(todo), self.batch):
+            window = todo[w:w + self.batch]
+            self._check_stop()
+            wants = [(plan.keys[i], self.object_bytes(plan.tokens_per_key[i]), plan.labels[i], plan.parent(i))
+                     for i in window]
+            views: dict[int, object] = {}
+            start = now_ns()
+            placed = self.cache.place_writes(wants, self._maker(views, bufs), phase, bufs.scratch)
+            kept = [(r, views[n]) for n, r in enumerate(placed) if r is not None]
+            out.blocks_write_skipped += len(window) - len(kept)
+            if kept:
+                self.cache.commit_batch([r for r, _ in kept], [v for _, v in kept], phase)
+            storage_ns += now_ns() - start - views.get("untimed", 0)
+            if self.verify == "checksum":  # kept in the index: every later read of the block is checked
+                for r, data in kept:
+                    r.entry.digest = block_digest(data)
+        return storage_ns

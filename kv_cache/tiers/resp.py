@@ -1,0 +1,62 @@
+"""RESP replies read from a Valkey / Redis socket straight into a block's buffer (recv_into: the GIL released, no
+copy through the client's parser): the Valkey medium's read path (valkey.py)."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+
+from kv_cache.errors import RunFault
+
+
+def _exact(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        got = sock.recv(n - len(data))
+        if not got:
+            raise ConnectionError("the server closed the connection")
+        data += got
+    return data
+
+
+def _line(sock, most: int = 1024) -> bytes:
+    """A reply's first line, without its CRLF, never read past (the value follows): peeked at, then taken to its
+    end, two system calls (a byte at a time it was a dozen, each a GIL hand-off beside the other threads')."""
+    try:
+        seen = sock.recv(most, socket.MSG_PEEK)
+    except ValueError:  # a TLS socket (rediss://) takes no flags
+        seen = b""
+    else:
+        if not seen:
+            raise ConnectionError("the server closed the connection")
+    end = seen.find(b"\r\n")
+    if end >= 0:
+        return _exact(sock, end + 2)[:-2]
+    line = b""  # TLS, or the line has not all arrived (a reply split inside its first line): a byte at a time
+    while not line.endswith(b"\r\n"):
+        if len(line) > most:
+            raise ConnectionError(f"a reply line longer than {most} bytes: {line[:most]!r}")
+        line += _exact(sock, 1)
+    return line[:-2]
+
+
+def bulk_into(sock, key: str, out: np.ndarray, url: str, policy: str) -> None:
+    """One RESP bulk-string reply ($<n>CRLF<n bytes>CRLF) read into out, which must hold exactly n bytes."""
+    head = _line(sock)
+    if head[:1] == b"-":
+        raise RunFault(f"{url} refused reading {key}: {head[1:].decode(errors='replace')}.")
+    n = int(head[1:]) if head[:1] == b"$" else None
+    if n is None or n != out.size:
+        got = "gone" if n == -1 else f"{n:,} bytes instead of {out.size:,}" if n is not None else repr(head[:40])
+        raise RunFault(f"{url}: key {key} the run wrote is {got} (maxmemory-policy {policy or '?'}: "
+                       f"the server evicts or changed it; run with noeviction).")
+    view = memoryview(out).cast("B")
+    done = 0
+    while done < n:
+        got = sock.recv_into(view[done:], n - done)
+        if not got:
+            raise ConnectionError("the server closed the connection")
+        done += got
+    if _exact(sock, 2) != b"\r\n":
+        raise RunFault(f"{url}: the reply for key {key} does not end where its length says.")

@@ -1,0 +1,93 @@
+"""Issue 48: a request's blocks in flight together (--request-io batched), the cache's decisions unchanged."""
+
+from __future__ import annotations
+
+import csv
+import time
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from helpers import assert_clean_error
+
+from kv_cache.cache.cache import BlockCache
+from kv_cache.cache.policies.lru import LRUPolicy
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.tiers.cpu import CpuTier
+
+SEQUENCE = ["--workers", "1", "--users", "1", "--arrival", "sequence", "--max-requests", "40", "--duration", "600",
+            "--warmup", "0", "--cpu-mem-gb", "0.04", "--nvme-gb", "0.1", "--gpu", "off"]
+
+
+def _ops(path) -> list[tuple[str, str, str]]:
+    with open(path, newline="") as f:
+        return [(r["op"], r["tier"], r["key"]) for r in csv.DictReader(f)]
+
+
+@pytest.mark.slow  # two runs of 40 requests: make test-all (CI); make test stays under 3 minutes
+def test_batched_makes_serial_mode_s_cache_decisions_at_depth(small_run, tmp_path):
+    """The same seeded sequence, one worker: batched and serial evict, demote, promote and write the same blocks
+    in the same order and hit the same tokens; batched had more than one block in flight, and says so."""
+    runs = {}
+    for mode in ("serial", "batched"):
+        trace = tmp_path / f"{mode}.csv"
+        r = run_cli(small_run(mode, *SEQUENCE, "--request-io", mode, "--io-trace", str(trace), quiet=False))
+        assert r.returncode == 0, r.stderr
+        runs[mode] = (small_run.results(mode), _ops(trace), r.stdout)
+    (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
+    for op in ("evict", "demote", "promote"):  # the eviction order
+        assert [o for o in s_ops if o[0] == op] == [o for o in b_ops if o[0] == op], op
+    assert sorted(s_ops) == sorted(b_ops)  # the same reads and writes; a batch groups a request's I/O by tier
+    assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    assert batched["run"]["request_io"] == "batched" and batched["run"]["max_inflight"] == 32
+    assert serial["queue_depth"] == {} and serial["run"]["request_io"] == "serial"
+    depth = batched["queue_depth"]
+    assert max(k["max"] for tier in depth.values() for k in tier.values()) > 1  # blocks in flight together
+    assert "store" in batched["latency_ms"]["cpu"]  # each batch as a whole, beside its blocks' own
+    assert "request I/O: batched, up to 32 blocks" in " ".join(said.split())
+    assert batched["run"]["tiers"]["nvme"]["batches"].startswith("the direct engine's")
+
+
+@pytest.mark.slow
+def test_a_window_of_max_inflight_bounds_the_depth(small_run):
+    r = run_cli(small_run("w", *SEQUENCE, "--max-inflight", "2"))
+    assert r.returncode == 0, r.stderr
+    depth = small_run.results("w")["queue_depth"]
+    assert depth and all(k["max"] <= 2 for tier in depth.values() for k in tier.values())
+
+
+def test_bad_depth_or_shape_is_one_sentence(small_run):
+    assert_clean_error(run_cli(small_run("x", "--max-inflight", "0")), "must be >= 1")
+    assert_clean_error(run_cli(small_run("x", "--max-inflight", "-3")), "must be >= 1")
+    assert_clean_error(run_cli(small_run("x", "--max-inflight", "5000")), "must be <= 1024")
+    assert_clean_error(run_cli(small_run("x", "--request-io", "parallel")), "choose from 'batched', 'serial'")
+
+
+class _Staggered(CpuTier):
+    """A CPU tier whose batch completes its blocks 5 ms apart (a device finishing them one by one)."""
+
+    def get_many(self, items):
+        super().get_many(items)
+        t0 = time.monotonic_ns()
+        return [t0 + (i + 1) * 5_000_000 for i in range(len(items))]
+
+
+def test_each_block_s_latency_runs_from_its_batch_s_submission_to_its_own_completion():
+    """fio's completion latency at depth N: a batch of three, completing 5, 10 and 15 ms after submission, records
+    three block reads of at least 5, 10 and 15 ms, and the batch (op load) as a whole."""
+    rec = Recorder()
+    rec.start_measuring(0)
+    tier = _Staggered(8 << 20, 1 << 20)
+    cache = BlockCache([tier], LRUPolicy, False, rec)
+    data = np.zeros(1 << 20, np.uint8)
+    for k in (1, 2, 3):
+        cache.commit_write(cache.reserve_write(k, 1 << 20, "user"), data, "prefill", data)
+    entries = cache.pin_prefix([1]) + cache.pin_prefix([2]) + cache.pin_prefix([3])
+    got = cache.read_batch(entries, [np.zeros(1 << 20, np.uint8) for _ in entries], "load")
+    assert got == [0, 0, 0]
+    snap = rec.snapshot()
+    reads = snap.hists[("cpu", "read", "load")]
+    assert reads.get_total_count() == 3 and reads.get_min_value() >= 5_000_000
+    assert reads.get_max_value() >= 15_000_000
+    assert snap.hists[("cpu", "load", "load")].get_total_count() == 1
+    assert snap.hists[("depth", "cpu", "load")].get_max_value() == 3
