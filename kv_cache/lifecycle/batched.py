@@ -56,10 +56,14 @@ class BatchedPaths:
                 tiers.append(r)
         return storage_ns, tiers, len(entries)
 
-    def _judge(self, e, data, tier: int, bufs: WorkerBuffers) -> tuple[int, bool]:
-        """Verify a block read into data, then release it (promoted if due) or discard it: (release ns, intact)."""
+    def _judge(self, e, data, tier: int, bufs: WorkerBuffers, verdict: bool | None = None) -> tuple[int, bool]:
+        """Verify a block read into data (verdict: already judged, part by part), then release it (promoted if
+        due) or discard it: (release ns, intact). Serial and batched reads alike."""
         start = now_ns()
-        intact = self._check(e.key, data, start, e.digest) if self.cache.verifiable[tier] else True
+        if verdict is not None:
+            intact = verdict
+        else:
+            intact = self._check(e.key, data, start, e.digest) if self.cache.verifiable[tier] else True
         start = now_ns()
         if intact:
             self.cache.release(e, data, bufs.scratch)

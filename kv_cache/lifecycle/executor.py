@@ -159,18 +159,9 @@ class Lifecycle(BatchedPaths, HandoffPaths):
             self.recorder.count(C.SHARED_VANISHED, start_ns=start)
             return None
         spent = now_ns() - start
-        intact = True
-        if parts is not None:
-            intact = self._verdict(parts.intact(), start)
-        elif self.cache.verifiable[tier]:
-            intact = self._check(e.key, data, start, e.digest)
-        start = now_ns()
-        if intact:
-            self.cache.release(e, data, bufs.scratch)
-        else:
-            self.cache.discard(e)
-            self.recorder.count(C.VERIFY_DISCARDED)
-        return spent + now_ns() - start, tier, intact
+        verdict = self._verdict(parts.intact(), start) if parts is not None else None
+        release_ns, intact = self._judge(e, data, tier, bufs, verdict)
+        return spent + release_ns, tier, intact
 
     def _load(self, req: Request, plan: KVPlan, bufs: WorkerBuffers, out: RequestOutcome) -> tuple[int, set[int]]:
         """Read the cached prompt blocks; return (storage ns, indices of the blocks that hit)."""
