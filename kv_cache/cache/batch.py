@@ -88,6 +88,9 @@ class Batches:
                         res.entry.state = PLACING
                         self.pending[res.entry.key] = (threading.get_ident(), data, phase)
                         self._placed(res.entry)
+                        if self._orphaned(res.entry):  # its parent left while room was made: serial mode
+                            self._drop_now(res.entry)  # writes it, then drops it (its bytes written by the trash)
+                    self._empty_trash()
                 placed.append(res)
         except BaseException:
             self.give_back([r for r in placed if r is not None])

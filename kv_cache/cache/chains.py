@@ -78,13 +78,15 @@ class PrefixStructure:
     def _gone(self, e: Entry) -> None:
         """e left the index: its descendants are unreachable now, and go with it (cascade).
 
-        NOTE: a ready descendant is dropped at once (its bytes go to _trash, deleted outside the lock);
-        one being read is marked CORRUPT (never served again, freed by its last reader); one being
-        moved or written is dropped when that finishes (see _orphaned)."""
+        NOTE: a ready descendant is dropped at once (its bytes go to _trash, deleted outside the lock), and
+        so is one of this thread's batch placed ahead of its bytes (batch.py: serial mode would have written it
+        already; its bytes are written, then deleted, by _empty_trash); one being read is marked CORRUPT (never
+        served again, freed by its last reader); one being moved or written is dropped when that finishes (see
+        _orphaned)."""
         self._child_moved(e, e.tier, None)
         for c in list(e.children or ()):
             c.parent = None  # e is gone: c no longer counts in anyone's children
-            if self.index.get(c.key) is not c or c.state != READY:
+            if self.index.get(c.key) is not c or (c.state != READY and not self._flushable(c)):
                 c.parent = e  # MOVING / WRITING: _orphaned() sees the dead parent when it lands
                 continue
             self.recorder.count(C.CASCADE_DROPS)
@@ -128,6 +130,8 @@ class PrefixStructure:
         with self._lock:
             trash, self._trash = self._trash, []
         for e in trash:
+            if self.pending:  # a block of this thread's batch dropped ahead of its bytes: written first
+                self._flush(e, e.tier)
             if not e.remote:
                 self.parts.delete(self.tiers[e.tier], e.key, e.nbytes, present_only=True)
         with self._lock:

@@ -24,14 +24,20 @@ def _ops(path) -> list[tuple[str, str, str]]:
         return [(r["op"], r["tier"], r["key"]) for r in csv.DictReader(f)]
 
 
+TIGHT = ["--cpu-mem-gb", "0.012", "--nvme-gb", "0.024", "--max-inflight", "4", "--max-requests", "60"]
+
+
 @pytest.mark.slow  # two runs of 40 requests: make test-all (CI); make test stays under 3 minutes
-def test_batched_makes_serial_mode_s_cache_decisions_at_depth(small_run, tmp_path):
+@pytest.mark.parametrize("tiers", [[], TIGHT], ids=["small tiers", "tiers so tight an ancestor of a batch goes"])
+def test_batched_makes_serial_mode_s_cache_decisions_at_depth(small_run, tmp_path, tiers):
     """The same seeded sequence, one worker: batched and serial evict, demote, promote and write the same blocks
-    in the same order and hit the same tokens; batched had more than one block in flight, and says so."""
+    in the same order and hit the same tokens; batched had more than one block in flight, and says so. With tiers
+    of 6 and 12 blocks, making room for a batch's block evicts an ancestor of the batch: serial mode had written
+    the blocks before it and drops them (and refuses the rest); batched must do the same, not write on."""
     runs = {}
     for mode in ("serial", "batched"):
         trace = tmp_path / f"{mode}.csv"
-        r = run_cli(small_run(mode, *SEQUENCE, "--request-io", mode, "--io-trace", str(trace), quiet=False))
+        r = run_cli(small_run(mode, *SEQUENCE, *tiers, "--request-io", mode, "--io-trace", str(trace), quiet=False))
         assert r.returncode == 0, r.stderr
         runs[mode] = (small_run.results(mode), _ops(trace), r.stdout)
     (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
@@ -39,12 +45,12 @@ def test_batched_makes_serial_mode_s_cache_decisions_at_depth(small_run, tmp_pat
         assert [o for o in s_ops if o[0] == op] == [o for o in b_ops if o[0] == op], op
     assert sorted(s_ops) == sorted(b_ops)  # the same reads and writes; a batch groups a request's I/O by tier
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
-    assert batched["run"]["request_io"] == "batched" and batched["run"]["max_inflight"] == 32
+    assert batched["run"]["request_io"] == "batched" and batched["run"]["max_inflight"] == (4 if tiers else 32)
     assert serial["queue_depth"] == {} and serial["run"]["request_io"] == "serial"
     depth = batched["queue_depth"]
     assert max(k["max"] for tier in depth.values() for k in tier.values()) > 1  # blocks in flight together
     assert "store" in batched["latency_ms"]["cpu"]  # each batch as a whole, beside its blocks' own
-    assert "request I/O: batched, up to 32 blocks" in " ".join(said.split())
+    assert f"request I/O: batched, up to {4 if tiers else 32} blocks" in " ".join(said.split())
     assert batched["run"]["tiers"]["nvme"]["batches"].startswith("the direct engine's")
 
 
