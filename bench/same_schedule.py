@@ -92,7 +92,8 @@ def record(folder: str, more: list[str]) -> int:
     return 1 if failed else 0
 
 
-BATCH_COUNTS = ("ops.", "latency", "queue_depth", "request_latency", "max_inflight")  # a batch's shape, not the schedule's
+# a batch's shape, not the schedule's
+BATCH_COUNTS = ("ops.", "latency", "queue_depth", "request_latency", "max_inflight")
 
 
 def same_cache(res_a: str, ops_a: str, res_b: str, ops_b: str) -> int:
