@@ -24,7 +24,7 @@ from kv_cache.tiers.base import IO_UNITS
 
 
 class Batches:
-    """read_batch, reserve_writes and commit_batch of a BlockCache."""
+    """read_batch, place_writes and commit_batch of a BlockCache."""
 
     def _batchable(self, e: Entry) -> bool:
         """A block the batch path moves: one I/O (no parts, no --io-unit layer units to time apart), not another
@@ -101,7 +101,8 @@ class Batches:
         """Placed reservations whose bytes will not be written leave the cache (their tier's order too)."""
         with self._lock:
             for r in reservations:
-                if self.pending.pop(r.entry.key, None) is not None and self.index.get(r.entry.key) is r.entry:
+                self.pending.pop(r.entry.key, None)
+                if r.entry.state == PLACING and self.index.get(r.entry.key) is r.entry:
                     self._unplaced(r.entry)
         for r in reservations:
             if r.entry.state == PLACING:
@@ -144,9 +145,6 @@ class Batches:
                 self._record_batch(t, "store", phase, "write", start, entries, done)
                 failed.update({i: d for i, d in zip(idx, done) if isinstance(d, BaseException)})
         except BaseException:
-            with self._lock:
-                for i in todo:
-                    self.pending[reservations[i].entry.key] = (threading.get_ident(), None, phase)
             self.give_back([reservations[i] for i in todo])
             raise
         with self._lock:
@@ -160,11 +158,6 @@ class Batches:
                     self._drop_now(e)
             self._wake()
         self._empty_trash()
-        with self._lock:
-            for i in failed:  # PLACING: out of its tier's order, then out of the index
-                if self.index.get(reservations[i].entry.key) is reservations[i].entry:
-                    self._unplaced(reservations[i].entry)
-        for i in failed:
-            self.abort(reservations[i])
+        self.give_back([reservations[i] for i in failed])  # still PLACING: out of its tier's order and the index
         if failed:
             raise failed[min(failed)]
