@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kv_cache.recorder.stack_distances import AccessLog, capacity_grid, curve  # noqa: E402
+from kv_cache.recorder.stack_distances import COLUMNS, AccessLog, capacity_grid, curve  # noqa: E402
 
 
 def synthetic(accesses: int, seed: int = 1) -> dict:
@@ -29,14 +29,14 @@ def synthetic(accesses: int, seed: int = 1) -> dict:
     new blocks; 16 tokens a block."""
     rng = np.random.default_rng(seed)
     log, n, fresh = AccessLog(), 0, 1 << 40
-    tok = (16, 0, 0, 0, 0, 0)
+    tok = (16,) + (0,) * (len(COLUMNS) - 1)
     while n < accesses:
         system = int(rng.zipf(1.5)) % 20
         convo = int(rng.zipf(1.2)) % 20_000
         chain = [system * 1000 + i + 1 for i in range(8)]
         chain += [10**7 + convo * 100 + i for i in range(int(rng.integers(4, 40)))]
         chain += [fresh + n + i for i in range(int(rng.integers(2, 20)))]
-        log.request([(k, tok, p) for k, p in zip(chain, [0, *chain[:-1]])], ((0, len(chain), False),), [],
+        log.request([(k, tok, p, "system") for k, p in zip(chain, [0, *chain[:-1]])], ((0, len(chain), False),), [],
                     16 * len(chain), 1)
         n += len(chain)
     return log.arrays()

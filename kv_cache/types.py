@@ -24,10 +24,15 @@ from kv_cache import counters as C
 BlockKey = NewType("BlockKey", int)
 
 
-# Span labels: where the tokens of a prompt come from.
+# Span labels: where the tokens of a prompt come from. Their one home: the plan, the policies, the console and the
+# capacity curve read them here (a label spelled elsewhere landed under "other" in the curve).
 SYSTEM, HISTORY, USER = "system", "history", "user"
 TRACE_HASH, RAG = "trace_hash", "rag"
 TEMPLATE = "template"  # an instruction wrapper around retrieved evidence (semantic traffic)
+RAG_CHUNK = "rag_chunk"  # a retrieved document's block looked up on its own (--rag-reuse chunk)
+GENERATED = "generated"  # a decode block's label: the answer's tokens, no prompt source
+SOURCES = (SYSTEM, HISTORY, USER, RAG, RAG_CHUNK, TRACE_HASH, TEMPLATE)  # every prompt source, in the order shown
+OTHER = "other"  # the capacity curve's column for a label outside SOURCES (none today: a test holds it so)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,8 @@ capacity curve of a policy without the stack property (policies/protocol.py) is 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from kv_cache import counters as C
@@ -14,32 +16,42 @@ from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.stack_distances import in_window
 
 
-def replay(log: dict[str, np.ndarray], tiers: list, policy: type, window=(0, None)) -> tuple[float, int, int]:
-    """(token hit rate, blocks read from the bottom tier, blocks written to it) of the window's requests when the
-    log is replayed on tiers with policy (a POLICIES class)."""
+class Replayed(NamedTuple):
+    """What the window's requests did to the cache in a replay."""
+
+    hit_rate: float         # of prompt tokens, any tier
+    bottom_hit_rate: float  # of prompt tokens, served from the bottom tier
+    reads: int              # blocks read from the bottom tier (hits there, promoted up)
+    writes: int             # blocks written into it (new blocks placed there, demotions into it)
+
+
+def replay(log: dict[str, np.ndarray], tiers: list, policy: type, window=(0, None), bottom: str = "") -> Replayed:
+    """The window's requests when the log is replayed on tiers with policy (a POLICIES class); bottom: the name of
+    the bottom tier (absent from tiers when it holds no slot; default the last)."""
     recorder = Recorder()
     recorder.start_measuring(0)  # every operation counted; the window's are picked below
     now = [0.0]  # the run's time of the request being replayed (its completion, in s): the policies' clock
     cache = BlockCache(tiers, policy, True, recorder, clock=lambda: now[0])
     names = log["label_names"][log["labels"]] if "labels" in log else None
-    bottom = tiers[-1].name
+    bottom = bottom or tiers[-1].name
+    at_bottom = next((t for t, tier in enumerate(tiers) if tier.name == bottom), -1)
     moved = (C.BLOCKS(bottom, "read"), C.BLOCKS(bottom, "write"))
     reads = writes = 0
     slot = tiers[0].slot_bytes
     buf = np.zeros(slot, np.uint8)
     req = log["requests"]
     ends = np.append(req[1:, 0], len(log["keys"]))
-    hit_tokens = prompt = 0
+    hit_tokens = bottom_tokens = prompt = 0
     for (first, tokens_in_prompt, done), end in zip(req, ends):
         now[0] = done / 1e9
         before = [recorder.counters().get(k, 0) for k in moved]
-        rows = range(end - 1, first - 1, -1)  # the log holds a request deepest first: plan order is its reverse
+        rows = _plan_order(log, first, end)
         keys = [int(log["keys"][i]) for i in rows]
         parents = [int(log["parents"][i]) for i in rows]
         looked = [bool(log["lookup"][i]) for i in rows]
         tokens = [int(log["tokens"][i].sum()) for i in rows]
         labels = [str(names[i]) if names is not None else "" for i in rows]
-        hit = _lookups(cache, keys, parents, looked, buf)
+        hit = _lookups(cache, keys, parents, looked, buf)  # block index -> the tier it was read from
         for i, key in enumerate(keys):
             if i not in hit:
                 res = cache.reserve_write(key, slot, labels[i], parents[i] or None)
@@ -47,23 +59,32 @@ def replay(log: dict[str, np.ndarray], tiers: list, policy: type, window=(0, Non
                     cache.commit_write(res, buf, "prefill" if looked[i] else "decode", buf)
         if in_window(done, window):
             hit_tokens += sum(tokens[i] for i in hit)
+            bottom_tokens += sum(tokens[i] for i, t in hit.items() if t == at_bottom)
             prompt += tokens_in_prompt
             after = [recorder.counters().get(k, 0) for k in moved]
             reads, writes = reads + after[0] - before[0], writes + after[1] - before[1]
-    return (hit_tokens / prompt if prompt else 0.0), reads, writes
+    prompt = prompt or 1
+    return Replayed(hit_tokens / prompt, bottom_tokens / prompt, reads, writes)
 
 
-def _lookups(cache: BlockCache, keys, parents, looked, buf) -> set[int]:
+def _plan_order(log: dict[str, np.ndarray], first: int, end: int):
+    """A request's accesses in plan order: the log holds them in the stack's order (plan_pos says each one's place;
+    a log of an older version held them deepest first, the reverse)."""
+    if "plan_pos" not in log:
+        return range(end - 1, first - 1, -1)
+    return first + np.argsort(log["plan_pos"][first:end], kind="stable")
+
+
+def _lookups(cache: BlockCache, keys, parents, looked, buf) -> dict[int, int]:
     """Pin each lookup group's cached prefix (a group starts where a block has no parent), read the hits."""
-    hit: set[int] = set()
+    hit: dict[int, int] = {}
     start = 0
     n = sum(looked)
     for i in range(1, n + 1):
         if i == n or not parents[i]:
             entries = cache.pin_prefix(keys[start:i])
             for j, e in enumerate(entries):
-                cache.read(e, buf, "load", "read")
+                hit[start + j] = cache.read(e, buf, "load", "read")
                 cache.release(e, buf, buf)
-                hit.add(start + j)
             start = i
     return hit

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from kv_cache import counters as C
 from kv_cache.lifecycle.plan import KVPlan
-from kv_cache.recorder.stack_distances import SOURCES
+from kv_cache.recorder.stack_distances import COLUMNS
 from kv_cache.types import HISTORY, SYSTEM, RequestOutcome
 
 
 def source_tokens(parts: list[tuple[str, int]]) -> tuple[int, ...]:
-    """A block's prompt tokens by capacity.SOURCES (a label not among them counts as "other")."""
-    out = [0] * len(SOURCES)
+    """A block's prompt tokens by the access log's COLUMNS (a label not among them counts as "other")."""
+    out = [0] * len(COLUMNS)
     for label, tokens in parts:
-        out[SOURCES.index(label) if label in SOURCES else -1] += tokens
+        out[COLUMNS.index(label) if label in COLUMNS else -1] += tokens
     return tuple(out)
 
 

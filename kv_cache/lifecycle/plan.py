@@ -30,9 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kv_cache.cache.hashing import DIGEST_BYTES, block_digests, block_keys, prefix_key, to_key
-from kv_cache.types import HISTORY, BlockKey, Request
-
-RAG_CHUNK = "rag_chunk"
+from kv_cache.types import GENERATED, HISTORY, RAG_CHUNK, BlockKey, Request
 
 
 @dataclass(frozen=True)
@@ -113,7 +111,7 @@ class Planner:
         bt = self.block_tokens
         keys = block_keys(seq, bt, self.root)
         n_prompt = req.num_prompt_tokens // bt
-        labels = tuple(req.label_at((i + 1) * bt - 1) if i < n_prompt else "generated" for i in range(len(keys)))
+        labels = tuple(req.label_at((i + 1) * bt - 1) if i < n_prompt else GENERATED for i in range(len(keys)))
         return KVPlan(tuple(keys), (bt,) * len(keys), n_prompt, labels, ((0, n_prompt, False),))
 
     def _whole(self, req: Request, seq: np.ndarray) -> KVPlan:
@@ -150,7 +148,7 @@ class Planner:
         for i, d in enumerate(block_digests(seq[tail_at:], bt, chained)):
             end = tail_at + (i + 1) * bt
             keys.append(to_key(d))
-            labels.append(req.label_at(end - 1) if end <= plen else "generated")
+            labels.append(req.label_at(end - 1) if end <= plen else GENERATED)
         n_prompt = first + max(0, (plen - tail_at) // bt)
         groups.append((first, n_prompt, False))
         return KVPlan(tuple(keys), (bt,) * len(keys), n_prompt, tuple(labels), tuple(groups))

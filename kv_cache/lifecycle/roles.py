@@ -10,7 +10,7 @@ from time import monotonic_ns as now_ns
 from kv_cache import counters as C
 from kv_cache.lifecycle.plan import KVPlan
 from kv_cache.lifecycle.worker import WorkerBuffers
-from kv_cache.types import Handoff, Request, RequestOutcome
+from kv_cache.types import GENERATED, Handoff, Request, RequestOutcome
 
 
 class HandoffPaths:
@@ -53,7 +53,7 @@ class HandoffPaths:
         n = len(h.keys)
         # the handed-over prompt blocks are not in this node's cache: its decode blocks start a chain here
         plan = KVPlan(h.keys + h.decode_keys, (h.block_tokens,) * (n + len(h.decode_keys)), n,
-                      ("handoff",) * n + ("generated",) * len(h.decode_keys), ((0, n, False),
+                      ("handoff",) * n + (GENERATED,) * len(h.decode_keys), ((0, n, False),
                                                                                (n, n + len(h.decode_keys), False)))
         storage_ns += self._write(plan, range(n, len(plan.keys)), bufs, "decode", out)
         self._finish(req, h.output_tokens, storage_ns, out, ttft_ns)

@@ -49,7 +49,8 @@ from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 8  # 8: capacity_curve.replayed (typed: was the curve's policy replayed, not read from its words)
+SCHEMA_VERSION = 9  # 9: capacity_curve.demand_model; a point's bottom share, reads and writes null where not replayed
+# (8: capacity_curve.replayed (typed: was the curve's policy replayed, not read from its words))
 # (7: load.cause, load.workers_in_io_share, load.process_cpu_share (what a queue was made of))
 # (6: role.requests_unacknowledged and role.dropped_unread (a prefill node's handoff); the
 # capacity_curve section (--capacity-curve); latency percentiles too few samples support are null)

@@ -2,16 +2,23 @@
 tier, from one run's block accesses (--capacity-curve; `kv_cache_benchmark.py capacity RUN ...`).
 
 The lifecycle reports each request's blocks as the cache sees them (AccessLog): its prompt blocks, looked up in
-lookup groups, and the decode blocks it writes. The cache is a waterfall of LRU tiers with promotion on a hit: one
-LRU stack whose top `upper` slots are the tiers above the bottom one. So a lookup hits some tier at total capacity
-C exactly when its *stack distance* (Mattson et al., 1970: the slots of the distinct blocks used since its last
-use, itself included) is at most C, and hits the bottom tier of x slots when upper < distance <= upper + x.
+lookup groups, and the decode blocks it writes. The cache is a waterfall of LRU tiers with promotion on a hit: as a
+whole, one LRU stack of the tiers' slots together. So a lookup hits some tier at total capacity C exactly when its
+*stack distance* (Mattson et al., 1970: the slots of the distinct blocks used since its last use, itself included)
+is at most C: with `upper` slots above the bottom tier, at a bottom tier of x slots when distance <= upper + x.
 
 Prefix-correct eviction: this cache never evicts a block whose child in its chain is cached (a lookup stops at
-the first miss, so the child would be unreachable). LRU order gives the same protection when each request's
-blocks are used deepest first, its chain's root last: a parent is then always more recent than its children, and
-the LRU victim is a leaf. Each block's distance is taken against the stack as the request found it (before any
-of its own blocks moved), as its lookup does.
+the first miss, so the child would be unreachable). LRU order gives the same protection when each chain's blocks
+are used deepest first, its root last: a parent is then always more recent than its children, and the LRU victim
+is a leaf. A request's lookup groups keep the plan's order (its system prompt's chain is older than the RAG chunks
+after it, as the cache sees them), each chain deepest first, the decode blocks with the last group they extend.
+Each block's distance is taken against the stack as the request found it (before any of its own blocks moved), as
+its lookup does.
+
+Only the total hit rate (and its split by source) follows from the distances. Which tier a hit comes from and what
+the bottom tier reads and writes depend on the waterfall's own rules (a tier keeps a block whose child it holds;
+a hit is promoted out of the bottom tier and demoted back into it): run/capacity_curve.py replays the cache for
+those.
 
 Distances are computed in chunks of whole requests: a Fenwick tree over positions holds the slots of each key's
 latest use before the chunk (vectorised over the chunk's accesses), and a chunk x chunk comparison counts the
@@ -28,7 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SOURCES = ("system", "history", "user", "rag", "trace_hash", "other")  # the plan's labels (types.py)
+from kv_cache.types import OTHER, SOURCES
+
+COLUMNS = (*SOURCES, OTHER)  # a log's token columns, by source (written into the log as source_names)
+OLD_COLUMNS = ("system", "history", "user", "rag", "trace_hash", "other")  # a log written before source_names
 CHUNK = 256  # accesses compared pairwise per chunk (a request longer than this is a chunk of its own)
 SAMPLE_ABOVE = 4_000_000  # accesses: past this, spatial sampling at SAMPLE_RATE
 SAMPLE_RATE = 0.1
@@ -43,7 +53,8 @@ class AccessLog:
         self.keys: list[int] = []
         self.parents: list[int] = []  # the block a lookup must hit first (0: none), for a replay in plan order
         self.lookup: list[bool] = []
-        self.tokens: list[tuple[int, ...]] = []  # per access: tokens by SOURCES (0 for a decode block)
+        self.tokens: list[tuple[int, ...]] = []  # per access: tokens by COLUMNS (0 for a decode block)
+        self.plan_pos: list[int] = []  # per access: its index in the request's plan (a replay's order)
         self.labels: list[int] = []  # per access: its plan label, as a code into label_names (a replay's labels)
         self._codes: dict[str, int] = {}
         self.requests: list[tuple[int, int, int]] = []  # (first access, prompt tokens, completion time ns)
@@ -51,22 +62,18 @@ class AccessLog:
     def request(self, prompt: list[tuple[int, tuple[int, ...], int, str]], groups, decode: list[tuple[int, int, str]],
                 prompt_tokens: int, done_ns: int) -> None:
         """prompt: (key, tokens by source, parent, label) of each prompt block in plan order; groups: the plan's
-        lookup groups (first, end, independent); decode: (key, parent, label) of the decode blocks. Stored deepest
-        first (see the module); a replay reads them back in reverse."""
-        rows: list[tuple[int, int, bool, tuple[int, ...], str]] = []
-        for key, parent, label in reversed(decode):
-            rows.append((key, parent, False, (0,) * len(SOURCES), label))
-        for first, end, _ in reversed(groups):
-            for i in range(end - 1, first - 1, -1):
-                rows.append((prompt[i][0], prompt[i][2], True, prompt[i][1], prompt[i][3]))
+        lookup groups (first, end, independent); decode: (key, parent, label) of the decode blocks. Stored in the
+        stack's order (see the module); a replay reads them back in plan order (plan_pos)."""
+        rows = _stack_order(prompt, groups, decode)
         keys = [r[0] for r in rows]
         if len(set(keys)) < len(keys):  # a block twice in one request: counted once, where it is deepest
             first_use = {k: n for n, k in reversed(list(enumerate(keys)))}
             rows = [r for n, r in enumerate(rows) if first_use[r[0]] == n]
         with self._lock:
             self.requests.append((len(self.keys), prompt_tokens, done_ns))
-            for key, parent, looked, tokens, label in rows:
+            for key, parent, looked, tokens, label, pos in rows:
                 self.keys.append(key)
+                self.plan_pos.append(pos)
                 self.parents.append(parent)
                 self.lookup.append(looked)
                 self.tokens.append(tokens)
@@ -77,10 +84,31 @@ class AccessLog:
             n = len(self.keys)
             return {"keys": np.array(self.keys, np.uint64), "parents": np.array(self.parents, np.uint64),
                     "lookup": np.array(self.lookup, bool),
-                    "tokens": np.array(self.tokens, np.int32).reshape(n, len(SOURCES)),
+                    "tokens": np.array(self.tokens, np.int32).reshape(n, len(COLUMNS)),
+                    "source_names": np.array(COLUMNS, dtype=str), "plan_pos": np.array(self.plan_pos, np.int32),
                     "requests": np.array(self.requests, np.int64).reshape(len(self.requests), 3),
                     "labels": np.array(self.labels, np.int32),
                     "label_names": np.array(sorted(self._codes, key=self._codes.get) or [""], dtype=str)}
+
+
+def _stack_order(prompt, groups, decode) -> list[tuple[int, int, bool, tuple[int, ...], str, int]]:
+    """(key, parent, lookup, tokens, label, plan index) of a request's blocks in the stack's order: the lookup
+    groups in plan order, a chain deepest first (an independent group's blocks each alone, in plan order), the
+    decode blocks deepest first ahead of the last group, whose chain they extend."""
+    n = len(prompt)
+    tail = [(key, parent, False, (0,) * len(COLUMNS), label, n + j) for j, (key, parent, label) in enumerate(decode)]
+    rows = [] if groups else list(reversed(tail))
+    for g, (first, end, independent) in enumerate(groups):
+        order = range(first, end) if independent else range(end - 1, first - 1, -1)
+        if g == len(groups) - 1:
+            rows += reversed(tail)
+        rows += [(prompt[i][0], prompt[i][2], True, prompt[i][1], prompt[i][3], i) for i in order]
+    return rows
+
+
+def columns_of(log: dict) -> tuple[str, ...]:
+    """The names of a log's token columns (a log of an older version has none: its fixed six)."""
+    return tuple(str(s) for s in log["source_names"]) if "source_names" in log else OLD_COLUMNS
 
 
 def previous_use(keys: np.ndarray) -> np.ndarray:
@@ -176,7 +204,8 @@ def sample(log: dict[str, np.ndarray], rate: float) -> dict[str, np.ndarray]:
     first = np.cumsum(np.concatenate([[0], keep.astype(np.int64)]))  # new index of each old access
     req = log["requests"].copy()
     req[:, 0] = first[req[:, 0]]
-    return {**{k: log[k][keep] for k in ("keys", "parents", "lookup", "tokens")}, "requests": req}
+    return {**{k: log[k][keep] for k in ("keys", "parents", "lookup", "tokens")}, "requests": req,
+            "source_names": np.array(columns_of(log), dtype=str)}
 
 
 @dataclass
@@ -185,10 +214,10 @@ class Curve:
 
     capacities: np.ndarray       # bottom-tier slots
     hit_rate: np.ndarray         # token hit rate, any tier
-    bottom_hit_rate: np.ndarray  # token hit rate served by the bottom tier
+    bottom_hit_rate: np.ndarray  # token hit rate served by the bottom tier (NaN: not replayed at this capacity)
     by_source: dict[str, np.ndarray]
-    read_blocks: np.ndarray      # blocks read from the bottom tier (hits, promoted up)
-    write_blocks: np.ndarray     # blocks written to it (demotions out of the tiers above)
+    read_blocks: np.ndarray      # blocks read from the bottom tier (hits, promoted up; NaN: not replayed)
+    write_blocks: np.ndarray     # blocks written to it (new blocks, demotions out of the tiers above; NaN: idem)
     infinite: float              # the hit rate of an unbounded bottom tier
     sampled: float               # the sampling rate (1.0: exact)
     requests: int
@@ -235,18 +264,12 @@ def curve(log: dict[str, np.ndarray], upper_slots: int, capacities: np.ndarray, 
     if with_knees:
         capacities = np.union1d(capacities, [k for k in knees if k is not None]).astype(np.int64)
     total = np.array([tok_cum[upto(upper_slots + x)] for x in capacities]) / denom
-    upper = tok_cum[upto(upper_slots)] / denom
     by = {name: np.array([src_cum[upto(upper_slots + x), k] for x in capacities]) / denom
-          for k, name in enumerate(SOURCES) if full_src[k]}
-    looked = d[counted]
-    all_counted = counted_req[req_of]
-    seen_before = np.cumsum(first_use) - first_use  # distinct blocks used before each access
-    # an access from below the tiers above (or a new block) pushes one block out of them into the bottom tier,
-    # once they are full
-    demoted = (d > upper_slots) & all_counted & (seen_before / rate >= upper_slots)
-    reads = np.array([((looked > upper_slots) & (looked <= upper_slots + x)).sum() for x in capacities]) / rate
-    writes = np.array([demoted.sum() if x > 0 else 0 for x in capacities]) / rate
-    return Curve(capacities, total, total - upper, by, reads, writes, float(infinite), rate,
+          for k, name in enumerate(columns_of(log)) if full_src[k]}
+    # which tier serves a hit, and the bottom tier's reads and writes, are the waterfall's (the module): not here
+    def unknown() -> np.ndarray:
+        return np.full(len(capacities), np.nan)
+    return Curve(capacities, total, unknown(), by, unknown(), unknown(), float(infinite), rate,
                  int(counted_req.sum()), knees)
 
 
@@ -280,14 +303,16 @@ class CapacityPoint:
 
     slots: int
     gib: float
-    hit_rate: float                 # token hit rate, any tier
-    bottom_hit_rate: float          # of it, served by the bottom tier
-    by_source: dict[str, float]
-    read_gbps: float                # at the run's request rate (GB = 10^9 B)
-    write_gbps: float
-    read_iops: float                # blocks per second
-    write_iops: float
-    bytes_per_request: float        # read + written at the bottom tier
+    hit_rate: float                 # token hit rate, any tier (stack distances: exact unless sampled)
+    by_source: dict[str, float]     # of it, by source: each a share of ALL prompt tokens (they sum to hit_rate)
+    # What the bottom tier serves, reads and writes: the cache replayed at this capacity (null at a capacity not
+    # replayed: the waterfall's own rules decide them, which stack distances do not model)
+    bottom_hit_rate: float | None   # of hit_rate, served by the bottom tier
+    read_gbps: float | None         # at the run's request rate (GB = 10^9 B)
+    write_gbps: float | None
+    read_iops: float | None         # blocks per second
+    write_iops: float | None
+    bytes_per_request: float | None  # read + written at the bottom tier
 
 
 @dataclass
@@ -307,4 +332,5 @@ class CapacityCurve:
     infinite_hit_rate: float
     knee_90_slots: int | None       # the smallest capacity reaching 90 % of the infinite-cache hit rate
     knee_99_slots: int | None
+    demand_model: str               # how the bottom tier's share, reads and writes were had, in words
     points: list[CapacityPoint]

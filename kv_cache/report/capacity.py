@@ -19,22 +19,39 @@ def capacity_lines(results: Results, rows: int = 12) -> list[str]:
         return []
     marks = {c.knee_90_slots: "90 % knee", c.knee_99_slots: "99 % knee", c.run_slots: "this run"}
     step = max(1, len(c.points) // rows)
-    shown = [p for i, p in enumerate(c.points) if i % step == 0 or p.slots in marks or i == len(c.points) - 1]
+    shown = [p for i, p in enumerate(c.points) if p.slots in marks or i == len(c.points) - 1
+             or i % step == 0 or p.read_iops is not None]
     table = [["blocks", "GiB", "hit rate", "bottom", "read GB/s", "write GB/s", "IOPS r / w", "MB/req", ""]]
     for p in shown:
-        table.append([f"{p.slots:,}", f"{p.gib:,.2f}", f"{p.hit_rate:.1%}", f"{p.bottom_hit_rate:.1%}",
-                      f"{p.read_gbps:.3f}", f"{p.write_gbps:.3f}", f"{p.read_iops:,.0f} / {p.write_iops:,.0f}",
-                      f"{p.bytes_per_request / 1e6:,.1f}", marks.get(p.slots, "")])
+        table.append([f"{p.slots:,}", f"{p.gib:,.2f}", f"{p.hit_rate:.1%}", _or(p.bottom_hit_rate, "{:.1%}"),
+                      _or(p.read_gbps, "{:.3f}"), _or(p.write_gbps, "{:.3f}"),
+                      "-" if p.read_iops is None else f"{p.read_iops:,.0f} / {p.write_iops:,.0f}",
+                      _or(p.bytes_per_request and p.bytes_per_request / 1e6, "{:,.1f}"), marks.get(p.slots, "")])
     how = "exact" if c.sample_rate >= 1 else f"SHARDS-sampled at {c.sample_rate:g}"
     lru = c.policy == "lru" or c.replayed
     policy = "" if lru else f"; this run's policy is {c.policy}: the curve is LRU's"
+    sources = _sources(c)
     return (["", f"Capacity curve of the bottom tier ({c.model}, {how}; tiers above it: {c.tiers_above_slots:,} "
-                 f"blocks; {c.requests:,} requests of the window at {c.requests_per_s:.2f}/s{policy}; bottom: the "
-                 f"hit rate the bottom tier serves; GB/s, IOPS and MB per request: its reads and writes)"]
+                 f"blocks; {c.requests:,} requests of the window at {c.requests_per_s:.2f}/s{policy}; hit rate: any "
+                 f"tier; bottom: the hit rate the bottom tier serves; GB/s, IOPS and MB per request: its reads and "
+                 f"writes)",
+             f"  bottom, GB/s, IOPS, MB/req: {c.demand_model}"]
             + format_table(table, 2, "  ")
+            + ([f"  by source at this run's capacity (each a share of all prompt tokens; they sum to the hit rate): "
+                f"{sources}"] if sources else [])
             + [f"  infinite cache: {c.infinite_hit_rate:.1%}; 90 % of it from {_knee(c, c.knee_90_slots)}, "
                f"99 % from {_knee(c, c.knee_99_slots)} (storage demand: at this run's request rate, blocks of "
                f"{c.slot_bytes / 2**20:.2f} MiB)"])
+
+
+def _or(value, form: str) -> str:
+    """A demand figure, or '-' where the capacity was not replayed."""
+    return "-" if value is None else form.format(value)
+
+
+def _sources(c) -> str:
+    here = next((p for p in c.points if p.slots == c.run_slots), None)
+    return "" if here is None else ", ".join(f"{k} {v:.1%}" for k, v in here.by_source.items())
 
 
 def _hit_axis(ax, percents: list[float]) -> None:
@@ -72,15 +89,17 @@ def draw_capacity(results: Results):
     _title(ax1, f"Hit rate by bottom-tier capacity ({c.model}; tiers above: {c.tiers_above_slots:,} blocks)")
     ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax1.grid(alpha=0.3)
-    ax2.plot(gib, [p.read_gbps for p in c.points], "-", color="C0", label="read GB/s")
-    ax2.plot(gib, [p.write_gbps for p in c.points], "--", color="C0", label="write GB/s")
+    replayed = [(g, p) for g, p in zip(gib, c.points) if p.read_gbps is not None]  # the capacities replayed
+    at = [g for g, _ in replayed]
+    ax2.plot(at, [p.read_gbps for _, p in replayed], "o-", color="C0", label="read GB/s")
+    ax2.plot(at, [p.write_gbps for _, p in replayed], "s--", color="C0", label="write GB/s")
     ax2.set_ylabel(f"GB/s at {c.requests_per_s:.2f} requests/s")
     ax2b = ax2.twinx()
-    ax2b.plot(gib, [p.bytes_per_request / 1e6 for p in c.points], ":", color="C4", label="MB per request")
+    ax2b.plot(at, [p.bytes_per_request / 1e6 for _, p in replayed], "^:", color="C4", label="MB per request")
     ax2b.set_ylabel("MB per request (read + written)")
     ax2.set_xscale("symlog", linthresh=max(c.slot_bytes / GiB, 1e-3))
     ax2.set_xlabel("bottom-tier capacity (GiB)")
-    ax2.set_title("Storage demand of the bottom tier")
+    ax2.set_title("Storage demand of the bottom tier (the cache replayed at the capacities marked)")
     lines = ax2.get_legend_handles_labels()[0] + ax2b.get_legend_handles_labels()[0]
     ax2.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="upper left", bbox_to_anchor=(1.08, 1.0))
     ax2.grid(alpha=0.3)

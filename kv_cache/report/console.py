@@ -13,6 +13,7 @@ from kv_cache.report.load_lines import sections
 from kv_cache.report.semantic_lines import semantic_section
 from kv_cache.report.table import format_table, pct_ms
 from kv_cache.report.table import ms as _ms
+from kv_cache.types import SOURCES
 
 OP_ORDER = ("read", C.io_op("read"), "donor_read", "write", C.io_op("write"), "promote", "demote", C.io_op("demote"),
             "evict")
@@ -25,9 +26,6 @@ def _pct(v) -> str:
 
 def _table(rows: list[list[str]]) -> list[str]:
     return format_table(rows, 2, "  ")
-
-
-SOURCES = ("system", "history", "user", "rag", "rag_chunk", "trace_hash", "template")  # the order shown
 
 
 def source_order(results: Results) -> list[str]:
@@ -141,7 +139,7 @@ def traffic_section(results: Results) -> list[str]:
              f"({tok.cached_per_s:,.0f}/s{'; ' + cached_tiers if cached_tiers else ''}), generated "
              f"{tok.generated:,}",
              f"Hit rate   {_pct(hit.tokens)} of prompt tokens, {_pct(hit.blocks)} of prompt blocks"
-             + (f"; by source: {sources}" if sources else ""),
+             + (f"; by source (each of its own prompt tokens): {sources}" if sources else ""),
              f"           theoretical with an infinite cache: {_theoretical(results)}",
              f"Verify     {ver.mode}: {ver.blocks_checked:,} blocks checked, {ver.failures:,} failures"
              + (f" ({ver.failures_in_warmup:,} in warm-up; {ver.blocks_discarded:,} blocks "
@@ -207,7 +205,7 @@ def _theoretical(results: Results) -> str:
         steady = (f"; achieved / theoretical {achieved / th.tokens:.2f} (1.00: the cache holds all the reuse "
                   f"the traffic offers; far below: too short a run, too small a cache, or users that did not reach "
                   f"their later turns)")
-    return f"{_pct(th.tokens)}" + (f" (by source: {sources})" if sources else "") + steady
+    return f"{_pct(th.tokens)}" + (f" (by source, each of its own tokens: {sources})" if sources else "") + steady
 
 
 def _pacing(results: Results) -> list[str]:

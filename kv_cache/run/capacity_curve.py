@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from kv_cache.cache.simulate import replay
+from kv_cache.cache.simulate import Replayed, replay
 from kv_cache.errors import UserError
 from kv_cache.inputs import check_regular, read_text
 from kv_cache.model import GiB
 from kv_cache.recorder.results_schema import RESULTS_LIMIT, Results
-from kv_cache.recorder.stack_distances import CapacityCurve, Curve, capacity_grid, curve, in_window
+from kv_cache.recorder.stack_distances import CapacityCurve, Curve, capacity_grid, columns_of, curve, in_window
 from kv_cache.recorder.typed import load_section
 from kv_cache.safefiles import write_file
 from kv_cache.tiers.catalog import accounting_stack
@@ -54,7 +54,9 @@ def attach(results: Results, recorder, tiers: list, folder: Path, policy: str, p
 
 def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack distances") -> CapacityCurve:
     """The curve of the log: LRU's stack distances (exact unless sampled) where the run's policy has the stack
-    property (policies/protocol.py), else the policy replayed on accounting tiers."""
+    property (policies/protocol.py), else the policy replayed on accounting tiers. The bottom tier's share of the
+    hits, its reads and its writes: the cache replayed (at every capacity of a replayed policy; for LRU at up to
+    DEMAND_POINTS of them, the run's own and the knees first)."""
     upper, slot = meta["upper_slots"], meta["slot_bytes"]
     policy = policies.get(meta["policy"])
     replayed = policy is not None and not policy.stack_property and "tiers" in meta
@@ -62,29 +64,77 @@ def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack dista
         grid = np.union1d(capacity_grid(log, upper, POLICY_POINTS), [meta["run_slots"]])
         c = _replayed(log, meta, grid, policy)
         model = f"{meta['policy']} replayed on accounting tiers at {len(grid)} capacities"
+        demand = f"the same replays (each {meta['policy']} on the run's tiers)"
     else:  # the run's own capacity and the exact knees among the grid's
         grid = np.union1d(capacity_grid(log, upper), [meta["run_slots"]])
         c = curve(log, upper, grid, tuple(meta["window_ns"]), with_knees=True)
+        demand = _replay_demand(c, log, meta, policy or policies["lru"])
     grid = c.capacities
     seconds = max(meta["window_s"], 1e-9)
     points = []
     for i, x in enumerate(grid):
         rd, wr = c.read_blocks[i], c.write_blocks[i]
+        rate = _demand_or_none(not np.isnan(rd))
         points.append({"slots": int(x), "gib": x * slot / GiB, "hit_rate": float(c.hit_rate[i]),
-                       "bottom_hit_rate": float(c.bottom_hit_rate[i]),
+                       "bottom_hit_rate": rate(c.bottom_hit_rate[i]),
                        "by_source": {k: float(v[i]) for k, v in c.by_source.items()},
-                       "read_gbps": rd * slot / seconds / 1e9, "write_gbps": wr * slot / seconds / 1e9,
-                       "read_iops": rd / seconds, "write_iops": wr / seconds,
-                       "bytes_per_request": (rd + wr) * slot / max(c.requests, 1)})
+                       "read_gbps": rate(rd, slot / seconds / 1e9), "write_gbps": rate(wr, slot / seconds / 1e9),
+                       "read_iops": rate(rd, 1 / seconds), "write_iops": rate(wr, 1 / seconds),
+                       "bytes_per_request": rate(rd + wr, slot / max(c.requests, 1))})
     return load_section(CapacityCurve, {
         "model": model, "replayed": replayed, "sample_rate": c.sampled, "policy": meta["policy"],
         "tiers_above_slots": int(upper),
         "slot_bytes": int(slot), "requests": c.requests, "requests_per_s": meta["requests_per_s"],
         "run_slots": int(meta["run_slots"]), "infinite_hit_rate": c.infinite,
-        "knee_90_slots": c.knees[0], "knee_99_slots": c.knees[1], "points": points}, "capacity_curve")
+        "knee_90_slots": c.knees[0], "knee_99_slots": c.knees[1], "demand_model": demand, "points": points},
+        "capacity_curve")
+
+
+def _demand_or_none(known: bool):
+    """A point's demand figure (value x scale), or None where its capacity was not replayed."""
+    return lambda v, scale=1.0: float(v * scale) if known else None
 
 
 POLICY_POINTS = 12  # capacities a policy other than LRU is replayed at (each a whole replay)
+DEMAND_POINTS = 8  # capacities an LRU curve's bottom-tier demand is replayed at
+REPLAY_BUDGET = 2_000_000  # accesses replayed for it in all (~85 us each on one core): fewer points past it
+
+
+def _replay_demand(c: Curve, log: dict, meta: dict, policy: type) -> str:
+    """Fill c's bottom-tier share, reads and writes by replaying the cache at some of its capacities (the run's own
+    and the knees first, then spread over the grid); the others stay NaN. Returns what was done, in words."""
+    if "tiers" not in meta:
+        return "not modelled: this access log names no tiers (written by an older version)"
+    accesses = max(len(log["keys"]), 1)
+    n = min(DEMAND_POINTS, len(c.capacities), REPLAY_BUDGET // accesses)
+    if n == 0:
+        return (f"not modelled: a replay of {accesses:,} accesses is past this tool's budget of {REPLAY_BUDGET:,} "
+                f"(stack distances give the hit rate, not the waterfall's reads and writes)")
+    chosen = _demand_slots(c.capacities, [meta["run_slots"], *c.knees], n)
+    for x in chosen:
+        r = replay_at(log, meta, int(x), policy)
+        i = int(np.searchsorted(c.capacities, x))
+        c.bottom_hit_rate[i], c.read_blocks[i], c.write_blocks[i] = r.bottom_hit_rate, r.reads, r.writes
+    return (f"the cache replayed on accounting tiers at {len(chosen)} of the {len(c.capacities)} capacities (its "
+            f"waterfall: prefix-held blocks, promotion out of the bottom tier, demotion into it); '-' at the others")
+
+
+def _demand_slots(capacities: np.ndarray, first: list, n: int) -> list[int]:
+    """n of the capacities: those of first that are among them, then evenly spread over the grid."""
+    out = [int(x) for x in dict.fromkeys(first) if x is not None and x in capacities]
+    for i in np.linspace(0, len(capacities) - 1, n).round().astype(int):
+        if len(out) < n and int(capacities[i]) not in out:
+            out.append(int(capacities[i]))
+    return sorted(out[:n])
+
+
+def replay_at(log: dict, meta: dict, slots: int, policy: type) -> Replayed:
+    """The cache replayed with a bottom tier of slots under the run's tiers above it."""
+    slot, bottom = meta["slot_bytes"], meta["tiers"][-1][0]
+    tiers = accounting_stack([*[(name, cap) for name, cap in meta["tiers"][:-1]], (bottom, slots * slot)], slot)
+    if not tiers:  # no tier holds a block: nothing is cached
+        return Replayed(0.0, 0.0, 0, 0)
+    return replay(log, tiers, policy, tuple(meta["window_ns"]), bottom)
 
 
 def _replayed(log: dict, meta: dict, grid: np.ndarray, policy: type) -> Curve:
@@ -93,20 +143,15 @@ def _replayed(log: dict, meta: dict, grid: np.ndarray, policy: type) -> Curve:
     slot, window = meta["slot_bytes"], tuple(meta["window_ns"])
     above = [(name, cap) for name, cap in meta["tiers"][:-1]]
     bottom = meta["tiers"][-1][0]
-    rates, reads, writes = [], [], []
-    for x in grid:
-        hit, rd, wr = replay(log, accounting_stack([*above, (bottom, int(x) * slot)], slot), policy, window)
-        rates.append(hit)
-        reads.append(rd)
-        writes.append(wr)
+    runs = [replay_at(log, meta, int(x), policy) for x in grid]
     top = replay(log, accounting_stack([*above, (bottom, int(grid[-1] + 1) * slot * 4)], slot), policy,
-                 window)[0]  # room for every block: the policy's infinite cache
-    upper = replay(log, accounting_stack(above, slot), policy, window)[0] if above else 0.0
-    rates_a = np.array(rates)
+                 window).hit_rate  # room for every block: the policy's infinite cache
+    rates_a = np.array([r.hit_rate for r in runs])
     knees = tuple(next((int(x) for x, r in zip(grid, rates_a) if r >= share * top - 1e-12), None)
                   for share in (0.90, 0.99))
     requests = int(in_window(log["requests"][:, 2], window).sum())
-    return Curve(grid, rates_a, rates_a - upper, {}, np.array(reads, float), np.array(writes, float), top, 1.0,
+    return Curve(grid, rates_a, np.array([r.bottom_hit_rate for r in runs]), {},
+                 np.array([r.reads for r in runs], float), np.array([r.writes for r in runs], float), top, 1.0,
                  requests, knees)
 
 
@@ -122,7 +167,7 @@ def load_run(folder: Path) -> tuple[dict, dict]:
             _unpacked_fits(z, path)
             meta = json.loads(str(z["meta"]))
             log = {k: z[k] for k in ARRAYS}
-            log.update({k: z[k] for k in LABELLED if k in z.files})  # a log of an older version has no labels
+            log.update({k: z[k] for k in OPTIONAL if k in z.files})  # a log of an older version lacks them
     except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile, AttributeError) as e:
         raise UserError(f"{path} is not a capacity access log this tool wrote ({type(e).__name__}).") from None
     why = _malformed(log, meta)
@@ -132,7 +177,8 @@ def load_run(folder: Path) -> tuple[dict, dict]:
 
 
 ARRAYS = ("keys", "parents", "lookup", "tokens", "requests")
-LABELLED = ("labels", "label_names")  # each access's plan label (a replay's), as codes into the names
+# each access's plan label (a replay's) as codes into the names, its place in the plan, the token columns' sources
+OPTIONAL = ("labels", "label_names", "plan_pos", "source_names")
 META = {"upper_slots": int, "slot_bytes": int, "run_slots": int, "window_ns": list, "window_s": (int, float),
         "requests_per_s": (int, float), "policy": str, "wall_minus_monotonic_ns": int}
 
@@ -156,6 +202,11 @@ def _malformed(log: dict, meta) -> str:
             return f"meta {key} is {meta.get(key)!r}"
     if meta["slot_bytes"] <= 0 or meta["upper_slots"] < 0 or meta["run_slots"] < 0 or meta["requests_per_s"] < 0:
         return "a size or a rate in its meta is not positive"
+    tiers = meta.get("tiers", [["bottom", 0]])
+    if not isinstance(tiers, list) or not tiers or not all(
+            isinstance(t, list) and len(t) == 2 and isinstance(t[0], str) and isinstance(t[1], int) and t[1] >= 0
+            for t in tiers):
+        return f"meta tiers is {str(tiers)[:80]}"
     n, reqs = len(log["keys"]), log["requests"]
     if log["keys"].ndim != 1 or any(len(log[k]) != n for k in ("parents", "lookup", "tokens")):
         return "its access arrays differ in length"
@@ -163,6 +214,10 @@ def _malformed(log: dict, meta) -> str:
         return "its arrays are not of the shapes it writes"
     if len(reqs) and (reqs[0, 0] != 0 or (np.diff(reqs[:, 0]) < 0).any() or reqs[-1, 0] > n):
         return "its requests index past its accesses"
+    if "plan_pos" in log and len(log["plan_pos"]) != n:
+        return "its plan positions differ in length from its accesses"
+    if len(columns_of(log)) != log["tokens"].shape[1]:
+        return "its token columns do not match its source names"
     if "labels" in log and (len(log["labels"]) != n or (n and not 0 <= log["labels"].min() <= log["labels"].max()
                                                                < len(log.get("label_names", ())))):
         return "its labels index past its label names"
@@ -177,7 +232,11 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         wall = log["requests"][:, 2] + meta["wall_minus_monotonic_ns"]
         rows += [(int(w), r, i) for i, w in enumerate(wall)]
     rows.sort()
-    keys, parents, lookup, tokens, reqs, labels = [], [], [], [], [], []
+    columns = {columns_of(log) for log, _ in runs}
+    if len(columns) > 1:
+        raise UserError("these runs' access logs count tokens by different sources (written by different versions); "
+                        "rerun them with this version's --capacity-curve.")
+    keys, parents, lookup, tokens, reqs, labels, places = [], [], [], [], [], [], []
     pos = 0
     for wall, r, i in rows:
         log = runs[r][0]
@@ -187,6 +246,8 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         parents.append(log["parents"][first:end])
         lookup.append(log["lookup"][first:end])
         tokens.append(log["tokens"][first:end])
+        if "plan_pos" in log:
+            places.append(log["plan_pos"][first:end])
         if "labels" in log:
             labels.append(log["label_names"][log["labels"][first:end]])
         reqs.append((pos, log["requests"][i, 1], wall))
@@ -198,8 +259,15 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
             "window_s": max(m["window_s"] for _, m in runs),
             "requests_per_s": sum(m["requests_per_s"] for _, m in runs),
             "policy": runs[0][1]["policy"], "wall_minus_monotonic_ns": 0}
+    if all("tiers" in m for _, m in runs):  # the tiers above pooled into one (the model the output says)
+        bottom = runs[0][1]["tiers"][-1][0]
+        above = sum(m["upper_slots"] for _, m in runs) * meta["slot_bytes"]
+        meta["tiers"] = ([["pooled", above]] if above else []) + [[bottom, 0]]
     out = {"keys": np.concatenate(keys), "parents": np.concatenate(parents), "lookup": np.concatenate(lookup),
            "tokens": np.concatenate(tokens), "requests": np.array(reqs, np.int64).reshape(len(reqs), 3)}
+    out["source_names"] = np.array(columns.pop(), dtype=str)
+    if all("plan_pos" in log for log, _ in runs):
+        out["plan_pos"] = np.concatenate(places)
     if all("labels" in log for log, _ in runs):  # the runs' own label codes, as one set of names
         out["label_names"], out["labels"] = np.unique(np.concatenate(labels), return_inverse=True)
     return out, meta

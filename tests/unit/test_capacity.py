@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kv_cache.recorder.stack_distances import INF, AccessLog, curve, stack_distances
+from kv_cache.recorder.stack_distances import COLUMNS, INF, AccessLog, curve, stack_distances
 
 
 def naive(requests: list[list[int]]) -> list[int]:
@@ -41,7 +41,7 @@ def test_long_traces_cross_chunks():
 
 def test_a_prefix_hits_as_a_prefix_and_the_curve_rises_to_the_infinite_hit_rate():
     log = AccessLog()
-    tok = (16, 0, 0, 0, 0, 0)
+    tok = (16,) + (0,) * (len(COLUMNS) - 1)
     for _ in range(3):
         for chain in ([1, 2, 3, 4], [1, 2, 5, 6]):  # a shared root, two branches
             prompt = [(k, tok, p, "user") for k, p in zip(chain, [0, *chain[:-1]])]

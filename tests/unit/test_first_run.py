@@ -75,7 +75,7 @@ def test_hit_rate_sources_keep_their_place_when_one_has_no_hit():
     r.workload.theoretical_hit_rate = TheoreticalHitRate(0.5, {"user": 0.0, "history": 0.9, "system": 1.0})
     r.hit_rate.by_source = {"user": 0.0}
     assert source_order(r) == ["system", "history", "user"]
-    assert "by source: system n/a, history n/a, user 0.0%" in render(r)
+    assert "by source (each of its own prompt tokens): system n/a, history n/a, user 0.0%" in render(r)
 
 
 def test_the_drain_is_said_on_the_window_line():

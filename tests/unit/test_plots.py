@@ -181,9 +181,9 @@ def test_the_compare_plot_puts_higher_and_lower_is_better_on_axes_of_their_own(t
 def _curve(model: str, rates: list[float]):
     from kv_cache.recorder.stack_distances import CapacityCurve, CapacityPoint
 
-    points = [CapacityPoint(2 ** i, 2 ** i / 512, r, r / 2, {"system": r / 2}, 1.0, 0.5, 10.0, 5.0, 1e6)
+    points = [CapacityPoint(2 ** i, 2 ** i / 512, r, {"system": r / 2}, r / 2, 1.0, 0.5, 10.0, 5.0, 1e6)
               for i, r in enumerate(rates)]
-    return CapacityCurve(model, False, 1.0, "lru", 0, 2 << 20, 100, 1.0, 4, rates[-1], 2, 8, points)
+    return CapacityCurve(model, False, 1.0, "lru", 0, 2 << 20, 100, 1.0, 4, rates[-1], 2, 8, "replayed", points)
 
 
 def test_a_capacity_curve_of_a_few_percent_fills_its_axis_and_a_long_title_is_whole(tmp_path):
