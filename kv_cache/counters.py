@@ -35,6 +35,9 @@ SERIES_TOKENS = (TOKENS_PROMPT, TOKENS_CACHED, TOKENS_GENERATED)
 TOKENS_CACHED_BY_TIER = Family("tokens.cached_by_tier")
 TOKENS_CACHED_BY_SOURCE = Family("tokens.cached_by_source")
 TOKENS_PROMPT_BY_SOURCE = Family("tokens.prompt_by_source")
+# the prompt tokens an infinite cache would have served (the run's own ceiling, lifecycle/ceiling.py), and the
+# requests it could not judge (past its bound on distinct blocks)
+TOKENS_INFINITE, INFINITE_UNTRACKED = "tokens.infinite_cache", "requests.infinite_cache_untracked"
 
 # a request's blocks
 BLOCKS_LOOKUP, BLOCKS_HIT, BLOCKS_WRITE_SKIPPED = "blocks.lookup", "blocks.hit", "blocks.write_skipped"

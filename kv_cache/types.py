@@ -112,6 +112,7 @@ class RequestOutcome:
     prompt_tokens: int
     generated_tokens: int
     cached_tokens: int = 0
+    infinite_cache_tokens: int | None = 0  # what an infinite cache would have served it (None: not tracked)
     blocks_looked_up: int = 0
     blocks_hit: int = 0
     blocks_write_skipped: int = 0
@@ -130,7 +131,8 @@ class RequestOutcome:
         out = [(C.TOKENS_PROMPT, self.prompt_tokens), (C.TOKENS_GENERATED, self.generated_tokens),
                (C.TOKENS_CACHED, self.cached_tokens), (C.BLOCKS_LOOKUP, self.blocks_looked_up),
                (C.BLOCKS_HIT, self.blocks_hit), (C.BLOCKS_WRITE_SKIPPED, self.blocks_write_skipped),
-               (C.DONOR_MISSING, self.donor_blocks_missing)]
+               (C.DONOR_MISSING, self.donor_blocks_missing), (C.TOKENS_INFINITE, self.infinite_cache_tokens or 0),
+               (C.INFINITE_UNTRACKED, int(self.infinite_cache_tokens is None))]
         for family, by in ((C.TOKENS_PROMPT_BY_SOURCE, self.prompt_tokens_by_source),
                            (C.TOKENS_CACHED_BY_SOURCE, self.cached_tokens_by_source),
                            (C.TOKENS_CACHED_BY_TIER, self.cached_tokens_by_tier),

@@ -21,6 +21,7 @@ from kv_cache import counters as C
 from kv_cache.errors import Abandoned, BlockVanished
 from kv_cache.lifecycle.batched import BatchedPaths
 from kv_cache.lifecycle.by_source import add_to, count_hits_by_source, source_tokens, span_ranges
+from kv_cache.lifecycle.ceiling import Ceiling
 from kv_cache.lifecycle.handoff import Loader, Publisher
 from kv_cache.lifecycle.payload import block_digest
 from kv_cache.lifecycle.plan import KVPlan, Planner
@@ -60,6 +61,7 @@ class Lifecycle(BatchedPaths, HandoffPaths):
         self.gen_s_per_token = o.generation_ms_per_token / 1000.0
         self.handoff = handoff  # a Publisher (a prefill node publishes into it) or a Loader (a decode node loads)
         self.semantic = semantic  # a SemanticReuse: donor discovery, when --semantic is on
+        self.ceiling = Ceiling()  # the run's own infinite-cache hit rate (ceiling.py)
         self.stop_after = StopAfter()  # the scheduler's drain deadline: past it a request stops between blocks
         if handoff is not None and handoff.role == "prefill":  # waiting for room in the handoff space stops then too
             handoff.stopping = self.stop_after.due
@@ -79,6 +81,7 @@ class Lifecycle(BatchedPaths, HandoffPaths):
             return self._decode_node(req, bufs)
         plan = self.plan(req)
         out = RequestOutcome(req.num_prompt_tokens, req.num_output_tokens)
+        out.infinite_cache_tokens = self.ceiling.tokens(req, plan)
         for end, start, label in span_ranges(req.spans):
             add_to(out.prompt_tokens_by_source, label, end - start)
         storage_ns, hit = self._load(req, plan, bufs, out)

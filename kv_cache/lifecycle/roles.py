@@ -29,7 +29,8 @@ class HandoffPaths:
         """Load the blocks a prefill node handed over, then append the decode blocks to our own tiers."""
         h = req.handoff
         out = RequestOutcome(h.prompt_tokens, h.output_tokens, blocks_looked_up=len(h.keys),
-                             prompt_tokens_by_source={"handoff": h.prompt_tokens})
+                             prompt_tokens_by_source={"handoff": h.prompt_tokens},
+                             infinite_cache_tokens=None)  # its blocks come from another node: no ceiling of ours
         storage_ns = loaded = 0
         digests = h.digests or (0,) * len(h.keys)
         for key, size, digest in zip(h.keys, h.nbytes, digests):

@@ -234,7 +234,10 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, facts: RunFact
         "tokens": tokens,
         "hit_rate": {"tokens": _rate(tokens["cached"], tokens["prompt"]),
                      "blocks": _rate(c.get(C.BLOCKS_HIT, 0), c.get(C.BLOCKS_LOOKUP, 0)),
-                     "by_source": rates_by_source(tokens["cached_by_source"], tokens["prompt_by_source"])},
+                     "by_source": rates_by_source(tokens["cached_by_source"], tokens["prompt_by_source"]),
+                     "infinite_cache": None if c.get(C.INFINITE_UNTRACKED, 0) else
+                     _rate(c.get(C.TOKENS_INFINITE, 0), tokens["prompt"]),
+                     "infinite_cache_untracked": c.get(C.INFINITE_UNTRACKED, 0)},
         "blocks_write_skipped": c.get(C.BLOCKS_WRITE_SKIPPED, 0), "queue_depth": queue_depths(snap),
         "shared_storage": {"enabled": facts.shared_storage, "adopted_blocks": facts.adopted_blocks,
                            "vanished_blocks": c.get(C.SHARED_VANISHED, 0)},

@@ -49,7 +49,8 @@ from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 9  # 9: capacity_curve.demand_model; a point's bottom share, reads and writes null where not replayed
+SCHEMA_VERSION = 9  # 9: capacity_curve.demand_model; a point's bottom share, reads and writes null where not replayed;
+# hit_rate.infinite_cache and hit_rate.infinite_cache_untracked (the run's own ceiling, measured)
 # (8: capacity_curve.replayed (typed: was the curve's policy replayed, not read from its words))
 # (7: load.cause, load.workers_in_io_share, load.process_cpu_share (what a queue was made of))
 # (6: role.requests_unacknowledged and role.dropped_unread (a prefill node's handoff); the
@@ -189,6 +190,10 @@ class HitRate:
     tokens: float | None = None
     blocks: float | None = None
     by_source: dict[str, float | None] = field(default_factory=dict)
+    # the window's requests against an infinite cache (lifecycle/ceiling.py): the ceiling `tokens` cannot exceed;
+    # null where some request was not tracked (past its bound, or a decode node's handoff)
+    infinite_cache: float | None = None
+    infinite_cache_untracked: int = 0  # requests of the window it could not judge
 
 
 @dataclass

@@ -140,7 +140,8 @@ def traffic_section(results: Results) -> list[str]:
              f"{tok.generated:,}",
              f"Hit rate   {_pct(hit.tokens)} of prompt tokens, {_pct(hit.blocks)} of prompt blocks"
              + (f"; by source (each of its own prompt tokens): {sources}" if sources else ""),
-             f"           theoretical with an infinite cache: {_theoretical(results)}",
+             f"           with an infinite cache: {_infinite(results)}",
+             f"           estimated before the run ({_analysed(results)}): {_theoretical(results)}",
              f"Verify     {ver.mode}: {ver.blocks_checked:,} blocks checked, {ver.failures:,} failures"
              + (f" ({ver.failures_in_warmup:,} in warm-up; {ver.blocks_discarded:,} blocks "
                 f"discarded from the cache)  <-- DATA ERRORS" if ver.failures else "")
@@ -194,18 +195,35 @@ def device_latency_lines(d) -> list[str]:
     return lines
 
 
+def _infinite(results: Results) -> str:
+    """The run's own ceiling (measured on the window's requests) and how close the cache came to it."""
+    hit = results.hit_rate
+    if hit.infinite_cache is None:
+        why = (f"{hit.infinite_cache_untracked:,} requests of the window not tracked" if hit.infinite_cache_untracked
+               else "no prompt tokens")
+        return f"- ({why})"
+    steady = ""
+    if hit.infinite_cache and hit.tokens is not None:  # how far the cache is from all the reuse the requests offered
+        steady = (f"; achieved / infinite {hit.tokens / hit.infinite_cache:.2f} (1.00: the cache held all the reuse "
+                  f"these requests offered; far below: too small a cache, or blocks still being written when asked "
+                  f"for)")
+    return f"{_pct(hit.infinite_cache)} (the window's own requests, measured: a ceiling)" + steady
+
+
+def _analysed(results: Results) -> str:
+    """Which requests the pre-run estimate saw: all of a trace's, or a sample (then it is no bound)."""
+    w = results.workload
+    if w.requests_total and w.requests_analysed >= w.requests_total:
+        return f"all {w.requests_total:,} requests of the trace, an infinite cache"
+    return f"a sample of {w.requests_analysed:,} requests, an infinite cache: an estimate, not a bound"
+
+
 def _theoretical(results: Results) -> str:
     th = results.workload.theoretical_hit_rate
     if th.tokens is None and not th.by_source:
         return "n/a"
     sources = ", ".join(f"{k} {_pct(th.by_source.get(k))}" for k in source_order(results))
-    achieved = results.hit_rate.tokens
-    steady = ""
-    if th.tokens and achieved is not None:  # how far the cache is from the traffic's steady state
-        steady = (f"; achieved / theoretical {achieved / th.tokens:.2f} (1.00: the cache holds all the reuse "
-                  f"the traffic offers; far below: too short a run, too small a cache, or users that did not reach "
-                  f"their later turns)")
-    return f"{_pct(th.tokens)}" + (f" (by source, each of its own tokens: {sources})" if sources else "") + steady
+    return f"{_pct(th.tokens)}" + (f" (by source, each of its own tokens: {sources})" if sources else "")
 
 
 def _pacing(results: Results) -> list[str]:

@@ -180,12 +180,15 @@ def draw_hit_rate(results: Results):
     b = [theory_all.tokens] + [theory.get(s) for s in sources]
     fig, ax = plt.subplots(figsize=(10, 5))
     ax.bar(x - 0.2, [100 * (v or 0) for v in a], 0.4, label="achieved (this run)")
-    ax.bar(x + 0.2, [100 * (v or 0) for v in b], 0.4, label="theoretical (infinite cache)")
+    ax.bar(x + 0.2, [100 * (v or 0) for v in b], 0.4, label="infinite cache, estimated before the run")
     _annotate(ax, x - 0.2, a)
     _annotate(ax, x + 0.2, b)
     ax.set_xticks(x, ["all (tokens)"] + sources)
     ax.set_ylabel("token hit rate (%)")
     ax.set_ylim(0, 112)
+    ceiling = results.hit_rate.infinite_cache
+    if ceiling is not None:
+        ax.axhline(100 * ceiling, color="gray", ls=":", label=f"infinite cache, the run's own requests {ceiling:.1%}")
     ax.set_title("Hit rate by source: achieved vs an infinite cache (n/a: no prompt token of that source)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)

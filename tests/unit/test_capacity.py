@@ -50,3 +50,37 @@ def test_a_prefix_hits_as_a_prefix_and_the_curve_rises_to_the_infinite_hit_rate(
     c = curve(a, 0, np.array([0, 2, 4, 6, 100]))
     assert list(c.hit_rate) == sorted(c.hit_rate) and c.hit_rate[0] == 0
     assert c.hit_rate[-1] == c.infinite == (32 + 4 * 64) / (6 * 64)  # the 2nd request hits the shared root
+
+
+def test_every_source_label_has_its_own_column_in_the_access_log():
+    """Issue 50, point 4: rag_chunk and template tokens landed in the curve's "other" column (its source list was
+    spelled apart from the plan's); each of types.SOURCES now has its own."""
+    from kv_cache.lifecycle.by_source import source_tokens
+    from kv_cache.types import OTHER, SOURCES
+
+    for label in SOURCES:
+        row = source_tokens([(label, 5)])
+        assert row[COLUMNS.index(label)] == 5 and row[COLUMNS.index(OTHER)] == 0, label
+    assert source_tokens([("made-up", 3)])[COLUMNS.index(OTHER)] == 3
+
+
+def test_the_ceiling_counts_a_prefix_seen_before_and_stops_past_its_bound():
+    """lifecycle/ceiling.py: a request's prompt blocks planned by any earlier request, up to the first miss; past its
+    bound on distinct blocks it judges nothing more (None: the run's ceiling is then not reported)."""
+    from kv_cache.lifecycle.ceiling import Ceiling
+    from kv_cache.lifecycle.plan import Planner
+    from kv_cache.types import SYSTEM, USER, Request
+
+    planner = Planner(16, b"root")
+
+    def req(tokens: list[int], session: int) -> Request:
+        prompt = np.array(tokens, np.int32)
+        return Request(0, session, 1, prompt, np.zeros(16, np.int32), ((32, SYSTEM), (prompt.size, USER)))
+
+    first, second = req(list(range(64)), 1), req(list(range(32)) + [7] * 32, 2)
+    ceiling = Ceiling(max_blocks=10)
+    assert ceiling.tokens(first, planner.plan(first)) == 0
+    assert ceiling.tokens(second, planner.plan(second)) == 32  # the shared 32-token system prompt: two blocks
+    third = req(list(range(1000, 1200)), 3)
+    assert ceiling.tokens(third, planner.plan(third)) == 0 and ceiling.full  # 13 blocks passed the bound of 10
+    assert ceiling.tokens(first, planner.plan(first)) is None
