@@ -30,8 +30,9 @@ SYSTEM, HISTORY, USER = "system", "history", "user"
 TRACE_HASH, RAG = "trace_hash", "rag"
 TEMPLATE = "template"  # an instruction wrapper around retrieved evidence (semantic traffic)
 RAG_CHUNK = "rag_chunk"  # a retrieved document's block looked up on its own (--rag-reuse chunk)
+INJECTED = "system_injected"  # a shared system prompt the benchmark put before a trace's conversation that had none
 GENERATED = "generated"  # a decode block's label: the answer's tokens, no prompt source
-SOURCES = (SYSTEM, HISTORY, USER, RAG, RAG_CHUNK, TRACE_HASH, TEMPLATE)  # every prompt source, in the order shown
+SOURCES = (SYSTEM, INJECTED, HISTORY, USER, RAG, RAG_CHUNK, TRACE_HASH, TEMPLATE)  # every source, in the order shown
 OTHER = "other"  # the capacity curve's column for a label outside SOURCES (none today: a test holds it so)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kv_cache import counters as C
 from kv_cache.lifecycle.plan import KVPlan
 from kv_cache.recorder.stack_distances import COLUMNS
-from kv_cache.types import HISTORY, SYSTEM, RequestOutcome
+from kv_cache.types import HISTORY, INJECTED, SYSTEM, RequestOutcome
 
 
 def source_tokens(parts: list[tuple[str, int]]) -> tuple[int, ...]:
@@ -38,6 +38,6 @@ def count_hits_by_source(plan: KVPlan, hit: list[int], out: RequestOutcome) -> N
         add_to(out.blocks_hit_by_source, labels[i], 1)
     out.found[C.PREFIX] = bool(hit)  # nothing to look up: a miss
     found = {labels[i] for i in hit}
-    for label in (SYSTEM, HISTORY):
-        if label in labels:
-            out.found[label] = label in found
+    for label, spelled in ((SYSTEM, (SYSTEM, INJECTED)), (HISTORY, (HISTORY,))):  # injected: a system prompt too
+        if any(s in labels for s in spelled):
+            out.found[label] = any(s in found for s in spelled)

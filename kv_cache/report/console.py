@@ -13,7 +13,7 @@ from kv_cache.report.load_lines import sections
 from kv_cache.report.semantic_lines import semantic_section
 from kv_cache.report.table import format_table, pct_ms
 from kv_cache.report.table import ms as _ms
-from kv_cache.types import SOURCES
+from kv_cache.types import INJECTED, SOURCES
 
 OP_ORDER = ("read", C.io_op("read"), "donor_read", "write", C.io_op("write"), "promote", "demote", C.io_op("demote"),
             "evict")
@@ -61,10 +61,26 @@ def header(results: Results) -> list[str]:
                      f"capacities summed over ranks" + (f"; {results.bottom} per rank: {detail}" if detail else ""))
     for name, t in run.tiers.items():
         lines.append(f"  tier {tier_label(results, name):<16} {t.capacity_bytes / GiB:8.2f} GiB  {t.description}")
+    lines += _injected(results)
     lines += [f"  note: {n}" for n in run.notes]
     if run.fault:
         lines.append(f"  FAULT: {run.fault}")
     return lines
+
+
+def _injected(results: Results) -> list[str]:
+    """What the benchmark added to a trace's prompts (a shared system prompt before each conversation that had none)
+    and how much of the hit rate it made: a modelling choice the user must see first."""
+    tok = results.tokens
+    injected = tok.prompt_by_source.get(INJECTED, 0)
+    if not injected or not tok.prompt:
+        return []
+    served, own = tok.cached_by_source.get(INJECTED, 0), tok.prompt - injected
+    own_rate = f"{(tok.cached - served) / own:.1%}" if own else "-"
+    return [f"  injected: a shared system prompt the benchmark put before each trace conversation that had none makes "
+            f"{injected / tok.prompt:.1%} of the prompt tokens and {served / tok.prompt:.1%} of the "
+            f"{_pct(results.hit_rate.tokens)} hit rate (the trace's own tokens: {own_rate} hit); "
+            f"--set workload.num_system_prompts=0 replays the trace as it is"]
 
 
 def latency_section(results: Results) -> list[str]:

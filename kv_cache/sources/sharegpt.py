@@ -17,7 +17,7 @@ import numpy as np
 
 from kv_cache.sources.content import OUTPUT, stream
 from kv_cache.sources.trace_io import TraceLog, jsonl_records, not_utf8
-from kv_cache.types import HISTORY, SYSTEM, USER, Request
+from kv_cache.types import HISTORY, INJECTED, SYSTEM, USER, Request
 
 USER_ROLES = {"human", "user"}
 ASSISTANT_ROLES = {"gpt", "chatgpt", "assistant", "bing", "bard", "model"}
@@ -44,12 +44,13 @@ class ShareGPTTurn:
     parts: tuple[np.ndarray, ...]   # system, earlier messages and answers..., the new message
     system_len: int
     answer: np.ndarray
+    injected: bool = False  # its system prompt is one of the benchmark's shared ones (the conversation had none)
     arrival_s: float | None = None
 
     def build(self, vocab: int) -> Request:
         prompt = np.concatenate(self.parts)
         history = prompt.size - self.parts[-1].size
-        spans = ((self.system_len, SYSTEM), (history, HISTORY), (prompt.size, USER))
+        spans = ((self.system_len, INJECTED if self.injected else SYSTEM), (history, HISTORY), (prompt.size, USER))
         return Request(0, self.index + 1, self.turn, prompt, self.answer, spans, session=self.session,
                        profile="sharegpt", arrival_s=self.arrival_s)
 
@@ -119,11 +120,13 @@ def load(files: list[str], tokenizer, system_for, opts: ShareGPTOptions, seed: i
 
 
 def _add_turns(turns, msgs, tokenizer, system_for, opts, session, log) -> None:
-    if msgs[0][0] == "system":
+    injected = msgs[0][0] != "system"
+    if not injected:
         system = tokenizer.encode(msgs[0][1])
         msgs = msgs[1:]
     else:
         system = system_for(session)
+        injected = system.size > 0  # --num-system-prompts 0: nothing is put before it
     parts: list[np.ndarray] = [system]
     k = 0
     for i, (role, text) in enumerate(msgs):
@@ -148,7 +151,8 @@ def _add_turns(turns, msgs, tokenizer, system_for, opts, session, log) -> None:
             return
         k += 1
         if prompt_len >= opts.min_prompt_tokens and answer.size:
-            turns.append(ShareGPTTurn(len(turns), session, k, tuple(parts) + (message,), system.size, answer))
+            turns.append(ShareGPTTurn(len(turns), session, k, tuple(parts) + (message,), system.size, answer,
+                                      injected))
         else:
             log.skipped["turns_filtered"] += 1
         if opts.first_turn_only:

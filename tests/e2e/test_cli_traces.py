@@ -102,3 +102,40 @@ def test_a_burstgpt_run_says_it_replays_a_sliver_and_can_reuse_nothing(small_run
     assert r.returncode == 0, r.stderr
     assert "no two requests of this traffic share a prefix" in r.stdout
     assert "arrive over 28,566 s at --trace-speedup 1" in r.stdout and "--trace-speedup 14,283 plays" in r.stdout
+
+
+def _conversations(path, n: int) -> None:
+    """n single-turn conversations of our own words; the first opens with its own system turn."""
+    import json
+
+    rows = []
+    for i in range(n):
+        turns = [{"from": "system", "value": "You answer briefly. " * 20}] if i == 0 else []
+        turns += [{"from": "human", "value": f"Question {i}: how many blocks hold {i} tokens? " * 6},
+                  {"from": "gpt", "value": f"Answer {i}: " + "one block. " * 10}]
+        rows.append({"id": str(i), "conversations": turns})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_a_replay_says_how_much_of_its_prompt_and_hit_rate_the_benchmark_injected(small_run, tmp_path):
+    """Issue 50, point 6: a ShareGPT replay's hit rate came all from the system prompts the benchmark put before
+    conversations that had none, unsaid. The summary's first lines say their share of the prompt and of the hit
+    rate; they are a source of their own (a conversation's own system turn stays "system"); without them the trace
+    replays as it is."""
+    trace = tmp_path / "ours.jsonl"
+    _conversations(trace, 30)
+    args = ("--trace", str(trace), *TINY, "--block-tokens", "16", "--users", "2", "--think-time-s", "0,0",
+            "--warmup", "0", "--duration", "600", "--null-io")
+    r = run_cli(small_run("inj", *args, quiet=False))
+    assert r.returncode == 0, r.stderr
+    head = " ".join(r.stdout.split("Latency")[0].split())
+    res = small_run.results("inj")
+    tok = res["tokens"]
+    assert tok["prompt_by_source"]["system_injected"] > 0 and tok["prompt_by_source"]["system"] > 0
+    assert "injected: a shared system prompt the benchmark put before" in head, head
+    share = tok["cached_by_source"]["system_injected"] / tok["prompt"]
+    assert share > 0.5 * res["hit_rate"]["tokens"] and f"{share:.1%} of the" in head  # most of the hits: injected
+    r = run_cli(small_run("as-is", *args, "--set", "workload.num_system_prompts=0", quiet=False))
+    assert r.returncode == 0, r.stderr
+    plain = small_run.results("as-is")["tokens"]
+    assert "system_injected" not in plain["prompt_by_source"] and "injected:" not in r.stdout

@@ -35,13 +35,13 @@ from collections import deque
 from collections.abc import Iterator
 
 from kv_cache.cache.policies.heap import HeapPolicy, Holding
-from kv_cache.types import GENERATED, HISTORY, RAG, RAG_CHUNK, SYSTEM, TEMPLATE, USER
+from kv_cache.types import GENERATED, HISTORY, INJECTED, RAG, RAG_CHUNK, SYSTEM, TEMPLATE, USER
 
 WEIGHTS = {"system": 2.4, "template": 2.0, "code": 1.6, "rag": 1.4, "tool": 1.1, "history": 1.0, "other": 0.8,
            "user": 0.7}
 # our plan labels (types.py) -> the paper's content types (its code and tool types have no label of ours)
-LABEL_TYPE = {SYSTEM: "system", TEMPLATE: "template", RAG: "rag", RAG_CHUNK: "rag", HISTORY: "history",
-              GENERATED: "history", USER: "user"}
+LABEL_TYPE = {SYSTEM: "system", INJECTED: "system", TEMPLATE: "template", RAG: "rag", RAG_CHUNK: "rag",
+              HISTORY: "history", GENERATED: "history", USER: "user"}
 W_MIN, W_MAX, HORIZON_S = 0.2, 5.0, 60.0
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from kv_cache import counters as C
 from kv_cache.report.mlperf.fields import PCTS, Fields, GiB
+from kv_cache.types import HISTORY, INJECTED, SYSTEM
 
-HIT_SOURCES = {"system_prompt_hits": ("system",), "multi_turn_hits": ("history",)}  # the rest: user_cache_hits
+HIT_SOURCES = {"system_prompt_hits": (SYSTEM, INJECTED), "multi_turn_hits": (HISTORY,)}  # the rest: user_cache_hits
 
 
 def cache_stats(f: Fields, profile: str) -> dict:
