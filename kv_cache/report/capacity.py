@@ -77,7 +77,8 @@ def draw_capacity(results: Results):
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 8), sharex=True)
     ax1.plot(gib, [100 * p.hit_rate for p in c.points], "k-", lw=2, label="hit rate, any tier (tokens)")
     for name in sorted({s for p in c.points for s in p.by_source}):
-        ax1.plot(gib, [100 * p.by_source.get(name, 0.0) for p in c.points], "--", label=f"of it: {name} (share of all prompt tokens)")
+        ax1.plot(gib, [100 * p.by_source.get(name, 0.0) for p in c.points], "--",
+                 label=f"of it: {name} (share of all prompt tokens)")
     ax1.axhline(100 * c.infinite_hit_rate, color="gray", ls=":", label=f"infinite cache {c.infinite_hit_rate:.1%}")
     for slots, text, color in ((c.knee_90_slots, "90 %", "C2"), (c.knee_99_slots, "99 %", "C3"),
                                (c.run_slots, "this run", "C1")):
