@@ -28,10 +28,10 @@ def reference_output(r: Results, snap: Snapshot, profile: str) -> dict:
     f = Fields(r, snap)
     f.missing_tier_notes()
     window = f.window
-    f.notes.append(f"summary.elapsed_time and every rate: over {window:.3f} s, the window until issuing stopped, as "
-                   f"the reference times it; the drain after it ({r.run.duration_s - window:.3f} s, its requests and "
-                   f"bytes counted, as the reference counts what completes while its threads join) is in results_json "
-                   f"run.duration_s")
+    f.notes.append(f"summary.elapsed_time and every rate: over {window:.3f} s, the measured window with its drain "
+                   f"({window - r.run.issuing_s:.3f} s after issuing stopped), in which exactly the counted requests, "
+                   f"tokens and bytes moved (the reference counts what completes while its threads join but divides "
+                   f"by the time until its stop event, overstating every rate)")
     generated = r.tokens.generated
     storage_s, generation_s = f.request_seconds("storage"), f.request_seconds("generation")
     multi = (f.count(C.found(HISTORY, True)), f.count(C.found(HISTORY, False)))
