@@ -78,9 +78,11 @@ def write_xlsx(path: str, reference: dict, params: dict, profile: str) -> Path:
     qos = {k: v for k, v in (summary.get("qos_metrics") or {}).items() if isinstance(v, dict) and not v.get("no_data")}
     if qos:
         ws = wb.create_sheet("QoS Metrics")
-        ws.append(["QoS Level", "Total Requests", "Latency P95 (ms)", "Latency P99 (ms)", "SLA Met"])
+        ws.append(["QoS Level", "Total Requests", "Latency P95 (ms)", "Latency P99 (ms)", "SLA Met", "SLA Compliance"])
         for level, d in qos.items():
-            met = "N/A (throughput mode)" if profile == "throughput" else _dig(d, "sla", "met")
+            judged = [_dig(d, "sla", k) for k in ("met", "compliance")]
+            if profile == "throughput":
+                judged = ["N/A (throughput mode)"] * 2
             ws.append([level, d.get("total_requests"), _dig(d, "latency_ms", "p95"), _dig(d, "latency_ms", "p99"),
-                       met])
+                       *judged])
     return write_with(path, wb.save, "--xlsx-output", binary=True)
