@@ -246,3 +246,20 @@ def test_its_qos_numbers_are_the_references_quantities_under_its_rules(reference
     ours = res["qos"]["classes"]
     assert any(ours[n]["requests"] and ours[n]["attainment"] != judged[n]["sla"]["compliance"] for n in judged)
     assert "summary.qos_metrics: by the reference's rules" in " ".join(data["notes"])
+
+
+@pytest.mark.slow
+def test_its_console_prints_no_figure_that_cannot_be_true(reference_outputs):
+    """Issue 51, point 5: 'Host P95: 0.00 ms' on every run, a tier's 'Read P95: 0.00 ms' where nothing was timed,
+    'SLA Met: [X]' at 100 % compliance, a hit rate with no word on its definition."""
+    from kv_cache.report.mlperf.reference_console import FAIL, PASS, reference_summary
+
+    data, _ = reference_outputs["latency"]
+    text = "\n".join(reference_summary(data))
+    assert " 0.00 ms" not in text, [ln for ln in text.splitlines() if " 0.00 ms" in ln]
+    assert "Host P95 (Serialization): - (not timed apart here)" in text
+    assert "(of the prompts' block lookups" in text and "Prefix Hits:" in text and "(requests that found" in text
+    for q in data["summary"]["qos_metrics"].values():
+        if not q["no_data"]:
+            mark = PASS if q["sla"]["compliance"] >= 0.95 else FAIL
+            assert f"SLA Met: {mark} (compliance: {q['sla']['compliance']:.1%}" in text

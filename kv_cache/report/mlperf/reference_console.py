@@ -14,6 +14,12 @@ def _latency(title: str, lat: dict, keys=("mean", "p50", "p95", "p99")) -> list[
                                      for k in keys]
 
 
+def _ms(v: float, none: str) -> str:
+    """A latency of the file, or '-' and why where it holds the 0.0 written for no sample (a histogram's value is
+    never exactly 0: its lowest is 1 ns): never a figure the run did not measure (issue 51)."""
+    return f"- ({none})" if v == 0.0 else f"{v:.2f} ms"
+
+
 def _criterion(c: dict) -> str:
     mark = PASS if c.get("passed") else FAIL
     if c.get("unit") == "ratio":
@@ -41,7 +47,9 @@ def reference_summary(fields: dict) -> list[str]:
     out += _latency("PER-REQUEST STORAGE LATENCY (All I/O ops for one request)", s["storage_io_latency_ms"])
     if fields.get("total_generation_latency"):
         out += _latency("TOKEN GENERATION LATENCY (Simulated)", s["generation_latency_ms"], ("mean", "p50", "p95"))
-    out += ["\n### STORAGE PERFORMANCE ###", f"  Cache Hit Rate: {c['cache_hit_rate'] * 100:.1f}%",
+    out += ["\n### STORAGE PERFORMANCE ###",
+            f"  Cache Hit Rate: {c['cache_hit_rate'] * 100:.1f}% (of the prompts' block lookups; our summary's hit "
+            f"rate is of prompt tokens)",
             f"  Total Read: {c['total_read_gb']:.2f}GiB", f"  Total Write: {c['total_write_gb']:.2f}GiB",
             f"  Read/Write Ratio: {c['read_write_ratio']:.2f}",
             f"  Storage KV Read Operations/sec: {c['read_iops'] / elapsed:.2f}",
@@ -58,18 +66,21 @@ def reference_summary(fields: dict) -> list[str]:
         out += [f"  {label} KV Read Bandwidth: {c[f'tier_{t}_read_bandwidth_gbps']:.2f}GiB/s",
                 f"  {label} KV Write Bandwidth: {c[f'tier_{t}_write_bandwidth_gbps']:.2f}GiB/s"]
     out.append("\n### TIER-SPECIFIC LATENCIES (Total = Host + Device) ###")
-    out += [f"  {label} {op.title()} P95 (Total): {c[f'{t}_{op}_p95_ms']:.2f} ms" for label, t in TIERS
+    none = "no such operation timed in the window; bytes a demotion reads are timed as the next tier's write"
+    out += [f"  {label} {op.title()} P95 (Total): {_ms(c[f'{t}_{op}_p95_ms'], none)}" for label, t in TIERS
             for op in ("read", "write")]
-    out.append("\n### STORAGE TIER LATENCY BREAKDOWN (Device = the storage call, Host = the rest: 0 here) ###")
+    out.append("\n### STORAGE TIER LATENCY BREAKDOWN (Device = the storage call, Host = the rest) ###")
     for op in ("read", "write"):
-        out += [f"  Storage {op.title()}:", f"    - Device P95 (Disk I/O): {c[f'storage_{op}_device_p95_ms']:.2f} ms",
-                f"    - Host P95 (Serialization): {c[f'storage_{op}_host_p95_ms']:.2f} ms",
-                f"    - Total P95: {c[f'storage_{op}_p95_ms']:.2f} ms"]
+        out += [f"  Storage {op.title()}:",
+                f"    - Device P95 (Disk I/O): {_ms(c[f'storage_{op}_device_p95_ms'], 'no such operation')}",
+                f"    - Host P95 (Serialization): {_ms(c[f'storage_{op}_host_p95_ms'], 'not timed apart here')}",
+                f"    - Total P95: {_ms(c[f'storage_{op}_p95_ms'], 'no such operation')}"]
     p, m = s["prefix_cache_stats"], s["multi_turn_stats"]
     out += ["\n### CACHE TYPE BREAKDOWNS ###", f"  System Prompt Hits: {c['system_prompt_hits']}",
             f"  Common Phrase Hits: {c['common_phrase_hits']}", f"  User Cache Hits: {c['user_cache_hits']}",
             f"  Multi-turn Hits: {c['multi_turn_hits']}", "\n### PREFIX CACHING ###",
-            f"  Prefix Hits: {p['prefix_hits']}", f"  Prefix Misses: {p['prefix_misses']}",
+            f"  Prefix Hits: {p['prefix_hits']} (requests that found a cached prefix)",
+            f"  Prefix Misses: {p['prefix_misses']} (requests that found none)",
             f"  System Prompt Reuse: {p['system_prompt_reuse']}", f"  Bytes Saved: {p['bytes_saved'] / 2**30:.2f}GiB",
             "\n### MULTI-TURN CONVERSATIONS ###", f"  Multi-turn Cache Hits: {m['cache_hits']}",
             f"  Multi-turn Cache Misses: {m['cache_misses']}", f"  Multi-turn Hit Rate: {m['hit_rate'] * 100:.1f}%",
@@ -79,8 +90,8 @@ def reference_summary(fields: dict) -> list[str]:
             continue
         sla = q["sla"]
         out += [f"\n  {level.upper()}:", f"    Requests: {q['total_requests']}",
-                f"    Latency P95: {q['latency_ms']['p95'] or 0.0:.2f} ms",
-                f"    Latency P99: {q['latency_ms']['p99'] or 0.0:.2f} ms",
+                f"    Latency P95: {q['latency_ms']['p95']:.2f} ms",
+                f"    Latency P99: {q['latency_ms']['p99']:.2f} ms",
                 f"    SLA Met: {PASS if sla['met'] else FAIL} (compliance: {sla['compliance'] or 0.0:.1%}, target "
                 f"P95 {sla['target_p95_ms']:g} ms)"]
     if s.get("autoscaling_summary"):
