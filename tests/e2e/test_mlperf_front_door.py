@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SMALL, bounded, run_cli
+from conftest import REPO, SMALL, bounded, run_cli
 from found import REGISTRY, SECTIONS
 from helpers import assert_clean_error
 from mlperf_reference import key_paths
@@ -263,3 +263,24 @@ def test_its_console_prints_no_figure_that_cannot_be_true(reference_outputs):
         if not q["no_data"]:
             mark = PASS if q["sla"]["compliance"] >= 0.95 else FAIL
             assert f"SLA Met: {mark} (compliance: {q['sla']['compliance']:.1%}" in text
+
+
+def test_kv_cache_py_runs_from_a_python_without_our_packages():
+    """Issue 51, point 7: mlpstorage runs kv-cache.py with its own interpreter (its own venv): it died on
+    `import numpy` and mlpstorage summed zeros. It runs again under the Python the project was installed into, or
+    says in one sentence which command installs it (exit 2)."""
+    import os
+    import subprocess
+    import sys
+
+    entry = str(REPO / "mlperf" / "kv-cache.py")
+    bare = [sys.executable, "-S", entry, "--version"]  # -S: no site-packages, as a venv of mlpstorage's own
+    env = {k: v for k, v in os.environ.items() if k not in ("KVBENCH_REEXEC", "PYTHONPATH")}
+    ok = subprocess.run(bare, capture_output=True, text=True, env={**env, "KVBENCH_PYTHON": sys.executable},
+                        timeout=60)
+    assert ok.returncode == 0 and ok.stdout.strip(), ok.stderr
+    lost = subprocess.run(bare, capture_output=True, text=True, env={**env, "KVBENCH_PYTHON": "/nonexistent"},
+                          timeout=60)
+    said = " ".join(lost.stderr.split())
+    assert lost.returncode == 2 and "lacks the benchmark's dependencies (numpy" in said and "make install" in said
+    assert "Traceback" not in lost.stderr and len(lost.stderr.splitlines()) <= 4
