@@ -130,6 +130,7 @@ class Translation:
     xlsx: str | None = None  # --xlsx-output FILE: the reference's spreadsheet of the --output fields
     made_dirs: list[str] = field(default_factory=list)  # folders made for --cache-dir, deepest first (removed
     # again, where still empty, when the run is refused)
+    typed: dict = field(default_factory=dict)  # the reference's run parameters that only its flags hold (xlsx.py)
 
 
 class Sets(dict):
@@ -216,8 +217,11 @@ def translate(argv: list[str]) -> Translation:
         argv_out += ["--set", f"{dotted}={json.dumps(value)}"]  # JSON is YAML: --set parses it back
     if ns.output and not _value_of(rest, "--run-id"):  # --output reads the run's folder: name it
         argv_out += ["--run-id", f"{Path(ns.output).stem or 'mlperf'}-{time.strftime('%Y%m%dT%H%M%S')}"]
+    typed = {"Generation Mode": ns.generation_mode or "realistic", "Multi-turn": not ns.disable_multi_turn,
+             "Prefix Caching": not ns.disable_prefix_caching, "Max Concurrent Allocs": ns.max_concurrent_allocs or 0,
+             "Precondition Size (GiB)": ns.precondition_size_gb or 0}  # the reference's defaults where not typed
     return Translation(argv_out, notes, ns.output, ns.performance_profile or "latency", sets.origin,
-                       ns.xlsx_output, made)
+                       ns.xlsx_output, made, typed)
 
 
 def _refuse_twice(sets: Sets, rest: list[str]) -> None:

@@ -78,7 +78,23 @@ def after_run(reference, settings, say) -> None:
     if reference.xlsx:
         from kv_cache.report.mlperf.xlsx import write_xlsx
 
-        params = {"Model": settings.model.name, "Num Users": settings.workload.users,
-                  "Duration (s)": settings.run.duration_s, "Trace Speedup": settings.trace.speedup,
-                  "Replay Cycles": settings.trace.replay_cycles}
+        params = run_params(settings, reference)
         say(f"MLPerf spreadsheet: {write_xlsx(reference.xlsx, fields, params, reference.profile)}")
+
+
+def run_params(s, reference) -> dict:
+    """The reference spreadsheet's 26 run parameters (its Timestamp is added where it is written), in its order:
+    what this run ran with (the settings the command line became), and what only the reference's flags hold."""
+    t, typed = s.tiers, reference.typed
+    return {"Model": s.model.name, "Num Users": s.workload.users, "Duration (s)": s.run.duration_s,
+            "GPU Memory per Card (GiB)": t.gpu_mem_gb, "Num GPUs": t.gpus, "Tensor Parallel": s.model.tp,
+            "Total GPU Memory (GiB)": t.gpu_mem_gb * t.gpus, "CPU Memory (GiB)": t.cpu_mem_gb,
+            "Generation Mode": typed.get("Generation Mode"), "Performance Profile": reference.profile,
+            "Multi-turn": typed.get("Multi-turn"), "Prefix Caching": typed.get("Prefix Caching"),
+            "RAG Enabled": s.rag.enabled, "Autoscaling": s.autoscale.mode != "off", "Seed": s.run.seed,
+            "Max Concurrent Allocs": typed.get("Max Concurrent Allocs"), "Request Rate": s.schedule.request_rate,
+            "Max Requests": s.run.max_requests, "Dataset Path": s.trace.path or "N/A",
+            "Cache Dir": t.cache_dir or "temp", "Storage Capacity (GiB)": t.nvme_gb,
+            "Precondition": t.precondition, "Precondition Size (GiB)": typed.get("Precondition Size (GiB)"),
+            "Precondition Threads": "one writer per slab (--precondition-threads is refused here)",
+            "Trace Speedup": s.trace.speedup, "Replay Cycles": s.trace.replay_cycles}

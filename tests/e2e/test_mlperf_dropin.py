@@ -181,3 +181,33 @@ def test_io_trace_log_writes_the_references_columns(tmp_path):
     assert {x["Phase"] for x in rows} <= {"Prefill", "Decode", "Evict"} and "Prefill" in {x["Phase"] for x in rows}
     assert all(before - 5 <= float(x["Timestamp"]) <= time.time() + 5 for x in rows)  # Unix time, as theirs
     assert all(int(x["Object_Size_Bytes"]) > 0 for x in rows)
+
+
+def _reference_columns(root) -> list[str]:
+    """The Summary sheet's columns of the reference's export_results_to_xlsx, read from its source: the keys of its
+    run_params and metrics dicts, in order (its module imports its whole benchmark: it is read, not run)."""
+    import ast
+
+    source = (root / "kv_cache_benchmark" / "kv_cache" / "cli.py").read_text()
+    func = next(n for n in ast.walk(ast.parse(source))
+                if isinstance(n, ast.FunctionDef) and n.name == "export_results_to_xlsx")
+    dicts = {t.id: n.value for n in ast.walk(func) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)
+             for t in n.targets if isinstance(t, ast.Name)}
+    return [k.value for name in ("run_params", "metrics") for k in dicts[name].keys]
+
+
+def test_its_spreadsheet_has_the_references_columns_and_run_parameters(two_ranks_of_output, mlperf_reference):
+    """Issue 51, point 6: 78 summary columns where the reference's export_results_to_xlsx writes 99, 6 run
+    parameters where it writes 27 (CPU / GPU memory, generation mode, seed, cache dir...), a QoS sheet without SLA
+    Compliance."""
+    openpyxl = pytest.importorskip("openpyxl")
+    tmp, _ = two_ranks_of_output
+    wb = openpyxl.load_workbook(tmp / "r42.xlsx")
+    head, values = ([c.value for c in row] for row in wb["Summary"].iter_rows(max_row=2))
+    theirs = _reference_columns(mlperf_reference)
+    assert len(theirs) == 99 and head == theirs, (len(head), set(theirs) ^ set(head))
+    row = dict(zip(head, values))
+    assert row["Seed"] == 42 and row["CPU Memory (GiB)"] == pytest.approx(0.03) and row["Generation Mode"]
+    assert len(list(wb["Run Parameters"].iter_rows())) == 28  # its header and its 27 parameters
+    if "QoS Metrics" in wb.sheetnames:
+        assert [c.value for c in next(wb["QoS Metrics"].iter_rows(max_row=1))][-1] == "SLA Compliance"
