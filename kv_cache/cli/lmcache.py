@@ -28,6 +28,25 @@ ENGINE_ONLY = {"remote_serde", "blocking_timeout_secs", "use_layerwise", "enable
                "enable_async_loading", "internal_api_server_enabled", "extra_config", "save_unfull_chunk",
                "gds_path", "cufile_buffer_size", "local_disk_path_sharding", "numa_mode", "priority_limit"}
 POLICY = {"LRU": "lru", "LFU": "lfu", "FIFO": "fifo"}
+# our flags a later check may name, for the keys the file sets: what the file said instead, in its own words
+FLAG_OF = {"tiers.cpu_mem_gb": ("--cpu-mem-gb", "its max_local_cpu_size (or local_cpu) is --cpu-mem-gb here"),
+           "tiers.nvme_gb": ("--nvme-gb", "its max_local_disk_size is --nvme-gb"),
+           "tiers.cache_dir": ("--cache-dir", "its local_disk is --cache-dir"),
+           "tiers.nvme": ("--nvme off", "it names no local_disk: --nvme off"),
+           "model.block_tokens": ("--block-tokens", "its chunk_size is --block-tokens"),
+           "tiers.remote_url": ("--remote-url", "its remote_url is --remote-url")}
+
+
+def blame(e: UserError, path: str, sets: list[str], argv: list[str]) -> UserError:
+    """An error a later check raised naming a flag the user never typed, for a value this LMCache file gave: the
+    file and its key named first (issue 52: '--nvme off' and '--cpu-mem-gb' were blamed for its keys)."""
+    text, set_keys = str(e), {s.split("=", 1)[0] for s in sets}
+    typed = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    named = [said for key, (flag, said) in FLAG_OF.items()
+             if key in set_keys and flag in text and flag.split()[0] not in typed]
+    if not named or text.startswith("--lmcache-config"):
+        return e
+    return UserError(f"--lmcache-config {path} ({'; '.join(named)}): {text}")
 
 
 def translate(path: str, media) -> tuple[list[str], dict[str, str], list[str]]:

@@ -47,14 +47,25 @@ def _cmd_run(argv: list[str], reg: Registry) -> int:
     if args.pop("help_all"):
         run_parser(reg).print_help()
         return 0
-    config, sets, list_models = args.pop("config"), args.pop("set"), args.pop("list_models")
+    config, sets = args.pop("config"), args.pop("set")
     origins, lmcache_notes = dict(reference.origins) if reference is not None else {}, []
     if lmcache := args.pop("lmcache_config"):
+        from kv_cache.cli.lmcache import blame
         from kv_cache.cli.lmcache import translate as lmcache_translate
 
         lm_sets, lm_origins, lmcache_notes = lmcache_translate(lmcache, reg.media)
         sets, origins = lm_sets + sets, {**lm_origins, **origins}  # the file below --set and the flags
         lmcache_notes[:0] = [f"LMCache configuration {lmcache}, run here as: --set " + " --set ".join(lm_sets)]
+        try:
+            return _run(argv, reg, reference, config, sets, args, origins, lmcache_notes)
+        except UserError as e:
+            raise blame(e, lmcache, lm_sets, argv) from None
+    return _run(argv, reg, reference, config, sets, args, origins, lmcache_notes)
+
+
+def _run(argv, reg, reference, config, sets, args, origins, lmcache_notes) -> int:
+    """Settings resolved from the command line (a reference's, an LMCache file's translated), then the run."""
+    list_models = args.pop("list_models")
     settings = resolve(config, sets, args, origins or None, media_sections=reg.sections())
     if list_models:
         from kv_cache.report.models_table import list_models_table

@@ -348,7 +348,7 @@ def test_a_reference_run_that_measured_nothing_is_never_a_pass(tmp_path):
     assert health is None or (health["overall_status"].startswith("NOT JUDGED") and not health["criteria"])
 
 
-@pytest.mark.parametrize("plant", ["fifo", "link", "junk", "endless"])
+@pytest.mark.parametrize("plant", ["fifo", "link", "junk", "endless", "dir"])
 def test_a_planted_manifest_is_one_sentence_never_a_hang(small_run, tmp_path, plant):
     """Issue 52, item 3: a FIFO manifest hung a decode node past --disagg-wait-s; junk in it was an internal error."""
     shared = tmp_path / "shared"
@@ -361,6 +361,8 @@ def test_a_planted_manifest_is_one_sentence_never_a_hang(small_run, tmp_path, pl
         manifest.symlink_to(tmp_path / "elsewhere.jsonl")
     elif plant == "junk":
         manifest.write_text("not json at all\n")
+    elif plant == "dir":  # issue 52's tour: a planted directory where a handoff file belongs
+        manifest.mkdir()
     else:
         manifest.write_bytes(b"[" * (17 << 20))
     r = run_cli(small_run("dec", "--role", "decode", "--handoff-dir", str(shared), "--disagg-wait-s", "2",

@@ -112,3 +112,21 @@ def test_a_settings_file_nested_thousands_deep_is_one_sentence(tmp_path):
     deep.write_text("a: " + "[" * 3000 + "]" * 3000 + "\n")
     for flag in ("--lmcache-config", "--config"):
         assert_clean_error(run_cli([flag, str(deep)]), f"({flag}) nests deeper than a settings file can")
+
+
+@pytest.mark.slow  # the real CLI, a process a case: make test-all (CI)
+@pytest.mark.parametrize("text, typed, blamed", [
+    ("local_cpu: false\n", [], "it names no local_disk: --nvme off"),
+    ("max_local_cpu_size: 0.0001\n", [], "its max_local_cpu_size (or local_cpu) is --cpu-mem-gb"),
+    ("max_local_cpu_size: 0.0001\n", ["--cpu-mem-gb", "0.0001"], None),  # typed by the user: theirs to fix
+])
+def test_a_later_check_names_the_lmcache_key_behind_a_flag_the_user_never_typed(tmp_path, text, typed, blamed):
+    """Issue 52's tour: '--nvme off' and '--cpu-mem-gb' were blamed for an LMCache file's keys."""
+    r = run_cli(["--lmcache-config", _file(tmp_path, text), *typed, "--max-requests", "1", "--output-dir",
+                 str(tmp_path / "out")])
+    assert_clean_error(r)
+    said = " ".join(r.stderr.split())
+    if blamed:
+        assert f"--lmcache-config {tmp_path / 'lmcache.yaml'} ({blamed}" in said, said
+    else:
+        assert "--lmcache-config" not in said and "--cpu-mem-gb 0.0001" in said, said
