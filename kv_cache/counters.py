@@ -84,6 +84,11 @@ def request_hist(what: str) -> tuple[str, str, str]:
     return ("request", what, ALL)
 
 
+def split_hist(tier: str, op: str, part: str) -> tuple[str, str, str]:
+    """A storage operation's device or host part (part: device | host; the MLPerf reference's split)."""
+    return (f"split.{tier}", op, part)
+
+
 def qos_hist(qos: str, what: str) -> tuple[str, str, str]:
     """A QoS class's ttft or e2e."""
     return (f"qos.{qos}", what, ALL)

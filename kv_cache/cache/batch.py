@@ -20,7 +20,7 @@ from time import monotonic_ns as now_ns
 import numpy as np
 
 from kv_cache.cache.chains import PLACING, READY, Entry
-from kv_cache.tiers.base import IO_UNITS
+from kv_cache.tiers.base import IO_UNITS, device_begin
 
 
 class Batches:
@@ -124,9 +124,10 @@ class Batches:
         if mine is None:
             return
         _, data, phase = mine
+        device_begin()
         start = now_ns()
         times = self.parts.write(self.tiers[t], e.key, e.nbytes, data)
-        self._timed(t, e, "write", phase, start, times)
+        self._timed(t, e, "write", phase, start, times, split=True)
 
     def commit_batch(self, reservations: list, datas: list[np.ndarray], phase: str) -> None:
         """Write the placed blocks (one put_many per tier), then make them READY in order. A block whose write

@@ -35,7 +35,7 @@ from kv_cache.cache.chains import CORRUPT, DROPPING, READY, Entry, PrefixStructu
 from kv_cache.cache.parts import Parts
 from kv_cache.cache.policies import make
 from kv_cache.cache.room import MOVING, Move, Room
-from kv_cache.tiers.base import IO_UNITS, SHARED, moves_real_bytes
+from kv_cache.tiers.base import IO_UNITS, SHARED, SPLITS, device_begin, device_ns, moves_real_bytes
 
 
 @dataclass
@@ -151,10 +151,16 @@ class BlockCache(Batches, Room, PrefixStructure):
         if e.state == CORRUPT and not e.pins and self.index.get(e.key) is e:
             self._drop(e)
 
-    def _timed(self, t: int, e: Entry, op: str, phase: str, start: int, times: list[tuple[int, int]]) -> None:
+    def _timed(self, t: int, e: Entry, op: str, phase: str, start: int, times: list[tuple[int, int]],
+               split: bool = False) -> None:
         """One block operation: an object of parts takes the sum of its parts' I/O times, each beside it (as a tier's
-        own --io-unit layer I/Os are)."""
-        self.recorder.op(self.names[t], op, phase, start, sum(ns for ns, _ in times), e.nbytes, e.key)
+        own --io-unit layer I/Os are). split: device_begin() was called just before it, on this thread: its device
+        and host parts are recorded too (one operation at a time: a batch's I/Os run on other threads)."""
+        total = sum(ns for ns, _ in times)
+        self.recorder.op(self.names[t], op, phase, start, total, e.nbytes, e.key)
+        device = min(device_ns(), total) if split and SPLITS in self.tiers[t].flags else 0
+        if device:  # the reference's device / host split (none through GDS, which no engine times)
+            self.recorder.split(self.names[t], op, start, device, total - device)
         units = times if len(times) > 1 else self.tiers[t].io_times() if IO_UNITS in self.tiers[t].flags else []
         if units:
             self.recorder.io_units(self.names[t], op, phase, start, units)
@@ -167,12 +173,13 @@ class BlockCache(Batches, Room, PrefixStructure):
         parts is read part by part into out's start, consume(offset, part) taking each (see parts.py)."""
         t = e.tier
         gds = self._gds_whole(e) and self.gds.lands(self.tiers[t]) and not e.remote
+        device_begin()
         start = now_ns()
         if gds:
             land = self.gds.load(e.key)  # NVMe -> HBM: the timed read
         times = self.parts.read(self.tiers[t], e.key, e.nbytes, out, consume) if not gds else \
             [(now_ns() - start, e.nbytes)]
-        self._timed(t, e, op, phase, start, times)
+        self._timed(t, e, op, phase, start, times, split=True)
         if gds:
             self.gds.to_host(land, out[: e.nbytes])  # untimed: only to verify the stamps
         return t
@@ -257,9 +264,10 @@ class BlockCache(Batches, Room, PrefixStructure):
         e = res.entry
         try:
             self.run_moves(res.moves, scratch)
+            device_begin()
             start = now_ns()
             times = self.parts.write(self.tiers[e.tier], e.key, e.nbytes, buf, produce)
-            self._timed(e.tier, e, "write", phase, start, times)
+            self._timed(e.tier, e, "write", phase, start, times, split=True)
         except BaseException:
             self.abort(res)
             raise

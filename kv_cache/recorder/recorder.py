@@ -239,6 +239,15 @@ class Recorder:
         with self._second_lock:
             return at_ms(self._second_hists.get((sec - 1, tier, op)) if sec else None, pct, 1e3)
 
+    def split(self, tier: str, op: str, start_ns: int, device_ns: int, host_ns: int) -> None:
+        """A storage operation's time in its device calls and the rest (tiers/base.py SPLITS), window only."""
+        if self._second(start_ns) is None:
+            return
+        shard = self._shard()
+        with shard.lock:
+            record(shard.hist(C.split_hist(tier, op, "device")), device_ns)
+            record(shard.hist(C.split_hist(tier, op, "host")), host_ns)
+
     def gauge(self, values: dict[str, float], now_ns: int) -> None:
         """Levels sampled at now_ns (queue depth, occupancy, ...): the last sample of a second wins."""
         sec = self._second(now_ns)

@@ -29,6 +29,27 @@ STORAGE = "storage"                # holds blocks outside the process's memory (
 REMOTE = "remote"                  # behind a network: latency is network + server, never a device
 BATCHES = "batches"                # moves a batch of blocks together (hooks: get_many, put_many); without it a
                                    # batch goes one block after another (the summary says which path ran)
+SPLITS = "splits"                  # times its device calls apart inside an operation (device_begin / device_ns)
+
+# The MLPerf reference's split of a storage operation: "device" the calls that reach the device (pread / pwrite
+# with O_DIRECT, fdatasync after a buffered write, a read after the page cache was dropped), "host" the rest (a
+# buffered write into the page cache, the advice call before a read, a copy into or out of a mapping). A SPLITS
+# tier's engine adds each device call's time to its thread's count; the cache reads it around one operation.
+_DEVICE = threading.local()
+
+
+def device_begin() -> None:
+    _DEVICE.ns = 0
+
+
+def device_ns() -> int:
+    """This thread's time in device calls since device_begin()."""
+    return getattr(_DEVICE, "ns", 0)
+
+
+def device_call(start_ns: int) -> None:
+    """A device call that began at start_ns has ended: its time counts as device time."""
+    _DEVICE.ns = getattr(_DEVICE, "ns", 0) + time.monotonic_ns() - start_ns
 
 
 def moves_real_bytes(tier) -> bool:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from kv_cache.tiers.base import device_call
 from kv_cache.tiers.posix_io import drop_cached, pread_all, pwrite_all
 
 
@@ -50,10 +51,14 @@ class Engine:
         return ""
 
     def write(self, t: Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
+        start = time.monotonic_ns()
         pwrite_all(t.fd, data, off, t.path, unit, times)
+        device_call(start)  # with O_DIRECT the write reaches the device: all device time
 
     def read(self, t: Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
+        start = time.monotonic_ns()
         pread_all(t.fd, out, off, t.path, unit, times)
+        device_call(start)
 
     batch = f"a pool of {POOL_THREADS} threads per worker"  # how a batch reaches the device (the summary says it)
 
@@ -97,13 +102,17 @@ class BufferedEngine(Engine):
     fio, summary = ("psync", 0, True), "write + fdatasync, the page cache dropped before reads"
 
     def write(self, t: Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
-        pwrite_all(t.fd, data, off, t.path, unit, times)
+        pwrite_all(t.fd, data, off, t.path, unit, times)  # into the page cache: host time, as the reference's save
+        start = time.monotonic_ns()
         os.fdatasync(t.fd)
+        device_call(start)
         drop_cached(t.fd, off, data.size)
 
     def read(self, t: Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
-        drop_cached(t.fd, off, out.size)
+        drop_cached(t.fd, off, out.size)  # the advice call: host time, as the reference's
+        start = time.monotonic_ns()
         pread_all(t.fd, out, off, t.path, unit, times)
+        device_call(start)
 
 
 class MmapEngine(Engine):
@@ -112,13 +121,17 @@ class MmapEngine(Engine):
     fio, summary = ("mmap", 0, False), "a mapping of the slab, msync after writes"
 
     def write(self, t: Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
-        np.copyto(t.view[off:off + data.size], data)
+        np.copyto(t.view[off:off + data.size], data)  # into the mapping's pages: host time
+        start = time.monotonic_ns()
         t.mm.flush(off, data.size)  # msync: the write is on the device when put returns
+        device_call(start)
 
     def read(self, t: Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
         t.mm.madvise(mmap.MADV_DONTNEED, off, out.size)
         drop_cached(t.fd, off, out.size)
-        np.copyto(out, t.view[off:off + out.size])
+        start = time.monotonic_ns()
+        np.copyto(out, t.view[off:off + out.size])  # each page faulted in from the device
+        device_call(start)
 
     def write_many(self, ios: list, unit: int) -> list:
         return [_one(self.write, t, off, buf, unit) for t, off, buf in ios]

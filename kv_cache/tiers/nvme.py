@@ -27,7 +27,7 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import BlockVanished, RunFault, UserError
-from kv_cache.tiers.base import BATCHES, IO_UNITS, PRECONDITIONS, SHARED, STORAGE, SlottedTier
+from kv_cache.tiers.base import BATCHES, IO_UNITS, PRECONDITIONS, SHARED, SPLITS, STORAGE, SlottedTier
 from kv_cache.tiers.engines import Engine, Target
 from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of
 from kv_cache.tiers.null import NullTier
@@ -77,7 +77,7 @@ class NvmeTier(SlottedTier):
             raise UserError(f"--io-engine {engine} needs --nvme-layout slab (one mapping per slab file)"
                             + (" and --shared-storage needs one file per block." if shared else "."))
         self.directory, self.engine, self.layout, self.writer = directory, engine, layout, writer
-        self.flags = frozenset({PRECONDITIONS, STORAGE} | ({SHARED} if shared else set()))
+        self.flags = frozenset({PRECONDITIONS, STORAGE, SPLITS} | ({SHARED} if shared else set()))
         self.per_file = max(1, slab_file_bytes // slot_bytes)
         # --io-unit layer: every block moves as I/Os of at most io_unit_bytes, each timed (io_times)
         self.unit = io_unit_bytes or CHUNK

@@ -20,6 +20,7 @@ import weakref
 import numpy as np
 
 from kv_cache.errors import RunFault
+from kv_cache.tiers.base import device_call
 from kv_cache.tiers.engines import Engine, Target
 from kv_cache.tiers.io_uring_sys import OP_READ, OP_WRITE, Ring, probe
 from kv_cache.tiers.native import child_main, probe_in_child
@@ -44,10 +45,14 @@ class UringEngine(Engine):
         return self._why
 
     def write(self, t: Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
+        start = time.monotonic_ns()
         self._batch(OP_WRITE, t, off, data, unit, times)
+        device_call(start)  # O_DIRECT through the ring: all device time
 
     def read(self, t: Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
+        start = time.monotonic_ns()
         self._batch(OP_READ, t, off, out, unit, times)
+        device_call(start)
 
     batch = "one io_uring submission per batch, each I/O reaped as it completes"
 

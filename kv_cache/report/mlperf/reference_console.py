@@ -17,7 +17,9 @@ def _latency(title: str, lat: dict, keys=("mean", "p50", "p95", "p99")) -> list[
 def _ms(v: float, none: str) -> str:
     """A latency of the file, or '-' and why where it holds the 0.0 written for no sample (a histogram's value is
     never exactly 0: its lowest is 1 ns): never a figure the run did not measure (issue 51)."""
-    return f"- ({none})" if v == 0.0 else f"{v:.2f} ms"
+    if v == 0.0:
+        return f"- ({none})"
+    return f"{v:.2f} ms" if v >= 0.01 else f"{v:.4f} ms"  # a host part of a few microseconds is not 0.00
 
 
 def _criterion(c: dict) -> str:
