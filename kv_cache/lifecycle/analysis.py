@@ -11,10 +11,12 @@ Hash-id trace records are analysed from their ids without building tokens.
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import TypedDict
 
 import numpy as np
 
+from kv_cache.lifecycle.ceiling import Ceiling
 from kv_cache.lifecycle.plan import KVPlan
 from kv_cache.recorder.results import rates_by_source
 from kv_cache.types import TRACE_HASH
@@ -46,7 +48,7 @@ def _rate(num, den):
 
 def analyse(items, lifecycle, limit: int = 100_000, total: int | None = None) -> Analysis:
     """Analyse up to `limit` items (built Requests, or hash records with prefix_ids) in dispatch order."""
-    seen: set = set()
+    infinite = Ceiling(max_blocks=sys.maxsize)  # bounded by `limit` requests instead
     prompts, outputs = [], []
     cached = prompt_total = 0
     by_source_prompt: dict[str, int] = {}
@@ -66,8 +68,7 @@ def analyse(items, lifecycle, limit: int = 100_000, total: int | None = None) ->
             for end, label in req.spans:
                 spans[label] = spans.get(label, 0) + max(0, end - start)
                 start = max(start, end)
-        hits = plan.lookup(seen.__contains__)
-        seen.update(plan.keys)
+        hits = infinite.hits(plan)
         tokens, labels = plan.tokens_per_key, plan.labels
         prompts.append(plen)
         outputs.append(olen)

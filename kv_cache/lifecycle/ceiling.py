@@ -22,14 +22,18 @@ MAX_BLOCKS = 500_000  # distinct blocks tracked at most (~50 MB, within the memo
 
 
 class Ceiling:
+    """A cache that never evicts and where every write has finished: the run's own (here) and the pre-run
+    analysis's (analysis.py, bounded by the requests it reads)."""
+
     def __init__(self, max_blocks: int = MAX_BLOCKS):
         self._seen: set[int] = set()
         self._lock = threading.Lock()
         self._max = max_blocks
         self.full = False
 
-    def tokens(self, req: Request, plan: KVPlan) -> int | None:
-        """The prompt tokens of req an infinite cache would serve; None once the bound was passed."""
+    def hits(self, plan: KVPlan) -> list[int] | None:
+        """The plan's prompt blocks that any plan before it named (then its own are added); None once the bound was
+        passed."""
         with self._lock:
             if self.full:
                 return None
@@ -37,4 +41,11 @@ class Ceiling:
             self._seen.update(plan.keys)
             if len(self._seen) > self._max:
                 self.full, self._seen = True, set()
+        return hits
+
+    def tokens(self, req: Request, plan: KVPlan) -> int | None:
+        """The prompt tokens of req an infinite cache would serve; None once the bound was passed."""
+        hits = self.hits(plan)
+        if hits is None:
+            return None
         return sum(plan.hit_tokens(req, hits)[1].values()) if hits else 0

@@ -74,13 +74,14 @@ def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack dista
     points = []
     for i, x in enumerate(grid):
         rd, wr = c.read_blocks[i], c.write_blocks[i]
-        rate = _demand_or_none(not np.isnan(rd))
         points.append({"slots": int(x), "gib": x * slot / GiB, "hit_rate": float(c.hit_rate[i]),
-                       "bottom_hit_rate": rate(c.bottom_hit_rate[i]),
+                       "bottom_hit_rate": _replayed_or_none(c.bottom_hit_rate[i]),
                        "by_source": {k: float(v[i]) for k, v in c.by_source.items()},
-                       "read_gbps": rate(rd, slot / seconds / 1e9), "write_gbps": rate(wr, slot / seconds / 1e9),
-                       "read_iops": rate(rd, 1 / seconds), "write_iops": rate(wr, 1 / seconds),
-                       "bytes_per_request": rate(rd + wr, slot / max(c.requests, 1))})
+                       "read_gbps": _replayed_or_none(rd, slot / seconds / 1e9),
+                       "write_gbps": _replayed_or_none(wr, slot / seconds / 1e9),
+                       "read_iops": _replayed_or_none(rd, 1 / seconds),
+                       "write_iops": _replayed_or_none(wr, 1 / seconds),
+                       "bytes_per_request": _replayed_or_none(rd + wr, slot / max(c.requests, 1))})
     return load_section(CapacityCurve, {
         "model": model, "replayed": replayed, "sample_rate": c.sampled, "policy": meta["policy"],
         "tiers_above_slots": int(upper),
@@ -90,9 +91,9 @@ def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack dista
         "capacity_curve")
 
 
-def _demand_or_none(known: bool):
-    """A point's demand figure (value x scale), or None where its capacity was not replayed."""
-    return lambda v, scale=1.0: float(v * scale) if known else None
+def _replayed_or_none(value: float, scale: float = 1.0) -> float | None:
+    """A point's demand figure (value x scale), or None where its capacity was not replayed (NaN)."""
+    return None if np.isnan(value) else float(value * scale)
 
 
 POLICY_POINTS = 12  # capacities a policy other than LRU is replayed at (each a whole replay)
@@ -140,12 +141,9 @@ def replay_at(log: dict, meta: dict, slots: int, policy: type) -> Replayed:
 def _replayed(log: dict, meta: dict, grid: np.ndarray, policy: type) -> Curve:
     """The curve of the run's policy (its class) by replaying the log at each capacity of grid
     (cache/simulate.py)."""
-    slot, window = meta["slot_bytes"], tuple(meta["window_ns"])
-    above = [(name, cap) for name, cap in meta["tiers"][:-1]]
-    bottom = meta["tiers"][-1][0]
+    window = tuple(meta["window_ns"])
     runs = [replay_at(log, meta, int(x), policy) for x in grid]
-    top = replay(log, accounting_stack([*above, (bottom, int(grid[-1] + 1) * slot * 4)], slot), policy,
-                 window).hit_rate  # room for every block: the policy's infinite cache
+    top = replay_at(log, meta, int(grid[-1] + 1) * 4, policy).hit_rate  # room for every block: its infinite cache
     rates_a = np.array([r.hit_rate for r in runs])
     knees = tuple(next((int(x) for x, r in zip(grid, rates_a) if r >= share * top - 1e-12), None)
                   for share in (0.90, 0.99))

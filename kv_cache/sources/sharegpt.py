@@ -120,13 +120,11 @@ def load(files: list[str], tokenizer, system_for, opts: ShareGPTOptions, seed: i
 
 
 def _add_turns(turns, msgs, tokenizer, system_for, opts, session, log) -> None:
-    injected = msgs[0][0] != "system"
-    if not injected:
-        system = tokenizer.encode(msgs[0][1])
-        msgs = msgs[1:]
+    if msgs[0][0] == "system":
+        system, msgs, injected = tokenizer.encode(msgs[0][1]), msgs[1:], False
     else:
         system = system_for(session)
-        injected = system.size > 0  # --num-system-prompts 0: nothing is put before it
+        injected = system.size > 0  # workload.num_system_prompts 0: nothing is put before it
     parts: list[np.ndarray] = [system]
     k = 0
     for i, (role, text) in enumerate(msgs):
