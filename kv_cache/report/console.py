@@ -229,7 +229,7 @@ def _infinite(results: Results) -> str:
 def _analysed(results: Results) -> str:
     """Which requests the pre-run estimate saw: all of a trace's, or a sample (then it is no bound)."""
     w = results.workload
-    if w.requests_total and w.requests_analysed >= w.requests_total:
+    if w.trace is not None and w.requests_total and w.requests_analysed >= w.requests_total:
         return f"all {w.requests_total:,} requests of the trace, an infinite cache"
     return f"a sample of {w.requests_analysed:,} requests, an infinite cache: an estimate, not a bound"
 

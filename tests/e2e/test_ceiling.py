@@ -8,7 +8,8 @@ from conftest import run_cli
 pytestmark = pytest.mark.slow  # make test-all (CI)
 
 # one worker over one seeded sequence: the same requests in the same order on any machine, however busy
-RUN = ("--workers", "1", "--arrival", "sequence", "--max-requests", "300", "--duration", "600", "--warmup", "0", "--no-telemetry", "--null-io")
+RUN = ("--workers", "1", "--arrival", "sequence", "--max-requests", "300", "--duration", "600", "--warmup", "0",
+       "--no-telemetry", "--null-io")
 
 
 def test_the_infinite_cache_rate_is_measured_and_the_achieved_rate_never_passes_it(small_run):

@@ -144,3 +144,13 @@ def test_compare_fits_100_columns_and_shows_the_choices_and_the_verdict():
     assert any(x.startswith("workers") for x in lines) and any(x.startswith("load verdict") for x in lines)
     assert any(x.startswith("nvme tier GiB") for x in lines)
     assert "run 1: reports/20261127T045205Z-4385-with-a-long-name" in text
+
+
+def test_a_synthetic_runs_pre_run_hit_rate_is_said_to_be_an_estimate():
+    """Issue 50, point 5: synthetic users' pre-run figure is a sample of their first requests (a run beat it); its
+    analysis counts as many requests as it read, which read as 'all N requests of the trace' (make run printed it)."""
+    from kv_cache.report.console import _analysed
+
+    r = results()
+    r.workload.trace, r.workload.requests_analysed, r.workload.requests_total = None, 4000, 4000
+    assert "an estimate, not a bound" in _analysed(r) and "trace" not in _analysed(r)
