@@ -95,6 +95,16 @@ class TierSettings:
     gpus: int = key(1, "GPUs the tier spreads its blocks over (0: every device CuPy sees).", lo=0, hi=64)
     gpu_sim_gbps: float = key(25.0, "Bandwidth model of the simulated GPU tier, GB/s per transfer "
                                     "(PCIe 5 x16 host copies reach about 25).", lo=0.001, hi=1e5)
+    gpu_layout: str = key("auto", "The GPU tier's HBM: paged (the engine's own layout, as vLLM's: per layer a K and "
+                                  "a V tensor of 16-token pages, a block gathered from and scattered into "
+                                  "2 x layers x pages pieces), contiguous (a block in one slot), auto (paged on a real "
+                                  "GPU where the model's geometry and --block-tokens allow it, said otherwise).",
+                          "--gpu-layout", choices=("auto", "paged", "contiguous"))
+    gpu_copy: str = key("kernel", "How the paged layout's pieces cross the link: kernel (one gather / scatter kernel "
+                                  "per batch writing page-locked host memory directly, LMCache's design), batch (one "
+                                  "cudaMemcpyBatchAsync over the pieces, vLLM's; CUDA >= 12.8), per-piece (one "
+                                  "cudaMemcpyAsync per piece, the old engines' way: the reference point).",
+                        "--gpu-copy", choices=("kernel", "batch", "per-piece"))
     gds: bool = key(False, "GPUDirect Storage (the gds extra, kvikio): NVMe reads land in HBM and GPU -> NVMe "
                            "demotions skip host memory; the output says whether cuFile ran or kvikio fell back "
                            "to POSIX I/O. Needs a real GPU tier and the direct engine with slabs.", "--gds")

@@ -49,8 +49,9 @@ from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 9  # 9: capacity_curve.demand_model; a point's bottom share, reads and writes null where not replayed;
-# hit_rate.infinite_cache and hit_rate.infinite_cache_untracked (the run's own ceiling, measured)
+SCHEMA_VERSION = 10  # 10: run.tiers.*.hbm_layout (a real GPU tier's HBM: contiguous, or paged and its copy method)
+# (9: capacity_curve.demand_model; a point's bottom share, reads and writes null where not replayed;
+# hit_rate.infinite_cache and hit_rate.infinite_cache_untracked (the run's own ceiling, measured))
 # (8: capacity_curve.replayed (typed: was the curve's policy replayed, not read from its words))
 # (7: load.cause, load.workers_in_io_share, load.process_cpu_share (what a queue was made of))
 # (6: role.requests_unacknowledged and role.dropped_unread (a prefill node's handoff); the
@@ -103,6 +104,20 @@ class QueueDepth:
 
 
 @dataclass
+class HbmLayout:
+    """A real GPU tier's HBM: contiguous slots, or the engine's paged layout (paged.Paging) and its copy method."""
+
+    kind: str                       # contiguous or paged
+    copy: str | None = None         # kernel, batch or per-piece (--gpu-copy)
+    page_tokens: int | None = None
+    layers: int | None = None
+    parts: int | None = None        # 2 (K and V) or 1 (MLA)
+    pieces_per_block: int | None = None
+    piece_bytes: int | None = None
+    host_order: str | None = None   # the gathered block's order on the host side
+
+
+@dataclass
 class TierInfo:
     capacity_bytes: int
     description: str
@@ -111,6 +126,7 @@ class TierInfo:
     transfers: dict[str, Transfers] | None = None  # host_to_device, device_to_host (a real GPU tier)
     staged_why: str = ""  # the first staged transfer's buffer, when any was staged
     batches: str = ""     # how a batch of its blocks reaches the medium (--request-io batched)
+    hbm_layout: HbmLayout | None = None  # a real GPU tier's HBM
 
 
 @dataclass

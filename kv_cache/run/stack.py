@@ -14,6 +14,7 @@ from kv_cache.model import GiB
 from kv_cache.run.budget import MemoryBudget
 from kv_cache.run.geometry import Geometry, io_unit_bytes
 from kv_cache.run.sizing import workers
+from kv_cache.tiers import paged
 from kv_cache.tiers.base import PINS_HOST, REMOTE, STORAGE, SlottedTier
 from kv_cache.tiers.devices import FAKE_GPU_ENV, open_cupy
 from kv_cache.tiers.gds import GdsLink, open_link
@@ -111,8 +112,10 @@ def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, reg, fill=
     fill(key, out) rebuilds a block's payload; a simulated tier uses it to hand back real bytes.
     gpu: the device backend of a real GPU tier (see open_gpu), or None. run_id: a remote tier's namespace.
     """
+    paging, paging_note = paged.plan(s.tiers, geo.model, s.model.block_tokens, geo.bytes_per_token)
     ctx = StackContext(s.tiers, geo.slot_bytes, geo.max_object_bytes, workers(s) + 1, site, fill, writer, gpu,
-                       io_unit_bytes(s, geo), s.tiers.null_io, run_id, s.media, geo.io_bytes, reg.engines)
+                       io_unit_bytes(s, geo), s.tiers.null_io, run_id, s.media, geo.io_bytes, reg.engines, paging,
+                       paging_note)
     tiers, notes = reg.media.build_stack(ctx)
     if not s.tiers.null_io and (not tiers or STORAGE not in tiers[-1].flags):
         for t in tiers:

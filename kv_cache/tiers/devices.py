@@ -1,9 +1,11 @@
-"""Device backends of the GPU tier: CuPy on a real GPU, and a fake device in host memory.
+"""Device backends of the GPU tier: a fake device in host memory here, CuPy on a real GPU (cupy_device.py).
 
 One small interface (the GPU tier knows nothing else): device slabs,
 pinned host buffers, registering existing host memory as pinned, one stream
 per (worker, device), asynchronous copies on a stream (by array, or by
-address on the tier's hot path), and waiting for *one stream* — there is
+address on the tier's hot path), the paged layout's three copy methods
+(paged.py: a gather / scatter kernel, a batch of copies, a copy per piece),
+and waiting for *one stream* — there is
 deliberately no device-wide synchronisation in it (the MLPerf reference timed
 every transfer with a device-wide sync, which couples all workers' transfers).
 
@@ -23,10 +25,10 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import UserError
+from kv_cache.tiers.device_api import D2D, D2H, DEFAULT, H2D, PageTable, Scratch, batch_why_not
 from kv_cache.tiers.posix_io import pread_all, pwrite_all
 
-H2D, D2H, D2D = 1, 2, 3  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice
-
+__all__ = ["D2D", "D2H", "DEFAULT", "H2D", "FakeDevice", "check_fits", "fake_from_env", "open_cupy"]
 
 class FakeStream:
     def __init__(self, device: int):
@@ -42,8 +44,8 @@ class FakeDevice:
     name = "fake"
     nixl_mem = "DRAM"  # its "HBM" is host memory: NIXL registers it as such
 
-    def __init__(self, count: int = 1, hbm_bytes: int = 1 << 30):
-        self._count, self.hbm_bytes = count, hbm_bytes
+    def __init__(self, count: int = 1, hbm_bytes: int = 1 << 30, cuda: tuple[int, int] = (13, 0)):
+        self._count, self.hbm_bytes, self.cuda = count, hbm_bytes, cuda
         self.allocated = [0] * count
         self.registered: list[np.ndarray] = []
         self.pinned_bytes = 0  # alloc_pinned's total (CUDA's page-locked host allocations)
@@ -125,6 +127,48 @@ class FakeDevice:
     def sync(self, stream: FakeStream) -> None:
         stream.syncs += 1
 
+    # The paged layout's three copy methods (paged.py), with the semantics of the real ones.
+    def copy_why_not(self, method: str) -> str:
+        return batch_why_not(self.cuda, self.cuda, True) if method == "batch" else ""
+
+    def page_table(self, device: int, bases: np.ndarray, part_stride: int, paging, slots: int) -> PageTable:
+        return PageTable(bases, part_stride, paging.page_bytes, paging.parts, paging.layers, paging.pages, slots)
+
+    def kernel_scratch(self, device: int, blocks: int) -> Scratch:
+        return Scratch(np.zeros(2 * blocks, np.uint64), None)
+
+    def paged_kernel(self, table: PageTable, scatter: bool, scratch: Scratch, blocks: int, stream,
+                     first: int = 0) -> None:
+        """The gather / scatter kernel's index arithmetic (cupy_device.KERNEL_SOURCE), one piece per 'thread block';
+        its descriptors from the first-th on."""
+        self._count_copy(stream)
+        t, desc = table, scratch.host[2 * first:]
+        i = np.arange(blocks * t.parts * t.layers * t.pages, dtype=np.int64)
+        page, rest = i % t.pages, i // t.pages
+        layer, rest = rest % t.layers, rest // t.layers
+        part, b = rest % t.parts, rest // t.parts
+        slot = desc[2 * b].astype(np.int64)
+        dev = t.bases[layer] + (part * t.part_stride + (page * t.step + slot) * t.page_bytes).astype(np.uint64)
+        host = desc[2 * b + 1] + (((part * t.layers + layer) * t.pages + page) * t.page_bytes).astype(np.uint64)
+        for d, h in zip(dev.tolist(), host.tolist()):
+            dst, src = (d, h) if scatter else (h, d)
+            ctypes.memmove(dst, src, t.page_bytes)
+
+    def copy_batch(self, dsts: np.ndarray, srcs: np.ndarray, nbytes: int, stream) -> None:
+        """As cudaMemcpyBatchAsync: one call, every (dst, src) of nbytes, in no particular order."""
+        self._count_copy(stream)
+        for d, s in zip(dsts.tolist(), srcs.tolist()):
+            ctypes.memmove(d, s, nbytes)
+
+    def copy_any(self, dst: int, src: int, nbytes: int, stream) -> None:
+        """As cudaMemcpyAsync with cudaMemcpyDefault (the direction read from the addresses)."""
+        self._count_copy(stream)
+        ctypes.memmove(dst, src, nbytes)
+
+    def _count_copy(self, stream: FakeStream) -> None:
+        stream.copies += 1
+        stream.threads.add(threading.get_ident())
+
     def free(self, device: int, dev) -> None:
         self.allocated[device] -= dev.size
 
@@ -145,155 +189,34 @@ class FakeDevice:
         os.close(fd)
 
 
-class CupyDevice:
-    """CUDA through CuPy: raw cudaMemcpyAsync on per-worker streams, cudaStreamSynchronize to wait."""
-
-    name = "cupy"
-    nixl_mem = "VRAM"  # a NIXL handoff region in its memory is read as GPU memory (GPUDirect RDMA where UCX has it)
-
-    def __init__(self):
-        import cupy  # imported only when a GPU tier is built
-
-        self.cp = cupy
-        self.rt = cupy.cuda.runtime
-        self._pinned: list = []  # keep pinned allocations alive
-
-    def count(self) -> int:
-        return self.rt.getDeviceCount()
-
-    def model(self, device: int) -> str:
-        name = self.rt.getDeviceProperties(device)["name"]
-        return name.decode() if isinstance(name, bytes) else str(name)
-
-    def free_bytes(self, device: int) -> int:
-        with self.cp.cuda.Device(device):
-            return self.rt.memGetInfo()[0]
-
-    def total_bytes(self, device: int) -> int:
-        """The device's HBM: a fixed fact (what is free changes with other processes)."""
-        with self.cp.cuda.Device(device):
-            return self.rt.memGetInfo()[1]
-
-    def alloc_device(self, device: int, nbytes: int):
-        with self.cp.cuda.Device(device):
-            return self.cp.empty(nbytes, dtype=self.cp.uint8)
-
-    def alloc_pinned(self, nbytes: int) -> np.ndarray:
-        mem = self.cp.cuda.alloc_pinned_memory(nbytes)
-        self._pinned.append(mem)
-        arr = np.frombuffer(mem, np.uint8, nbytes)
-        arr[::4096] = 0  # touch every page before the clock starts
-        return arr
-
-    def is_pinned(self, arr: np.ndarray) -> bool:
-        """Page-locked already (CuPy's pinned allocations, or registered): registering it again is an error."""
-        try:
-            return self.rt.pointerGetAttributes(arr.ctypes.data).type == 1  # cudaMemoryTypeHost
-        except self.rt.CUDARuntimeError:  # pageable memory, on older drivers
-            return False
-
-    def register_host(self, arr: np.ndarray) -> None:
-        self.rt.hostRegister(arr.ctypes.data, arr.nbytes, 0)
-
-    def unregister_host(self, arr: np.ndarray) -> None:
-        self.rt.hostUnregister(arr.ctypes.data)
-
-    def stream(self, device: int):
-        with self.cp.cuda.Device(device):
-            return self.cp.cuda.Stream(non_blocking=True)
-
-    def copy(self, kind: int, dev, dev_offset: int, host: np.ndarray, stream) -> None:
-        d, h = dev.data.ptr + dev_offset, host.ctypes.data
-        dst, src = (d, h) if kind == H2D else (h, d)
-        self.rt.memcpyAsync(dst, src, host.nbytes, kind, stream.ptr)
-
-    def address(self, dev) -> int:
-        return dev.data.ptr
-
-    def copy_ptr(self, kind: int, dev_addr: int, host_addr: int, nbytes: int, stream) -> None:
-        dst, src = (dev_addr, host_addr) if kind == H2D else (host_addr, dev_addr)
-        self.rt.memcpyAsync(dst, src, nbytes, kind, stream.ptr)
-
-    def copy_device(self, dst, dst_offset: int, src, src_offset: int, nbytes: int, stream) -> None:
-        self.rt.memcpyAsync(dst.data.ptr + dst_offset, src.data.ptr + src_offset, nbytes, D2D, stream.ptr)
-
-    def sync(self, stream) -> None:
-        stream.synchronize()  # this stream only: other workers' copies go on
-
-    def free(self, device: int, dev) -> None:
-        del dev  # CuPy's pool frees it; the slab's last reference goes with the tier
-
-    # GDS through kvikio (the gds extra): CuFile reads and writes device memory at a file offset.
-    def _kvikio(self):
-        try:
-            import kvikio
-            import kvikio.defaults  # noqa: F401 - a submodule: kvikio 26.x no longer imports it with the package
-        except ImportError:
-            raise UserError("--gds needs kvikio: install the gds extra (make install picks the wheel of this "
-                            "driver's CUDA: kvikio-cu12 or kvikio-cu13).") from None
-        return kvikio
-
-    def gds_mode(self) -> str:
-        """Which path kvikio will really take: cuFile (GPUDirect Storage) or its POSIX compatibility mode."""
-        if kvikio_compat_preferred(self._kvikio().defaults):
-            return ("kvikio compatibility mode: POSIX I/O through host bounce buffers (cuFile unavailable: no "
-                    "libcufile, no /run/udev, or KVIKIO_COMPAT_MODE=ON) - not GPUDirect")
-        try:
-            from kvikio import cufile_driver
-
-            gds = cufile_driver.get("is_gds_available")
-        except Exception:  # noqa: BLE001 - older kvikio, or a driver query that failed
-            gds = None
-        if gds is False:
-            return "cuFile without GPUDirect (its own compatibility mode: nvidia-fs not loaded)"
-        return "cuFile (GPUDirect Storage" + (")" if gds else ", driver properties not readable)")
-
-    def open_file(self, path: str):
-        return self._kvikio().CuFile(path, "r+")
-
-    def file_write(self, handle, dev, dev_offset: int, nbytes: int, file_offset: int) -> None:
-        handle.pwrite(dev[dev_offset:dev_offset + nbytes], nbytes, file_offset).get()
-
-    def file_read(self, handle, dev, dev_offset: int, nbytes: int, file_offset: int) -> None:
-        handle.pread(dev[dev_offset:dev_offset + nbytes], nbytes, file_offset).get()
-
-    def close_file(self, handle) -> None:
-        handle.close()
-
-
-def kvikio_compat_preferred(defaults) -> bool:
-    """Whether kvikio will use its POSIX compatibility mode, through the API its version has: 24.12 to 26.x
-    answer is_compat_mode_preferred(); 24.x before it, compat_mode() (a bool, or a CompatMode where ON is 1)."""
-    preferred = getattr(defaults, "is_compat_mode_preferred", None)
-    if preferred is not None:
-        return bool(preferred())
-    mode = defaults.compat_mode()
-    return mode if isinstance(mode, bool) else int(mode) == 1
-
-
 FAKE_GPU_ENV = "KVBENCH_FAKE_GPU"  # tests only: --gpu real opens N fake devices (host memory), said as such
 
 
 def fake_from_env() -> FakeDevice | None:
-    """KVBENCH_FAKE_GPU=N[:HBM_GIB] (tests only): the GPU tier's fake devices behind --gpu real, so that a GPU
-    feature's test runs the command line a user types, through the same settings path. Every output names the
-    device "fake device N (host memory)"."""
+    """KVBENCH_FAKE_GPU=N[:HBM_GIB[:CUDA]] (tests only; CUDA: the version it plays, default 13.0): the GPU
+    tier's fake devices behind --gpu real, so that a GPU feature's test runs the command line a user types,
+    through the same settings path. Every output names the device "fake device N (host memory)"."""
     spec = os.environ.get(FAKE_GPU_ENV, "")
     if not spec:
         return None
-    count, _, hbm = spec.partition(":")
+    count, _, rest = spec.partition(":")
+    hbm, _, cuda = rest.partition(":")
     try:
-        return FakeDevice(count=int(count), hbm_bytes=int(float(hbm or 4) * 2**30))
+        major, _, minor = (cuda or "13.0").partition(".")
+        return FakeDevice(count=int(count), hbm_bytes=int(float(hbm or 4) * 2**30), cuda=(int(major), int(minor or 0)))
     except ValueError:
-        raise UserError(f"{FAKE_GPU_ENV}={spec}: expected N or N:HBM_GIB (fake devices for tests); unset it.") from None
+        raise UserError(f"{FAKE_GPU_ENV}={spec}: expected N, N:HBM_GIB or N:HBM_GIB:CUDA (fake devices for tests); "
+                        f"unset it.") from None
 
 
-def open_cupy() -> tuple[CupyDevice | FakeDevice | None, str]:
+def open_cupy() -> tuple[object | None, str]:
     """The CuPy backend (or the tests' fake devices, fake_from_env), or None and one sentence saying what is
     missing."""
     fake = fake_from_env()
     if fake is not None:
         return fake, ""
+    from kv_cache.tiers.cupy_device import CupyDevice
+
     try:
         backend = CupyDevice()
     except ImportError:

@@ -4,7 +4,9 @@ With ``--gds`` the cache uses this link for the two moves that cross it:
 
 - a demotion GPU -> NVMe (when the NVMe tier is the next one down, i.e. no CPU
   tier between) writes from the block's device slots straight into its
-  NVMe slots (cuFile write);
+  NVMe slots (cuFile write); in the paged layout its pieces are first
+  gathered into the lane's device landing buffer, then written in one
+  cuFile write, as LMCache's GDS backend does;
 - a read of a block held by the NVMe tier lands in a device buffer (cuFile
   read): that is the timed operation, as an engine loading KV into HBM would
   do; then, outside the clock, the bytes are copied to the worker's host
@@ -69,12 +71,23 @@ class GdsLink:
         gpu_slots, nbytes = self.gpu.slots.lookup(key)
         nvme_slots = self.nvme.slots.alloc(key, nbytes)
         try:
-            for d, off, handle, file_off, length in self._pieces(gpu_slots, nvme_slots, nbytes):
-                self.backend.file_write(handle, self.gpu.slabs[d], off, length, file_off)
+            if self.gpu.hbm is not None:  # paged: the pieces gathered into the landing buffer, then one write
+                self._write_gathered(key, nvme_slots, nbytes)
+            else:
+                for d, off, handle, file_off, length in self._pieces(gpu_slots, nvme_slots, nbytes):
+                    self.backend.file_write(handle, self.gpu.slabs[d], off, length, file_off)
         except BaseException:
             self.nvme.slots.release(key)
             raise
         self.demoted += 1
+
+    def _write_gathered(self, key: int, nvme_slots: list[int], nbytes: int) -> None:
+        land, slot = self.landing.mine(), self.nvme.slot_bytes
+        self._local.landed = None  # the landing buffer no longer holds the block this thread last loaded
+        self.gpu.gather_to_device(key, land)
+        for i, n in enumerate(nvme_slots):
+            self.backend.file_write(self.handles[n // self.nvme.per_file], land, i * slot,
+                                    min(slot, nbytes - i * slot), (n % self.nvme.per_file) * slot)
 
     def load(self, key: int):
         """Read a block from its NVMe slots into this thread's device landing buffer; return the buffer."""

@@ -29,17 +29,21 @@ from kv_cache.tiers.base import BATCHES, HOST_SLOTS, PINS_HOST, PerThread, Slott
 from kv_cache.tiers.devices import D2H, H2D, check_fits
 from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of, holds_no_slot
 from kv_cache.tiers.null import NullTier
+from kv_cache.tiers.paged import KERNEL_BLOCKS, PagedHbm, Paging
 from kv_cache.tiers.simulated import SimulatedTier
 
 
 class _Lane:
-    __slots__ = ("streams", "staging", "staging_addr", "counts")
+    __slots__ = ("streams", "staging", "staging_addr", "counts", "scratch", "stage")
 
-    def __init__(self, backend, devices: list[int], staging_bytes: int):
+    def __init__(self, backend, devices: list[int], staging_bytes: int, kernel: bool, stage_bytes: int):
         self.streams = [backend.stream(d) for d in devices]
         self.staging = backend.alloc_pinned(staging_bytes)
         self.staging_addr = self.staging.ctypes.data
         self.counts = [0, 0, 0, 0]  # host -> HBM direct, staged; HBM -> host direct, staged (this lane's thread only)
+        # the paged kernel's descriptors, per device (--gpu-copy kernel only), and its HBM staging where used
+        self.scratch = [backend.kernel_scratch(d, KERNEL_BLOCKS) for d in devices] if kernel else []
+        self.stage = [backend.alloc_device(d, stage_bytes) for d in devices] if stage_bytes else []
 
 
 H2D_DIRECT, H2D_STAGED, D2H_DIRECT, D2H_STAGED = range(4)
@@ -50,15 +54,22 @@ class GpuTier(SlottedTier):
     flags = frozenset({PINS_HOST, BATCHES})
 
     def __init__(self, backend, capacity_bytes: int, slot_bytes: int, devices: list[int], lanes: int,
-                 staging_bytes: int):
+                 staging_bytes: int, paging: Paging | None = None, kernel_via: dict | None = None):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
-        self.backend, self.devices = backend, devices
+        self.backend, self.devices, self.paging = backend, devices, paging
         n = len(devices)
-        self.slabs = [backend.alloc_device(d, -(-(self.num_slots - i) // n) * slot_bytes)
-                      for i, d in enumerate(devices)]
-        self._one = n == 1
+        per_device = [-(-(self.num_slots - i) // n) for i in range(n)]
+        if paging is None:
+            self.slabs, self.hbm = [backend.alloc_device(d, k * slot_bytes) for d, k in zip(devices, per_device)], None
+        else:  # the engine's per-layer tensors instead of slabs
+            why = backend.copy_why_not(paging.copy)
+            if why:
+                raise UserError(why + ".")
+            self.slabs, self.hbm = [], PagedHbm(backend, paging, devices, per_device, kernel_via)
+        self._one = n == 1 and paging is None
         self._bases = [backend.address(slab) for slab in self.slabs]
-        self._lanes = [_Lane(backend, devices, staging_bytes) for _ in range(lanes)]
+        kernel, stage = (False, 0) if self.hbm is None else (paging.copy == "kernel", self.hbm.stage_bytes())
+        self._lanes = [_Lane(backend, devices, staging_bytes, kernel, stage) for _ in range(lanes)]
         self.lanes = PerThread(self._lanes, "the GPU tier's lanes")
         # page-locked host ranges, sorted by start, for a bisect per transfer (a list scan cost ~5 us at 70)
         self._pinned_lo: list[int] = []
@@ -67,7 +78,8 @@ class GpuTier(SlottedTier):
         self.staged_why = ""  # the first staged transfer's buffer, said in the results
         models = sorted({backend.model(d) for d in devices})
         self.description = (f"{backend.name}: {n} x {', '.join(models)}, {self.num_slots} slots of "
-                            f"{slot_bytes / 2**20:.2f} MiB, {lanes} lanes (stream per GPU + pinned staging)")
+                            f"{slot_bytes / 2**20:.2f} MiB, {lanes} lanes (stream per GPU + pinned staging)"
+                            + (f"; {paging.describe()}" if paging else "; contiguous slots"))
 
     # ---------------------------------------------------------------- host memory and lanes
 
@@ -109,6 +121,12 @@ class GpuTier(SlottedTier):
         NOTE: by address, computed once per transfer: a numpy view and its .ctypes per piece cost about a
         microsecond each, the largest part of a small block's fixed cost (0.5 MiB moves in ~20 us over PCIe 5).
         """
+        if self.hbm is not None:
+            used: set = set()
+            self.hbm.move(kind == H2D, [(slots, pieces)], lane, used)
+            for d in used:
+                self.backend.sync(lane.streams[d])
+            return
         copy, sb = self.backend.copy_ptr, self.slot_bytes
         if self._one:  # one device: no placement arithmetic, one stream to wait for
             base, stream = self._bases[0], lane.streams[0]
@@ -124,13 +142,19 @@ class GpuTier(SlottedTier):
         for d in used:
             self.backend.sync(lane.streams[d])
 
-    def _queue(self, kind: int, slots: list[int], pieces: list[tuple[int, int]], lane: _Lane, used: set) -> None:
-        """One copy per slot queued on this lane's stream(s), not waited for; used gets the devices touched."""
+    def _queue(self, kind: int, blocks: list[tuple[list[int], list[tuple[int, int]]]], lane: _Lane,
+               used: set) -> None:
+        """Each block's copies (its slots, its host pieces) queued on this lane's stream(s), not waited for; used
+        gets the devices touched."""
+        if self.hbm is not None:
+            self.hbm.move(kind == H2D, blocks, lane, used)
+            return
         copy = self.backend.copy_ptr
-        for slot, (addr, n) in zip(slots, pieces):
-            d, off = self._place(slot)
-            copy(kind, self._bases[d] + off, addr, n, lane.streams[d])
-            used.add(d)
+        for slots, pieces in blocks:
+            for slot, (addr, n) in zip(slots, pieces):
+                d, off = self._place(slot)
+                copy(kind, self._bases[d] + off, addr, n, lane.streams[d])
+                used.add(d)
 
     def batch_path(self) -> str:
         return ("every block's copies queued on the worker's stream, synchronised once per batch (a block from a "
@@ -145,23 +169,25 @@ class GpuTier(SlottedTier):
     def _many(self, kind: int, items: list) -> list:
         """A batch of direct copies queued together and synchronised once (each block completes at that sync, as
         an engine's batch does); a staged block, or one the slots refuse, goes alone."""
-        lane, used, out, queued = self._lane(), set(), [None] * len(items), []
+        lane, used, out, queued, todo = self._lane(), set(), [None] * len(items), [], []
+        put, direct = kind == H2D, H2D_DIRECT if kind == H2D else D2H_DIRECT
         for n, (key, buf) in enumerate(items):
             try:
-                slots, nbytes = (self.slots.alloc(key, buf.size), buf.size) if kind == H2D else \
-                    self.slots.lookup(key)
+                slots, nbytes = (self.slots.alloc(key, buf.size), buf.size) if put else self.slots.lookup(key)
             except Exception as e:  # noqa: BLE001 - this block's result
                 out[n] = e
                 continue
-            if not self._is_pinned(buf.ctypes.data, nbytes):
-                if kind == H2D:
+            addr = buf.ctypes.data  # NOTE: once: each .ctypes makes an object (about a microsecond)
+            if not self._is_pinned(addr, nbytes):
+                if put:
                     self.slots.release(key)
-                out[n] = one_by_one(self.put if kind == H2D else self.get, [(key, buf)])[0]
+                out[n] = one_by_one(self.put if put else self.get, [(key, buf)])[0]
                 continue
-            lane.counts[H2D_DIRECT if kind == H2D else D2H_DIRECT] += 1
-            self._queue(kind, slots, self._split(buf.ctypes.data, nbytes, len(slots)), lane, used)
+            lane.counts[direct] += 1
+            todo.append((slots, self._split(addr, nbytes, len(slots))))
             queued.append(n)
         try:
+            self._queue(kind, todo, lane, used)
             for d in used:
                 self.backend.sync(lane.streams[d])
         except Exception as e:  # noqa: BLE001 - the batch's copies failed together
@@ -249,6 +275,9 @@ class GpuTier(SlottedTier):
         lane = self._lane()
         slots = self.slots.alloc(key, nbytes)
         try:
+            if self.hbm is not None:  # scattered into the layer tensors, device to device
+                self._copy(H2D, slots, [(self.backend.address(src), nbytes)], lane)
+                return
             used = set()
             for i, slot in enumerate(slots):
                 d, off = self._place(slot)
@@ -261,6 +290,16 @@ class GpuTier(SlottedTier):
             self.slots.release(key)
             raise
 
+    def gather_to_device(self, key: int, dst) -> int:
+        """Gather a block's pieces into a device buffer (a GDS write's staging, as LMCache's GDS backend does);
+        its bytes."""
+        slots, nbytes = self.slots.lookup(key)
+        self._copy(D2H, slots, [(self.backend.address(dst), nbytes)], self._lane())
+        return nbytes
+
+    def hbm_layout(self) -> dict:
+        return self.paging.as_dict() if self.paging else {"kind": "contiguous"}
+
     def delete(self, key: int) -> None:
         self.slots.release(key)
 
@@ -271,6 +310,12 @@ class GpuTier(SlottedTier):
         for d, slab in zip(self.devices, self.slabs):
             self.backend.free(d, slab)
         self.slabs = []
+        for lane in self._lanes:
+            for d, stage in zip(self.devices, lane.stage):
+                self.backend.free(d, stage)
+            lane.stage = []
+        if self.hbm is not None:
+            self.hbm.free(self.devices)
 
 
 def _most_bytes(s) -> int:
@@ -314,7 +359,8 @@ def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     devices = list(range(n))
     total = capacity_of(s.gpu_mem_gb, slot)
     check_fits(ctx.gpu, devices, -(-total // n))
-    return GpuTier(ctx.gpu, total, slot, devices, ctx.lanes, ctx.io_bytes or ctx.max_object_bytes), ""
+    return (GpuTier(ctx.gpu, total, slot, devices, ctx.lanes, ctx.io_bytes or ctx.max_object_bytes, ctx.paging),
+            ctx.paging_note)
 
 
 MEDIUM = TierKind("gpu", 0, build, most_bytes=_most_bytes, contract=("simulated", "fake1", "fake2", "cupy"),

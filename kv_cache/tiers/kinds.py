@@ -52,6 +52,8 @@ class StackContext:
     media: dict = field(default_factory=dict)  # Settings.media: each medium's own section
     io_bytes: int = 0           # the largest single I/O (an object, or a part of a larger one): a GPU lane's staging
     engines: dict = field(default_factory=dict)  # the disk engines found (catalog.Media.engines), by name
+    paging: object = None       # a real GPU tier's paged geometry (paged.Paging), or None: contiguous slots
+    paging_note: str = ""       # why --gpu-layout auto kept contiguous slots
 
     def section(self, kind: TierKind):
         """The settings section a medium declared (its defaults when the settings hold none)."""

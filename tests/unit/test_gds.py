@@ -115,7 +115,7 @@ def test_kvikios_compatibility_mode_is_read_through_the_api_its_version_has():
     import inspect
     from types import SimpleNamespace
 
-    from kv_cache.tiers.devices import CupyDevice, kvikio_compat_preferred
+    from kv_cache.tiers.cupy_device import CupyDevice, kvikio_compat_preferred
 
     assert kvikio_compat_preferred(SimpleNamespace(is_compat_mode_preferred=lambda: True))
     assert not kvikio_compat_preferred(SimpleNamespace(is_compat_mode_preferred=lambda: False))

@@ -89,7 +89,9 @@ class DeviceSlots(RegisteredSlots):
         self.backend, self.gpu = backend, gpu
         self.region_mem = getattr(backend, "nixl_mem", "VRAM")
         self.region_dev = gpu if self.region_mem == "VRAM" else 0
-        self.memory = f"GPU {gpu} memory ({backend.model(gpu)})"
+        # a slot holds a block gathered (LMCache's transfer channel sends a chunk so): NIXL's descriptors are whole
+        # blocks, not the paged layout's pieces
+        self.memory = f"GPU {gpu} memory ({backend.model(gpu)}; each slot a gathered block, one descriptor)"
         self.stream = backend.stream(gpu)
         self.copy_lock = threading.Lock()  # one stream: one copy in flight, synchronised before the tag is set
         super().__init__(agent, capacity_bytes, slot_bytes)
