@@ -7,10 +7,10 @@
 2b. paged_bench (issue 49): a batch of 16 blocks of llama3.1-8b and -70b (16-token blocks: 64 and 160 pieces of
    32 KiB) gathered out of and scattered into the engine's per-layer tensors by each copy method, against one
    large copy of the same bytes: kernel >= 0.9 of it both ways, batch and per-piece reported;
-3. a full `--gpu real` run (llama8b, 32 MiB blocks: paged by default, 1,024 pieces a block) with a CPU and an
-   NVMe tier under it: every block verified,
-   no staged transfer, GPU write p50 and GPU -> CPU demote p50 within 1.2x of a 32 MiB block over the raw copy
-   bandwidth step 2 measured;
+3. full `--gpu real` runs (llama8b, 32 MiB blocks: 1,024 pieces a block when paged) with a CPU and an NVMe tier
+   under them, one block at a time (--request-io serial), paged (zero-copy kernel), paged with the kernel through
+   HBM staging, and contiguous: every block verified, no staged transfer, GPU write p50 and GPU -> CPU demote p50
+   within 1.2x of a 32 MiB block over the raw copy bandwidth step 2 measured;
 4. a `--gds` run (no CPU tier: demotions cross the link), saying which path ran;
 5. the MLPerf reference's line with a GPU tier (`--model llama3.1-8b --num-users 20 --gpu-mem-gb 16
    --cpu-mem-gb 8`): it runs, or is refused with numbers (exit 2), never killed;
@@ -18,7 +18,8 @@
    space auto) and a decode node on 127.0.0.1: every block read and verified, none missing (skipped without
    nixl-cu12);
 7. the main job as the README types it (`--model llama70b --users 200`, 30 s): exit 0, every block verified, and
-   its peak RSS under the memory budget checked before the run; the MLPerf line's peak RSS likewise.
+   its peak RSS under the memory budget checked before the run; the MLPerf line's peak RSS likewise
+   (`--only main-contiguous`: the main job again in contiguous slots, to tell the layout's memory apart).
 
 Without a GPU it says so in one line and exits 0. The table goes to stdout and, with --out DIR, to DIR/table.md
 beside each step's log and results. Exit 1 when a step missed its target.
@@ -109,34 +110,46 @@ def _our_run(name: str, args: list[str], out: Path, work: Path) -> tuple[int, st
     return rc, text, _results(out / name)
 
 
-def _full_run(rows: list, out: Path, work: Path, bench: dict | None) -> None:
-    rc, text, res = _our_run("full", ["--gpu-mem-gb", "4", "--cpu-mem-gb", "4", "--nvme-gb", "16", "--users", "32",
-                                      "--warmup", "3", "--duration", "20"], out, work)
+FULL_RUNS = {  # the full run's variants: its label, its flags
+    "paged": ["--gpu-layout", "paged"],
+    "paged, kernel through HBM": ["--gpu-layout", "paged", "--gpu-kernel-path", "hbm"],
+    "contiguous": ["--gpu-layout", "contiguous"],
+}
+
+
+def _full_run(rows: list, out: Path, work: Path, bench: dict | None, label: str) -> None:
+    """One block at a time (--request-io serial): its write and demote latencies are one block's, compared with
+    one block's bytes at the link's rate (a batched run's block completes with its batch)."""
+    name, layout = f"full run ({label})", "contiguous" if label == "contiguous" else "paged"
+    tag = "-".join(label.replace(",", "").split()[:2])
+    rc, text, res = _our_run(f"full-{tag}", ["--gpu-mem-gb", "4", "--cpu-mem-gb", "4", "--nvme-gb", "16",
+                                             "--users", "32", "--warmup", "3", "--duration", "20",
+                                             "--request-io", "serial", *FULL_RUNS[label]], out, work)
     if rc or res is None:
-        rows.append(("full --gpu real run", "FAIL", f"exit {rc}: {_tail(text)}", "exit 0"))
+        rows.append((name, "FAIL", f"exit {rc}: {_tail(text)}", "exit 0"))
         return
     failures, checked = res["verification"]["failures"], res["verification"]["blocks_checked"]
-    layout = res["run"]["tiers"]["gpu"].get("hbm_layout") or {}
-    rows.append(("full run: HBM layout", "ok" if layout.get("kind") == "paged" else "MISS",
-                 f"{layout.get('kind')}, {layout.get('pieces_per_block', 1)} pieces a block, copy "
-                 f"{layout.get('copy', '-')}", "paged (the default)"))
-    rows.append(("full run: blocks verified", "ok" if not failures and checked else "FAIL",
+    got = res["run"]["tiers"]["gpu"].get("hbm_layout") or {}
+    rows.append((f"{name}: HBM layout", "ok" if got.get("kind") == layout else "MISS",
+                 f"{got.get('kind')}, {got.get('pieces_per_block') or 1} pieces a block, copy "
+                 f"{got.get('copy') or '-'}" + (f" ({got['kernel_path']})" if got.get("kernel_path") else ""), layout))
+    rows.append((f"{name}: blocks verified", "ok" if not failures and checked else "FAIL",
                  f"{checked:,} checked, {failures} failed", "0 failed"))
     moved = res["run"]["tiers"]["gpu"]["transfers"] or {}
     staged = sum(v["staged"] for v in moved.values())
-    rows.append(("full run: staged transfers", "ok" if not staged else "MISS",
+    rows.append((f"{name}: staged transfers", "ok" if not staged else "MISS",
                  f"{staged} staged, {sum(v['direct'] for v in moved.values()):,} direct", "0 staged"))
     size = res["run"]["block_bytes"]
     r32 = next((r for r in (bench or {}).get("sizes", []) if r["block_mib"] == 32), None)
-    for name, tier, op, raw in (("GPU write p50", "gpu", "write", "raw_h2d_gbps"),
+    for what, tier, op, raw in (("GPU write p50", "gpu", "write", "raw_h2d_gbps"),
                                 ("GPU -> CPU demote p50", "cpu", "demote", "raw_d2h_pinned_gbps")):
         p50 = ((res["latency_ms"].get(tier) or {}).get(op) or {}).get("p50")
         if p50 is None or r32 is None:
-            rows.append((f"full run: {name}", "MISS", f"{p50} ms (no raw figure)" if p50 else "no samples", "<= 1.2x"))
+            rows.append((f"{name}: {what}", "MISS", f"{p50} ms (no raw figure)" if p50 else "no samples", "<= 1.2x"))
             continue
         limit_ms = size / (r32[raw] * 1e9) * 1e3
         ratio = p50 / limit_ms
-        rows.append((f"full run: {name}", "ok" if ratio <= TARGET_RUN else "MISS",
+        rows.append((f"{name}: {what}", "ok" if ratio <= TARGET_RUN else "MISS",
                      f"{p50:.2f} ms = {ratio:.2f}x of {size / 2**20:.0f} MiB at {r32[raw]:.1f} GB/s", "<= 1.2x"))
 
 
@@ -159,26 +172,33 @@ def _rss_row(rows: list, name: str, res: dict | None) -> None:
         rows.append((f"{name}: peak RSS", "FAIL", "no results.json", "< budget"))
         return
     peak, budget = res["memory"]["peak_rss_bytes"], res["memory"]["budget_bytes"]
+    parts = sorted(((v, k) for k, v in (res["memory"].get("budget") or {}).items() if k != "total" and v), reverse=True)
     rows.append((f"{name}: peak RSS", "ok" if peak < budget else "MISS",
-                 f"{peak / 2**30:.2f} of {budget / 2**30:.2f} GiB budgeted", "< budget"))
+                 f"{peak / 2**30:.2f} of {budget / 2**30:.2f} GiB budgeted ("
+                 + ", ".join(f"{k} {v / 2**30:.2f}" for v, k in parts[:4]) + f"; {res['run']['workers']} workers)",
+                 "< budget"))
 
 
-def _main_job(rows: list, out: Path, work: Path) -> None:
-    """The README's first command (make run's job), on this GPU host as a user types it, shortened."""
-    cache = work / "cache-main"
+def _main_job(rows: list, out: Path, work: Path, layout: str = "auto") -> None:
+    """The README's first command (make run's job), on this GPU host as a user types it, shortened (layout: its
+    --gpu-layout, auto as typed)."""
+    tag = "" if layout == "auto" else f"-{layout}"
+    name = "main job (llama70b, 200 users" + (f", {layout}" if tag else "") + ")"
+    cache = work / f"cache-main{tag}"
     cache.mkdir()
     rc, text, _ = _run([sys.executable, "kv_cache_benchmark.py", "--model", "llama70b", "--users", "200",
                         "--duration", "30", "--warmup", "5", "--cache-dir", str(cache), "--output-dir",
-                        str(out / "main"), "--quiet"], out / "main_job.log", 150)
-    res = _results(out / "main")
+                        str(out / f"main{tag}"), "--quiet", *(["--gpu-layout", layout] if tag else [])],
+                       out / f"main_job{tag}.log", 150)
+    res = _results(out / f"main{tag}")
     if res is None:
-        rows.append(("main job (llama70b, 200 users)", "FAIL", f"exit {rc}: {_tail(text)}", "exit 0, verified"))
+        rows.append((name, "FAIL", f"exit {rc}: {_tail(text)}", "exit 0, verified"))
     else:
         ver, load = res["verification"], res["load"] or {}
-        rows.append(("main job (llama70b, 200 users)", "ok" if rc == 0 and not ver["failures"] else "FAIL",
+        rows.append((name, "ok" if rc == 0 and not ver["failures"] else "FAIL",
                      f"exit {rc}: {ver['blocks_checked']:,} blocks verified, {ver['failures']} failed; "
                      f"{load.get('kind', '-')} ({load.get('cause') or '-'})", "exit 0, verified"))
-    _rss_row(rows, "main job", res)
+    _rss_row(rows, name, res)
 
 
 def _mlperf_line(rows: list, out: Path, work: Path) -> None:
@@ -235,10 +255,24 @@ def _vram_handoff(rows: list, out: Path, work: Path) -> None:
                  f"{read} blocks read, {missing} missing, {failed} failed, read p50 {p50} ms", "0 missing"))
 
 
+STEPS = ("tests", "bench", "paged", "full", "gds", "main", "main-contiguous", "mlperf", "vram")
+
+
+def _tests(rows: list, out: Path) -> None:
+    rc, text, _ = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests", "-p", "no:cacheprovider"],
+                       out / "gpu_tests.log", 240)
+    rows.append(("GPU tests (pytest -m gpu)", "ok" if rc == 0 else "FAIL", _tail(text), "all pass"))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="keep the table, the logs and the results here (default: a temporary folder)")
+    p.add_argument("--only", help=f"these steps alone, comma-separated, of: {', '.join(STEPS)} (default: all but "
+                                  f"main-contiguous, the main job again in contiguous slots)")
     a = p.parse_args()
+    only = set(a.only.split(",")) if a.only else set(STEPS) - {"main-contiguous"}
+    if only - set(STEPS):
+        p.error(f"--only {a.only}: unknown step {sorted(only - set(STEPS))[0]}; the steps are {', '.join(STEPS)}")
     from kv_cache.tiers.devices import open_cupy
 
     backend, why = open_cupy()
@@ -260,18 +294,23 @@ def main() -> int:
             (out / "table.md").write_text(text + "\n")
             return text
 
-        rc, text, _ = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests", "-p", "no:cacheprovider"],
-                           out / "gpu_tests.log", 240)
-        rows.append(("GPU tests (pytest -m gpu)", "ok" if rc == 0 else "FAIL", _tail(text), "all pass"))
-        table()
-        bench = _bench(rows, out)
-        table()
-        steps = [lambda: _paged(rows, out), lambda: _full_run(rows, out, work, bench),
-                 lambda: _gds_run(rows, out, work), lambda: _main_job(rows, out, work),
-                 lambda: _mlperf_line(rows, out, work), lambda: _vram_handoff(rows, out, work)]
-        for step in steps:
-            step()
-            table()
+        bench = None
+        steps = {
+            "tests": lambda: _tests(rows, out),
+            "bench": lambda: _bench(rows, out),
+            "paged": lambda: _paged(rows, out),
+            "full": lambda: [_full_run(rows, out, work, bench, label) for label in FULL_RUNS],
+            "gds": lambda: _gds_run(rows, out, work),
+            "main": lambda: _main_job(rows, out, work),
+            "main-contiguous": lambda: _main_job(rows, out, work, "contiguous"),
+            "mlperf": lambda: _mlperf_line(rows, out, work),
+            "vram": lambda: _vram_handoff(rows, out, work),
+        }
+        for name in STEPS:
+            if name in only:
+                got = steps[name]()
+                bench = got if name == "bench" else bench
+                table()
         print(table())
     return 0 if all(v in ("ok", "skipped") for _, v, _, _ in rows) else 1
 

@@ -65,14 +65,13 @@ def model_rows(backend, model: str, block_tokens: int, batch: int, batches: int,
 
     rows = []
     for name, copy, via in VARIANTS:
-        paging = Paging(m.layers, 2, bpt // (2 * m.layers), block_tokens, copy)
+        paging = Paging(m.layers, 2, bpt // (2 * m.layers), block_tokens, copy, via or "host")
         slots = 4 * batch  # the batch's blocks land on different slots each time, their pages spread over the pool
         why = backend.copy_why_not(copy)
         if why:
             rows.append({"model": model, "copy": name, "skipped": why})
             continue
-        tier = GpuTier(backend, slots * block, block, [0], lanes=1, staging_bytes=block, paging=paging,
-                       kernel_via={"h2d": via, "d2h": via} if via else None)
+        tier = GpuTier(backend, slots * block, block, [0], lanes=1, staging_bytes=block, paging=paging)
         tier.pin_host(host)  # page-locked already: recorded as a direct source and target, as the run's buffers are
         views = [host[i * block:(i + 1) * block] for i in range(batch)]
 

@@ -41,13 +41,12 @@ def _placed_as_the_engine_lays_out(tier: GpuTier, slot: int, block: np.ndarray) 
     return wrong
 
 
-def round_trip(backend, copy: str, devices: list[int], kernel_via: dict | None = None) -> list[str]:
+def round_trip(backend, copy: str, devices: list[int], kernel_path: str = "host") -> list[str]:
     """What went wrong (empty: nothing) moving 4 blocks through every path of a paged tier with this copy method
-    (kernel_via: the kernel's way across the link per direction, gpu.KERNEL_VIA's by default)."""
-    pg = Paging(copy=copy, **PAGING)
+    (kernel_path: the kernel's way across the link, --gpu-kernel-path)."""
+    pg = Paging(copy=copy, kernel_path=kernel_path, **PAGING)
     block = pg.block_bytes
-    gpu = GpuTier(backend, SLOTS * block, block, devices, lanes=1, staging_bytes=block, paging=pg,
-                  kernel_via=kernel_via)
+    gpu = GpuTier(backend, SLOTS * block, block, devices, lanes=1, staging_bytes=block, paging=pg)
     cpu = CpuTier(SLOTS * block, block)
     host = backend.alloc_pinned(4 * block)  # page-locked, as the workers' buffers are
     gpu.pin_host(cpu.arena)

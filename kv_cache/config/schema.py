@@ -105,6 +105,12 @@ class TierSettings:
                                   "cudaMemcpyBatchAsync over the pieces, vLLM's; CUDA >= 12.8), per-piece (one "
                                   "cudaMemcpyAsync per piece, the old engines' way: the reference point).",
                         "--gpu-copy", choices=("kernel", "batch", "per-piece"))
+    gpu_kernel_path: str = key("host", "How --gpu-copy kernel crosses the link: host (the kernel reads and writes "
+                                       "page-locked host memory itself, zero copy: SMs carry the bytes) or hbm (the "
+                                       "kernel gathers into and scatters from a staging buffer in HBM, one DMA copy "
+                                       "per block across the link: the copy engines carry them, both directions at "
+                                       "once; HBM beyond --gpu-mem-gb: 64 MiB or a block per worker, checked).",
+                               "--gpu-kernel-path", choices=("host", "hbm"))
     gds: bool = key(False, "GPUDirect Storage (the gds extra, kvikio): NVMe reads land in HBM and GPU -> NVMe "
                            "demotions skip host memory; the output says whether cuFile ran or kvikio fell back "
                            "to POSIX I/O. Needs a real GPU tier and the direct engine with slabs.", "--gds")

@@ -109,6 +109,7 @@ class HbmLayout:
 
     kind: str                       # contiguous or paged
     copy: str | None = None         # kernel, batch or per-piece (--gpu-copy)
+    kernel_path: str | None = None  # the kernel's way across the link: host or hbm (--gpu-kernel-path)
     page_tokens: int | None = None
     layers: int | None = None
     parts: int | None = None        # 2 (K and V) or 1 (MLA)

@@ -1,11 +1,11 @@
 """Memory budget: computed before the run, refused with the numbers when it does not fit.
 
-budget = CPU tier + staging (workers x 2 buffers x largest object, at least
-2 MiB each: one for the request's block, one for waterfall moves) + a real GPU tier's staging (one pinned
-buffer of the largest object per lane: workers + 1) + payload pool and its stamp templates + the donor store
-when --semantic is on (its bound: every donor at the longest prompt) + the bookkeeping of every block
-the tiers can hold (index entry, policy entry, slot: BOOKKEEPING_BYTES each) + a
-fixed allowance for the interpreter, histograms and queues.
+budget = CPU tier + staging (workers x 2 buffers x largest object, at least 2 MiB each: one for the request's
+block, one for waterfall moves; and the batch arena of batched request I/O) + a real GPU tier's staging (one
+pinned buffer of the largest object per lane: workers + 1, and the CUDA runtime's own memory) + payload pool and
+its stamp templates + the donor store when --semantic is on (its bound: every donor at the longest prompt) + the
+bookkeeping of every block the tiers can hold (index entry, policy entry, slot: BOOKKEEPING_BYTES each) + a fixed
+allowance for the interpreter, histograms and queues.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class MemoryBudget:
     donor_store_bytes: int = 0
     bookkeeping_bytes: int = 0  # BOOKKEEPING_BYTES per block the tiers can hold
     handoff_bytes: int = 0  # a NIXL prefill node's registered region (--disagg-handoff-gb)
-    gpu_staging_bytes: int = 0  # a real GPU tier's lanes: a pinned (page-locked) buffer of the largest object each
+    gpu_staging_bytes: int = 0  # a real GPU tier's lanes: a pinned (page-locked) buffer of the largest object each,
+    # and the CUDA runtime's own host memory (the backend's runtime_bytes)
     payload_stamps_bytes: int = 0  # the payload pool's stamp templates and the workers' stamp rows
 
     @property

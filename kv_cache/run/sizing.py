@@ -103,7 +103,8 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
     cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
     arena = batch_depth(s, geo.io_bytes) * (-(-geo.io_bytes // 4096) * 4096)  # the in-flight blocks' buffers
     staging = 0 if fake else workers(s) * (2 * buffer_bytes(geo.io_bytes) + arena)
-    lanes = 0 if gpu is None else (workers(s) + 1) * geo.io_bytes  # the GPU tier's lanes (StackContext.lanes)
+    # the GPU tier's lanes (StackContext.lanes) and the CUDA runtime's own host memory
+    lanes = 0 if gpu is None else (workers(s) + 1) * geo.io_bytes + getattr(gpu, "runtime_bytes", 0)
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
     # the pool's templates (24 bytes a page of the largest object, one set) and each worker's stamp rows and key
     # column in flight (24 bytes a page of one I/O)

@@ -42,6 +42,7 @@ class FakeDevice:
     """Host-memory stand-in for CUDA devices, with the CuPy backend's interface."""
 
     name = "fake"
+    runtime_bytes = 0  # no CUDA runtime in this process's memory
     nixl_mem = "DRAM"  # its "HBM" is host memory: NIXL registers it as such
 
     def __init__(self, count: int = 1, hbm_bytes: int = 1 << 30, cuda: tuple[int, int] = (13, 0)):
@@ -230,9 +231,13 @@ def open_cupy() -> tuple[object | None, str]:
     return backend, ""
 
 
-def check_fits(backend, devices: list[int], per_device: int) -> None:
+def check_fits(backend, devices: list[int], per_device: int, stages: int = 0) -> None:
+    """stages: HBM each device needs beyond the tier's slots (--gpu-kernel-path hbm's staging buffers)."""
     for d in devices:
-        free = backend.free_bytes(d)
-        if per_device > free:
-            raise UserError(f"--gpu-mem-gb asks for {per_device / 2**30:.2f} GiB on GPU {d} ({backend.model(d)}) "
-                            f"but {free / 2**30:.2f} GiB of its HBM is free; lower --gpu-mem-gb.")
+        free, want = backend.free_bytes(d), per_device + stages
+        if want > free:
+            beyond = (f" (with {stages / 2**30:.2f} GiB of --gpu-kernel-path hbm's staging buffers, one per worker)"
+                      if stages else "")
+            raise UserError(f"--gpu-mem-gb asks for {want / 2**30:.2f} GiB on GPU {d} ({backend.model(d)}){beyond} "
+                            f"but {free / 2**30:.2f} GiB of its HBM is free; lower --gpu-mem-gb"
+                            + (" or use --gpu-kernel-path host." if stages else "."))

@@ -54,7 +54,7 @@ class GpuTier(SlottedTier):
     flags = frozenset({PINS_HOST, BATCHES})
 
     def __init__(self, backend, capacity_bytes: int, slot_bytes: int, devices: list[int], lanes: int,
-                 staging_bytes: int, paging: Paging | None = None, kernel_via: dict | None = None):
+                 staging_bytes: int, paging: Paging | None = None):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
         self.backend, self.devices, self.paging = backend, devices, paging
         n = len(devices)
@@ -65,7 +65,7 @@ class GpuTier(SlottedTier):
             why = backend.copy_why_not(paging.copy)
             if why:
                 raise UserError(why + ".")
-            self.slabs, self.hbm = [], PagedHbm(backend, paging, devices, per_device, kernel_via)
+            self.slabs, self.hbm = [], PagedHbm(backend, paging, devices, per_device)
         self._one = n == 1 and paging is None
         self._bases = [backend.address(slab) for slab in self.slabs]
         kernel, stage = (False, 0) if self.hbm is None else (paging.copy == "kernel", self.hbm.stage_bytes())
@@ -358,7 +358,8 @@ def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
         raise UserError(f"--gpus {n} asks for more GPUs than the {count} CuPy sees; lower --gpus.")
     devices = list(range(n))
     total = capacity_of(s.gpu_mem_gb, slot)
-    check_fits(ctx.gpu, devices, -(-total // n))
+    stages = ctx.lanes * ctx.paging.stage_bytes() if ctx.paging else 0  # --gpu-kernel-path hbm's staging
+    check_fits(ctx.gpu, devices, -(-total // n), stages)
     return (GpuTier(ctx.gpu, total, slot, devices, ctx.lanes, ctx.io_bytes or ctx.max_object_bytes, ctx.paging),
             ctx.paging_note)
 

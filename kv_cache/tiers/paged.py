@@ -31,10 +31,7 @@ from kv_cache.tiers.devices import D2H, H2D
 PAGE_TOKENS = 16  # vLLM's page (its block_size): the unit of the paged KV cache
 COPIES = ("kernel", "batch", "per-piece")
 KERNEL_BLOCKS = 256  # blocks one launch of the copy kernel takes (a larger batch: launches in turn)
-# How --gpu-copy kernel crosses the link, per direction: "host" (the kernel reads / writes page-locked host memory
-# itself, zero copy) or "hbm" (the kernel gathers into / scatters from a staging buffer in HBM, which one DMA copy
-# per block moves across the link); both measured in bench/paged_bench.py
-KERNEL_VIA = {"h2d": "host", "d2h": "host"}
+KERNEL_PATHS = ("host", "hbm")  # --gpu-kernel-path: see the setting's help
 HBM_STAGE_BYTES = 64 << 20  # a lane's HBM staging buffer per device (at least one block) where "hbm" is used
 
 
@@ -47,6 +44,7 @@ class Paging:
     token_bytes: int    # one token of one part of one layer (kv_heads / tp x head_dim x dtype)
     block_tokens: int
     copy: str           # one of COPIES
+    kernel_path: str = "host"  # how the kernel crosses the link: one of KERNEL_PATHS
     page_tokens: int = PAGE_TOKENS
 
     @property
@@ -73,13 +71,20 @@ class Paging:
 
     def describe(self) -> str:
         chunk = f" ({self.pages} pages of {self.page_tokens} tokens)" if self.pages > 1 else ""
+        how = f" ({'zero copy' if self.kernel_path == 'host' else 'through HBM staging'})" \
+            if self.copy == "kernel" else ""
         return (f"paged as vLLM's KV cache: {self.tensor()}, a block{chunk} = {self.pieces:,} pieces of "
-                f"{self.page_bytes / 1024:g} KiB, copied by {self.copy}")
+                f"{self.page_bytes / 1024:g} KiB, copied by {self.copy}{how}")
 
     def as_dict(self) -> dict:
-        return {"kind": "paged", "copy": self.copy, "page_tokens": self.page_tokens, "layers": self.layers,
-                "parts": self.parts, "pieces_per_block": self.pieces, "piece_bytes": self.page_bytes,
+        return {"kind": "paged", "copy": self.copy, "kernel_path": self.kernel_path if self.copy == "kernel" else None,
+                "page_tokens": self.page_tokens, "layers": self.layers, "parts": self.parts,
+                "pieces_per_block": self.pieces, "piece_bytes": self.page_bytes,
                 "host_order": "[parts, layers, tokens, hidden] (LMCache's chunk)"}
+
+    def stage_bytes(self) -> int:
+        """A lane's HBM staging buffer per device: only where the kernel goes through HBM."""
+        return max(self.block_bytes, HBM_STAGE_BYTES) if self.copy == "kernel" and self.kernel_path == "hbm" else 0
 
     def host_offsets(self) -> np.ndarray:
         """Each piece's byte offset in the gathered block, in (part, layer, page) order."""
@@ -106,7 +111,8 @@ def plan(tiers, model, block_tokens: int, bytes_per_token: int) -> tuple[Paging 
                             f"{_fix(why)} or use --gpu-layout contiguous.")
         return None, f"GPU tier in contiguous slots (--gpu-layout auto): {why}."
     parts = 1 if model.attention == "mla" else 2
-    return Paging(model.layers, parts, bytes_per_token // (parts * model.layers), block_tokens, copy), ""
+    return Paging(model.layers, parts, bytes_per_token // (parts * model.layers), block_tokens, copy,
+                  tiers.gpu_kernel_path), ""
 
 
 def _not_paged(model, block_tokens: int, bytes_per_token: int) -> str:
@@ -135,10 +141,8 @@ class PagedHbm:
     """A paged GPU tier's HBM: per device, one tensor per layer holding `slots` blocks' pages; the address of
     every piece of a block, gathered-block order, and the moves of a batch of blocks by the copy method."""
 
-    def __init__(self, backend, paging: Paging, devices: list[int], slots_per_device: list[int],
-                 kernel_via: dict | None = None):
+    def __init__(self, backend, paging: Paging, devices: list[int], slots_per_device: list[int]):
         self.paging, self.backend, self.ndev = paging, backend, len(devices)
-        self.kernel_via = dict(kernel_via or KERNEL_VIA) if paging.copy == "kernel" else {}
         pg = paging
         self.tensors, self.tables, self._rel = [], [], []
         for d, slots in zip(devices, slots_per_device):
@@ -154,8 +158,7 @@ class PagedHbm:
         self._host = pg.host_offsets()
 
     def stage_bytes(self) -> int:
-        """A lane's HBM staging buffer per device: only where the kernel goes through HBM."""
-        return max(self.paging.block_bytes, HBM_STAGE_BYTES) if "hbm" in self.kernel_via.values() else 0
+        return self.paging.stage_bytes()
 
     def pieces(self, device: int, local: int, host_addr: int) -> tuple[np.ndarray, np.ndarray]:
         """(HBM addresses, host-side addresses) of a block's pieces at local slot `local` of `device`."""
@@ -194,7 +197,7 @@ class PagedHbm:
         """The copy kernel over these blocks (local slot, host-side address), KERNEL_BLOCKS at a time: the
         descriptors are written for the next launch only once the stream has read them for the last."""
         scratch, table = lane.scratch[d], self.tables[d]
-        via_hbm = self.kernel_via["h2d" if scatter else "d2h"] == "hbm"
+        via_hbm = self.paging.kernel_path == "hbm"
         for at in range(0, len(todo), KERNEL_BLOCKS):
             if at:
                 self.backend.sync(stream)

@@ -26,7 +26,7 @@ def test_the_kernel_through_an_hbm_staging_buffer_moves_the_same_bytes(via):
     old = gpu.HBM_STAGE_BYTES
     gpu.HBM_STAGE_BYTES = 64 * 1024  # one of the check's 64 KiB blocks: a batch goes through it in turn
     try:
-        assert round_trip(FakeDevice(count=2), "kernel", [0, 1], {"h2d": via, "d2h": via}) == []
+        assert round_trip(FakeDevice(count=2), "kernel", [0, 1], via) == []
     finally:
         gpu.HBM_STAGE_BYTES = old
 
@@ -76,6 +76,22 @@ def test_auto_says_why_a_whole_request_object_stays_contiguous(small_run):
     assert "contiguous slots (--gpu-layout auto): --block-tokens 0 stores one object per request" in \
         " ".join(r.stdout.split())
     assert small_run.results("whole")["run"]["tiers"]["gpu"]["hbm_layout"]["kind"] == "contiguous"
+
+
+def test_the_kernel_through_hbm_as_typed_verifies_and_its_staging_counts_against_the_hbm(small_run):
+    r = run_cli(small_run("hbm", "--gpu", "real", "--gpu-kernel-path", "hbm", "--gpu-mem-gb", "0.01",
+                          "--max-requests", "40", "--duration", "30"), extra_env=_env())
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("hbm")
+    assert res["run"]["tiers"]["gpu"]["hbm_layout"]["kernel_path"] == "hbm"
+    assert "through HBM staging" in res["run"]["tiers"]["gpu"]["description"]
+    assert res["ops"]["gpu"]["promote"] > 0 and res["verification"]["failures"] == 0
+    # 0.05 GiB of slots fit a 0.1 GiB device; with a 64 MiB staging buffer per worker's lane they do not
+    r = run_cli(small_run("nohbm", "--gpu", "real", "--gpu-kernel-path", "hbm", "--gpu-mem-gb", "0.05",
+                          "--max-requests", "4"), extra_env=_env("1:0.1"))
+    text = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "of --gpu-kernel-path hbm's staging buffers" in text, text
+    assert "or use --gpu-kernel-path host" in text
 
 
 def test_gds_gathers_the_pieces_into_its_landing_buffer_and_scatters_them_back(small_run):

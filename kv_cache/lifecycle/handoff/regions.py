@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from kv_cache.buffers import aligned_buffer
-from kv_cache.errors import RunFault
+from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.handoff.agent import ENGINE
 
 H2D = 1  # cudaMemcpyHostToDevice (the device backends' copy kind)
@@ -20,7 +20,7 @@ class RegisteredSlots:
 
     engine, name, flags = ENGINE, "handoff", frozenset()
     region_mem, region_dev = "DRAM", 0  # what a decode node's READ names as the remote memory
-    memory = "host memory"
+    memory = place = "host memory"  # place: the short name
 
     def __init__(self, agent, capacity_bytes: int, slot_bytes: int):
         self.slot_bytes = slot_bytes
@@ -30,8 +30,16 @@ class RegisteredSlots:
         self.tags = np.zeros(self.nslots, np.uint64)
         self.regs = [agent.register_memory([(self.tags.ctypes.data, self.tags.nbytes, 0, "")], "DRAM")]
         self.region_addr = self._region()
-        self.regs.append(agent.register_memory([(self.region_addr, self.capacity_bytes, self.region_dev, "")],
-                                               self.region_mem))
+        try:
+            self.regs.append(agent.register_memory([(self.region_addr, self.capacity_bytes, self.region_dev, "")],
+                                                   self.region_mem))
+        except Exception as e:  # NIXL raises its own types (nixlBackendError ...)
+            self.close()
+            if self.region_mem != "VRAM":
+                raise
+            raise UserError(f"NIXL could not register the handoff region in {self.place} ({type(e).__name__}: "
+                            f"{str(e).strip()[:80]}): its UCX has no transport to GPU memory on this host "
+                            f"(nixl-cu12's UCX needs CUDA 12 libraries); use --disagg-handoff-memory host.") from None
         self.tags_addr = self.tags.ctypes.data
         self.free = list(range(self.nslots - 1, -1, -1))
         self.slot_of: dict[int, int] = {}
@@ -91,6 +99,7 @@ class DeviceSlots(RegisteredSlots):
         self.region_dev = gpu if self.region_mem == "VRAM" else 0
         # a slot holds a block gathered (LMCache's transfer channel sends a chunk so): NIXL's descriptors are whole
         # blocks, not the paged layout's pieces
+        self.place = f"GPU {gpu}'s memory"
         self.memory = f"GPU {gpu} memory ({backend.model(gpu)}; each slot a gathered block, one descriptor)"
         self.stream = backend.stream(gpu)
         self.copy_lock = threading.Lock()  # one stream: one copy in flight, synchronised before the tag is set
