@@ -35,6 +35,15 @@ def _gbps(nbytes: int, op, n: int) -> float:
     return nbytes * n / sum(op(i) for i in range(n)) / 1e9
 
 
+def _batch(verb, items: list) -> float:
+    """Seconds of one get_many / put_many; every block of it must have completed."""
+    start = time.perf_counter()
+    out = verb(items)
+    took = time.perf_counter() - start
+    assert all(isinstance(x, int) for x in out), out
+    return took
+
+
 def _clocked(call) -> float:
     start = time.perf_counter()
     call()
@@ -77,23 +86,13 @@ def model_rows(backend, model: str, block_tokens: int, batch: int, batches: int,
 
         def put(i, tier=tier, views=views):
             keys = [(i % 4) * batch + j for j in range(batch)]
-            for k in keys:
+            for k in keys:  # the slots freed outside the clock
                 if tier.contains(k):
                     tier.delete(k)
-            items = list(zip(keys, views))
-            start = time.perf_counter()
-            out = tier.put_many(items)
-            took = time.perf_counter() - start
-            assert all(isinstance(x, int) for x in out), out
-            return took
+            return _batch(tier.put_many, list(zip(keys, views)))
 
         def get(i, tier=tier, views=views):
-            items = [((i % 4) * batch + j, v) for j, v in enumerate(views)]
-            start = time.perf_counter()
-            out = tier.get_many(items)
-            took = time.perf_counter() - start
-            assert all(isinstance(x, int) for x in out), out
-            return took
+            return _batch(tier.get_many, [((i % 4) * batch + j, v) for j, v in enumerate(views)])
 
         def kernel_only(scatter, tier=tier, views=views):
             """The launch and the kernel alone (descriptors written once): what the tier's Python adds is the rest."""
@@ -121,10 +120,11 @@ def model_rows(backend, model: str, block_tokens: int, batch: int, batches: int,
             if via == "host":
                 got["kernel_alone_h2d"].append(_gbps(batch * block, kernel_only(True), n))
                 got["kernel_alone_d2h"].append(_gbps(batch * block, kernel_only(False), n))
+        staged = sum(v["staged"] for v in tier.transfers().values())  # 0: every block went direct
         tier.close()
         med = {k: statistics.median(v) for k, v in got.items()}
         rows.append({"model": model, "copy": name, "block_mib": block / 2**20, "pieces": paging.pieces,
-                     "piece_kib": paging.page_bytes / 1024, "batch": batch,
+                     "piece_kib": paging.page_bytes / 1024, "batch": batch, "staged": staged,
                      **{f"{k}_gbps": v for k, v in med.items()},
                      "h2d_ratio": statistics.median(a / b for a, b in zip(got["h2d"], got["raw_h2d"])),
                      "d2h_ratio": statistics.median(a / b for a, b in zip(got["d2h"], got["raw_d2h"]))})
