@@ -15,6 +15,10 @@ goes through the lane's pinned staging buffer, that host copy inside the
 timed operation, and is counted as staged (``transfers``). The cache
 times each operation from issue to the completion of its own stream(s): no
 device-wide synchronisation anywhere.
+
+In the paged layout (paged.py, --gpu-layout) the slabs are replaced by the
+engine's per-layer tensors and every copy above moves a block's pieces by
+the copy method (a kernel, a batch of copies, or a copy per piece).
 """
 
 from __future__ import annotations
