@@ -178,7 +178,7 @@ class FakeDevice:
         return "fake device: O_DIRECT between files and host memory standing in for HBM (tests only)"
 
     def open_file(self, path: str) -> int:
-        return os.open(path, os.O_RDWR | os.O_DIRECT)
+        return os.open(path, os.O_RDWR | os.O_DIRECT | os.O_NOFOLLOW)
 
     def file_write(self, fd: int, dev, dev_offset: int, nbytes: int, file_offset: int) -> None:
         pwrite_all(fd, dev[dev_offset:dev_offset + nbytes], file_offset, "gds")
