@@ -183,3 +183,47 @@ def test_a_run_over_an_https_s3_endpoint_trusts_aws_ca_bundle_and_says_when_it_c
     refused = run_cli(remote_args(tmp_path, f"{client}-u", https_s3.url, "--s3-client", client, requests=8),
                       extra_env=untrusted)
     assert_clean_error(refused, "the TLS handshake failed", "AWS_CA_BUNDLE")
+
+
+@pytest.mark.parametrize("client", ["obstore", "boto3"])
+def test_an_s3_batch_has_its_requests_in_flight_together(s3_server, client):
+    """Issue 48: the S3 tier looped over a batch (one request after another: the server never saw more than one
+    request a worker). A batch's puts and gets now go out together on the store's threads; counted on the real
+    server's requests (the ops are wrapped to count, each still a real request)."""
+    import threading
+
+    import numpy as np
+
+    from kv_cache.tiers.base import BATCHES
+    from kv_cache.tiers.s3 import make_for_test
+
+    tier = make_for_test(client, "", 16 << 20, 1 << 20, server=s3_server)
+    lock, now, most = threading.Lock(), [0], [0]
+
+    def counted(call):
+        def wrapper(*args):
+            with lock:
+                now[0] += 1
+                most[0] = max(most[0], now[0])
+            try:
+                return call(*args)
+            finally:
+                with lock:
+                    now[0] -= 1
+        return wrapper
+
+    ops = tier.store.ops
+    ops.put, ops.get = counted(ops.put), counted(ops.get)
+    try:
+        assert BATCHES in tier.flags and "in flight together" in tier.batch_path()
+        blocks = [np.full(1 << 20, k, np.uint8) for k in range(8)]
+        done = tier.put_many(list(zip(range(8), blocks)))
+        assert all(isinstance(d, int) for d in done), done
+        wrote, most[0] = most[0], 0
+        outs = [np.zeros(1 << 20, np.uint8) for _ in range(8)]
+        done = tier.get_many(list(zip(range(8), outs)))
+        assert all(isinstance(d, int) for d in done), done
+        assert all((o == k).all() for k, o in enumerate(outs))
+        assert wrote > 1 and most[0] > 1, (wrote, most[0])
+    finally:
+        tier.close()

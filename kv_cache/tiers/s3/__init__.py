@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -43,6 +45,9 @@ from kv_cache.tiers.remote import (
 from kv_cache.tiers.s3.clients import Boto3Ops, ObstoreOps
 
 SCHEMES = ("s3",)
+# A batch's requests in flight together (S3 has no pipelining: one request per connection at a time); threads for
+# every lane of the run, four each, at most 64: they are made before the clock, each with its own connection
+BATCH_THREADS_PER_LANE, BATCH_THREADS_MAX = 4, 64
 
 
 @section("s3")
@@ -100,9 +105,10 @@ class S3ObjectStore(Names):
         self.timeout = settings.timeout_s
         self.version = f"S3 ({settings.client})"
         _check_setup(url, endpoint, env)
+        self.threads = min(BATCH_THREADS_MAX, BATCH_THREADS_PER_LANE * lanes)
         try:
             self.ops = (ObstoreOps(self.bucket, endpoint, env, settings) if settings.client == "obstore"
-                        else Boto3Ops(self.bucket, endpoint, env, settings, lanes))
+                        else Boto3Ops(self.bucket, endpoint, env, settings, lanes + self.threads))
         except UserError:
             raise
         except BaseException as e:  # noqa: BLE001 - a client's refusal (obstore's Rust panic is a BaseException)
@@ -131,7 +137,38 @@ class S3ObjectStore(Names):
                        + ("start the server or fix AWS_ENDPOINT_URL." if before else "the server stopped answering."))
         return cls(f"--remote-url {self.where}: {what} failed ({text}).")
 
+    @property
+    def batch(self) -> str:
+        return (f"every request of a batch in flight together on a pool of {self.threads} threads, each its own "
+                f"connection (as LMCache's remote backends fetch a request's chunks concurrently)")
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The batch threads, all started here (before the clock: a thread started inside a batch would be timed)."""
+        if getattr(self, "_threads", None) is None:
+            self._threads = ThreadPoolExecutor(self.threads, thread_name_prefix="s3-batch")
+            started = threading.Barrier(self.threads + 1, timeout=30)
+            for _ in range(self.threads):
+                self._threads.submit(started.wait)
+            started.wait()
+        return self._threads
+
+    def put_many(self, items: list[tuple[str, np.ndarray]]) -> list:
+        return self._together(self.put, items)
+
+    def get_many_into(self, items: list[tuple[str, np.ndarray]]) -> list:
+        return self._together(self.get_into, items)
+
+    def _together(self, op, items: list) -> list:
+        """Each item's request issued at once on the pool; its result its completion time or its error. The server
+        stopped answering: the batch raises (the tier stops calling it), as one request would."""
+        out = [f.result() for f in [self._pool().submit(_completed, op, name, arr) for name, arr in items]]
+        down = next((o for o in out if isinstance(o, ServerDown)), None)
+        if down is not None:
+            raise down
+        return out
+
     def check(self) -> None:
+        self._pool()  # the batch threads start with the store, before any clock
         try:
             next(iter(self.ops.list(f"{self.prefix}{NAMESPACE}")), None)
         except self.ops.errors as e:
@@ -200,7 +237,17 @@ class S3ObjectStore(Names):
             raise self._error(f"reading {name}", e) from None
 
     def close(self) -> None:
-        pass
+        if getattr(self, "_threads", None) is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
+
+
+def _completed(op, name: str, arr: np.ndarray):
+    try:
+        op(name, arr)
+    except Exception as e:  # noqa: BLE001 - this item's result
+        return e
+    return time.monotonic_ns()
 
 
 def open_store(url: str, settings: S3Settings, lanes: int = 4, env=None) -> S3ObjectStore:
