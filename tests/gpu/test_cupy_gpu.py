@@ -85,8 +85,9 @@ def test_pinned_memory_is_used_directly_and_registered_memory_given_back():
 
 
 @needs_gpu
-@pytest.mark.parametrize("copy", ["kernel", "batch", "per-piece"])
-def test_paged_blocks_round_trip_on_the_device_byte_identical_per_piece(copy):
+@pytest.mark.parametrize("copy, path", [("kernel", "host"), ("kernel", "hbm"), ("batch", "host"),
+                                        ("per-piece", "host")])
+def test_paged_blocks_round_trip_on_the_device_byte_identical_per_piece(copy, path):
     """Issue 49 point 4 on a real GPU: written, demoted, evicted, loaded back into other slots, read again: the
     same bytes, every piece where the engine's layout puts it (the same check as the fake device's)."""
     from paged_check import round_trip
@@ -94,7 +95,7 @@ def test_paged_blocks_round_trip_on_the_device_byte_identical_per_piece(copy):
     why = BACKEND.copy_why_not(copy)
     if why:
         pytest.skip(why)
-    assert round_trip(BACKEND, copy, [0]) == []
+    assert round_trip(BACKEND, copy, [0], path) == []
 
 
 @needs_gpu
