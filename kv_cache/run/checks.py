@@ -35,6 +35,9 @@ ONLY_WHEN = (
     (("tiers.layers_per_io",), lambda s, mpi: s.tiers.io_unit == "layer", "--io-unit layer"),
     (("tiers.slab_file_gb",), lambda s, mpi: s.tiers.nvme_layout == "slab", "--nvme-layout slab"),
     (("tiers.gpu_sim_gbps",), lambda s, mpi: s.tiers.gpu == "simulated", "--gpu simulated"),
+    (("tiers.gpu_copy",), lambda s, mpi: s.tiers.gpu in ("auto", "real"), "a real GPU tier (--gpu auto or real)"),
+    (("tiers.gpu_kernel_path",), lambda s, mpi: s.tiers.gpu in ("auto", "real") and s.tiers.gpu_copy == "kernel"
+     and s.tiers.gpu_layout != "contiguous", "the paged layout's kernel (--gpu-copy kernel, a real GPU tier)"),
     (("tiers.gpu_mem_gb", "tiers.gpus"), lambda s, mpi: s.tiers.gpu != "off",
      "a GPU tier (--gpu auto, real or simulated)"),
     (("tiers.shared_storage",), lambda s, mpi: mpi, "several MPI ranks (mpirun, or --processes N)"),

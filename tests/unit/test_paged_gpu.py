@@ -113,6 +113,9 @@ def test_gds_gathers_the_pieces_into_its_landing_buffer_and_scatters_them_back(s
     (["--gpu", "real", "--gpu-layout", "contiguous", "--gpu-copy", "per-piece"], "1:2",
      "--gpu-layout contiguous keeps a block in one piece"),
     (["--gpu", "real", "--gpu-copy", "batch"], "1:2:12.4", "new in CUDA 12.8, and this host has runtime 12.4"),
+    (["--gpu", "simulated", "--gpu-copy", "batch"], "1:2", "--gpu-copy acts only with a real GPU tier"),
+    (["--gpu", "real", "--gpu-copy", "batch", "--gpu-kernel-path", "hbm"], "1:2",
+     "--gpu-kernel-path acts only with the paged layout's kernel"),
 ])
 def test_a_layout_or_copy_that_cannot_be_is_one_sentence(small_run, args, env, words):
     r = run_cli(small_run("bad", *args, "--gpu-mem-gb", "0.01", "--max-requests", "4"), extra_env=_env(env))
