@@ -9,6 +9,10 @@ concurrency (threads = redis-benchmark's -c):
    redis-benchmark SET / GET with -d = the block's bytes, -c = the threads, the same number of requests.
 2. S3, for each client (obstore, boto3): the tier alone against a plain threaded PUT / GET loop of that client
    library (no tier, no namespace, no bookkeeping); the faster tier is the default client (media.s3.client).
+2b. S3's batch (`--request-io batched`): one worker's batch of --batch blocks through the tier's put_many /
+   get_many (every request in flight together on the store's threads) against the same blocks one after another
+   (the serial path), each client; the ratio is the batch's GB/s over the serial GB/s (`--s3-batch-only` runs
+   this row alone).
 3. The whole program over each server (--nvme off --cpu-mem-gb 0: every block goes to the remote tier):
    the remote tier's per-block p50/p95/p99, GB/s and CPU seconds per GiB, from its results.json.
 
@@ -187,6 +191,58 @@ def s3_plain(server, client: str, threads: int, per_thread: int, block: int) -> 
     return {"write": write, "read": read}
 
 
+def s3_batch(server, client: str, batch: int, batches: int, block: int) -> dict:
+    """One worker: batches of `batch` blocks through put_many / get_many against the same blocks one by one."""
+    store = s3_medium.open_store(server.url, s3_medium.S3Settings(client=client), 1, server.env)
+    store.check()
+    tier = RemoteTier("s3", store, f"bench-{os.getpid()}", 2 * batch * block, block, "bench")
+    src, dst = payloads(batch, block)
+    gbps: dict[str, list[float]] = {k: [] for k in ("batch_write", "batch_read", "serial_write", "serial_read")}
+    try:
+        for _ in range(batches):
+            for how in ("batch", "serial"):
+                keys = list(range(batch)) if how == "batch" else list(range(batch, 2 * batch))
+                start_ns = time.perf_counter_ns()
+                if how == "batch":
+                    assert all(isinstance(d, int) for d in tier.put_many(list(zip(keys, src))))
+                else:
+                    for k, b in zip(keys, src):
+                        tier.put(k, b)
+                mid_ns = time.perf_counter_ns()
+                if how == "batch":
+                    assert all(isinstance(d, int) for d in tier.get_many(list(zip(keys, dst))))
+                else:
+                    for k, b in zip(keys, dst):
+                        tier.get(k, b)
+                end_ns = time.perf_counter_ns()
+                assert all(np.array_equal(s, d) for s, d in zip(src, dst)), "a block read back differs"
+                gbps[f"{how}_write"].append(batch * block / (mid_ns - start_ns))
+                gbps[f"{how}_read"].append(batch * block / (end_ns - mid_ns))
+                for k in keys:
+                    tier.delete(k)
+    finally:
+        tier.close()
+    med = {k: float(np.median(v)) for k, v in gbps.items()}
+    return {**med, "write_ratio": med["batch_write"] / med["serial_write"],
+            "read_ratio": med["batch_read"] / med["serial_read"], "batch": batch, "threads": store.threads}
+
+
+def s3_batch_lines(r: dict, block: int) -> list[str]:
+    return [f"| S3 tier ({c}): one worker's batch of {s['batch']} x {block / MiB:g} MiB ({s['threads']} threads) vs "
+            f"the same one by one, {d} | {s['batch_' + d]:.3f} GB/s | {s['serial_' + d]:.3f} GB/s | "
+            f"{s[d + '_ratio']:.2f} |" for c, s in r.items() for d in ("write", "read")]
+
+
+def s3_batch_round(a) -> dict:
+    block = a.block_mib * MiB
+    with tempfile.TemporaryDirectory(prefix="remote-servers-") as folder:
+        s3 = start("s3", Path(folder) / "s3")
+        try:
+            return {c: s3_batch(s3, c, a.batch, a.rounds * 3, block) for c in ("obstore", "boto3")}
+        finally:
+            s3.stop()
+
+
 # ------------------------------------------------------------------------------ the whole program
 
 def whole_program(url: str, env: dict, a, extra: list[str]) -> dict:
@@ -310,16 +366,24 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--users", type=int, default=32, help="the whole-program runs' users")
     p.add_argument("--duration", type=float, default=10.0, help="the whole-program runs' measured seconds")
     p.add_argument("--remote-gb", type=float, default=4.0, help="the whole-program runs' remote tier size")
+    p.add_argument("--batch", type=int, default=16, help="blocks of one worker's S3 batch (row 2b)")
+    p.add_argument("--s3-batch-only", action="store_true", help="row 2b alone")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     arguments(p)
-    r = remote_round(p.parse_args())
+    a = p.parse_args()
+    if a.s3_batch_only:
+        print("| measure | batch | one by one | ratio (median) |\n|---|---|---|---|")
+        print("\n".join(s3_batch_lines(s3_batch_round(a), a.block_mib * MiB)))
+        return 0
+    r = remote_round(a)
+    r["s3_batch"] = s3_batch_round(a)
     out = REPO / "bench" / "out"
     out.mkdir(exist_ok=True)
     (out / "remote.json").write_text(json.dumps(r, indent=1))
-    print("\n".join(lines(r)))
+    print("\n".join(lines(r) + s3_batch_lines(r["s3_batch"], r["block_bytes"])))
     return 0
 
 
