@@ -191,6 +191,15 @@ def s3_plain(server, client: str, threads: int, per_thread: int, block: int) -> 
     return {"write": write, "read": read}
 
 
+def _moved(many, one, items: list, batched: bool) -> None:
+    """items through the tier's batch verb (every block must complete) or one by one."""
+    if batched:
+        assert all(isinstance(d, int) for d in many(items))
+        return
+    for key, buf in items:
+        one(key, buf)
+
+
 def s3_batch(server, client: str, batch: int, batches: int, block: int) -> dict:
     """One worker: batches of `batch` blocks through put_many / get_many against the same blocks one by one."""
     store = s3_medium.open_store(server.url, s3_medium.S3Settings(client=client), 1, server.env)
@@ -203,17 +212,9 @@ def s3_batch(server, client: str, batch: int, batches: int, block: int) -> dict:
             for how in ("batch", "serial"):
                 keys = list(range(batch)) if how == "batch" else list(range(batch, 2 * batch))
                 start_ns = time.perf_counter_ns()
-                if how == "batch":
-                    assert all(isinstance(d, int) for d in tier.put_many(list(zip(keys, src))))
-                else:
-                    for k, b in zip(keys, src):
-                        tier.put(k, b)
+                _moved(tier.put_many, tier.put, list(zip(keys, src)), how == "batch")
                 mid_ns = time.perf_counter_ns()
-                if how == "batch":
-                    assert all(isinstance(d, int) for d in tier.get_many(list(zip(keys, dst))))
-                else:
-                    for k, b in zip(keys, dst):
-                        tier.get(k, b)
+                _moved(tier.get_many, tier.get, list(zip(keys, dst)), how == "batch")
                 end_ns = time.perf_counter_ns()
                 assert all(np.array_equal(s, d) for s, d in zip(src, dst)), "a block read back differs"
                 gbps[f"{how}_write"].append(batch * block / (mid_ns - start_ns))

@@ -102,8 +102,7 @@ class FakeDevice:
         return s
 
     def copy(self, kind: int, dev, dev_offset: int, host: np.ndarray, stream: FakeStream) -> None:
-        stream.copies += 1
-        stream.threads.add(threading.get_ident())
+        self._count_copy(stream)
         if kind == H2D:
             np.copyto(dev[dev_offset:dev_offset + host.size], host)
         else:
@@ -114,8 +113,7 @@ class FakeDevice:
 
     def copy_ptr(self, kind: int, dev_addr: int, host_addr: int, nbytes: int, stream: FakeStream) -> None:
         """copy() by addresses (the GPU tier's hot path: no array views made per transfer)."""
-        stream.copies += 1
-        stream.threads.add(threading.get_ident())
+        self._count_copy(stream)
         if kind == H2D:
             ctypes.memmove(dev_addr, host_addr, nbytes)
         else:

@@ -58,13 +58,16 @@ class GdsLink:
         """A block read from src is already in HBM: its promotion into dst is device to device."""
         return src is self.nvme and dst is self.gpu
 
+    def _at(self, nvme_slot: int) -> tuple[object, int]:
+        """(the slab file's handle, the offset in it) of an NVMe slot."""
+        return self.handles[nvme_slot // self.nvme.per_file], (nvme_slot % self.nvme.per_file) * self.nvme.slot_bytes
+
     def _pieces(self, gpu_slots, nvme_slots, nbytes: int):
         """(device, offset in its slab, NVMe file handle, file offset, length) of each slot of a block."""
         slot = self.gpu.slot_bytes
         for i, (g, n) in enumerate(zip(gpu_slots, nvme_slots)):
             d, off = self.gpu._place(g)
-            yield d, off, self.handles[n // self.nvme.per_file], (n % self.nvme.per_file) * slot, \
-                min(slot, nbytes - i * slot)
+            yield d, off, *self._at(n), min(slot, nbytes - i * slot)
 
     def demote(self, key: int) -> None:
         """Write a block from its GPU slots into new NVMe slots (the caller then frees the GPU slots)."""
@@ -86,17 +89,16 @@ class GdsLink:
         self._local.landed = None  # the landing buffer no longer holds the block this thread last loaded
         self.gpu.gather_to_device(key, land)
         for i, n in enumerate(nvme_slots):
-            self.backend.file_write(self.handles[n // self.nvme.per_file], land, i * slot,
-                                    min(slot, nbytes - i * slot), (n % self.nvme.per_file) * slot)
+            handle, file_off = self._at(n)
+            self.backend.file_write(handle, land, i * slot, min(slot, nbytes - i * slot), file_off)
 
     def load(self, key: int):
         """Read a block from its NVMe slots into this thread's device landing buffer; return the buffer."""
         nvme_slots, nbytes = self.nvme.slots.lookup(key)
         land, slot = self.landing.mine(), self.nvme.slot_bytes
         for i, n in enumerate(nvme_slots):
-            length = min(slot, nbytes - i * slot)
-            self.backend.file_read(self.handles[n // self.nvme.per_file], land, i * slot, length,
-                                   (n % self.nvme.per_file) * slot)
+            handle, file_off = self._at(n)
+            self.backend.file_read(handle, land, i * slot, min(slot, nbytes - i * slot), file_off)
         self.loaded += 1
         self._local.landed = key
         return land

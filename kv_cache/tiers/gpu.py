@@ -72,7 +72,7 @@ class GpuTier(SlottedTier):
             self.slabs, self.hbm = [], PagedHbm(backend, paging, devices, per_device)
         self._one = n == 1 and paging is None
         self._bases = [backend.address(slab) for slab in self.slabs]
-        kernel, stage = (False, 0) if self.hbm is None else (paging.copy == "kernel", self.hbm.stage_bytes())
+        kernel, stage = paging is not None and paging.copy == "kernel", paging.stage_bytes() if paging else 0
         self._lanes = [_Lane(backend, devices, staging_bytes, kernel, stage) for _ in range(lanes)]
         self.lanes = PerThread(self._lanes, "the GPU tier's lanes")
         # page-locked host ranges, sorted by start, for a bisect per transfer (a list scan cost ~5 us at 70)
@@ -125,24 +125,14 @@ class GpuTier(SlottedTier):
         NOTE: by address, computed once per transfer: a numpy view and its .ctypes per piece cost about a
         microsecond each, the largest part of a small block's fixed cost (0.5 MiB moves in ~20 us over PCIe 5).
         """
-        if self.hbm is not None:
-            used: set = set()
-            self.hbm.move(kind == H2D, [(slots, pieces)], lane, used)
-            for d in used:
-                self.backend.sync(lane.streams[d])
-            return
-        copy, sb = self.backend.copy_ptr, self.slot_bytes
-        if self._one:  # one device: no placement arithmetic, one stream to wait for
-            base, stream = self._bases[0], lane.streams[0]
+        if self._one:  # one device, contiguous: no placement arithmetic, one stream to wait for
+            copy, sb, base, stream = self.backend.copy_ptr, self.slot_bytes, self._bases[0], lane.streams[0]
             for slot, (addr, n) in zip(slots, pieces):
                 copy(kind, base + slot * sb, addr, n, stream)
             self.backend.sync(stream)
             return
-        used = set()
-        for slot, (addr, n) in zip(slots, pieces):
-            d, off = self._place(slot)
-            copy(kind, self._bases[d] + off, addr, n, lane.streams[d])
-            used.add(d)
+        used: set = set()
+        self._queue(kind, [(slots, pieces)], lane, used)
         for d in used:
             self.backend.sync(lane.streams[d])
 

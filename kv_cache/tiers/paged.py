@@ -157,9 +157,6 @@ class PagedHbm:
             self._rel.append(rel.reshape(-1).astype(np.uint64))
         self._host = pg.host_offsets()
 
-    def stage_bytes(self) -> int:
-        return self.paging.stage_bytes()
-
     def pieces(self, device: int, local: int, host_addr: int) -> tuple[np.ndarray, np.ndarray]:
         """(HBM addresses, host-side addresses) of a block's pieces at local slot `local` of `device`."""
         dev = self._rel[device] + np.uint64(local * self.paging.page_bytes)

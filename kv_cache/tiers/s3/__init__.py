@@ -106,6 +106,7 @@ class S3ObjectStore(Names):
         self.version = f"S3 ({settings.client})"
         _check_setup(url, endpoint, env)
         self.threads = min(BATCH_THREADS_MAX, BATCH_THREADS_PER_LANE * lanes)
+        self._threads: ThreadPoolExecutor | None = None  # the batch threads: started by check(), before the clock
         try:
             self.ops = (ObstoreOps(self.bucket, endpoint, env, settings) if settings.client == "obstore"
                         else Boto3Ops(self.bucket, endpoint, env, settings, lanes + self.threads))
@@ -144,7 +145,7 @@ class S3ObjectStore(Names):
 
     def _pool(self) -> ThreadPoolExecutor:
         """The batch threads, all started here (before the clock: a thread started inside a batch would be timed)."""
-        if getattr(self, "_threads", None) is None:
+        if self._threads is None:
             self._threads = ThreadPoolExecutor(self.threads, thread_name_prefix="s3-batch")
             started = threading.Barrier(self.threads + 1, timeout=30)
             for _ in range(self.threads):
@@ -237,7 +238,7 @@ class S3ObjectStore(Names):
             raise self._error(f"reading {name}", e) from None
 
     def close(self) -> None:
-        if getattr(self, "_threads", None) is not None:
+        if self._threads is not None:
             self._threads.shutdown(wait=True)
             self._threads = None
 
