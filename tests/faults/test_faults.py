@@ -59,9 +59,11 @@ def test_signal_stops_cleanly_and_keeps_results(small_run, sig, code, phase):
     it keeps what it measured. Both are partial results, never a traceback, and leave no data behind."""
     p = start(small_run("s", "--duration", "30", "--warmup", "30" if phase == "warm-up" else "0", quiet=False))
     wait_for_window(p, small_run.cache, "s")
+    seen = time.monotonic()
     time.sleep(0.5)
     p.send_signal(sig)
     _out, err = p.communicate(timeout=60)
+    lived = time.monotonic() - seen  # the window lies inside this: the banner comes just before the clock starts
     assert p.returncode == code, err
     no_traceback(err)
     res = small_run.results("s")
@@ -69,7 +71,8 @@ def test_signal_stops_cleanly_and_keeps_results(small_run, sig, code, phase):
     if phase == "warm-up":
         assert res["run"]["duration_s"] < 0.01 and "0.0 s into the measurement" in err, err
     else:
-        assert res["run"]["duration_s"] >= 0.4, res["run"]["duration_s"]
+        # a busy machine may take a while from the banner to the clock: the window is whatever ran before the signal
+        assert 0.05 <= res["run"]["duration_s"] <= lived, (res["run"]["duration_s"], lived)
     assert os.listdir(small_run.cache) == []  # the run's data removed
     assert sorted(n for n in os.listdir(small_run.out / "s") if n.startswith(".")) == []  # marker and reserve gone
 
