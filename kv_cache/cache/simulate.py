@@ -37,8 +37,7 @@ def replay(log: dict[str, np.ndarray], tiers: list, policy: type, window=(0, Non
     at_bottom = next((t for t, tier in enumerate(tiers) if tier.name == bottom), -1)
     moved = (C.BLOCKS(bottom, "read"), C.BLOCKS(bottom, "write"))
     reads = writes = 0
-    slot = tiers[0].slot_bytes
-    buf = np.zeros(slot, np.uint8)
+    buf = np.zeros(tiers[0].slot_bytes, np.uint8)
     req = log["requests"]
     ends = np.append(req[1:, 0], len(log["keys"]))
     hit_tokens = bottom_tokens = prompt = 0
@@ -51,12 +50,7 @@ def replay(log: dict[str, np.ndarray], tiers: list, policy: type, window=(0, Non
         looked = [bool(log["lookup"][i]) for i in rows]
         tokens = [int(log["tokens"][i].sum()) for i in rows]
         labels = [str(names[i]) if names is not None else "" for i in rows]
-        hit = _lookups(cache, keys, parents, looked, buf)  # block index -> the tier it was read from
-        for i, key in enumerate(keys):
-            if i not in hit:
-                res = cache.reserve_write(key, slot, labels[i], parents[i] or None)
-                if res is not None:
-                    cache.commit_write(res, buf, "prefill" if looked[i] else "decode", buf)
+        hit = serve(cache, keys, parents, looked, labels, buf)
         if in_window(done, window):
             hit_tokens += sum(tokens[i] for i in hit)
             bottom_tokens += sum(tokens[i] for i, t in hit.items() if t == at_bottom)
@@ -65,6 +59,20 @@ def replay(log: dict[str, np.ndarray], tiers: list, policy: type, window=(0, Non
             reads, writes = reads + after[0] - before[0], writes + after[1] - before[1]
     prompt = prompt or 1
     return Replayed(hit_tokens / prompt, bottom_tokens / prompt, reads, writes)
+
+
+def serve(cache: BlockCache, keys, parents, looked, labels, buf: np.ndarray) -> dict[int, int]:
+    """One request through the cache as the lifecycle drives it: its lookup groups pinned and their hits read
+    (promoted), then every other block written, each with its label. Returns block index -> the tier it was read
+    from. (The fleet's engines serve their requests through it too.)"""
+    hit = _lookups(cache, keys, parents, looked, buf)
+    slot = buf.size
+    for i, key in enumerate(keys):
+        if i not in hit:
+            res = cache.reserve_write(key, slot, labels[i], parents[i] or None)
+            if res is not None:
+                cache.commit_write(res, buf, "prefill" if looked[i] else "decode", buf)
+    return hit
 
 
 def _plan_order(log: dict[str, np.ndarray], first: int, end: int):

@@ -1,0 +1,16 @@
+"""least-loaded: the engine with the fewest requests in flight (modelled service times), blind to the cache."""
+
+from __future__ import annotations
+
+from kv_cache.fleet.routers.base import Router, least_loaded
+
+
+class LeastLoaded(Router):
+    name = "least-loaded"
+    description = "the fewest requests in flight, blind to the cache"
+
+    def pick(self, request, engines, now: float) -> int:
+        return least_loaded(engines, range(self.n), now)
+
+
+ROUTER = LeastLoaded

@@ -1,0 +1,157 @@
+"""One point of a fleet sweep: the planned requests, in arrival order, through a router onto N engines over one
+shared tier, each engine the benchmark's own cache on accounting tiers; the shared tier as --shared-writes says
+(demote: engines.py; through: through.py).
+
+What comes out: the prompt tokens each tier served (by source too), the shared tier's reads, writes and rewrites
+(blocks), its peak distinct blocks, the requests and computed prefill tokens per engine, and the shared tier's access
+stream (AccessLog's arrays: each request's lookups that reached it and the blocks written into it), whose LRU stack
+distances give its capacity curve (recorder/stack_distances.curve: exact, or SHARDS-sampled past a few million
+accesses with its rate said).
+
+The engines' load is modelled: a request occupies its engine for its computed prefill tokens x --prefill-ms-per-token
+plus its output tokens x --decode-ms-per-token after it arrives; the least-loaded, session and prefix routers read
+it. Nothing else is modelled: hits, misses, demotions and evictions are the cache's own decisions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kv_cache.fleet.engines import CPU, HBM, SHARED_TIER, UNBOUNDED_SLOTS, DemoteEngine, SharedPool
+from kv_cache.fleet.stream import Stream
+from kv_cache.fleet.through import LruPool, ThroughEngine
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.recorder.stack_distances import COLUMNS
+
+TIERS = (HBM, CPU, SHARED_TIER)  # where a hit can come from, fastest first
+PROGRESS_S = 10.0  # seconds between two progress lines of one point
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Each engine's tiers and the fleet's shared tier (bytes; shared 0: unbounded), the policy and the load model."""
+
+    hbm_bytes: int
+    cpu_bytes: int
+    shared_bytes: int
+    policy: type
+    prefill_ms_per_token: float
+    decode_ms_per_token: float
+    slack: float
+    writes: str  # demote | through: how blocks reach the shared tier
+
+
+@dataclass
+class Simulated:
+    """What one (engine count, router) did."""
+
+    engines: int
+    router: str
+    hit_tokens: np.ndarray        # [tier, COLUMNS]: prompt tokens served by each tier of TIERS
+    prompt_tokens: np.ndarray     # [COLUMNS]: every request's prompt tokens
+    pool: SharedPool | LruPool
+    requests_per_engine: np.ndarray
+    prefill_per_engine: np.ndarray
+    assignment: np.ndarray        # the engine of each request
+    log: dict                     # the shared tier's access stream (AccessLog.arrays' keys)
+    seconds: float                # the simulation's own wall time
+
+
+class _SharedStream:
+    """The accesses that reached the shared tier, request by request (AccessLog's array layout)."""
+
+    def __init__(self) -> None:
+        self.keys: list[int] = []
+        self.lookup: list[bool] = []
+        self.tokens: list[tuple[int, ...]] = []
+        self.requests: list[tuple[int, int, int]] = []
+
+    def request(self, p, reached: list[int], written: list[int]) -> None:
+        """written first, then the lookups deepest first: a chain's head ends up the most recent, as the
+        stack distances' prefix rule wants (stack_distances.py)."""
+        self.requests.append((len(self.keys), p.prompt_tokens, int(p.at_s * 1e9)))
+        zero = (0,) * len(COLUMNS)
+        for key in written:
+            self.keys.append(key)
+            self.lookup.append(False)
+            self.tokens.append(zero)
+        for i in reversed(reached):
+            self.keys.append(p.keys[i])
+            self.lookup.append(True)
+            self.tokens.append(p.block_sources[i])
+
+    def arrays(self) -> dict:
+        n = len(self.keys)
+        return {"keys": np.array(self.keys, np.uint64), "parents": np.zeros(n, np.uint64),
+                "lookup": np.array(self.lookup, bool),
+                "tokens": np.array(self.tokens, np.int32).reshape(n, len(COLUMNS)),
+                "source_names": np.array(COLUMNS, dtype=str),
+                "requests": np.array(self.requests, np.int64).reshape(len(self.requests), 3)}
+
+
+def _reached(p, hit: dict[int, str]) -> list[int]:
+    """The prompt blocks whose lookup went below the engine's own tiers: those served by the shared tier, and each
+    lookup group's first miss (an independent chunk: each miss)."""
+    out = []
+    for first, end, independent in p.groups:
+        for i in range(first, end):
+            t = hit.get(i)
+            if t is None or t == SHARED_TIER:
+                out.append(i)
+                if t is None and not independent:
+                    break
+    return out
+
+
+def _fleet(n: int, spec: EngineSpec, slot: int, clock) -> tuple[SharedPool | LruPool, list]:
+    """The shared tier and n engines over it, as spec.writes says."""
+    recorder = Recorder()  # never measuring: the cache's timings of accounting tiers mean nothing here
+    if spec.writes == "through":
+        pool = LruPool(slot, spec.shared_bytes // slot)
+        return pool, [ThroughEngine(spec.hbm_bytes, spec.cpu_bytes, pool, spec.policy, recorder, clock)
+                      for _ in range(n)]
+    pool = SharedPool(slot)
+    share = spec.shared_bytes // n // slot if spec.shared_bytes else UNBOUNDED_SLOTS
+    return pool, [DemoteEngine(spec.hbm_bytes, spec.cpu_bytes, pool, max(share, 1), spec.policy, recorder, clock)
+                  for _ in range(n)]
+
+
+def simulate(stream: Stream, n: int, router_cls, spec: EngineSpec, say) -> Simulated:
+    started = time.monotonic()
+    now = [0.0]  # the arrival time of the request being served: the policies' clock
+    pool, engines = _fleet(n, spec, stream.slot_bytes, lambda: now[0])
+    router = router_cls(n, spec.slack)
+    buf = np.zeros(stream.slot_bytes, np.uint8)
+    hit_tokens = np.zeros((len(TIERS), len(COLUMNS)), np.int64)
+    prompt = np.zeros(len(COLUMNS), np.int64)
+    assignment = np.zeros(len(stream.requests), np.int32)
+    shared = _SharedStream()
+    last_said = started
+    for r, p in enumerate(stream.requests):
+        now[0] = p.at_s
+        e = router.pick(p, engines, p.at_s)
+        eng = engines[e]
+        assignment[r] = e
+        pool.written.clear()
+        hit = eng.serve(p, buf)
+        served = 0
+        for i, t in hit.items():
+            row = np.asarray(p.block_sources[i])
+            hit_tokens[TIERS.index(t), : row.size] += row
+            served += int(row.sum())
+        prompt[: len(p.prompt_sources)] += p.prompt_sources
+        shared.request(p, _reached(p, hit), list(pool.written))
+        computed = p.prompt_tokens - served
+        eng.requests += 1
+        eng.prefill_tokens += computed
+        eng.busy_until.append(p.at_s + (computed * spec.prefill_ms_per_token
+                                        + p.output_tokens * spec.decode_ms_per_token) / 1e3)
+        if time.monotonic() - last_said > PROGRESS_S:
+            last_said = time.monotonic()
+            say(f"    {n} engines, {router.name}: {r + 1:,} of {len(stream.requests):,} requests")
+    return Simulated(n, router_cls.name, hit_tokens, prompt, pool,
+                     np.array([x.requests for x in engines]), np.array([x.prefill_tokens for x in engines]),
+                     assignment, shared.arrays(), time.monotonic() - started)

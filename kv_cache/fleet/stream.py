@@ -1,0 +1,151 @@
+"""The fleet's requests: the traffic a run would issue (synthetic users or any trace the benchmark reads), each
+planned once into the blocks the lifecycle would look up and write, with its arrival time and conversation.
+
+Planned once and kept compact, the same stream is replayed for every engine count and router of a sweep. Arrival
+times: a timestamped trace's own (over --trace-speedup), else a Poisson process at --request-rate (seeded, as a
+run's open loop). The conversation a request belongs to is what the session router keeps on one engine: a synthetic
+user, a ShareGPT conversation, a Bailian chain, a BurstGPT session.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from kv_cache.cache.hashing import chain_root
+from kv_cache.config import Settings
+from kv_cache.errors import UserError
+from kv_cache.lifecycle.by_source import source_tokens, span_ranges
+from kv_cache.lifecycle.plan import Planner
+from kv_cache.run.geometry import geometry
+from kv_cache.run.traffic import load_trace
+from kv_cache.sources.replay import poisson_arrivals, trace_builds
+from kv_cache.sources.synthetic import make_users
+from kv_cache.types import Request
+
+PROGRESS_EVERY = 20_000  # requests planned between two progress lines
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One request as the fleet replays it: its plan's keys and lookup groups, and each prompt block's tokens by
+    source (the access log's COLUMNS)."""
+
+    at_s: float
+    conversation: int
+    keys: tuple[int, ...]
+    parents: tuple[int, ...]       # the block a lookup must hit before this one (0: none)
+    groups: tuple[tuple[int, int, bool], ...]
+    prompt_blocks: int
+    block_sources: tuple[tuple[int, ...], ...]  # per prompt block: its prompt tokens by COLUMNS
+    labels: tuple[str, ...]
+    prompt_tokens: int
+    output_tokens: int
+    prompt_sources: tuple[int, ...]  # the whole prompt's tokens by COLUMNS (a trailing partial block's too)
+
+    def lookup(self, present) -> list[int]:
+        """The prompt blocks that hit, given present(key): a prefix group up to its first miss, an independent
+        chunk alone (the plan's own rule, KVPlan.lookup)."""
+        hits: list[int] = []
+        for first, end, independent in self.groups:
+            for i in range(first, end):
+                if present(self.keys[i]):
+                    hits.append(i)
+                elif not independent:
+                    break
+        return hits
+
+
+@dataclass
+class Stream:
+    """The planned requests, in arrival order, and what they came from."""
+
+    requests: list[Planned]
+    source: str              # synthetic, or the trace's format
+    timing: str              # where the arrival times come from (said in the output)
+    span_s: float            # first arrival to last
+    conversations: bool      # whether some conversation has more than one request (the session router needs it)
+    slot_bytes: int
+    block_tokens: int
+
+
+def _arrivals(s: Settings) -> tuple[Iterator, str, str, int | None]:
+    """(at_s, build) pairs, the source, where the times come from, and how many requests there are (None: as many
+    as asked)."""
+    if s.semantic.enabled:
+        raise UserError("fleet replays synthetic users or a trace; --semantic traffic is built for a run's own "
+                        "donors: drop --semantic.")
+    if not s.trace.path:
+        if s.schedule.request_rate <= 0:
+            raise UserError("fleet needs arrival times to give the shared tier's rates and the engines' load: with "
+                            "synthetic users give --request-rate R (requests per second of the whole fleet).")
+        users = make_users(s.workload.users, s.workload, s.profiles, s.run.seed, None, s.rag, s.model.block_tokens)
+        return (poisson_arrivals(_interleaved(users, s.run.seed), s.schedule.request_rate, s.run.seed), "synthetic",
+                f"Poisson arrivals at --request-rate {s.schedule.request_rate:g}/s (modelled)", None)
+    trace = load_trace(s)
+    cycles = s.trace.replay_cycles
+    total = None if cycles == 0 else len(trace.records) * cycles
+    if trace.timestamped and s.schedule.request_rate <= 0:
+        first = trace.records[0].arrival_s
+        span = trace.records[-1].arrival_s - first
+        gap = span / max(len(trace.records) - 1, 1)
+        times = ((r.arrival_s - first + c * (span + gap)) / s.trace.speedup
+                 for c in (itertools.count() if cycles == 0 else range(cycles)) for r in trace.records)
+        return (zip(times, trace_builds(trace, s.workload.vocab_size, cycles)), trace.fmt,
+                f"the trace's timestamps over --trace-speedup {s.trace.speedup:g}", total)
+    if s.schedule.request_rate <= 0:
+        raise UserError(f"fleet needs arrival times, and trace {s.trace.path} ({trace.fmt}) has no timestamps; "
+                        f"give --request-rate R (requests per second of the whole fleet).")
+    return (poisson_arrivals(trace_builds(trace, s.workload.vocab_size, cycles), s.schedule.request_rate, s.run.seed),
+            trace.fmt, f"Poisson arrivals at --request-rate {s.schedule.request_rate:g}/s (modelled)", total)
+
+
+def _interleaved(users: list, seed: int) -> Iterator:
+    """The users' requests in a seeded random interleaving (each user's turns in order): a run's open loop deals
+    them round-robin, which would make the round-robin router keep every user on one engine."""
+    rng = np.random.default_rng([seed, 0xF1EE7])
+    while True:
+        for u in rng.integers(len(users), size=4096):
+            yield users[u].next_request
+
+
+def planned_stream(s: Settings, say) -> Stream:
+    """The traffic of s, planned: --max-requests of it (a trace: all of it by default)."""
+    if not s.model.block_tokens:
+        raise UserError("fleet follows blocks through the engines' tiers: give --block-tokens N (N > 0); "
+                        "whole-request objects (--block-tokens 0) have no prefix to route by.")
+    arrivals, source, timing, total = _arrivals(s)
+    count = s.run.max_requests or total
+    if count is None:
+        raise UserError("fleet needs to know how many requests to replay: give --max-requests N (synthetic users "
+                        "and --replay-cycles 0 never end).")
+    geo = geometry(s)
+    planner = Planner(s.model.block_tokens, chain_root(f"{geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"),
+                      s.rag.enabled and s.rag.reuse == "chunk", s.workload.decode_writes)
+    out: list[Planned] = []
+    seen: set[int] = set()
+    repeated = False
+    for at_s, build in itertools.islice(arrivals, count):
+        req = build()
+        p = plan_of(planner, req, at_s)
+        repeated = repeated or p.conversation in seen
+        seen.add(p.conversation)
+        out.append(p)
+        if len(out) % PROGRESS_EVERY == 0:
+            say(f"  planned {len(out):,} of {count:,} requests")
+    if not out:
+        raise UserError("fleet: the traffic gave no request; check --trace and --max-requests.")
+    return Stream(out, source, timing, out[-1].at_s - out[0].at_s, repeated, geo.slot_bytes, s.model.block_tokens)
+
+
+def plan_of(planner: Planner, req: Request, at_s: float) -> Planned:
+    plan = planner.plan(req)
+    n = plan.num_prompt_blocks
+    parents = tuple(int(plan.parent(i) or 0) for i in range(len(plan.keys)))
+    sources = tuple(source_tokens(plan.cached_by_source(req, i)) for i in range(n))
+    spans = source_tokens([(label, end - start) for end, start, label in span_ranges(req.spans)])
+    return Planned(float(at_s), int(req.user_id), tuple(int(k) for k in plan.keys), parents, plan.groups, n, sources,
+                   plan.labels, req.num_prompt_tokens, req.num_output_tokens, spans)

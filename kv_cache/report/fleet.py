@@ -1,0 +1,70 @@
+"""The fleet sub-command's table and fleet.png (pure functions of fleet.json's typed points)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from kv_cache.report.figure import save
+from kv_cache.report.table import format_table
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _num(v, fmt: str = ".2f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def fleet_table(f) -> list[str]:
+    """A row per (engines, router) in four tables: where the prompt tokens came from and the engines' imbalance;
+    the shared tier's demand; its capacity; the hit rate by source."""
+    hits = [["engines", "router", "HBM", "CPU", "shared", "total", "requests max/mean", "prefill max/mean"]]
+    demand = [["engines", "router", "read GB/s", "write GB/s", "rewrites", "read IOPS", "write IOPS", "MB/request"]]
+    size = [["engines", "router", "held GiB", "pool hit", "90 % at GiB", "99 % at GiB"]]
+    sources = sorted({c for p in f.points for t in p.hit_rate_by_source.values() for c in t})
+    by_source = [["engines", "router", *sources]]
+    for p in f.points:
+        d, who = p.shared, [str(p.engines), p.router]
+        hits.append([*who, *(_pct(p.hit_rate[t]) for t in ("hbm", "cpu", "shared", "total")),
+                     f"{p.requests_max_over_mean:.2f}", _num(p.prefill_max_over_mean)])
+        demand.append([*who, _num(d.read_gbps, ".3f"), _num(d.write_gbps, ".3f"),
+                       _pct(d.rewrite_blocks / d.write_blocks if d.write_blocks else None),
+                       _num(d.read_iops, ",.0f"), _num(d.write_iops, ",.0f"), f"{d.bytes_per_request / 1e6:,.1f}"])
+        size.append([*who, f"{d.peak_gib:,.2f}", _pct(d.infinite_hit_rate), _num(d.knee_90_gib, ",.2f"),
+                     _num(d.knee_99_gib, ",.2f")])
+        by_source.append([*who, *(_pct(sum(t.get(c, 0.0) for t in p.hit_rate_by_source.values()))
+                                  for c in sources)])
+    sampled = {p.shared.sample_rate for p in f.points if p.shared.sample_rate < 1}
+    note = f"; its stack distances SHARDS-sampled at {min(sampled):g}" if sampled else ""
+    return (["Prompt tokens served, by tier"] + format_table(hits, 2, "  ")
+            + ["", "The shared tier's demand at the traffic's rate (rewrites: writes of a block already there)"]
+            + format_table(demand, 2, "  ")
+            + ["", "The shared tier's capacity: held at most, and as one LRU pool its hit rate unbounded and the "
+                   "capacities reaching 90 % and 99 % of it" + note] + format_table(size, 2, "  ")
+            + ["", "Hit rate by source (all tiers)"] + format_table(by_source, 2, "  "))
+
+
+def fleet_plot(f, folder: Path) -> Path:
+    """Hit rate (total and shared) and the shared tier's demand against the engine count, one line per router."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
+    for router in dict.fromkeys(p.router for p in f.points):
+        pts = sorted((p for p in f.points if p.router == router), key=lambda p: p.engines)
+        n = [p.engines for p in pts]
+        line, = ax1.plot(n, [100 * p.hit_rate["total"] for p in pts], marker="o", label=f"{router}: total")
+        ax1.plot(n, [100 * p.hit_rate["shared"] for p in pts], marker="x", ls="--", color=line.get_color(),
+                 label=f"{router}: shared tier")
+        ax2.plot(n, [(p.shared.read_gbps or 0) + (p.shared.write_gbps or 0) for p in pts], marker="o",
+                 color=line.get_color(), label=router)
+    ax1.set_ylabel("prompt tokens served from cache (%)")
+    ax1.set_title("Hit rate against the engine count")
+    ax2.set_ylabel("shared tier read + write GB/s")
+    ax2.set_title(f"Shared-tier demand at the traffic's rate ({f.stream.timing})", fontsize=8)
+    for ax in (ax1, ax2):
+        ax.set_xlabel("engines")
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return save(fig, folder, "fleet.png")

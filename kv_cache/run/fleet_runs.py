@@ -1,0 +1,117 @@
+"""The ``fleet`` sub-command: one traffic through N engines and a router, for every N of --engines and every router
+of --router, on paper (fleet/: nothing moves a byte); fleet.json, fleet.png and a table.
+
+The traffic is planned once (fleet/stream.py) and replayed for every point, so the routers and engine counts are
+compared on exactly the same requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kv_cache.config import Settings
+from kv_cache.errors import UserError
+from kv_cache.fleet.results import FLEET_FILE, FLEET_SCHEMA, FleetFile, FleetStreamInfo, point
+from kv_cache.fleet.simulate import EngineSpec, simulate
+from kv_cache.fleet.stream import Stream, planned_stream
+from kv_cache.model import GiB
+from kv_cache.report.fleet import fleet_plot, fleet_table
+from kv_cache.run.outfolder import write_json
+from kv_cache.run.pipeline import new_run_id
+
+MODEL = {
+    "demote": "each engine is the benchmark's own cache (policy, waterfall, promotion, prefix-held blocks) on "
+              "accounting tiers over the shared tier, which holds what the engines demote into it: each engine's own "
+              "blocks in its share of the capacity, everyone's readable (the --shared-storage semantics)",
+    "through": "each engine is the benchmark's own cache (policy, promotion, prefix-held blocks) on accounting HBM "
+               "and CPU tiers; every block an engine makes is stored in the shared tier as it is made (unless there "
+               "already), a lookup goes on there past the engine's own tiers, and the shared tier evicts its least "
+               "recently used blocks for itself"}
+MODELLED = ("modelled: the engines' load (service time = computed prefill tokens x {prefill:g} ms + output tokens x "
+            "{decode:g} ms), and the shared tier's capacity curve, from its access stream's LRU stack distances (one "
+            "pool)")
+
+
+@dataclass(frozen=True)
+class FleetAsk:
+    """What the command line asked beside the run's settings."""
+
+    engines: tuple[int, ...]
+    routers: tuple[str, ...]      # empty: every router the traffic allows
+    shared_gib: float             # 0: unbounded
+    slack: float
+    prefill_ms_per_token: float
+    decode_ms_per_token: float
+    writes: str                   # demote | through
+
+
+def _routers(ask: FleetAsk, stream: Stream, table: dict, say) -> list[str]:
+    if not ask.routers:
+        names = [n for n in table if stream.conversations or not table[n].needs_conversations]
+        if len(names) < len(table):
+            say(f"  session router left out: no conversation of this {stream.source} traffic has a second request")
+        return names
+    for name in ask.routers:
+        if table[name].needs_conversations and not stream.conversations:
+            raise UserError(f"--router {name} keeps a conversation on one engine, and no conversation of this "
+                            f"{stream.source} traffic has a second request (its trace names none); use "
+                            f"{', '.join(n for n in table if not table[n].needs_conversations)}.")
+    return list(ask.routers)
+
+
+def _spec(s: Settings, ask: FleetAsk, stream: Stream, policy: type) -> EngineSpec:
+    hbm = 0 if s.tiers.gpu == "off" else int(s.tiers.gpu_mem_gb * GiB)
+    cpu = int(s.tiers.cpu_mem_gb * GiB)
+    longest = max(len(p.keys) for p in stream.requests)
+    shared = int(ask.shared_gib * GiB)
+    most = max(ask.engines)
+    share = shared // most // stream.slot_bytes
+    upper = hbm // stream.slot_bytes + cpu // stream.slot_bytes
+    if ask.writes == "through" and not upper:
+        raise UserError(f"--shared-writes through loads what the shared tier serves into the engine's own tiers, and "
+                        f"HBM {hbm / GiB:g} + CPU {cpu / GiB:g} GiB hold no block of {stream.slot_bytes / 2**20:.2f} "
+                        f"MiB; raise --gpu-mem-gb or --cpu-mem-gb.")
+    if shared and upper + share < longest:
+        raise UserError(f"each engine's tiers (HBM {hbm / GiB:g} + CPU {cpu / GiB:g} GiB + its share of --shared-gb "
+                        f"{ask.shared_gib:g} over {most} engines: {upper + share:,} blocks of "
+                        f"{stream.slot_bytes / 2**20:.2f} MiB) cannot hold the longest request's {longest:,} blocks; "
+                        f"raise --shared-gb (0: unbounded), --gpu-mem-gb or --cpu-mem-gb.")
+    return EngineSpec(hbm, cpu, shared, policy, ask.prefill_ms_per_token, ask.decode_ms_per_token, ask.slack,
+                      ask.writes)
+
+
+def run_fleet(s: Settings, ask: FleetAsk, reg, say) -> int:
+    folder = Path(s.run.output_dir) / (s.run.run_id or new_run_id())
+    if folder.exists():
+        raise UserError(f"report folder {folder} already exists; choose another --run-id.")
+    say(f"fleet: planning the traffic ({s.model.name}, {s.model.block_tokens}-token blocks)")
+    stream = planned_stream(s, say)
+    routers = _routers(ask, stream, reg.routers, say)
+    spec = _spec(s, ask, stream, reg.policies[s.cache.policy])
+    say(f"  {len(stream.requests):,} {stream.source} requests over {stream.span_s:,.1f} s ({stream.timing}); "
+        f"engines {', '.join(map(str, ask.engines))}; routers {', '.join(routers)}")
+    points = []
+    for n in ask.engines:
+        for name in routers:
+            sim = simulate(stream, n, reg.routers[name], spec, say)
+            points.append(point(sim, stream.span_s, stream.slot_bytes))
+    info = FleetStreamInfo(stream.source, stream.timing, len(stream.requests), stream.span_s,
+                           len(stream.requests) / stream.span_s if stream.span_s > 0 else None, stream.block_tokens,
+                           stream.slot_bytes)
+    model = f"{MODEL[ask.writes]}; " + MODELLED.format(prefill=ask.prefill_ms_per_token,
+                                                         decode=ask.decode_ms_per_token)
+    tiers = {"hbm_gib": spec.hbm_bytes / GiB, "cpu_gib": spec.cpu_bytes / GiB, "shared_gib": ask.shared_gib}
+    result = FleetFile(FLEET_SCHEMA, model, ask.writes, info, tiers, s.cache.policy, points, s.to_dict())
+    folder.mkdir(parents=True)
+    write_json(folder / FLEET_FILE, result.to_dict())
+    plot = fleet_plot(result, folder)
+    shared = f"{ask.shared_gib:g} GiB" if ask.shared_gib else "unbounded"
+    say(f"\nFleet: each engine {spec.hbm_bytes / GiB:g} GiB HBM + {spec.cpu_bytes / GiB:g} GiB CPU, shared tier "
+        f"{shared} (--shared-writes {ask.writes}), policy {s.cache.policy}")
+    for line in fleet_table(result):
+        say(line)
+    say(f"  model: {result.model}")
+    say(f"  results: {folder / FLEET_FILE}; plot: {plot}")
+    return 0
+
