@@ -72,6 +72,9 @@ def _spec(s: Settings, ask: FleetAsk, stream: Stream, policy: type) -> EngineSpe
         raise UserError(f"--shared-writes through loads what the shared tier serves into the engine's own tiers, and "
                         f"HBM {hbm / GiB:g} + CPU {cpu / GiB:g} GiB hold no block of {stream.slot_bytes / 2**20:.2f} "
                         f"MiB; raise --gpu-mem-gb or --cpu-mem-gb.")
+    if shared and not share:
+        raise UserError(f"--shared-gb {ask.shared_gib:g} split over {most} engines leaves less than one block "
+                        f"({stream.slot_bytes / 2**20:.2f} MiB) to each; raise --shared-gb, or 0 for unbounded.")
     if shared and upper + share < longest:
         raise UserError(f"each engine's tiers (HBM {hbm / GiB:g} + CPU {cpu / GiB:g} GiB + its share of --shared-gb "
                         f"{ask.shared_gib:g} over {most} engines: {upper + share:,} blocks of "
