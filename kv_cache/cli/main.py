@@ -23,6 +23,7 @@ from pathlib import Path
 from kv_cache import runlog, signals
 from kv_cache.cli.args import Parser, amount
 from kv_cache.cli.flags import run_parser
+from kv_cache.cli.fleet import cmd_fleet, fleet_folders
 from kv_cache.config import resolve
 from kv_cache.errors import RunFault, UserError
 from kv_cache.inputs import read_text
@@ -126,60 +127,6 @@ def _cmd_policies(argv: list[str], reg: Registry) -> int:
 
 
 
-def _counts(text: str) -> tuple[int, ...]:
-    """--engines: a comma-separated list of engine counts, each at least 1."""
-    try:
-        out = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UserError(f"--engines {text}: give engine counts as whole numbers, e.g. --engines 4,16,64.") from None
-    if not out or min(out) < 1 or max(out) > MAX_ENGINES:
-        raise UserError(f"--engines {text}: each count must be between 1 and {MAX_ENGINES:,}, e.g. --engines 4,16.")
-    return tuple(dict.fromkeys(out))
-
-
-MAX_ENGINES = 100_000
-
-
-def _cmd_fleet(argv: list[str], reg: Registry) -> int:
-    p = run_parser(reg)
-    p.prog = "kv_cache_benchmark.py fleet"
-    p.description = ("N engines, each with its own HBM and CPU tiers (--gpu-mem-gb, --cpu-mem-gb), over one shared "
-                     "KV tier, serving one traffic (synthetic users or --trace) through a router, on paper: hit rates "
-                     "by tier, the shared tier's demand and capacity, load imbalance. Nothing moves a byte.")
-    p.add_argument("--engines", default="4", help="Engine counts to sweep, comma-separated [default: 4].")
-    p.add_argument("--router", default="", help=f"Routers, comma-separated: {', '.join(reg.routers)} "
-                                                "[default: every router the traffic allows].")
-    p.add_argument("--shared-gb", type=amount, default=0.0,
-                   help="The shared tier's capacity in GiB, split evenly as the engines' shares [default: 0, "
-                        "unbounded: the output says what it needed].")
-    p.add_argument("--shared-writes", choices=("demote", "through"), default="demote",
-                   help="How blocks reach the shared tier: demote (as the engines' upper tiers evict them: this "
-                        "benchmark's waterfall, what a run of it with a shared bottom tier does) or through (every "
-                        "block stored as it is made, the shared tier evicting for itself: LMCache's remote backend, "
-                        "Mooncake's store) [default: demote].")
-    p.add_argument("--load-slack", type=amount, default=0.25,
-                   help="prefix router: an engine is a candidate while its requests in flight are at most "
-                        "(1 + slack) x the mean + 1 [default: 0.25].")
-    p.add_argument("--prefill-ms-per-token", type=amount, default=0.08,
-                   help="Modelled engine load: ms of prefill per computed prompt token [default: 0.08].")
-    p.add_argument("--decode-ms-per-token", type=amount, default=20.0,
-                   help="Modelled engine load: ms per output token [default: 20].")
-    args = vars(p.parse_args(argv))
-    engines = _counts(args.pop("engines"))
-    routers = tuple(dict.fromkeys(n.strip() for n in args.pop("router").split(",") if n.strip()))
-    unknown = [n for n in routers if n not in reg.routers]
-    if unknown:
-        raise UserError(f"--router {unknown[0]}: no such router; known: {', '.join(reg.routers)}.")
-    from kv_cache.run.fleet_runs import FleetAsk, run_fleet
-
-    ask = FleetAsk(engines, routers, args.pop("shared_gb"), args.pop("load_slack"), args.pop("prefill_ms_per_token"),
-                   args.pop("decode_ms_per_token"), args.pop("shared_writes"))
-    config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
-    args.pop("lmcache_config")
-    settings = resolve(config, sets, args, media_sections=reg.sections())
-    return run_fleet(settings, ask, reg, lambda text="": print(fit(str(text)), flush=True))
-
-
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a number JSON allows (a results file holds finite numbers)")
 
@@ -239,6 +186,11 @@ def _cmd_compare(argv: list[str], reg: Registry) -> int:
         raise UserError("compare needs at least two runs (run folders or results.json files).")
     import time
 
+    if fleets := fleet_folders(args.runs):  # fleet.json files: their points side by side (text only)
+        from kv_cache.report.fleet import fleet_comparison
+
+        print("\n".join(fleet_comparison(fleets)))
+        return 0
     out = Path(args.output or Path("reports") / time.strftime("compare-%Y%m%dT%H%M%SZ", time.gmtime()))
     _plot_folder(out)
     runs, paths = [], []
@@ -365,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         reg = discover()  # every extension point, found once and handed down
         commands = {"report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate, "run": _cmd_run,
                     "policies": _cmd_policies, "clean": _cmd_clean, "capacity": _cmd_capacity,
-                    "fleet": _cmd_fleet}
+                    "fleet": cmd_fleet}
         return commands[command](rest, reg)
     except UserError as e:
         runlog.tell(f"error: {e}")

@@ -68,3 +68,39 @@ def fleet_plot(f, folder: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return save(fig, folder, "fleet.png")
+
+
+def fleet_comparison(runs: list[tuple[str, object]]) -> list[str]:
+    """Fleet runs side by side: each (engines, router) the first run has, its hit rates and the shared tier's
+    demand in every run, and the settings that differ (a comparison of unlike fleets says so)."""
+    (base_name, base), rest = runs[0], runs[1:]
+    out = [f"Fleet runs against {base_name} (hit rates: percentage points; demand: ratio to {base_name})"]
+    differ = []
+    for name, f in rest:
+        for what, a, b in (("--shared-writes", base.shared_writes, f.shared_writes), ("policy", base.policy, f.policy),
+                           ("engine tiers", base.engine_tiers, f.engine_tiers),
+                           ("requests", base.stream.requests, f.stream.requests)):
+            if a != b:
+                differ.append(f"  {name}: {what} {b} (against {a})")
+    rows = [["engines", "router", "run", "total hit", "shared hit", "read GB/s", "write GB/s", "99 % at GiB"]]
+    for p in base.points:
+        rows.append([str(p.engines), p.router, base_name, _pct(p.hit_rate["total"]), _pct(p.hit_rate["shared"]),
+                     _num(p.shared.read_gbps, ".3f"), _num(p.shared.write_gbps, ".3f"), _num(p.shared.knee_99_gib)])
+        for name, f in rest:
+            q = next((x for x in f.points if (x.engines, x.router) == (p.engines, p.router)), None)
+            if q is None:
+                rows.append(["", "", name, "-", "-", "-", "-", "-"])
+                continue
+            a, b = p.shared, q.shared
+            rows.append(["", "", name, _pp(q.hit_rate["total"] - p.hit_rate["total"]),
+                         _pp(q.hit_rate["shared"] - p.hit_rate["shared"]), _ratio(b.read_gbps, a.read_gbps),
+                         _ratio(b.write_gbps, a.write_gbps), _ratio(b.knee_99_gib, a.knee_99_gib)])
+    return out + format_table(rows, 2, "  ") + (["", "Settings that differ:"] + differ if differ else [])
+
+
+def _pp(v: float) -> str:
+    return f"{100 * v:+.1f} pp"
+
+
+def _ratio(a, b) -> str:
+    return "-" if a is None or not b else f"x{a / b:.2f}"

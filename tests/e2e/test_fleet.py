@@ -126,3 +126,24 @@ def test_what_the_traffic_lacks_is_one_sentence(tmp_path):
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "taken").mkdir()
     assert_clean_error(run_cli(["fleet", *SYNTHETIC, *out, "--run-id", "taken"]), "already exists")
+
+
+def test_compare_puts_two_fleets_side_by_side(tmp_path):
+    fleet(tmp_path, "d", *SYNTHETIC, "--engines", "3", "--router", "prefix,round-robin")
+    fleet(tmp_path, "t", *SYNTHETIC, "--engines", "3", "--router", "prefix", "--shared-writes", "through")
+    r = run_cli(["compare", str(tmp_path / "d"), str(tmp_path / "t" / "fleet.json")])
+    assert r.returncode == 0, r.stderr
+    assert "Fleet runs against d" in r.stdout and "--shared-writes through (against demote)" in r.stdout
+    rows = [x.split() for x in r.stdout.splitlines()]
+    assert ["t", "-", "-", "-", "-", "-"] in rows  # round-robin: not in the second run
+    assert any(x[:2] == ["t", x[1]] and x[2] == "pp" and x[1].startswith(("+", "-")) for x in rows), r.stdout
+
+
+def test_compare_refuses_a_damaged_or_mixed_fleet(tmp_path, small_run):
+    fleet(tmp_path, "d", *SYNTHETIC, "--engines", "2", "--router", "prefix")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for text, fragment in (("[1]", "not an object"), ('{"schema": 1', "not a readable fleet file")):
+        (bad / "fleet.json").write_text(text)
+        assert_clean_error(run_cli(["compare", str(tmp_path / "d"), str(bad)]), str(bad / "fleet.json"), fragment)
+    assert_clean_error(run_cli(["compare", str(tmp_path / "d"), str(tmp_path)]), "no fleet run")

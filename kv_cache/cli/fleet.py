@@ -1,0 +1,94 @@
+"""The fleet sub-command's command line, and reading fleet.json back (compare)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kv_cache.cli.args import amount
+from kv_cache.cli.flags import run_parser
+from kv_cache.config import resolve
+from kv_cache.errors import UserError
+from kv_cache.fleet.results import FLEET_FILE, FLEET_LIMIT, FleetFile
+from kv_cache.inputs import read_text
+from kv_cache.recorder.typed import SchemaError
+from kv_cache.report.table import fit
+from kv_cache.run.registry import Registry
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """--engines: a comma-separated list of engine counts, each at least 1."""
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"--engines {text}: give engine counts as whole numbers, e.g. --engines 4,16,64.") from None
+    if not out or min(out) < 1 or max(out) > MAX_ENGINES:
+        raise UserError(f"--engines {text}: each count must be between 1 and {MAX_ENGINES:,}, e.g. --engines 4,16.")
+    return tuple(dict.fromkeys(out))
+
+
+MAX_ENGINES = 100_000
+
+
+def cmd_fleet(argv: list[str], reg: Registry) -> int:
+    p = run_parser(reg)
+    p.prog = "kv_cache_benchmark.py fleet"
+    p.description = ("N engines, each with its own HBM and CPU tiers (--gpu-mem-gb, --cpu-mem-gb), over one shared "
+                     "KV tier, serving one traffic (synthetic users or --trace) through a router, on paper: hit rates "
+                     "by tier, the shared tier's demand and capacity, load imbalance. Nothing moves a byte.")
+    p.add_argument("--engines", default="4", help="Engine counts to sweep, comma-separated [default: 4].")
+    p.add_argument("--router", default="", help=f"Routers, comma-separated: {', '.join(reg.routers)} "
+                                                "[default: every router the traffic allows].")
+    p.add_argument("--shared-gb", type=amount, default=0.0,
+                   help="The shared tier's capacity in GiB, split evenly as the engines' shares [default: 0, "
+                        "unbounded: the output says what it needed].")
+    p.add_argument("--shared-writes", choices=("demote", "through"), default="demote",
+                   help="How blocks reach the shared tier: demote (as the engines' upper tiers evict them: this "
+                        "benchmark's waterfall, what a run of it with a shared bottom tier does) or through (every "
+                        "block stored as it is made, the shared tier evicting for itself: LMCache's remote backend, "
+                        "Mooncake's store) [default: demote].")
+    p.add_argument("--load-slack", type=amount, default=0.25,
+                   help="prefix router: an engine is a candidate while its requests in flight are at most "
+                        "(1 + slack) x the mean + 1 [default: 0.25].")
+    p.add_argument("--prefill-ms-per-token", type=amount, default=0.08,
+                   help="Modelled engine load: ms of prefill per computed prompt token [default: 0.08].")
+    p.add_argument("--decode-ms-per-token", type=amount, default=20.0,
+                   help="Modelled engine load: ms per output token [default: 20].")
+    args = vars(p.parse_args(argv))
+    engines = _counts(args.pop("engines"))
+    routers = tuple(dict.fromkeys(n.strip() for n in args.pop("router").split(",") if n.strip()))
+    unknown = [n for n in routers if n not in reg.routers]
+    if unknown:
+        raise UserError(f"--router {unknown[0]}: no such router; known: {', '.join(reg.routers)}.")
+    from kv_cache.run.fleet_runs import FleetAsk, run_fleet
+
+    ask = FleetAsk(engines, routers, args.pop("shared_gb"), args.pop("load_slack"), args.pop("prefill_ms_per_token"),
+                   args.pop("decode_ms_per_token"), args.pop("shared_writes"))
+    config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
+    args.pop("lmcache_config")
+    settings = resolve(config, sets, args, media_sections=reg.sections())
+    return run_fleet(settings, ask, reg, lambda text="": print(fit(str(text)), flush=True))
+
+
+
+def fleet_folders(args: list[str]) -> list[tuple[str, FleetFile]] | None:
+    """compare's arguments as fleet runs (folders holding fleet.json, or the files), or None when none is one;
+    a mix of fleet runs and benchmark runs is refused."""
+    paths = [Path(a) / FLEET_FILE if Path(a).is_dir() else Path(a) for a in args]
+    fleet = [p.name == FLEET_FILE and p.exists() for p in paths]
+    if not any(fleet):
+        return None
+    if not all(fleet):
+        odd = args[fleet.index(False)]
+        raise UserError(f"compare: {odd} is no fleet run, and {args[fleet.index(True)]} is one; compare fleet runs "
+                        f"with fleet runs (folders holding fleet.json) and benchmark runs with benchmark runs.")
+    return [(p.parent.name, load_fleet(p)) for p in paths]
+
+
+def load_fleet(path: Path) -> FleetFile:
+    fix = "pass a folder the fleet sub-command wrote, or its fleet.json"
+    text = read_text(str(path), "fleet file", FLEET_LIMIT, fix)
+    try:
+        return FleetFile.from_dict(json.loads(text))
+    except (ValueError, SchemaError) as e:  # JSONDecodeError is a ValueError
+        raise UserError(f"{path} is not a readable fleet file ({e}); {fix}.") from None
