@@ -18,6 +18,7 @@ import numpy as np
 from kv_cache.cache.hashing import chain_root
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
+from kv_cache.fleet.memory import PROBE, check_points, check_stream
 from kv_cache.lifecycle.by_source import source_tokens, span_ranges
 from kv_cache.lifecycle.plan import Planner
 from kv_cache.run.geometry import geometry
@@ -127,17 +128,23 @@ def planned_stream(s: Settings, say) -> Stream:
                       s.rag.enabled and s.rag.reuse == "chunk", s.workload.decode_writes)
     out: list[Planned] = []
     seen: set[int] = set()
-    repeated = False
+    distinct: set[int] = set()
+    repeated, blocks = False, 0
     for at_s, build in itertools.islice(arrivals, count):
         req = build()
         p = plan_of(planner, req, at_s)
         repeated = repeated or p.conversation in seen
         seen.add(p.conversation)
+        distinct.update(p.keys)
+        blocks += len(p.keys)
         out.append(p)
+        if len(out) == PROBE:
+            check_stream(PROBE, blocks, count)
         if len(out) % PROGRESS_EVERY == 0:
             say(f"  planned {len(out):,} of {count:,} requests")
     if not out:
         raise UserError("fleet: the traffic gave no request; check --trace and --max-requests.")
+    check_points(blocks, len(distinct))
     return Stream(out, source, timing, out[-1].at_s - out[0].at_s, repeated, geo.slot_bytes, s.model.block_tokens)
 
 

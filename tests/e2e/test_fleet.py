@@ -109,6 +109,7 @@ def test_a_seed_gives_the_same_fleet(tmp_path):
     (["--shared-writes", "through", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0"], ["--shared-writes through",
                                                                                 "--gpu-mem-gb"]),
     (["--semantic"], ["drop --semantic"]),
+    (["--max-requests", "300000000"], ["300,000,000 requests", "GiB planned", "lower --max-requests"]),
 ])
 def test_bad_fleet_input_is_one_sentence(tmp_path, args, fragments):
     r = run_cli(["fleet", *SYNTHETIC, *args, "--output-dir", str(tmp_path), "--run-id", "bad"], timeout=120)
