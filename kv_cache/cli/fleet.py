@@ -47,6 +47,11 @@ def cmd_fleet(argv: list[str], reg: Registry) -> int:
                         "benchmark's waterfall, what a run of it with a shared bottom tier does) or through (every "
                         "block stored as it is made, the shared tier evicting for itself: LMCache's remote backend, "
                         "Mooncake's store) [default: demote].")
+    p.add_argument("--engine-model", choices=("auto", "cache", "stack"), default="auto",
+                   help="Each engine's tiers: cache (the benchmark's own cache on accounting tiers: any policy, "
+                        "about 50 us a block), stack (the LRU waterfall as two ordered maps: exact for LRU bar the "
+                        "prefix rule's approximation, a few us a block; its shared tier one LRU pool), auto (stack "
+                        "for --policy lru, else cache) [default: auto].")
     p.add_argument("--load-slack", type=amount, default=0.25,
                    help="prefix router: an engine is a candidate while its requests in flight are at most "
                         "(1 + slack) x the mean + 1 [default: 0.25].")
@@ -63,7 +68,7 @@ def cmd_fleet(argv: list[str], reg: Registry) -> int:
     from kv_cache.run.fleet_runs import FleetAsk, run_fleet
 
     ask = FleetAsk(engines, routers, args.pop("shared_gb"), args.pop("load_slack"), args.pop("prefill_ms_per_token"),
-                   args.pop("decode_ms_per_token"), args.pop("shared_writes"))
+                   args.pop("decode_ms_per_token"), args.pop("shared_writes"), args.pop("engine_model"))
     config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
     args.pop("lmcache_config")
     settings = resolve(config, sets, args, media_sections=reg.sections())

@@ -65,6 +65,7 @@ class FleetFile:
     schema: int
     model: str                    # what is simulated and what is modelled, in words
     shared_writes: str            # demote | through: how blocks reach the shared tier
+    engine_model: str             # cache (the benchmark's cache per engine) | stack (its LRU waterfall alone)
     stream: FleetStreamInfo
     engine_tiers: dict[str, float]  # hbm_gib, cpu_gib (each engine's), shared_gib (the fleet's; 0: unbounded)
     policy: str

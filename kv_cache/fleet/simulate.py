@@ -1,6 +1,6 @@
 """One point of a fleet sweep: the planned requests, in arrival order, through a router onto N engines over one
-shared tier, each engine the benchmark's own cache on accounting tiers; the shared tier as --shared-writes says
-(demote: engines.py; through: through.py).
+shared tier, each engine the benchmark's own cache on accounting tiers (--engine-model cache; the shared tier as
+--shared-writes says: demote, engines.py; through, through.py) or its LRU waterfall alone (stack, stack.py).
 
 What comes out: the prompt tokens each tier served (by source too), the shared tier's reads, writes and rewrites
 (blocks), its peak distinct blocks, the requests and computed prefill tokens per engine, and the shared tier's access
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kv_cache.fleet.engines import CPU, HBM, SHARED_TIER, UNBOUNDED_SLOTS, DemoteEngine, SharedPool
+from kv_cache.fleet.stack import StackEngine
 from kv_cache.fleet.stream import Stream
 from kv_cache.fleet.through import LruPool, ThroughEngine
 from kv_cache.recorder.recorder import Recorder
@@ -42,6 +43,7 @@ class EngineSpec:
     decode_ms_per_token: float
     slack: float
     writes: str  # demote | through: how blocks reach the shared tier
+    model: str   # cache (the benchmark's cache per engine) | stack (the LRU waterfall as two ordered maps)
 
 
 @dataclass
@@ -109,6 +111,10 @@ def _reached(p, hit: dict[int, str]) -> list[int]:
 def _fleet(n: int, spec: EngineSpec, slot: int, clock) -> tuple[SharedPool | LruPool, list]:
     """The shared tier and n engines over it, as spec.writes says."""
     recorder = Recorder()  # never measuring: the cache's timings of accounting tiers mean nothing here
+    if spec.model == "stack":
+        pool = LruPool(slot, spec.shared_bytes // slot)
+        through = spec.writes == "through"
+        return pool, [StackEngine(spec.hbm_bytes // slot, spec.cpu_bytes // slot, pool, through) for _ in range(n)]
     if spec.writes == "through":
         pool = LruPool(slot, spec.shared_bytes // slot)
         return pool, [ThroughEngine(spec.hbm_bytes, spec.cpu_bytes, pool, spec.policy, recorder, clock)

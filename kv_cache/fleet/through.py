@@ -31,7 +31,7 @@ class LruPool:
     blocks: OrderedDict = field(default_factory=OrderedDict)
     reads: int = 0
     writes: int = 0
-    rewrites: int = 0    # always 0 here: an engine asks before it stores
+    rewrites: int = 0    # demote() of a block the pool held (store() asks first: never)
     evictions: int = 0
     peak_blocks: int = 0
     written: list[int] = field(default_factory=list)  # the current request's writes (the access stream)
@@ -45,9 +45,23 @@ class LruPool:
         return True
 
     def store(self, key: int) -> None:
+        """A block an engine made, stored unless the pool holds it (then it is only the most recent)."""
         if key in self.blocks:
             self.blocks.move_to_end(key)
             return
+        self._write(key)
+
+    def demote(self, key: int) -> None:
+        """A block an engine evicted, written whether or not the pool holds it (the engine does not ask)."""
+        if key in self.blocks:
+            self.rewrites += 1
+            self.blocks.move_to_end(key)
+            self.writes += 1
+            self.written.append(key)
+            return
+        self._write(key)
+
+    def _write(self, key: int) -> None:
         self.blocks[key] = None
         self.writes += 1
         self.written.append(key)

@@ -28,6 +28,12 @@ MODEL = {
                "and CPU tiers; every block an engine makes is stored in the shared tier as it is made (unless there "
                "already), a lookup goes on there past the engine's own tiers, and the shared tier evicts its least "
                "recently used blocks for itself"}
+STACK = {
+    "demote": "each engine's HBM and CPU tiers are an LRU waterfall (promotion on a hit, a request's blocks touched "
+              "deepest first) over one shared LRU pool holding what the engines evict from their CPU tiers (written "
+              "again when it is there: a rewrite)",
+    "through": "each engine's HBM and CPU tiers are an LRU waterfall (promotion on a hit, a request's blocks touched "
+               "deepest first) over one shared LRU pool storing every block as it is made (unless there already)"}
 MODELLED = ("modelled: the engines' load (service time = computed prefill tokens x {prefill:g} ms + output tokens x "
             "{decode:g} ms), and the shared tier's capacity curve, from its access stream's LRU stack distances (one "
             "pool)")
@@ -44,6 +50,7 @@ class FleetAsk:
     prefill_ms_per_token: float
     decode_ms_per_token: float
     writes: str                   # demote | through
+    engine_model: str             # auto | cache | stack
 
 
 def _routers(ask: FleetAsk, stream: Stream, table: dict, say) -> list[str]:
@@ -58,6 +65,16 @@ def _routers(ask: FleetAsk, stream: Stream, table: dict, say) -> list[str]:
                             f"{stream.source} traffic has a second request (its trace names none); use "
                             f"{', '.join(n for n in table if not table[n].needs_conversations)}.")
     return list(ask.routers)
+
+
+def _engine_model(s: Settings, ask: FleetAsk) -> str:
+    """auto: the LRU waterfall's own model where the policy is LRU (exact for it, and fast), the cache otherwise."""
+    if ask.engine_model == "stack" and s.cache.policy != "lru":
+        raise UserError(f"--engine-model stack is the LRU waterfall, and --policy is {s.cache.policy}; use "
+                        f"--engine-model cache (the benchmark's cache runs any policy) or --policy lru.")
+    if ask.engine_model != "auto":
+        return ask.engine_model
+    return "stack" if s.cache.policy == "lru" else "cache"
 
 
 def _spec(s: Settings, ask: FleetAsk, stream: Stream, policy: type) -> EngineSpec:
@@ -81,7 +98,7 @@ def _spec(s: Settings, ask: FleetAsk, stream: Stream, policy: type) -> EngineSpe
                         f"{stream.slot_bytes / 2**20:.2f} MiB) cannot hold the longest request's {longest:,} blocks; "
                         f"raise --shared-gb (0: unbounded), --gpu-mem-gb or --cpu-mem-gb.")
     return EngineSpec(hbm, cpu, shared, policy, ask.prefill_ms_per_token, ask.decode_ms_per_token, ask.slack,
-                      ask.writes)
+                      ask.writes, _engine_model(s, ask))
 
 
 def run_fleet(s: Settings, ask: FleetAsk, reg, say) -> int:
@@ -102,16 +119,16 @@ def run_fleet(s: Settings, ask: FleetAsk, reg, say) -> int:
     info = FleetStreamInfo(stream.source, stream.timing, len(stream.requests), stream.span_s,
                            len(stream.requests) / stream.span_s if stream.span_s > 0 else None, stream.block_tokens,
                            stream.slot_bytes)
-    model = f"{MODEL[ask.writes]}; " + MODELLED.format(prefill=ask.prefill_ms_per_token,
-                                                         decode=ask.decode_ms_per_token)
+    what = (MODEL if spec.model == "cache" else STACK)[ask.writes]
+    model = f"{what}; " + MODELLED.format(prefill=ask.prefill_ms_per_token, decode=ask.decode_ms_per_token)
     tiers = {"hbm_gib": spec.hbm_bytes / GiB, "cpu_gib": spec.cpu_bytes / GiB, "shared_gib": ask.shared_gib}
-    result = FleetFile(FLEET_SCHEMA, model, ask.writes, info, tiers, s.cache.policy, points, s.to_dict())
+    result = FleetFile(FLEET_SCHEMA, model, ask.writes, spec.model, info, tiers, s.cache.policy, points, s.to_dict())
     folder.mkdir(parents=True)
     write_json(folder / FLEET_FILE, result.to_dict())
     plot = fleet_plot(result, folder)
     shared = f"{ask.shared_gib:g} GiB" if ask.shared_gib else "unbounded"
     say(f"\nFleet: each engine {spec.hbm_bytes / GiB:g} GiB HBM + {spec.cpu_bytes / GiB:g} GiB CPU, shared tier "
-        f"{shared} (--shared-writes {ask.writes}), policy {s.cache.policy}")
+        f"{shared} (--shared-writes {ask.writes}), policy {s.cache.policy}, --engine-model {spec.model}")
     for line in fleet_table(result):
         say(line)
     say(f"  model: {result.model}")

@@ -32,8 +32,10 @@ def figures(p) -> dict:
     return d
 
 
-def test_fleet_sweeps_engines_and_routers_as_typed(tmp_path):
-    r, f = fleet(tmp_path, "a", *SYNTHETIC, "--engines", "1,4")
+@pytest.mark.parametrize("model", ["stack", "cache"])
+def test_fleet_sweeps_engines_and_routers_as_typed(tmp_path, model):
+    r, f = fleet(tmp_path, "a", *SYNTHETIC, "--engines", "1,4", "--engine-model", model)
+    assert f.engine_model == model
     points = by(f)
     assert set(points) == {(n, x) for n in (1, 4) for x in ("least-loaded", "prefix", "round-robin", "session")}
     for p in f.points:  # the tiers split the total between them
@@ -49,6 +51,20 @@ def test_fleet_sweeps_engines_and_routers_as_typed(tmp_path):
     assert points[4, "round-robin"].requests_max_over_mean <= points[4, "session"].requests_max_over_mean
     assert "Prompt tokens served, by tier" in r.stdout and "The shared tier's demand" in r.stdout
     assert (tmp_path / "a" / "fleet.png").stat().st_size > 5000
+
+
+def test_the_waterfall_alone_serves_what_the_cache_serves(tmp_path):
+    """--engine-model stack against the benchmark's own cache on the same traffic (write-through: the same shared
+    tier in both): each tier's share within 2.5 points, the total the same (the stack's prefix rule is approximate)."""
+    args = [*SYNTHETIC, "--engines", "1,4", "--router", "round-robin,prefix", "--shared-writes", "through"]
+    _, cache = fleet(tmp_path, "c", *args, "--engine-model", "cache")
+    _, stack = fleet(tmp_path, "s", *args, "--engine-model", "stack")
+    assert stack.engine_model == "stack" and cache.engine_model == "cache"
+    for key, p in by(cache).items():
+        q = by(stack)[key]
+        for tier in ("hbm", "cpu", "shared"):
+            assert abs(p.hit_rate[tier] - q.hit_rate[tier]) < 0.025, (key, tier, p.hit_rate, q.hit_rate)
+        assert p.hit_rate["total"] == pytest.approx(q.hit_rate["total"], abs=1e-9)
 
 
 def _mooncake_ceiling() -> float:
@@ -110,6 +126,7 @@ def test_a_seed_gives_the_same_fleet(tmp_path):
                                                                                 "--gpu-mem-gb"]),
     (["--semantic"], ["drop --semantic"]),
     (["--max-requests", "300000000"], ["300,000,000 requests", "GiB planned", "lower --max-requests"]),
+    (["--engine-model", "stack", "--policy", "fifo"], ["--engine-model stack", "--policy is fifo"]),
 ])
 def test_bad_fleet_input_is_one_sentence(tmp_path, args, fragments):
     r = run_cli(["fleet", *SYNTHETIC, *args, "--output-dir", str(tmp_path), "--run-id", "bad"], timeout=120)
