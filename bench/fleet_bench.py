@@ -44,7 +44,7 @@ def main() -> None:
     start = time.perf_counter()
     stream = planned_stream(s, lambda *a: None)
     plan_s = time.perf_counter() - start
-    blocks = sum(len(p.keys) for p in stream.requests)
+    blocks = len(stream.requests.keys)
     print(f"fleet bench: {len(stream.requests):,} synthetic requests ({blocks / len(stream.requests):.0f} blocks "
           f"each, {args.block_tokens}-token blocks), one core")
     print(f"  planning: {len(stream.requests) / plan_s:,.0f} requests/s")

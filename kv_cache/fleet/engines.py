@@ -12,6 +12,7 @@ first would save. (--shared-writes through: through.py.)
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,7 +91,7 @@ class Engine:
         self.cache: BlockCache
         self.requests = 0
         self.prefill_tokens = 0  # prompt tokens no tier served: what this engine computed
-        self.busy_until: list[float] = []  # the modelled end of each request in flight (the routers' load)
+        self.busy_until: list[float] = []  # a heap: the modelled end of each request in flight (the routers' load)
 
     def cached_prefix(self, keys: tuple[int, ...], end: int) -> int:
         """How many of keys[:end] this engine holds in its own upper tiers, unbroken from the first (what llm-d's
@@ -105,9 +106,12 @@ class Engine:
         return n
 
     def load(self, now: float) -> int:
-        """Requests in flight at now (the modelled service times)."""
-        self.busy_until = [t for t in self.busy_until if t > now]
-        return len(self.busy_until)
+        """Requests in flight at now (the modelled service times); arrivals come in time order, so what ended
+        before now leaves for good."""
+        busy = self.busy_until
+        while busy and busy[0] <= now:
+            heapq.heappop(busy)
+        return len(busy)
 
 
 class DemoteEngine(Engine):

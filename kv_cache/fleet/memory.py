@@ -2,8 +2,9 @@
 requests, each point's state (the engines' indexes, the shared tier, its access stream) in the distinct blocks.
 
 The sizes per block were measured with tracemalloc on the Mooncake conversation trace (3,000 requests, 512-token
-blocks, 8 engines): the stream 232 B a block, a point 1.6-2.7 KB a block the shared tier held; the figures below
-round them up.
+blocks, 8 engines): the stream 34 B a block (fleet/stream.PlannedStore; planning also holds a set of the distinct
+keys), a point 1.6 KB (--engine-model stack) to 2.7 KB (cache) a block the shared tier held; the figures below round
+them up.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import psutil
 from kv_cache.errors import UserError
 from kv_cache.model import GiB
 
-STREAM_BYTES_PER_BLOCK = 300
+STREAM_BYTES_PER_BLOCK = 60
 POINT_BYTES_PER_BLOCK = 3_000  # per distinct block: every engine's entries and the shared tier's together, at most
 SHARE = 0.8  # of the memory available when the check runs
 PROBE = 1_000  # requests planned before the stream's size is projected

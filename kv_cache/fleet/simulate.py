@@ -15,7 +15,9 @@ it. Nothing else is modelled: hits, misses, demotions and evictions are the cach
 
 from __future__ import annotations
 
+import heapq
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +110,14 @@ def _reached(p, hit: dict[int, str]) -> list[int]:
     return out
 
 
+def _summed(counts: Counter) -> np.ndarray:
+    """Rows by COLUMNS, each times its count, summed."""
+    out = np.zeros(len(COLUMNS), np.int64)
+    for row, k in counts.items():
+        out[: len(row)] += np.asarray(row, np.int64) * k
+    return out
+
+
 def _fleet(n: int, spec: EngineSpec, slot: int, clock) -> tuple[SharedPool | LruPool, list]:
     """The shared tier and n engines over it, as spec.writes says."""
     recorder = Recorder()  # never measuring: the cache's timings of accounting tiers mean nothing here
@@ -131,8 +141,9 @@ def simulate(stream: Stream, n: int, router_cls, spec: EngineSpec, say) -> Simul
     pool, engines = _fleet(n, spec, stream.slot_bytes, lambda: now[0])
     router = router_cls(n, spec.slack)
     buf = np.zeros(stream.slot_bytes, np.uint8)
-    hit_tokens = np.zeros((len(TIERS), len(COLUMNS)), np.int64)
-    prompt = np.zeros(len(COLUMNS), np.int64)
+    tally = {t: Counter() for t in TIERS}  # tier -> source row -> hit blocks (rows are interned: stream.py)
+    prompts: Counter = Counter()
+    sums: dict[tuple, int] = {}
     assignment = np.zeros(len(stream.requests), np.int32)
     shared = _SharedStream()
     last_said = started
@@ -145,19 +156,20 @@ def simulate(stream: Stream, n: int, router_cls, spec: EngineSpec, say) -> Simul
         hit = eng.serve(p, buf)
         served = 0
         for i, t in hit.items():
-            row = np.asarray(p.block_sources[i])
-            hit_tokens[TIERS.index(t), : row.size] += row
-            served += int(row.sum())
-        prompt[: len(p.prompt_sources)] += p.prompt_sources
+            row = p.block_sources[i]
+            tally[t][row] += 1
+            served += sums[row] if row in sums else sums.setdefault(row, sum(row))
+        prompts[p.prompt_sources] += 1
         shared.request(p, _reached(p, hit), list(pool.written))
         computed = p.prompt_tokens - served
         eng.requests += 1
         eng.prefill_tokens += computed
-        eng.busy_until.append(p.at_s + (computed * spec.prefill_ms_per_token
-                                        + p.output_tokens * spec.decode_ms_per_token) / 1e3)
+        heapq.heappush(eng.busy_until, p.at_s + (computed * spec.prefill_ms_per_token
+                                                 + p.output_tokens * spec.decode_ms_per_token) / 1e3)
         if time.monotonic() - last_said > PROGRESS_S:
             last_said = time.monotonic()
             say(f"    {n} engines, {router.name}: {r + 1:,} of {len(stream.requests):,} requests")
-    return Simulated(n, router_cls.name, hit_tokens, prompt, pool,
+    hit_tokens = np.array([_summed(tally[t]) for t in TIERS])
+    return Simulated(n, router_cls.name, hit_tokens, _summed(prompts), pool,
                      np.array([x.requests for x in engines]), np.array([x.prefill_tokens for x in engines]),
                      assignment, shared.arrays(), time.monotonic() - started)

@@ -10,6 +10,7 @@ user, a ShareGPT conversation, a Bailian chain, a BurstGPT session.
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -60,17 +61,66 @@ class Planned:
         return hits
 
 
+class PlannedStore:
+    """The planned requests kept compact (about 25 B a block: typed arrays, the per-block source rows, labels and
+    lookup groups as indexes into tables of the few distinct ones); each read back as a Planned."""
+
+    def __init__(self) -> None:
+        self.keys, self.parents = array("Q"), array("Q")
+        self.rows, self.labels = array("i"), array("h")
+        self.at_s, self.conversation = array("d"), array("q")
+        self.first = array("q", [0])
+        self.meta = array("q")  # per request: groups index, prompt blocks, prompt tokens, output tokens, spans row
+        self._tables: dict[str, dict] = {"rows": {}, "labels": {}, "groups": {}}
+        self._lists: dict[str, list] = {"rows": [], "labels": [], "groups": []}
+
+    def _code(self, table: str, value) -> int:
+        codes = self._tables[table]
+        code = codes.get(value)
+        if code is None:
+            code = codes[value] = len(self._lists[table])
+            self._lists[table].append(value)
+        return code
+
+    def append(self, p: Planned) -> None:
+        self.keys.extend(p.keys)
+        self.parents.extend(p.parents)
+        self.rows.extend(self._code("rows", r) for r in p.block_sources)
+        self.rows.extend([-1] * (len(p.keys) - len(p.block_sources)))  # decode blocks: no prompt tokens
+        self.labels.extend(self._code("labels", x) for x in p.labels)
+        self.at_s.append(p.at_s)
+        self.conversation.append(p.conversation)
+        self.first.append(len(self.keys))
+        self.meta.extend((self._code("groups", p.groups), p.prompt_blocks, p.prompt_tokens, p.output_tokens,
+                          self._code("rows", p.prompt_sources)))
+
+    def __len__(self) -> int:
+        return len(self.at_s)
+
+    def __getitem__(self, r: int) -> Planned:
+        a, b = self.first[r], self.first[r + 1]
+        g, n, tokens, output, spans = self.meta[5 * r: 5 * r + 5]
+        rows, labels = self._lists["rows"], self._lists["labels"]
+        return Planned(self.at_s[r], self.conversation[r], tuple(self.keys[a:b]), tuple(self.parents[a:b]),
+                       self._lists["groups"][g], n, tuple(rows[i] for i in self.rows[a:a + n]),
+                       tuple(labels[i] for i in self.labels[a:b]), tokens, output, rows[spans])
+
+    def __iter__(self):
+        return (self[r] for r in range(len(self)))
+
+
 @dataclass
 class Stream:
     """The planned requests, in arrival order, and what they came from."""
 
-    requests: list[Planned]
+    requests: PlannedStore
     source: str              # synthetic, or the trace's format
     timing: str              # where the arrival times come from (said in the output)
     span_s: float            # first arrival to last
     conversations: bool      # whether some conversation has more than one request (the session router needs it)
     slot_bytes: int
     block_tokens: int
+    longest: int             # blocks of the longest request
 
 
 def _arrivals(s: Settings) -> tuple[Iterator, str, str, int | None]:
@@ -126,10 +176,10 @@ def planned_stream(s: Settings, say) -> Stream:
     geo = geometry(s)
     planner = Planner(s.model.block_tokens, chain_root(f"{geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"),
                       s.rag.enabled and s.rag.reuse == "chunk", s.workload.decode_writes)
-    out: list[Planned] = []
+    out = PlannedStore()
     seen: set[int] = set()
     distinct: set[int] = set()
-    repeated, blocks = False, 0
+    repeated, blocks, longest = False, 0, 0
     for at_s, build in itertools.islice(arrivals, count):
         req = build()
         p = plan_of(planner, req, at_s)
@@ -137,22 +187,50 @@ def planned_stream(s: Settings, say) -> Stream:
         seen.add(p.conversation)
         distinct.update(p.keys)
         blocks += len(p.keys)
+        longest = max(longest, len(p.keys))
         out.append(p)
         if len(out) == PROBE:
             check_stream(PROBE, blocks, count)
         if len(out) % PROGRESS_EVERY == 0:
             say(f"  planned {len(out):,} of {count:,} requests")
-    if not out:
+    if not len(out):
         raise UserError("fleet: the traffic gave no request; check --trace and --max-requests.")
     check_points(blocks, len(distinct))
-    return Stream(out, source, timing, out[-1].at_s - out[0].at_s, repeated, geo.slot_bytes, s.model.block_tokens)
+    return Stream(out, source, timing, out.at_s[-1] - out.at_s[0], repeated, geo.slot_bytes, s.model.block_tokens,
+                  longest)
 
 
 def plan_of(planner: Planner, req: Request, at_s: float) -> Planned:
+    """A request planned as the lifecycle plans it."""
     plan = planner.plan(req)
-    n = plan.num_prompt_blocks
-    parents = tuple(int(plan.parent(i) or 0) for i in range(len(plan.keys)))
-    sources = tuple(source_tokens(plan.cached_by_source(req, i)) for i in range(n))
+    n, keys = plan.num_prompt_blocks, tuple(plan.keys)
+    one_chain = plan.chained and len(plan.groups) == 1 and plan.groups[0][0] == 0
+    if one_chain:  # the common shape: the parent of a block is the block before it (the same int objects)
+        parents = (0, *keys[:-1]) if keys else ()
+    else:
+        parents = tuple(plan.parent(i) or 0 for i in range(len(keys)))
+    rows = _chain_rows(req, n, plan.tokens_per_key[0]) if one_chain and req.spans and n else \
+        [source_tokens(plan.cached_by_source(req, i)) for i in range(n)]
     spans = source_tokens([(label, end - start) for end, start, label in span_ranges(req.spans)])
-    return Planned(float(at_s), int(req.user_id), tuple(int(k) for k in plan.keys), parents, plan.groups, n, sources,
-                   plan.labels, req.num_prompt_tokens, req.num_output_tokens, spans)
+    return Planned(float(at_s), int(req.user_id), keys, parents, plan.groups, n, tuple(rows), plan.labels,
+                   req.num_prompt_tokens, req.num_output_tokens, spans)
+
+
+def _chain_rows(req: Request, n: int, bt: int) -> list[tuple[int, ...]]:
+    """The first n blocks' prompt tokens by COLUMNS, in one pass over the spans (what KVPlan.cached_by_source gives
+    block by block for one chain from the prompt's start)."""
+    rows, spans, s, lo = [], req.spans, 0, 0
+    for i in range(n):
+        start, end = i * bt, (i + 1) * bt
+        parts = []
+        while s < len(spans):
+            span_end, label = spans[s]
+            a, b = max(start, lo), min(end, span_end)
+            if b > a:
+                parts.append((label, b - a))
+            if span_end > end:
+                break
+            lo = max(lo, span_end)
+            s += 1
+        rows.append(source_tokens(parts))
+    return rows

@@ -80,7 +80,7 @@ def _engine_model(s: Settings, ask: FleetAsk) -> str:
 def _spec(s: Settings, ask: FleetAsk, stream: Stream, policy: type) -> EngineSpec:
     hbm = 0 if s.tiers.gpu == "off" else int(s.tiers.gpu_mem_gb * GiB)
     cpu = int(s.tiers.cpu_mem_gb * GiB)
-    longest = max(len(p.keys) for p in stream.requests)
+    longest = stream.longest
     shared = int(ask.shared_gib * GiB)
     most = max(ask.engines)
     share = shared // most // stream.slot_bytes
