@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kv_cache.fleet.engines import CPU, HBM, SHARED_TIER, UNBOUNDED_SLOTS, DemoteEngine, SharedPool
+from kv_cache.fleet.shared_log import SharedLog, rate_for
 from kv_cache.fleet.stack import StackEngine
 from kv_cache.fleet.stream import Stream
 from kv_cache.fleet.through import LruPool, ThroughEngine
@@ -60,40 +61,8 @@ class Simulated:
     requests_per_engine: np.ndarray
     prefill_per_engine: np.ndarray
     assignment: np.ndarray        # the engine of each request
-    log: dict                     # the shared tier's access stream (AccessLog.arrays' keys)
+    log: SharedLog                # the shared tier's access stream
     seconds: float                # the simulation's own wall time
-
-
-class _SharedStream:
-    """The accesses that reached the shared tier, request by request (AccessLog's array layout)."""
-
-    def __init__(self) -> None:
-        self.keys: list[int] = []
-        self.lookup: list[bool] = []
-        self.tokens: list[tuple[int, ...]] = []
-        self.requests: list[tuple[int, int, int]] = []
-
-    def request(self, p, reached: list[int], written: list[int]) -> None:
-        """written first, then the lookups deepest first: a chain's head ends up the most recent, as the
-        stack distances' prefix rule wants (stack_distances.py)."""
-        self.requests.append((len(self.keys), p.prompt_tokens, int(p.at_s * 1e9)))
-        zero = (0,) * len(COLUMNS)
-        for key in written:
-            self.keys.append(key)
-            self.lookup.append(False)
-            self.tokens.append(zero)
-        for i in reversed(reached):
-            self.keys.append(p.keys[i])
-            self.lookup.append(True)
-            self.tokens.append(p.block_sources[i])
-
-    def arrays(self) -> dict:
-        n = len(self.keys)
-        return {"keys": np.array(self.keys, np.uint64), "parents": np.zeros(n, np.uint64),
-                "lookup": np.array(self.lookup, bool),
-                "tokens": np.array(self.tokens, np.int32).reshape(n, len(COLUMNS)),
-                "source_names": np.array(COLUMNS, dtype=str),
-                "requests": np.array(self.requests, np.int64).reshape(len(self.requests), 3)}
 
 
 def _reached(p, hit: dict[int, str]) -> list[int]:
@@ -145,7 +114,7 @@ def simulate(stream: Stream, n: int, router_cls, spec: EngineSpec, say) -> Simul
     prompts: Counter = Counter()
     sums: dict[tuple, int] = {}
     assignment = np.zeros(len(stream.requests), np.int32)
-    shared = _SharedStream()
+    shared = SharedLog(rate_for(len(stream.requests.keys)))
     last_said = started
     for r, p in enumerate(stream.requests):
         now[0] = p.at_s
@@ -172,4 +141,4 @@ def simulate(stream: Stream, n: int, router_cls, spec: EngineSpec, say) -> Simul
     hit_tokens = np.array([_summed(tally[t]) for t in TIERS])
     return Simulated(n, router_cls.name, hit_tokens, _summed(prompts), pool,
                      np.array([x.requests for x in engines]), np.array([x.prefill_tokens for x in engines]),
-                     assignment, shared.arrays(), time.monotonic() - started)
+                     assignment, shared, time.monotonic() - started)

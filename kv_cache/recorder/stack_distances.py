@@ -230,15 +230,19 @@ def in_window(done_ns, window) -> np.ndarray | bool:
 
 
 def curve(log: dict[str, np.ndarray], upper_slots: int, capacities: np.ndarray, window=(0, None),
-          rate: float | None = None, with_knees: bool = False) -> Curve:
+          rate: float | None = None, with_knees: bool = False, sampled_from: np.ndarray | None = None) -> Curve:
     """The capacity curve of a log (AccessLog.arrays, or several merged); window: (start, end) ns of completion
     for the requests counted (their lookups decide the hit rates; every access shapes the stack). with_knees: the
-    exact knees are among the capacities of the curve (one pass over the distances)."""
+    exact knees are among the capacities of the curve (one pass over the distances). sampled_from: the log was
+    sampled at rate as it was recorded (sample()'s hash), and these are all its lookups' tokens by source."""
     rate = rate if rate is not None else (SAMPLE_RATE if len(log["keys"]) > SAMPLE_ABOVE else 1.0)
     counted_req = in_window(log["requests"][:, 2], window)
-    full_src = _window_tokens(log, counted_req)  # the window's lookup tokens by source, before any sampling
-    if rate < 1.0:
-        log = sample(log, rate)
+    if sampled_from is not None and rate < 1.0:
+        full_src = sampled_from.astype(np.float64)
+    else:  # the window's lookup tokens by source, before any sampling
+        full_src = _window_tokens(log, counted_req)
+        if rate < 1.0:
+            log = sample(log, rate)
     keys, req = log["keys"], log["requests"]
     d = stack_distances(keys, req[:, 0]).astype(np.float64)
     first_use = d >= INF
