@@ -38,10 +38,12 @@ class SharedLog:
 
     def request(self, p, reached: list[int], written: list[int]) -> None:
         """written first, then the lookups deepest first: a chain's head ends up the most recent, as the stack
-        distances' prefix rule wants."""
+        distances' prefix rule wants. A key once a request (the stack distances take each against the stack as its
+        request found it): a block looked up and then written (a miss the engine computed and stored) is its lookup."""
         self.requests.extend((len(self.keys), p.prompt_tokens, int(p.at_s * 1e9)))
-        for key in written:
-            if self._kept(key):
+        looked = {p.keys[i] for i in reached}
+        for key in dict.fromkeys(written):
+            if key not in looked and self._kept(key):
                 self.keys.append(key)
                 self.lookup.append(0)
                 self.rows.append(0)

@@ -94,6 +94,8 @@ def test_write_through_reaches_the_traces_ceiling_whatever_the_router(tmp_path):
     for p in f.points:
         assert p.hit_rate["total"] == pytest.approx(ceiling, abs=1e-9), (p.engines, p.router)
         assert p.shared.rewrite_blocks == 0
+        # one unbounded LRU pool: its access stream's stack distances give back exactly the hits it served
+        assert p.shared.infinite_hit_rate == pytest.approx(p.hit_rate["shared"], abs=1e-9), (p.engines, p.router)
     assert len({p.shared.write_blocks for p in f.points}) == 1
     assert {p.router for p in f.points} == {"least-loaded", "prefix", "round-robin"}  # no conversations: no session
     assert f.shared_writes == "through" and f.stream.span_s > 0 and f.stream.requests == 200
