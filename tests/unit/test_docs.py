@@ -8,7 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted((REPO / "docs").glob("*.md"))
-SUBCOMMANDS = ("report", "compare", "policies", "validate", "clean", "capacity")
+SUBCOMMANDS = ("report", "compare", "policies", "validate", "clean", "capacity", "fleet")
 
 
 def _known_flags() -> set[str]:
@@ -28,7 +28,7 @@ def _known_flags() -> set[str]:
 
 def _subcommand_flags() -> set[str]:
     """The flags each sub-command's parser declares (read from its source: they are built inside its command)."""
-    source = "".join((REPO / "kv_cache" / "cli" / n).read_text() for n in ("main.py", "flags.py"))
+    source = "".join((REPO / "kv_cache" / "cli" / n).read_text() for n in ("main.py", "flags.py", "fleet.py"))
     return set(re.findall(r'add_argument\(\s*"(--[a-z0-9-]+)"', source))
 
 
