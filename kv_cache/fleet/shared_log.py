@@ -13,7 +13,7 @@ from array import array
 
 import numpy as np
 
-from kv_cache.recorder.stack_distances import COLUMNS, SAMPLE_ABOVE
+from kv_cache.recorder.stack_distances import COLUMNS, SAMPLE_ABOVE, Rows
 
 MASK = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # stack_distances.sample's multiplicative hash
@@ -28,10 +28,10 @@ class SharedLog:
     def __init__(self, rate: float = 1.0) -> None:
         self.rate = rate
         self._below = int(rate * (1 << 24))
-        self.keys, self.lookup, self.rows = array("Q"), array("b"), array("i")
+        self.keys, self.lookup, self.rows = array("Q"), array("b"), array("i")  # rows: codes into the table
+        self.table = Rows()
         self.requests = array("q")  # first access, prompt tokens, arrival ns: per request
         self.lookup_tokens = np.zeros(len(COLUMNS), np.int64)  # every lookup's, sampled or not
-        self._codes: dict[tuple, int] = {(0,) * len(COLUMNS): 0}
 
     def _kept(self, key: int) -> bool:
         return self.rate >= 1.0 or ((key * GOLDEN) & MASK) >> 40 < self._below
@@ -53,15 +53,10 @@ class SharedLog:
             if self._kept(p.keys[i]):
                 self.keys.append(p.keys[i])
                 self.lookup.append(1)
-                self.rows.append(self._codes.setdefault(row, len(self._codes)))
+                self.rows.append(self.table.code(row))
 
     def arrays(self) -> dict:
-        n = len(self.keys)
-        table = np.zeros((len(self._codes), len(COLUMNS)), np.int32)
-        for row, code in self._codes.items():
-            table[code, : len(row)] = row
-        return {"keys": np.frombuffer(self.keys, np.uint64).copy(), "parents": np.zeros(n, np.uint64),
-                "lookup": np.frombuffer(self.lookup, np.int8).astype(bool),
-                "tokens": table[np.frombuffer(self.rows, np.int32)] if n else np.zeros((0, len(COLUMNS)), np.int32),
+        return {"keys": np.frombuffer(self.keys, np.uint64).copy(), "parents": np.zeros(len(self.keys), np.uint64),
+                "lookup": np.frombuffer(self.lookup, np.int8).astype(bool), "tokens": self.table.expand(self.rows),
                 "source_names": np.array(COLUMNS, dtype=str),
                 "requests": np.frombuffer(self.requests, np.int64).reshape(-1, 3).copy()}

@@ -31,6 +31,7 @@ its error against the exact curve.
 from __future__ import annotations
 
 import threading
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,19 +46,41 @@ SAMPLE_RATE = 0.1
 INF = np.iinfo(np.int64).max // 4
 
 
+class Rows:
+    """Token rows (tokens by COLUMNS) as codes into a table of the distinct ones: a log holds a handful of them."""
+
+    def __init__(self) -> None:
+        self._codes: dict[tuple[int, ...], int] = {(0,) * len(COLUMNS): 0}
+
+    def code(self, row: tuple[int, ...]) -> int:
+        code = self._codes.get(row)
+        if code is None:
+            code = self._codes[row] = len(self._codes)
+        return code
+
+    def expand(self, codes: array) -> np.ndarray:
+        """The rows of codes, as an (n, COLUMNS) array."""
+        table = np.zeros((len(self._codes), len(COLUMNS)), np.int32)
+        for row, code in self._codes.items():
+            table[code, : len(row)] = row
+        return table[np.frombuffer(codes, np.int32)] if len(codes) else np.zeros((0, len(COLUMNS)), np.int32)
+
+
 class AccessLog:
-    """Each request's blocks in the order the lifecycle used them (thread-safe appends; arrays at the end)."""
+    """Each request's blocks in the order the lifecycle used them (thread-safe appends; arrays at the end). Kept in
+    typed arrays, token rows and labels as codes: about 30 B an access (Python lists of tuples took about 150)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.keys: list[int] = []
-        self.parents: list[int] = []  # the block a lookup must hit first (0: none), for a replay in plan order
-        self.lookup: list[bool] = []
-        self.tokens: list[tuple[int, ...]] = []  # per access: tokens by COLUMNS (0 for a decode block)
-        self.plan_pos: list[int] = []  # per access: its index in the request's plan (a replay's order)
-        self.labels: list[int] = []  # per access: its plan label, as a code into label_names (a replay's labels)
+        self.keys = array("Q")
+        self.parents = array("Q")  # the block a lookup must hit first (0: none), for a replay in plan order
+        self.lookup = array("b")
+        self.tokens = array("i")  # per access: its tokens by COLUMNS as a code into rows (0: a decode block's)
+        self.rows = Rows()
+        self.plan_pos = array("i")  # per access: its index in the request's plan (a replay's order)
+        self.labels = array("i")  # per access: its plan label, as a code into label_names (a replay's labels)
         self._codes: dict[str, int] = {}
-        self.requests: list[tuple[int, int, int]] = []  # (first access, prompt tokens, completion time ns)
+        self.requests = array("q")  # per request: first access, prompt tokens, completion time ns
 
     def request(self, prompt: list[tuple[int, tuple[int, ...], int, str]], groups, decode: list[tuple[int, int, str]],
                 prompt_tokens: int, done_ns: int) -> None:
@@ -70,24 +93,24 @@ class AccessLog:
             first_use = {k: n for n, k in reversed(list(enumerate(keys)))}
             rows = [r for n, r in enumerate(rows) if first_use[r[0]] == n]
         with self._lock:
-            self.requests.append((len(self.keys), prompt_tokens, done_ns))
+            self.requests.extend((len(self.keys), prompt_tokens, done_ns))
             for key, parent, looked, tokens, label, pos in rows:
                 self.keys.append(key)
                 self.plan_pos.append(pos)
                 self.parents.append(parent)
                 self.lookup.append(looked)
-                self.tokens.append(tokens)
+                self.tokens.append(self.rows.code(tokens))
                 self.labels.append(self._codes.setdefault(label, len(self._codes)))
 
     def arrays(self) -> dict[str, np.ndarray]:
         with self._lock:
-            n = len(self.keys)
-            return {"keys": np.array(self.keys, np.uint64), "parents": np.array(self.parents, np.uint64),
-                    "lookup": np.array(self.lookup, bool),
-                    "tokens": np.array(self.tokens, np.int32).reshape(n, len(COLUMNS)),
-                    "source_names": np.array(COLUMNS, dtype=str), "plan_pos": np.array(self.plan_pos, np.int32),
-                    "requests": np.array(self.requests, np.int64).reshape(len(self.requests), 3),
-                    "labels": np.array(self.labels, np.int32),
+            return {"keys": np.frombuffer(self.keys, np.uint64).copy(),
+                    "parents": np.frombuffer(self.parents, np.uint64).copy(),
+                    "lookup": np.frombuffer(self.lookup, np.int8).astype(bool), "tokens": self.rows.expand(self.tokens),
+                    "source_names": np.array(COLUMNS, dtype=str),
+                    "plan_pos": np.frombuffer(self.plan_pos, np.int32).copy(),
+                    "requests": np.frombuffer(self.requests, np.int64).reshape(-1, 3).copy(),
+                    "labels": np.frombuffer(self.labels, np.int32).copy(),
                     "label_names": np.array(sorted(self._codes, key=self._codes.get) or [""], dtype=str)}
 
 
