@@ -1,17 +1,11 @@
-"""The fleet sub-command's command line, and reading fleet.json back (compare)."""
+"""The fleet sub-command's command line."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 from kv_cache.cli.args import amount
 from kv_cache.cli.flags import run_parser
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
-from kv_cache.fleet.results import FLEET_FILE, FLEET_LIMIT, FleetFile
-from kv_cache.inputs import read_text
-from kv_cache.recorder.typed import SchemaError
 from kv_cache.report.table import fit
 from kv_cache.run.registry import Registry
 
@@ -73,27 +67,3 @@ def cmd_fleet(argv: list[str], reg: Registry) -> int:
     args.pop("lmcache_config")
     settings = resolve(config, sets, args, media_sections=reg.sections())
     return run_fleet(settings, ask, reg, lambda text="": print(fit(str(text)), flush=True))
-
-
-
-def fleet_folders(args: list[str]) -> list[tuple[str, FleetFile]] | None:
-    """compare's arguments as fleet runs (folders holding fleet.json, or the files), or None when none is one;
-    a mix of fleet runs and benchmark runs is refused."""
-    paths = [Path(a) / FLEET_FILE if Path(a).is_dir() else Path(a) for a in args]
-    fleet = [p.name == FLEET_FILE and p.exists() for p in paths]
-    if not any(fleet):
-        return None
-    if not all(fleet):
-        odd = args[fleet.index(False)]
-        raise UserError(f"compare: {odd} is no fleet run, and {args[fleet.index(True)]} is one; compare fleet runs "
-                        f"with fleet runs (folders holding fleet.json) and benchmark runs with benchmark runs.")
-    return [(p.parent.name, load_fleet(p)) for p in paths]
-
-
-def load_fleet(path: Path) -> FleetFile:
-    fix = "pass a folder the fleet sub-command wrote, or its fleet.json"
-    text = read_text(str(path), "fleet file", FLEET_LIMIT, fix)
-    try:
-        return FleetFile.from_dict(json.loads(text))
-    except (ValueError, SchemaError) as e:  # JSONDecodeError is a ValueError
-        raise UserError(f"{path} is not a readable fleet file ({e}); {fix}.") from None

@@ -23,7 +23,7 @@ from pathlib import Path
 from kv_cache import runlog, signals
 from kv_cache.cli.args import Parser, amount
 from kv_cache.cli.flags import run_parser
-from kv_cache.cli.fleet import cmd_fleet, fleet_folders
+from kv_cache.cli.fleet import cmd_fleet
 from kv_cache.config import resolve
 from kv_cache.errors import RunFault, UserError
 from kv_cache.inputs import read_text
@@ -185,6 +185,8 @@ def _cmd_compare(argv: list[str], reg: Registry) -> int:
     if len(args.runs) < 2:
         raise UserError("compare needs at least two runs (run folders or results.json files).")
     import time
+
+    from kv_cache.run.fleet_runs import fleet_folders
 
     if fleets := fleet_folders(args.runs):  # fleet.json files: their points side by side (text only)
         from kv_cache.report.fleet import fleet_comparison

@@ -22,9 +22,7 @@ from kv_cache.errors import UserError
 from kv_cache.fleet.memory import PROBE, check_points, check_stream
 from kv_cache.lifecycle.by_source import source_tokens, span_ranges
 from kv_cache.lifecycle.plan import Planner
-from kv_cache.run.geometry import geometry
-from kv_cache.run.traffic import load_trace
-from kv_cache.sources.replay import poisson_arrivals, trace_builds
+from kv_cache.sources.replay import TraceSet, poisson_arrivals, trace_builds
 from kv_cache.sources.synthetic import make_users
 from kv_cache.types import Request
 
@@ -123,20 +121,16 @@ class Stream:
     longest: int             # blocks of the longest request
 
 
-def _arrivals(s: Settings) -> tuple[Iterator, str, str, int | None]:
+def _arrivals(s: Settings, trace: TraceSet | None) -> tuple[Iterator, str, str, int | None]:
     """(at_s, build) pairs, the source, where the times come from, and how many requests there are (None: as many
-    as asked)."""
-    if s.semantic.enabled:
-        raise UserError("fleet replays synthetic users or a trace; --semantic traffic is built for a run's own "
-                        "donors: drop --semantic.")
-    if not s.trace.path:
+    as asked); trace: the loaded --trace (None: synthetic users)."""
+    if trace is None:
         if s.schedule.request_rate <= 0:
             raise UserError("fleet needs arrival times to give the shared tier's rates and the engines' load: with "
                             "synthetic users give --request-rate R (requests per second of the whole fleet).")
         users = make_users(s.workload.users, s.workload, s.profiles, s.run.seed, None, s.rag, s.model.block_tokens)
         return (poisson_arrivals(_interleaved(users, s.run.seed), s.schedule.request_rate, s.run.seed), "synthetic",
                 f"Poisson arrivals at --request-rate {s.schedule.request_rate:g}/s (modelled)", None)
-    trace = load_trace(s)
     cycles = s.trace.replay_cycles
     total = None if cycles == 0 else len(trace.records) * cycles
     if trace.timestamped and s.schedule.request_rate <= 0:
@@ -163,18 +157,18 @@ def _interleaved(users: list, seed: int) -> Iterator:
             yield users[u].next_request
 
 
-def planned_stream(s: Settings, say) -> Stream:
-    """The traffic of s, planned: --max-requests of it (a trace: all of it by default)."""
+def planned_stream(s: Settings, trace: TraceSet | None, slot_bytes: int, model_id: str, say) -> Stream:
+    """The traffic of s, planned: --max-requests of it (a trace: all of it by default). trace: the loaded --trace
+    (None: synthetic users); model_id: what names the blocks' chains (model, dtype, TP: as a run's)."""
     if not s.model.block_tokens:
         raise UserError("fleet follows blocks through the engines' tiers: give --block-tokens N (N > 0); "
                         "whole-request objects (--block-tokens 0) have no prefix to route by.")
-    arrivals, source, timing, total = _arrivals(s)
+    arrivals, source, timing, total = _arrivals(s, trace)
     count = s.run.max_requests or total
     if count is None:
         raise UserError("fleet needs to know how many requests to replay: give --max-requests N (synthetic users "
                         "and --replay-cycles 0 never end).")
-    geo = geometry(s)
-    planner = Planner(s.model.block_tokens, chain_root(f"{geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"),
+    planner = Planner(s.model.block_tokens, chain_root(model_id),
                       s.rag.enabled and s.rag.reuse == "chunk", s.workload.decode_writes)
     out = PlannedStore()
     seen: set[int] = set()
@@ -196,7 +190,7 @@ def planned_stream(s: Settings, say) -> Stream:
     if not len(out):
         raise UserError("fleet: the traffic gave no request; check --trace and --max-requests.")
     check_points(blocks, len(distinct))
-    return Stream(out, source, timing, out.at_s[-1] - out.at_s[0], repeated, geo.slot_bytes, s.model.block_tokens,
+    return Stream(out, source, timing, out.at_s[-1] - out.at_s[0], repeated, slot_bytes, s.model.block_tokens,
                   longest)
 
 

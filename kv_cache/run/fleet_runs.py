@@ -7,18 +7,24 @@ compared on exactly the same requests.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
-from kv_cache.fleet.results import FLEET_FILE, FLEET_SCHEMA, FleetFile, FleetStreamInfo, point
+from kv_cache.fleet.results import FLEET_FILE, FLEET_LIMIT, FLEET_SCHEMA, FleetFile, FleetStreamInfo, point
 from kv_cache.fleet.simulate import EngineSpec, simulate
 from kv_cache.fleet.stream import Stream, planned_stream
+from kv_cache.inputs import read_text
 from kv_cache.model import GiB
+from kv_cache.recorder.typed import SchemaError
 from kv_cache.report.fleet import fleet_plot, fleet_table
+from kv_cache.run import outfolder
+from kv_cache.run.geometry import geometry
 from kv_cache.run.outfolder import write_json
 from kv_cache.run.pipeline import new_run_id
+from kv_cache.run.traffic import load_trace
 
 MODEL = {
     "demote": "each engine is the benchmark's own cache (policy, waterfall, promotion, prefix-held blocks) on "
@@ -102,11 +108,26 @@ def _spec(s: Settings, ask: FleetAsk, stream: Stream, policy: type) -> EngineSpe
 
 
 def run_fleet(s: Settings, ask: FleetAsk, reg, say) -> int:
+    """The sweep into a report folder reserved before anything is planned (as a run's: refused in one sentence if it
+    cannot be made, removed again if nothing was written into it)."""
+    outfolder.check_run_id(s.run.run_id)
     folder = Path(s.run.output_dir) / (s.run.run_id or new_run_id())
-    if folder.exists():
-        raise UserError(f"report folder {folder} already exists; choose another --run-id.")
+    if s.semantic.enabled:  # before the trace is read: its texts are not what the fleet plans
+        raise UserError("fleet replays synthetic users or a trace; --semantic traffic is built for a run's own "
+                        "donors: drop --semantic.")
+    made = outfolder.reserve(folder, folder.name)
+    try:
+        _sweep(s, ask, reg, folder, say)
+    finally:
+        outfolder.abandon(folder, made)  # written: its marker and reserve go; nothing written: the folder goes
+    return 0
+
+
+def _sweep(s: Settings, ask: FleetAsk, reg, folder: Path, say) -> None:
     say(f"fleet: planning the traffic ({s.model.name}, {s.model.block_tokens}-token blocks)")
-    stream = planned_stream(s, say)
+    geo = geometry(s)
+    trace = load_trace(s) if s.trace.path else None
+    stream = planned_stream(s, trace, geo.slot_bytes, f"{geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}", say)
     routers = _routers(ask, stream, reg.routers, say)
     spec = _spec(s, ask, stream, reg.policies[s.cache.policy])
     say(f"  {len(stream.requests):,} {stream.source} requests over {stream.span_s:,.1f} s ({stream.timing}); "
@@ -123,7 +144,7 @@ def run_fleet(s: Settings, ask: FleetAsk, reg, say) -> int:
     model = f"{what}; " + MODELLED.format(prefill=ask.prefill_ms_per_token, decode=ask.decode_ms_per_token)
     tiers = {"hbm_gib": spec.hbm_bytes / GiB, "cpu_gib": spec.cpu_bytes / GiB, "shared_gib": ask.shared_gib}
     result = FleetFile(FLEET_SCHEMA, model, ask.writes, spec.model, info, tiers, s.cache.policy, points, s.to_dict())
-    folder.mkdir(parents=True)
+    outfolder.spend_reserve(folder)
     write_json(folder / FLEET_FILE, result.to_dict())
     plot = fleet_plot(result, folder)
     shared = f"{ask.shared_gib:g} GiB" if ask.shared_gib else "unbounded"
@@ -133,5 +154,26 @@ def run_fleet(s: Settings, ask: FleetAsk, reg, say) -> int:
         say(line)
     say(f"  model: {result.model}")
     say(f"  results: {folder / FLEET_FILE}; plot: {plot}")
-    return 0
 
+
+def fleet_folders(args: list[str]) -> list[tuple[str, FleetFile]] | None:
+    """compare's arguments as fleet runs (folders holding fleet.json, or the files), or None when none is one;
+    a mix of fleet runs and benchmark runs is refused."""
+    paths = [Path(a) / FLEET_FILE if Path(a).is_dir() else Path(a) for a in args]
+    fleet = [p.name == FLEET_FILE and p.exists() for p in paths]
+    if not any(fleet):
+        return None
+    if not all(fleet):
+        odd = args[fleet.index(False)]
+        raise UserError(f"compare: {odd} is no fleet run, and {args[fleet.index(True)]} is one; compare fleet runs "
+                        f"with fleet runs (folders holding fleet.json) and benchmark runs with benchmark runs.")
+    return [(p.parent.name, load_fleet(p)) for p in paths]
+
+
+def load_fleet(path: Path) -> FleetFile:
+    fix = "pass a folder the fleet sub-command wrote, or its fleet.json"
+    text = read_text(str(path), "fleet file", FLEET_LIMIT, fix)
+    try:
+        return FleetFile.from_dict(json.loads(text))
+    except (ValueError, SchemaError) as e:  # JSONDecodeError is a ValueError
+        raise UserError(f"{path} is not a readable fleet file ({e}); {fix}.") from None

@@ -13,7 +13,10 @@ included), the same picture docs/architecture.md draws:
 - the composition root (run/) may import any stage, the recorder and the report; nothing imports it but the
   command line (cli/) and the entry points (__main__);
 - the command line imports run/, the report, the recorder and tiers/ (a path's checks, `clean --remote-url`'s
-  store), never another stage; nothing imports it but the entry points.
+  store), never another stage; nothing imports it but the entry points;
+- the fleet on paper (fleet/) is a pipeline of its own that run/ composes: it reads the traffic (sources), plans
+  it with the lifecycle's planner and serves it through the cache on accounting tiers (lifecycle, cache, tiers) and
+  the recorder's stack distances; nothing but run/ imports it.
 A module outside these units fails: a new file has to be placed in the picture.
 """
 
@@ -28,6 +31,7 @@ SHARED = {"__init__", "types", "counters", "errors", "model", "signals", "buffer
           "config", "safefiles"}
 ROOT = "run"
 CLI = "cli"
+FLEET = "fleet"
 
 
 def allowed(unit: str) -> set[str]:
@@ -35,7 +39,9 @@ def allowed(unit: str) -> set[str]:
     if unit == CLI:
         return {CLI, ROOT, "report", "recorder", "tiers"} | SHARED
     if unit == ROOT:
-        return {u for u in (*SOURCES, *FLOW, "recorder", "report", ROOT, *SHARED)}
+        return {u for u in (*SOURCES, *FLOW, "recorder", "report", ROOT, FLEET, *SHARED)}
+    if unit == FLEET:
+        return {FLEET, "sources", *FLOW, "recorder"} | SHARED
     if unit in SOURCES:
         return {unit, "recorder"} | SHARED
     if unit == "__main__":
