@@ -32,7 +32,7 @@ def figures(p) -> dict:
     return d
 
 
-@pytest.mark.parametrize("model", ["stack", "cache"])
+@pytest.mark.parametrize("model", ["stack", pytest.param("cache", marks=pytest.mark.slow)])
 def test_fleet_sweeps_engines_and_routers_as_typed(tmp_path, model):
     r, f = fleet(tmp_path, "a", *SYNTHETIC, "--engines", "1,4", "--engine-model", model)
     assert f.engine_model == model
@@ -53,6 +53,7 @@ def test_fleet_sweeps_engines_and_routers_as_typed(tmp_path, model):
     assert (tmp_path / "a" / "fleet.png").stat().st_size > 5000
 
 
+@pytest.mark.slow
 def test_the_waterfall_alone_serves_what_the_cache_serves(tmp_path):
     """--engine-model stack against the benchmark's own cache on the same traffic (write-through: the same shared
     tier in both): each tier's share within 2.5 points, the total the same (the stack's prefix rule is approximate)."""
@@ -101,6 +102,7 @@ def test_write_through_reaches_the_traces_ceiling_whatever_the_router(tmp_path):
     assert f.shared_writes == "through" and f.stream.span_s > 0 and f.stream.requests == 200
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writes", ["demote", "through"])
 def test_a_bounded_shared_tier_never_holds_more_than_its_capacity(tmp_path, writes):
     _, free = fleet(tmp_path, "u", *SYNTHETIC, "--engines", "3", "--router", "round-robin", "--shared-writes", writes)
@@ -148,6 +150,7 @@ def test_what_the_traffic_lacks_is_one_sentence(tmp_path):
     assert_clean_error(run_cli(["fleet", *SYNTHETIC, *out, "--run-id", "taken"]), "already exists")
 
 
+@pytest.mark.slow
 def test_compare_puts_two_fleets_side_by_side(tmp_path):
     fleet(tmp_path, "d", *SYNTHETIC, "--engines", "3", "--router", "prefix,round-robin")
     fleet(tmp_path, "t", *SYNTHETIC, "--engines", "3", "--router", "prefix", "--shared-writes", "through")
