@@ -46,18 +46,6 @@ class Planned:
     output_tokens: int
     prompt_sources: tuple[int, ...]  # the whole prompt's tokens by COLUMNS (a trailing partial block's too)
 
-    def lookup(self, present) -> list[int]:
-        """The prompt blocks that hit, given present(key): a prefix group up to its first miss, an independent
-        chunk alone (the plan's own rule, KVPlan.lookup)."""
-        hits: list[int] = []
-        for first, end, independent in self.groups:
-            for i in range(first, end):
-                if present(self.keys[i]):
-                    hits.append(i)
-                elif not independent:
-                    break
-        return hits
-
 
 class PlannedStore:
     """The planned requests kept compact (about 25 B a block: typed arrays, the per-block source rows, labels and
