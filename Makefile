@@ -43,10 +43,11 @@ test-gpu:  ## The real-GPU tests (CuPy tier, NVML); they skip cleanly without a 
 test-mpi:  ## The 2-rank end-to-end tests alone (make test-all runs them too; make test does not)
 	$(PYTHON) -m pytest -q tests/mpi
 
-bench:  ## Ratios against fio, numpy memcpy and the null tier; the remote tiers against redis-benchmark and plain S3 loops; the NIXL handoff against a plain NIXL READ loop
+bench:  ## Ratios against fio, numpy memcpy and the null tier; the remote tiers against redis-benchmark and plain S3 loops; the NIXL handoff against a plain NIXL READ loop; the fleet's own speed
 	$(PYTHON) bench/run_bench.py $(ARGS)
 	$(PYTHON) bench/remote_bench.py $(REMOTE_ARGS)
 	$(PYTHON) bench/handoff_bench.py
+	$(PYTHON) bench/fleet_bench.py --requests 5000 --models stack
 
 device-check:  ## On a GPU host, everything that needs the GPU in one pass (tests, gpu_bench, full, GDS and MLPerf runs): one table
 	$(PYTHON) bench/device_check.py $(ARGS)
