@@ -34,8 +34,9 @@ def cmd_fleet(argv: list[str], reg: Registry) -> int:
     p.add_argument("--router", default="", help=f"Routers, comma-separated: {', '.join(reg.routers)} "
                                                 "[default: every router the traffic allows].")
     p.add_argument("--shared-gb", type=amount, default=0.0,
-                   help="The shared tier's capacity in GiB, split evenly as the engines' shares [default: 0, "
-                        "unbounded: the output says what it needed].")
+                   help="The shared tier's capacity in GiB: one LRU pool, or with --engine-model cache and "
+                        "--shared-writes demote the engines' equal shares [default: 0, unbounded: the output says "
+                        "what it needed].")
     p.add_argument("--shared-writes", choices=("demote", "through"), default="demote",
                    help="How blocks reach the shared tier: demote (as the engines' upper tiers evict them: this "
                         "benchmark's waterfall, what a run of it with a shared bottom tier does) or through (every "

@@ -86,25 +86,27 @@ def _engine_model(s: Settings, ask: FleetAsk) -> str:
 def _spec(s: Settings, ask: FleetAsk, stream: Stream, policy: type) -> EngineSpec:
     hbm = 0 if s.tiers.gpu == "off" else int(s.tiers.gpu_mem_gb * GiB)
     cpu = int(s.tiers.cpu_mem_gb * GiB)
-    longest = stream.longest
-    shared = int(ask.shared_gib * GiB)
-    most = max(ask.engines)
-    share = shared // most // stream.slot_bytes
-    upper = hbm // stream.slot_bytes + cpu // stream.slot_bytes
+    model = _engine_model(s, ask)
+    shared, slot = int(ask.shared_gib * GiB), stream.slot_bytes
+    split = model == "cache" and ask.writes == "demote"  # each engine's share of it (else one pool)
+    most = max(ask.engines) if split else 1
+    share = shared // most // slot
+    upper = hbm // slot + cpu // slot
     if ask.writes == "through" and not upper:
         raise UserError(f"--shared-writes through loads what the shared tier serves into the engine's own tiers, and "
-                        f"HBM {hbm / GiB:g} + CPU {cpu / GiB:g} GiB hold no block of {stream.slot_bytes / 2**20:.2f} "
-                        f"MiB; raise --gpu-mem-gb or --cpu-mem-gb.")
+                        f"HBM {hbm / GiB:g} + CPU {cpu / GiB:g} GiB hold no block of {slot / 2**20:.2f} MiB; raise "
+                        f"--gpu-mem-gb or --cpu-mem-gb.")
     if shared and not share:
-        raise UserError(f"--shared-gb {ask.shared_gib:g} split over {most} engines leaves less than one block "
-                        f"({stream.slot_bytes / 2**20:.2f} MiB) to each; raise --shared-gb, or 0 for unbounded.")
-    if shared and upper + share < longest:
-        raise UserError(f"each engine's tiers (HBM {hbm / GiB:g} + CPU {cpu / GiB:g} GiB + its share of --shared-gb "
-                        f"{ask.shared_gib:g} over {most} engines: {upper + share:,} blocks of "
-                        f"{stream.slot_bytes / 2**20:.2f} MiB) cannot hold the longest request's {longest:,} blocks; "
+        over = f" split over {most} engines" if split else ""
+        raise UserError(f"--shared-gb {ask.shared_gib:g}{over} holds less than one block ({slot / 2**20:.2f} MiB)"
+                        f"{' each' if split else ''}; raise --shared-gb, or 0 for unbounded.")
+    if shared and upper + share < stream.longest:
+        raise UserError(f"each engine's tiers (HBM {hbm / GiB:g} + CPU {cpu / GiB:g} GiB + --shared-gb "
+                        f"{ask.shared_gib:g}{f' over {most} engines' if split else ''}: {upper + share:,} blocks of "
+                        f"{slot / 2**20:.2f} MiB) cannot hold the longest request's {stream.longest:,} blocks; "
                         f"raise --shared-gb (0: unbounded), --gpu-mem-gb or --cpu-mem-gb.")
     return EngineSpec(hbm, cpu, shared, policy, ask.prefill_ms_per_token, ask.decode_ms_per_token, ask.slack,
-                      ask.writes, _engine_model(s, ask))
+                      ask.writes, model)
 
 
 def run_fleet(s: Settings, ask: FleetAsk, reg, say) -> int:
