@@ -22,6 +22,7 @@ from kv_cache.config import resolve  # noqa: E402
 from kv_cache.fleet.simulate import EngineSpec, simulate  # noqa: E402
 from kv_cache.fleet.stream import planned_stream  # noqa: E402
 from kv_cache.model import GiB  # noqa: E402
+from kv_cache.run.geometry import chain_id, geometry  # noqa: E402
 from kv_cache.run.registry import discover  # noqa: E402
 
 TARGET = 10_000_000
@@ -42,7 +43,8 @@ def main() -> None:
             "tiers.cpu_mem_gb": 8.0}
     s = resolve(None, [f"{k}={v}" for k, v in sets.items()], {}, media_sections=reg.sections())
     start = time.perf_counter()
-    stream = planned_stream(s, lambda *a: None)
+    geo = geometry(s)
+    stream = planned_stream(s, None, geo.slot_bytes, chain_id(s, geo), lambda *a: None)
     plan_s = time.perf_counter() - start
     blocks = len(stream.requests.keys)
     print(f"fleet bench: {len(stream.requests):,} synthetic requests ({blocks / len(stream.requests):.0f} blocks "

@@ -21,7 +21,7 @@ from kv_cache.model import GiB
 from kv_cache.recorder.typed import SchemaError
 from kv_cache.report.fleet import fleet_plot, fleet_table
 from kv_cache.run import outfolder
-from kv_cache.run.geometry import geometry
+from kv_cache.run.geometry import chain_id, geometry
 from kv_cache.run.outfolder import write_json
 from kv_cache.run.pipeline import new_run_id
 from kv_cache.run.traffic import load_trace
@@ -129,7 +129,7 @@ def _sweep(s: Settings, ask: FleetAsk, reg, folder: Path, say) -> None:
     say(f"fleet: planning the traffic ({s.model.name}, {s.model.block_tokens}-token blocks)")
     geo = geometry(s)
     trace = load_trace(s) if s.trace.path else None
-    stream = planned_stream(s, trace, geo.slot_bytes, f"{geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}", say)
+    stream = planned_stream(s, trace, geo.slot_bytes, chain_id(s, geo), say)
     routers = _routers(ask, stream, reg.routers, say)
     spec = _spec(s, ask, stream, reg.policies[s.cache.policy])
     say(f"  {len(stream.requests):,} {stream.source} requests over {stream.span_s:,.1f} s ({stream.timing}); "

@@ -39,6 +39,12 @@ def geometry(s: Settings) -> Geometry:
     return Geometry(model, bpt, 0, WHOLE_REQUEST_SLOT_BYTES, slot_bytes(longest * bpt), part)
 
 
+def chain_id(s: Settings, geo: Geometry) -> str:
+    """What names a run's block chains (their root): the model, its KV dtype and TP, so that blocks of another
+    identity never match (chain_root hashes it)."""
+    return f"{geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"
+
+
 def io_unit_bytes(s: Settings, geo: Geometry) -> int:
     """--io-unit layer: a block's bytes over its layer groups, rounded up to 4 KiB (O_DIRECT's alignment)."""
     if s.tiers.io_unit != "layer" or not geo.block_bytes:

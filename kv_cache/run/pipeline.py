@@ -31,6 +31,7 @@ from kv_cache.run import capacity_curve, outfolder
 from kv_cache.run.budget import peak_rss_bytes
 from kv_cache.run.describe import banner, nothing_measured, run_info, warnings_of
 from kv_cache.run.distributed import Dist
+from kv_cache.run.geometry import chain_id
 from kv_cache.run.handoff import finish_role
 from kv_cache.run.prepare import Prepared, RunSpec, close, prepare
 from kv_cache.run.progress import Progress
@@ -157,7 +158,7 @@ def _stages(run: RunSpec, p: Prepared) -> Stages:
     cache = BlockCache(b.tiers, policy, s.cache.promote, recorder, b.gds, Parts(b.geo.part_bytes))
     fake = all(FAKE_IO in t.flags for t in b.tiers)
     options = LifecycleOptions(s.model.block_tokens, b.geo.bytes_per_token,
-                               chain_root(f"{b.geo.model.name}/{s.model.kv_dtype}/tp{s.model.tp}"), s.run.verify,
+                               chain_root(chain_id(s, b.geo)), s.run.verify,
                                fake, s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk",
                                s.workload.decode_writes, batch_depth(s, b.geo.io_bytes))
     life = Lifecycle(cache, p.payloads, recorder, options, handoff=b.handoff, semantic=semantic_reuse(s, recorder))

@@ -20,7 +20,7 @@ from found import REGISTRY, SECTIONS
 from kv_cache.cache.hashing import chain_root
 from kv_cache.config import resolve
 from kv_cache.lifecycle.plan import Planner
-from kv_cache.run.geometry import geometry
+from kv_cache.run.geometry import chain_id, geometry
 from kv_cache.run.traffic import build_traffic
 
 pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
@@ -84,7 +84,7 @@ def _simulate(args: list[str], capacity: int | None) -> ReferencePrefixLRU:
         flags["trace.path"] = trace
     s = resolve(str(SMALL), [], flags, media_sections=SECTIONS)
     planner = Planner(s.model.block_tokens,
-                      chain_root(f"{geometry(s).model.name}/{s.model.kv_dtype}/tp{s.model.tp}"))
+                      chain_root(chain_id(s, geometry(s))))
     user = build_traffic(s, REGISTRY).users[0]
     sim = ReferencePrefixLRU(capacity)
     for _ in range(REQUESTS):
