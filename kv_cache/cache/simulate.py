@@ -66,13 +66,27 @@ def serve(cache: BlockCache, keys, parents, looked, labels, buf: np.ndarray) -> 
     (promoted), then every other block written, each with its label. Returns block index -> the tier it was read
     from. (The fleet's engines serve their requests through it too.)"""
     hit = _lookups(cache, keys, parents, looked, buf)
-    slot = buf.size
     for i, key in enumerate(keys):
         if i not in hit:
-            res = cache.reserve_write(key, slot, labels[i], parents[i] or None)
-            if res is not None:
-                cache.commit_write(res, buf, "prefill" if looked[i] else "decode", buf)
+            write_block(cache, key, labels[i], parents[i], "prefill" if looked[i] else "decode", buf)
     return hit
+
+
+def read_prefix(cache: BlockCache, keys, buf: np.ndarray) -> list[int]:
+    """One lookup: pin the cached prefix of keys, read each block (promoted as a run promotes it); the tier each
+    came from."""
+    tiers = []
+    for e in cache.pin_prefix(keys):
+        tiers.append(cache.read(e, buf, "load", "read"))
+        cache.release(e, buf, buf)
+    return tiers
+
+
+def write_block(cache: BlockCache, key: int, label: str, parent: int, phase: str, buf: np.ndarray) -> None:
+    """A block written as the lifecycle writes it (not at all if the cache will not take it: see reserve_write)."""
+    res = cache.reserve_write(key, buf.size, label, parent or None)
+    if res is not None:
+        cache.commit_write(res, buf, phase, buf)
 
 
 def _plan_order(log: dict[str, np.ndarray], first: int, end: int):
@@ -90,9 +104,7 @@ def _lookups(cache: BlockCache, keys, parents, looked, buf) -> dict[int, int]:
     n = sum(looked)
     for i in range(1, n + 1):
         if i == n or not parents[i]:
-            entries = cache.pin_prefix(keys[start:i])
-            for j, e in enumerate(entries):
-                hit[start + j] = cache.read(e, buf, "load", "read")
-                cache.release(e, buf, buf)
+            for j, t in enumerate(read_prefix(cache, keys[start:i], buf)):
+                hit[start + j] = t
             start = i
     return hit

@@ -89,11 +89,11 @@ def _summed(counts: Counter) -> np.ndarray:
 
 def _fleet(n: int, spec: EngineSpec, slot: int, clock) -> tuple[SharedPool | LruPool, list]:
     """The shared tier and n engines over it, as spec.writes says."""
-    recorder = Recorder()  # never measuring: the cache's timings of accounting tiers mean nothing here
     if spec.model == "stack":
         pool = LruPool(slot, spec.shared_bytes // slot)
         through = spec.writes == "through"
         return pool, [StackEngine(spec.hbm_bytes // slot, spec.cpu_bytes // slot, pool, through) for _ in range(n)]
+    recorder = Recorder()  # the caches': never measuring (timings of accounting tiers mean nothing here)
     if spec.writes == "through":
         pool = LruPool(slot, spec.shared_bytes // slot)
         return pool, [ThroughEngine(spec.hbm_bytes, spec.cpu_bytes, pool, spec.policy, recorder, clock)

@@ -27,7 +27,7 @@ class StackEngine(Engine):
         super().__init__()
         self.hbm: OrderedDict = OrderedDict()
         self.cpu: OrderedDict = OrderedDict()
-        self.hbm_slots, self.cpu_slots = hbm_slots, cpu_slots
+        self.levels = ((self.hbm, hbm_slots), (self.cpu, cpu_slots))  # the waterfall, fastest first
         self.pool, self.through = pool, through
 
     def cached_prefix(self, keys: tuple[int, ...], end: int) -> int:
@@ -60,27 +60,23 @@ class StackEngine(Engine):
         return hit
 
     def _touch(self, key: int, was_hit: bool) -> None:
-        hbm = self.hbm
-        if key in hbm:
-            hbm.move_to_end(key)
+        if key in self.hbm:
+            self.hbm.move_to_end(key)
             return
         self.cpu.pop(key, None)  # a CPU hit moves up; anything else is loaded or written into HBM
         if not was_hit and self.through:
             self.pool.store(key)
-        if not self.hbm_slots:
-            return self._to_cpu(key)
-        hbm[key] = None
-        if len(hbm) > self.hbm_slots:
-            self._to_cpu(hbm.popitem(last=False)[0])
+        self._fall(key)
 
-    def _to_cpu(self, key: int) -> None:
-        cpu = self.cpu
-        if not self.cpu_slots:
-            return self._leave(key)
-        cpu[key] = None
-        if len(cpu) > self.cpu_slots:
-            self._leave(cpu.popitem(last=False)[0])
-
-    def _leave(self, key: int) -> None:
+    def _fall(self, key: int) -> None:
+        """key onto the top of HBM, each tier's least recent block onto the top of the next, CPU's out of the
+        engine (demoted into the shared tier, or dropped with through); a tier of no slot is passed by."""
+        for tier, slots in self.levels:
+            if not slots:
+                continue
+            tier[key] = None
+            if len(tier) <= slots:
+                return
+            key = tier.popitem(last=False)[0]
         if not self.through:
             self.pool.demote(key)

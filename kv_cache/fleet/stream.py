@@ -22,7 +22,7 @@ from kv_cache.errors import UserError
 from kv_cache.fleet.memory import PROBE, check_points, check_stream
 from kv_cache.lifecycle.by_source import source_tokens, span_ranges
 from kv_cache.lifecycle.plan import Planner
-from kv_cache.sources.replay import TraceSet, poisson_arrivals, trace_builds
+from kv_cache.sources.replay import TraceSet, poisson_arrivals, trace_arrivals, trace_builds
 from kv_cache.sources.synthetic import make_users
 from kv_cache.types import Request
 
@@ -122,12 +122,7 @@ def _arrivals(s: Settings, trace: TraceSet | None) -> tuple[Iterator, str, str, 
     cycles = s.trace.replay_cycles
     total = None if cycles == 0 else len(trace.records) * cycles
     if trace.timestamped and s.schedule.request_rate <= 0:
-        first = trace.records[0].arrival_s
-        span = trace.records[-1].arrival_s - first
-        gap = span / max(len(trace.records) - 1, 1)
-        times = ((r.arrival_s - first + c * (span + gap)) / s.trace.speedup
-                 for c in (itertools.count() if cycles == 0 else range(cycles)) for r in trace.records)
-        return (zip(times, trace_builds(trace, s.workload.vocab_size, cycles)), trace.fmt,
+        return (trace_arrivals(trace, s.workload.vocab_size, s.trace.speedup, cycles), trace.fmt,
                 f"the trace's timestamps over --trace-speedup {s.trace.speedup:g}", total)
     if s.schedule.request_rate <= 0:
         raise UserError(f"fleet needs arrival times, and trace {s.trace.path} ({trace.fmt}) has no timestamps; "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kv_cache.cache.cache import BlockCache
+from kv_cache.cache.simulate import read_prefix, write_block
 from kv_cache.fleet.engines import CPU, HBM, SHARED_TIER, Engine
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.catalog import accounting_stack
@@ -53,18 +54,17 @@ class LruPool:
 
     def demote(self, key: int) -> None:
         """A block an engine evicted, written whether or not the pool holds it (the engine does not ask)."""
-        if key in self.blocks:
-            self.rewrites += 1
-            self.blocks.move_to_end(key)
-            self.writes += 1
-            self.written.append(key)
-            return
+        self.rewrites += key in self.blocks
         self._write(key)
 
     def _write(self, key: int) -> None:
-        self.blocks[key] = None
+        """A write: the block becomes the most recent (inserted, the least recent evicted past capacity)."""
         self.writes += 1
         self.written.append(key)
+        if key in self.blocks:
+            self.blocks.move_to_end(key)
+            return
+        self.blocks[key] = None
         if self.capacity and len(self.blocks) > self.capacity:
             self.blocks.popitem(last=False)
             self.evictions += 1
@@ -93,18 +93,15 @@ class ThroughEngine(Engine):
 
     def _lookup(self, p, first: int, end: int, hit: dict[int, str], buf: np.ndarray) -> None:
         """One lookup group: the engine's own tiers' prefix, then the shared tier's, each hit loaded up."""
-        cache = self.cache
-        entries = cache.pin_prefix(p.keys[first:end])
-        for j, e in enumerate(entries):
-            hit[first + j] = cache.names[cache.read(e, buf, "load", "read")]
-            cache.release(e, buf, buf)
-        i = first + len(entries)
+        names = self.cache.names
+        local = read_prefix(self.cache, p.keys[first:end], buf)
+        for j, t in enumerate(local):
+            hit[first + j] = names[t]
+        i = first + len(local)
         while i < end and self.pool.read(p.keys[i]):
             hit[i] = SHARED_TIER
             self._place(p, i, buf, "load")
             i += 1
 
     def _place(self, p, i: int, buf: np.ndarray, phase: str) -> None:
-        res = self.cache.reserve_write(p.keys[i], buf.size, p.labels[i], p.parents[i] or None)
-        if res is not None:
-            self.cache.commit_write(res, buf, phase, buf)
+        write_block(self.cache, p.keys[i], p.labels[i], p.parents[i], phase, buf)

@@ -4,8 +4,13 @@ index, so a seeded run routes the same way every time)."""
 from __future__ import annotations
 
 
-def least_loaded(engines, candidates, now: float) -> int:
-    return min(candidates, key=lambda i: (engines[i].load(now), engines[i].requests, i))
+def loads(engines, now: float) -> list[int]:
+    """Each engine's requests in flight at now (read once a request: Engine.load drops what has ended)."""
+    return [e.load(now) for e in engines]
+
+
+def least_loaded(engines, candidates, load: list[int]) -> int:
+    return min(candidates, key=lambda i: (load[i], engines[i].requests, i))
 
 
 class Router:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kv_cache.fleet.routers.base import Router, least_loaded
+from kv_cache.fleet.routers.base import Router, least_loaded, loads
 
 
 class LeastLoaded(Router):
@@ -10,7 +10,7 @@ class LeastLoaded(Router):
     description = "the fewest requests in flight, blind to the cache"
 
     def pick(self, request, engines, now: float) -> int:
-        return least_loaded(engines, range(self.n), now)
+        return least_loaded(engines, range(self.n), loads(engines, now))
 
 
 ROUTER = LeastLoaded

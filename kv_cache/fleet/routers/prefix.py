@@ -5,7 +5,7 @@ cannot pile every request onto one engine. Ties, and a request no engine holds a
 
 from __future__ import annotations
 
-from kv_cache.fleet.routers.base import Router, least_loaded
+from kv_cache.fleet.routers.base import Router, least_loaded, loads
 
 
 class Prefix(Router):
@@ -13,9 +13,9 @@ class Prefix(Router):
     description = "the longest cached prefix among engines within the load bound"
 
     def pick(self, request, engines, now: float) -> int:
-        loads = [e.load(now) for e in engines]
-        bound = (1 + self.slack) * sum(loads) / self.n + 1
-        candidates = [i for i in range(self.n) if loads[i] <= bound]
+        load = loads(engines, now)
+        bound = (1 + self.slack) * sum(load) / self.n + 1
+        candidates = [i for i in range(self.n) if load[i] <= bound]
         first, end, _ = request.groups[0] if request.groups else (0, 0, False)
         best, chosen = 0, []
         for i in candidates:
@@ -24,7 +24,7 @@ class Prefix(Router):
                 best, chosen = n, [i]
             elif n == best and n:
                 chosen.append(i)
-        return least_loaded(engines, chosen or candidates, now)
+        return least_loaded(engines, chosen or candidates, load)
 
 
 ROUTER = Prefix

@@ -3,7 +3,7 @@ llm-d's sticky routing); a new conversation goes to the least-loaded engine."""
 
 from __future__ import annotations
 
-from kv_cache.fleet.routers.base import Router, least_loaded
+from kv_cache.fleet.routers.base import Router, least_loaded, loads
 
 
 class Session(Router):
@@ -18,7 +18,7 @@ class Session(Router):
     def pick(self, request, engines, now: float) -> int:
         home = self._home.get(request.conversation)
         if home is None:
-            home = self._home[request.conversation] = least_loaded(engines, range(self.n), now)
+            home = self._home[request.conversation] = least_loaded(engines, range(self.n), loads(engines, now))
         return home
 
 
