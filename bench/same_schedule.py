@@ -98,12 +98,13 @@ BATCH_COUNTS = ("ops.", "latency", "queue_depth", "request_latency", "max_inflig
 
 def same_cache(res_a: str, ops_a: str, res_b: str, ops_b: str) -> int:
     """A batched run against a serial one: the same cache decisions in the same order (every eviction, demotion
-    and promotion, each op's (tier, key) sequence), the same multiset of block operations (a batch groups a
+    and promotion into each tier, as a (tier, key) sequence), the same multiset of block operations (a batch groups a
     request's reads by tier: their order within a request differs) and every integer count equal but the batches'
     own (how many load / store batches, their depth)."""
     oa, ob = operations(ops_a), operations(ops_b)
-    moves = ("evict", "demote", "promote")
-    same_moves = all([o for o in oa if o[0] == m] == [o for o in ob if o[0] == m] for m in moves)
+    moves = {o[:2] for o in oa + ob if o[0] in ("evict", "demote", "promote")}  # each (op, tier): a batch's
+    same_moves = all([o for o in oa if o[:2] == m] == [o for o in ob if o[:2] == m] for m in moves)  # demotions
+    # land deepest tier first, so only their order into each tier is serial mode's
     same_ops = sorted(oa) == sorted(ob)
     ca, cb = counts(res_a), counts(res_b)
     both = (set(ca) & set(cb)) - {".schema_version"}

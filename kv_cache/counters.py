@@ -99,11 +99,12 @@ def semantic_hist(stage: str) -> tuple[str, str, str]:
     return ("semantic", stage, ALL)
 
 
-BATCH_KINDS = ("load", "store")  # a batch as a whole: a request's hit blocks read, its new blocks written
+# a batch as a whole: a request's hit blocks read, its new blocks written, the demotions that made their room
+BATCH_KINDS = LOAD_BATCH, STORE_BATCH, DEMOTE_BATCH = ("load", "store", "demotions")
 
 
 def depth_hist(tier: str, kind: str) -> tuple[str, str, str]:
-    """The blocks of each batch of kind (load, store) on tier: the queue depth one worker gave it."""
+    """The blocks of each batch of kind (BATCH_KINDS) on tier: the queue depth one worker gave it."""
     return ("depth", tier, kind)
 
 

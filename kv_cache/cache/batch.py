@@ -4,8 +4,9 @@ The engines that offload KV move a request's blocks as one job (vLLM's offloadin
 request; LMCache: a request's chunks fetched concurrently; NIXL: a descriptor list per transfer). Here the reads of
 a request's pinned hit blocks go to each tier as one ``get_many``, and its new blocks' writes as one ``put_many``
 per tier. The cache's state changes stay where serial mode makes them and in its order: each new block is reserved,
-the demotions it needs run, and it is placed in its tier's order (PLACING) before the next one is reserved, as a
-serial write would leave it; only the bytes of the new blocks wait, to go together. Read blocks are judged and
+the demotions it needs are made (their bytes land together before the new blocks', landing.py), and it is placed in
+its tier's order (PLACING) before the next one is reserved, as a serial write would leave it; only bytes wait, to go
+together. Read blocks are judged and
 released (promoted if due) in chain order after their batch. Hit rates and eviction order are serial mode's
 (bench/same_schedule.py shows it). Each block's latency runs from its batch's submission to its own
 completion (fio's completion latency at that depth); each batch as a whole is recorded beside it (op load or
@@ -19,6 +20,7 @@ from time import monotonic_ns as now_ns
 
 import numpy as np
 
+from kv_cache import counters as C
 from kv_cache.cache.chains import PLACING, READY, Entry
 from kv_cache.tiers.base import IO_UNITS, device_begin
 
@@ -49,7 +51,7 @@ class Batches:
         for t, idx in by_tier.items():
             start = now_ns()
             done = self.tiers[t].get_many([(entries[i].key, outs[i][:entries[i].nbytes]) for i in idx])
-            self._record_batch(t, "load", phase, op, start, [entries[i] for i in idx], done)
+            self._record_batch(t, C.LOAD_BATCH, phase, op, start, [entries[i] for i in idx], done)
             for i, d in zip(idx, done):
                 result[i] = d if isinstance(d, BaseException) else t
         return result
@@ -79,7 +81,7 @@ class Batches:
                     res = self._reserve_write(*want)
                 if res is not None:
                     try:
-                        self.run_moves(res.moves, scratch)
+                        self.run_moves(res.moves, scratch, defer=True)
                         data = make(n, res.entry)
                     except BaseException:
                         self.abort(res)
@@ -93,9 +95,18 @@ class Batches:
                     self._empty_trash()
                 placed.append(res)
         except BaseException:
+            self._land_anyway()
             self.give_back([r for r in placed if r is not None])
             raise
         return placed
+
+    def _land_anyway(self) -> None:
+        """The batch failed: its landing demotions still move (their blocks are in the tiers' order already); one
+        that fails too has dropped its block."""
+        try:
+            self.land()
+        except Exception:  # noqa: BLE001, S110 - the batch's own failure is the one raised
+            pass
 
     def give_back(self, reservations: list) -> None:
         """Placed reservations whose bytes will not be written leave the cache (their tier's order too)."""
@@ -121,8 +132,9 @@ class Batches:
         mode would have made)."""
         with self._lock:
             mine = self.pending.pop(e.key, None)
-        if mine is None:
+        if mine is None or mine[0] != threading.get_ident():  # another thread's batch: dropped before its bytes
             return
+        self.land()  # the room its bytes take, as serial mode's write found it
         _, data, phase = mine
         device_begin()
         start = now_ns()
@@ -139,11 +151,12 @@ class Batches:
             by_tier.setdefault(reservations[i].entry.tier, []).append(i)
         failed: dict[int, BaseException] = {}
         try:
+            self.land()  # the demotions that made their room, together
             for t, idx in by_tier.items():
                 entries = [reservations[i].entry for i in idx]
                 start = now_ns()
                 done = self.tiers[t].put_many([(e.key, datas[i][:e.nbytes]) for e, i in zip(entries, idx)])
-                self._record_batch(t, "store", phase, "write", start, entries, done)
+                self._record_batch(t, C.STORE_BATCH, phase, "write", start, entries, done)
                 failed.update({i: d for i, d in zip(idx, done) if isinstance(d, BaseException)})
         except BaseException:
             self.give_back([reservations[i] for i in todo])

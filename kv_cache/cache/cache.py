@@ -31,7 +31,8 @@ import numpy as np
 
 from kv_cache import counters as C
 from kv_cache.cache.batch import Batches
-from kv_cache.cache.chains import CORRUPT, DROPPING, READY, Entry, PrefixStructure
+from kv_cache.cache.chains import CORRUPT, DROPPING, LANDING, READY, Entry, PrefixStructure
+from kv_cache.cache.landing import Landing
 from kv_cache.cache.parts import Parts
 from kv_cache.cache.policies import make
 from kv_cache.cache.room import MOVING, Move, Room
@@ -46,7 +47,7 @@ class Reservation:
     moves: list[Move]
 
 
-class BlockCache(Batches, Room, PrefixStructure):
+class BlockCache(Batches, Landing, Room, PrefixStructure):
     """Index + per-tier policies + placement over an ordered list of tiers."""
 
     def __init__(self, tiers: list, policy: type, promote: bool, recorder, gds=None, parts: Parts | None = None,
@@ -63,6 +64,7 @@ class BlockCache(Batches, Room, PrefixStructure):
         self.recorder = recorder
         self.index: dict[int, Entry] = {}
         self.pending: dict[int, tuple] = {}  # key -> (thread, bytes, phase) of a PLACING block's write (batch.py)
+        self.landing: dict[int, tuple] = {}  # key -> (thread, move, buffer) of a LANDING demotion (landing.py)
         # NOTE: with --shared-storage the bottom tier is written by other ranks too. A lookup that
         # misses here adopts a block published there; such remote blocks count against no local
         # capacity, are never local victims, and are copied (not moved) when promoted.
@@ -83,7 +85,7 @@ class BlockCache(Batches, Room, PrefixStructure):
         with self._lock:
             for k in keys:
                 e = self.index.get(k)
-                while e is not None and e.state == MOVING:
+                while e is not None and e.state in (MOVING, LANDING):
                     self._wait()
                     e = self.index.get(k)
                 if e is None and self.shared is not None:

@@ -10,6 +10,7 @@ from kv_cache import counters as C
 
 READY, WRITING, CORRUPT, DROPPING = "ready", "writing", "corrupt", "dropping"
 PLACING = "placing"  # placed in its tier's order as a serial write would be, its bytes still in flight (batch.py)
+LANDING = "landing"  # placed in a lower tier by a batch's demotion, its bytes still in the tier above (landing.py)
 
 
 class Entry:
@@ -40,7 +41,7 @@ class PrefixStructure:
 
     def _refresh(self, e: Entry) -> None:
         """Tell e's policy whether e is a candidate, when that changed."""
-        if e.state not in (READY, PLACING) or self.index.get(e.key) is not e:
+        if e.state not in (READY, PLACING, LANDING) or self.index.get(e.key) is not e:
             return
         blocked = self._blocked(e)
         if blocked != e.held:

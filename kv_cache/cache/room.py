@@ -10,7 +10,7 @@ from time import monotonic_ns as now_ns
 
 import numpy as np
 
-from kv_cache.cache.chains import READY, Entry
+from kv_cache.cache.chains import LANDING, READY, Entry
 
 MOVING = "moving"
 
@@ -46,7 +46,8 @@ class Room:
         try:
             for key in order:
                 e = self.index[key]
-                if e.pins == 0 and (e.state == READY or self._flushable(e)):
+                if e.pins == 0 and (e.state == READY or self._flushable(e) or
+                                    (e.state == LANDING and self._owed(e))):
                     victims.append(e)
                     got += self._slots(t, e.nbytes)
                     if got >= deficit:  # out of the policy before close(), which then has none to put back
@@ -85,12 +86,19 @@ class Room:
 
     # ------------------------------------------------------------------ moves (no lock)
 
-    def run_moves(self, moves: list[Move], scratch: np.ndarray) -> None:
-        """Perform planned moves in order (deepest first), each timed and recorded."""
+    def run_moves(self, moves: list[Move], scratch: np.ndarray, defer: bool = False) -> None:
+        """Perform planned moves in order (deepest first), each timed and recorded. defer (a batch being placed):
+        a demotion's state changes now, its bytes land with the batch's others (landing.py)."""
+        if defer and any(self._owed(mv.entry) for mv in moves):
+            self.land()  # a victim whose bytes, or the room for them, this batch still owes: as serial mode's, first
         for i, mv in enumerate(moves):
             e, src = mv.entry, self.tiers[mv.src]
             try:
                 self._flush(e, mv.src)  # a block of this thread's batch whose bytes had not landed yet
+                if defer and mv.dst is not None:
+                    if self._deferrable(mv) and self._defer(mv, scratch):
+                        continue
+                    self.land()  # this one moves now, into room the landing ones make
             except BaseException:
                 for failed in moves[i:]:
                     self._forget(failed.entry, failed, src_accounted=True)

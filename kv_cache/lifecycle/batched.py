@@ -29,32 +29,49 @@ class BatchedPaths:
         storage_ns, tiers = 0, []
         for w in range(0, len(entries), self.batch):
             window = entries[w:w + self.batch]
-            outs = [bufs.batch_view(j, e.nbytes) for j, e in enumerate(window)]
             try:
                 self._check_stop()
-                start = now_ns()
-                got = self.cache.read_batch(window, outs, "load", "read")
-                storage_ns += now_ns() - start
+                spent, got = self._read_window(window, bufs, "read", to_first_miss=True)
             except BaseException:
-                self.cache.unpin(entries[w:])
+                self.cache.unpin(entries[w + len(window):])
                 raise
-            for j, (e, r) in enumerate(zip(window, got)):
-                n = w + j
-                if isinstance(r, BlockVanished):  # another rank evicted it from shared storage: a miss now
-                    self.cache.forget_vanished(e)
-                    self.recorder.count(C.SHARED_VANISHED, start_ns=start)
-                    self.cache.unpin(entries[n + 1:])
-                    return storage_ns, tiers, n
-                if isinstance(r, BaseException):
-                    self.cache.unpin(entries[n + 1:])
-                    raise r
+            storage_ns += spent
+            hit = got.index(None) if None in got else len(got)
+            tiers += got[:hit]
+            if hit < len(window):  # the rest of the prefix is a miss (recomputed, rewritten)
+                self.cache.unpin(entries[w + len(window):])
+                return storage_ns, tiers, w + hit
+        return storage_ns, tiers, len(entries)
+
+    def _read_window(self, window: list, bufs: WorkerBuffers, op: str, to_first_miss: bool) -> tuple[int, list]:
+        """Read pinned entries together (the cache groups them by tier), then judge each in order as serial mode
+        judges a block: (storage ns, per entry the tier it hit in, or None: it vanished or read back wrong).
+        to_first_miss (a prefix): the first miss ends it, the window's rest unpinned unread; else (donor blocks,
+        each on its own) every block is judged. A read's error unpins what was not judged and is raised."""
+        outs = [bufs.batch_view(j, e.nbytes) for j, e in enumerate(window)]
+        start = now_ns()
+        try:
+            got = self.cache.read_batch(window, outs, "load", op)
+        except BaseException:
+            self.cache.unpin(window)
+            raise
+        storage_ns, tiers = now_ns() - start, []
+        for j, (e, r) in enumerate(zip(window, got)):
+            if isinstance(r, BaseException) and not isinstance(r, BlockVanished):
+                self.cache.unpin(window[j + 1:])
+                raise r
+            intact = False
+            if isinstance(r, BlockVanished):  # another rank evicted it from shared storage: a miss now
+                self.cache.forget_vanished(e)
+                self.recorder.count(C.SHARED_VANISHED, start_ns=start)
+            else:
                 spent, intact = self._judge(e, outs[j], r, bufs)
                 storage_ns += spent
-                if not intact:  # the rest of the prefix is a miss (recomputed, rewritten)
-                    self.cache.unpin(entries[n + 1:])
-                    return storage_ns, tiers, n
-                tiers.append(r)
-        return storage_ns, tiers, len(entries)
+            tiers.append(r if intact else None)
+            if not intact and to_first_miss:
+                self.cache.unpin(window[j + 1:])
+                break
+        return storage_ns, tiers
 
     def _judge(self, e, data, tier: int, bufs: WorkerBuffers, verdict: bool | None = None) -> tuple[int, bool]:
         """Verify a block read into data (verdict: already judged, part by part), then release it (promoted if

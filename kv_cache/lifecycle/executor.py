@@ -204,20 +204,36 @@ class Lifecycle(BatchedPaths, HandoffPaths):
 
     def _donor_load(self, reads: dict[int, tuple[int, ...]], bufs: WorkerBuffers,
                     out: RequestOutcome) -> tuple[int, set]:
-        """Read the donor blocks a donor plan names (op donor_read); the recipient blocks now loaded."""
+        """Read the donor blocks a donor plan names (op donor_read; batched: a window of them together); the
+        recipient blocks now loaded."""
         storage_ns, got = 0, set()
-        for key in dict.fromkeys(k for keys in reads.values() for k in keys):
-            pinned = self.cache.pin_prefix([key])
-            read = self._read(pinned[0], bufs, "donor_read") if pinned else None
-            if read is None or not read[2]:  # evicted (or corrupt) since the donor was served: recomputed
-                out.donor_blocks_missing += 1
-                continue
-            storage_ns += read[0]
-            got.add(key)
-            name = self.cache.names[read[1]]
-            add_to(out.donor_bytes_by_tier, name, pinned[0].nbytes)
-            add_to(out.donor_blocks_by_tier, name, 1)
+        keys = list(dict.fromkeys(k for keys in reads.values() for k in keys))
+        step = self.batch or 1
+        for w in range(0, len(keys), step):
+            pinned = [p[0] for p in (self.cache.pin_prefix([k]) for k in keys[w:w + step]) if p]
+            out.donor_blocks_missing += len(keys[w:w + step]) - len(pinned)  # evicted since the donor was served
+            spent, tiers = self._read_donors(pinned, bufs)
+            storage_ns += spent
+            for e, t in zip(pinned, tiers):
+                if t is None:  # vanished or corrupt: recomputed
+                    out.donor_blocks_missing += 1
+                    continue
+                got.add(e.key)
+                add_to(out.donor_bytes_by_tier, self.cache.names[t], e.nbytes)
+                add_to(out.donor_blocks_by_tier, self.cache.names[t], 1)
         return storage_ns, {r for r, keys in reads.items() if all(k in got for k in keys)}
+
+    def _read_donors(self, pinned: list, bufs: WorkerBuffers) -> tuple[int, list]:
+        """Read pinned donor blocks, each on its own (a miss ends nothing): (storage ns, per block its tier or
+        None)."""
+        if self.batch:
+            return self._read_window(pinned, bufs, "donor_read", to_first_miss=False)
+        storage_ns, tiers = 0, []
+        for e in pinned:
+            read = self._read(e, bufs, "donor_read")
+            storage_ns += read[0] if read else 0
+            tiers.append(read[1] if read and read[2] else None)
+        return storage_ns, tiers
 
     def _check(self, key: int, data: np.ndarray, start_ns: int, digest: int | None = None) -> bool:
         """Verify a block read back; False when it is not what was written.

@@ -32,19 +32,25 @@ class HandoffPaths:
                              prompt_tokens_by_source={"handoff": h.prompt_tokens},
                              infinite_cache_tokens=None)  # its blocks come from another node: no ceiling of ours
         storage_ns = loaded = 0
-        digests = h.digests or (0,) * len(h.keys)
-        for key, size, digest in zip(h.keys, h.nbytes, digests):
+        blocks = list(zip(h.keys, h.nbytes, h.digests or (0,) * len(h.keys)))
+        for w in range(0, len(blocks), self.batch or 1):  # batched: a window's blocks in one transfer
+            window = blocks[w:w + (self.batch or 1)]
             self._check_stop()
-            data = bufs.view(size)
+            datas = [bufs.batch_view(j, size) if self.batch else bufs.view(size) for j, (_, size, _) in
+                     enumerate(window)]
             start = now_ns()
-            if not self.handoff.load(key, data):
-                self.recorder.count(C.HANDOFF_MISSING, start_ns=start)
-                continue
+            got = self.handoff.load_many([(key, data) for (key, _, _), data in zip(window, datas)])
             spent = now_ns() - start
             storage_ns += spent
-            self.recorder.op("handoff", "read", "load", start, spent, size, key)
-            self._check(key, data, start, digest or None)
-            loaded += 1
+            if self.batch:
+                self.recorder.batch("handoff", C.LOAD_BATCH, "load", start, spent, len(window))
+            for (key, size, digest), data, ok in zip(window, datas, got):
+                if not ok:
+                    self.recorder.count(C.HANDOFF_MISSING, start_ns=start)
+                    continue
+                self.recorder.op("handoff", "read", "load", start, spent, size, key)
+                self._check(key, data, start, digest or None)
+                loaded += 1
         ttft_ns = now_ns()
         self.handoff.loaded(h)  # its blocks may go (the NIXL prefill node holds them until now)
         self.recorder.handoff(ttft_ns, int((time.time() - h.done_wall) * 1e9))

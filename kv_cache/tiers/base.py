@@ -19,9 +19,10 @@ import numpy as np
 FAKE_IO = "fake_io"                # moves no bytes (null tier): payloads need not be built
 SIMULATED = "simulated"            # timing comes from a model, not a device
 SHARED = "shared"                  # other processes write and evict blocks here too (hook: adopt)
-PINS_HOST = "pins_host"            # registers host buffers for direct DMA (hooks: pin_host, move_to, transfers)
+PINS_HOST = "pins_host"            # registers host buffers for direct DMA (hooks: pin_host, move_to, move_many_to,
+                                   # transfers)
 HOST_SLOTS = "host_slots"          # its slots are host memory a device copies into directly (hooks: host_memory,
-                                   # alloc_views)
+                                   # alloc_views, held_view)
 PRECONDITIONS = "preconditions"    # can write its whole space before the run (hook: precondition)
 IO_UNITS = "io_units"              # moves a block as several timed I/Os (hook: io_times)
 STORAGE = "storage"                # holds blocks outside the process's memory (a disk, a remote store): a stack's
@@ -136,6 +137,11 @@ class SlottedTier:
         it through a worker's buffer (get, then put)."""
         return False
 
+    def move_many_to(self, items: list[tuple[int, int]], dst) -> list | None:
+        """PINS_HOST: move a batch of (key, nbytes) straight into dst's slots together (each item's completion ns,
+        or its exception; src keeps its copies); None where the two cannot (the cache moves them otherwise)."""
+        return None
+
     def transfers(self) -> dict[str, dict[str, int]] | None:
         """PINS_HOST: host <-> device copies by direction, direct or staged; None elsewhere."""
         return None
@@ -147,6 +153,10 @@ class SlottedTier:
     def alloc_views(self, key: int, nbytes: int) -> list[np.ndarray]:
         """HOST_SLOTS: allocate key's slots and return a writable host view of each (a device copies into them)."""
         raise NotImplementedError(f"the {self.name} tier has no host slots")
+
+    def held_view(self, key: int) -> np.ndarray | None:
+        """HOST_SLOTS: key's bytes where they lie (one run of slots), for another tier to write from; else None."""
+        return None
 
     def io_times(self) -> list[tuple[int, int]]:
         """IO_UNITS: (ns, bytes) of each I/O of this thread's last put or get; none elsewhere."""

@@ -45,6 +45,11 @@ class CpuTier(SlottedTier):
     def host_memory(self) -> list[np.ndarray]:
         return [self.arena]
 
+    def held_view(self, key: int) -> np.ndarray | None:
+        slots, nbytes = self.slots.lookup(key)
+        one = runs(slots, nbytes, self.slot_bytes)
+        return self.arena[one[0][0] * self.slot_bytes:][:nbytes] if len(one) == 1 else None
+
     def alloc_views(self, key: int, nbytes: int) -> list[np.ndarray]:
         sb = self.slot_bytes
         return [self.arena[s * sb:s * sb + min(sb, nbytes - i * sb)]

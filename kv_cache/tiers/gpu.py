@@ -163,7 +163,7 @@ class GpuTier(SlottedTier):
     def _many(self, kind: int, items: list) -> list:
         """A batch of direct copies queued together and synchronised once (each block completes at that sync, as
         an engine's batch does); a staged block, or one the slots refuse, goes alone."""
-        lane, used, out, queued, todo = self._lane(), set(), [None] * len(items), [], []
+        lane, out, queued, todo = self._lane(), [None] * len(items), [], []
         put, direct = kind == H2D, H2D_DIRECT if kind == H2D else D2H_DIRECT
         for n, (key, buf) in enumerate(items):
             try:
@@ -180,15 +180,22 @@ class GpuTier(SlottedTier):
             lane.counts[direct] += 1
             todo.append((slots, self._split(addr, nbytes, len(slots))))
             queued.append(n)
+        undo = (lambda key: self.slots.release(key)) if put else (lambda key: None)
+        return self._together(kind, lane, todo, queued, out, [items[n][0] for n in queued], undo)
+
+    def _together(self, kind: int, lane: _Lane, todo: list, queued: list[int], out: list, keys: list[int],
+                  undo) -> list:
+        """Queue a batch's copies (todo: each block's slots and host pieces) and synchronise once: each queued
+        block's result (out[n]) is that sync's time, or, should the copies fail, their error (undo(key) each)."""
+        used: set = set()
         try:
             self._queue(kind, todo, lane, used)
             for d in used:
                 self.backend.sync(lane.streams[d])
         except Exception as e:  # noqa: BLE001 - the batch's copies failed together
-            for n in queued:
+            for n, key in zip(queued, keys):
                 out[n] = e
-                if kind == H2D:
-                    self.slots.release(items[n][0])
+                undo(key)
             return out
         done = time.monotonic_ns()
         for n in queued:
@@ -256,6 +263,29 @@ class GpuTier(SlottedTier):
             dst.release(key)
             raise
         return True
+
+    def move_many_to(self, items: list[tuple[int, int]], dst) -> list | None:
+        """A batch's demotions straight into a host tier's slots: every block's D2H copies queued on the worker's
+        stream(s) and synchronised once (one offload job, as vLLM's connector submits a request's blocks); a block
+        whose slots are not page-locked goes alone (move_to). None for any other tier."""
+        if HOST_SLOTS not in dst.flags:
+            return None
+        lane, out, todo, queued = self._lane(), [None] * len(items), [], []
+        for n, (key, _) in enumerate(items):
+            try:
+                slots, nbytes = self.slots.lookup(key)
+                pieces = [(v.ctypes.data, v.nbytes) for v in dst.alloc_views(key, nbytes)]
+            except Exception as e:  # noqa: BLE001 - this block's result
+                out[n] = e
+                continue
+            if not all(self._is_pinned(a, m) for a, m in pieces):
+                dst.release(key)
+                out[n] = one_by_one(lambda k, _: self.move_to(k, dst), [(key, None)])[0]
+                continue
+            lane.counts[D2H_DIRECT] += 1
+            todo.append((slots, pieces))
+            queued.append(n)
+        return self._together(D2H, lane, todo, queued, out, [items[n][0] for n in queued], dst.release)
 
     def transfers(self) -> dict[str, dict[str, int]]:
         """Host <-> HBM copies of the whole run: direct (a page-locked host buffer) or staged (through a lane's

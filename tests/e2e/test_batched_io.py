@@ -41,8 +41,7 @@ def test_batched_makes_serial_mode_s_cache_decisions_at_depth(small_run, tmp_pat
         assert r.returncode == 0, r.stderr
         runs[mode] = (small_run.results(mode), _ops(trace), r.stdout)
     (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
-    for op in ("evict", "demote", "promote"):  # the eviction order
-        assert [o for o in s_ops if o[0] == op] == [o for o in b_ops if o[0] == op], op
+    assert _moves(s_ops) == _moves(b_ops)  # the eviction order into each tier
     assert sorted(s_ops) == sorted(b_ops)  # the same reads and writes; a batch groups a request's I/O by tier
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
     assert batched["run"]["request_io"] == "batched" and batched["run"]["max_inflight"] == (4 if tiers else 32)
@@ -52,6 +51,39 @@ def test_batched_makes_serial_mode_s_cache_decisions_at_depth(small_run, tmp_pat
     assert "store" in batched["latency_ms"]["cpu"]  # each batch as a whole, beside its blocks' own
     assert f"request I/O: batched, up to {4 if tiers else 32} blocks" in " ".join(said.split())
     assert batched["run"]["tiers"]["nvme"]["batches"].startswith("the direct engine's")
+
+
+def _moves(ops: list[tuple[str, str, str]]) -> dict[tuple[str, str], list[str]]:
+    """Each (op, tier)'s keys in order, of the cache's moves: its eviction order into each tier."""
+    out: dict = {}
+    for op, tier, key in ops:
+        if op in ("evict", "demote", "promote"):
+            out.setdefault((op, tier), []).append(key)
+    return out
+
+
+@pytest.mark.slow  # two runs on the fake device: make test-all (CI)
+def test_a_batch_s_demotions_land_together_in_serial_mode_s_order(small_run, tmp_path):
+    """HBM of 5 blocks over a CPU tier of 10 and an NVMe tier, on the fake device as typed: each batch's new blocks
+    push victims down both tiers. Batched mode moves them as batches (HBM into the CPU tier's slots as one D2H
+    batch, the CPU tier's slots into the NVMe engine's batch), deeper than one, and still makes serial mode's
+    decisions: the same demotions, evictions and promotions into each tier in the same order, the same hits."""
+    runs = {}
+    for mode in ("serial", "batched"):
+        trace = tmp_path / f"{mode}.csv"
+        r = run_cli(small_run(mode, *SEQUENCE, "--gpu", "real", "--gpu-mem-gb", "0.01", "--cpu-mem-gb", "0.02",
+                              "--max-inflight", "8", "--request-io", mode, "--io-trace", str(trace)),
+                    extra_env={"KVBENCH_FAKE_GPU": "1:2"})
+        assert r.returncode == 0, r.stderr
+        runs[mode] = (small_run.results(mode), _ops(trace))
+    (serial, s_ops), (batched, b_ops) = runs["serial"], runs["batched"]
+    assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
+    assert {("demote", "cpu"), ("demote", "nvme")} <= set(_moves(b_ops))
+    assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    depth = batched["queue_depth"]
+    assert depth["cpu"]["demotions"]["max"] > 1 and depth["nvme"]["demotions"]["max"] > 1
+    assert "demotions" in batched["latency_ms"]["cpu"] and "demotions" not in serial["latency_ms"]["cpu"]
+    assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
 
 
 @pytest.mark.slow

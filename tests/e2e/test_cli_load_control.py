@@ -108,7 +108,8 @@ def test_a_folder_prefill_node_flat_out_waits_for_its_decode_node_and_loses_no_b
     hand.mkdir()
     dec = subprocess.Popen([sys.executable, str(REPO / "kv_cache_benchmark.py"),
                             *small_run("dec", "--role", "decode", "--handoff-dir", str(hand), "--duration", "600",
-                                       "--warmup", "0", "--workers", "1", "--disagg-wait-s", "30", quiet=False)],
+                                       "--warmup", "0", "--workers", "1", "--disagg-wait-s", "30",
+                                       "--request-io", "serial", quiet=False)],  # a block at a time: it lags
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_line(dec, "waiting for a prefill node")
     pre = run_cli(small_run("pre", "--role", "prefill", "--handoff-dir", str(hand), *bounded(40),

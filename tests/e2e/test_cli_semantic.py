@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+from collections import Counter
+
 import pytest
 from conftest import REPO, SHARED_TRACES, TRACES_ABSENT, run_cli
 from helpers import assert_clean_error
@@ -33,6 +36,32 @@ def test_semantic_run_reads_donor_blocks_and_reports_sembench_metrics(small_run)
     assert res["verification"]["failures"] == 0 and res["verification"]["blocks_checked"] > donor_reads
     counts = sem["overall"]["counts"]
     assert counts["loaded_blocks"] <= counts["semantic_blocks"] <= counts["candidate_blocks"] <= counts["blocks"]
+
+
+def test_batched_donor_reads_go_together_and_change_no_outcome(small_run, tmp_path):
+    """Issue 48: under --request-io batched a window of a donor's blocks is read together (one batch: their reads
+    share its submission), with serial mode's outcome: the same donor blocks read from the same tiers, the same
+    reuse, the same cache moves."""
+    runs = {}
+    for mode in ("serial", "batched"):
+        trace = tmp_path / f"{mode}.csv"
+        r = run_cli(small_run(mode, *SEQUENCE[:-2], "--max-requests", "30", "--set", "semantic.doc_tokens=[256,1024]",
+                              "--workers", "1", "--request-io", mode, "--io-trace", str(trace)), timeout=300)
+        assert r.returncode == 0, r.stderr
+        with open(trace, newline="") as f:
+            rows = [row for row in csv.DictReader(f)]
+        runs[mode] = (small_run.results(mode)["semantic"], rows)
+    (serial, s_rows), (batched, b_rows) = runs["serial"], runs["batched"]
+    assert serial["donor_blocks_by_tier"] == batched["donor_blocks_by_tier"] and sum(
+        serial["donor_blocks_by_tier"].values()) > 0
+    assert serial["by_transform"] == batched["by_transform"]
+    moves = {"evict", "demote", "promote"}
+    assert [(r["op"], r["tier"], r["key"]) for r in s_rows if r["op"] in moves] == \
+        [(r["op"], r["tier"], r["key"]) for r in b_rows if r["op"] in moves]
+
+    def starts(rows):
+        return Counter(r["start_s"] for r in rows if r["op"] == "donor_read")
+    assert max(starts(s_rows).values()) == 1 and max(starts(b_rows).values()) > 1
 
 
 def test_semantic_schedule_and_reuse_are_deterministic(small_run):

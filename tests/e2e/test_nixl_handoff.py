@@ -90,6 +90,8 @@ def test_prefill_and_decode_nodes_over_nixl_on_localhost(small_run, tmp_path):
     assert pre.returncode == 0, pre.stderr
     assert dec.returncode == 0, err
     check_handed_over(small_run, url)
+    depth = small_run.results("dec")["queue_depth"]["handoff"]["load"]  # issue 48: a request's blocks in one READ
+    assert depth["max"] > 1 and depth["batches"] < small_run.results("dec")["blocks"]["handoff"]["read"]
 
 
 @pytest.mark.root
@@ -168,7 +170,8 @@ def test_a_prefill_node_flat_out_waits_for_its_decode_node_and_loses_no_block(sm
     handoff space makes the prefill node wait (timed, "wait" on the handoff tier), and no block goes missing."""
     url = f"nixl://127.0.0.1:{free_port()}"
     dec = start_decode([*CLI, *node_args(small_run, tmp_path, "dec", "decode", url, "--duration", "600",
-                                         "--warmup", "0", "--workers", "1", "--disagg-wait-s", "5")])
+                                         "--warmup", "0", "--workers", "1", "--disagg-wait-s", "5",
+                                         "--request-io", "serial")])  # one block a READ: it cannot keep up
     pre = run_cli([*node_args(small_run, tmp_path, "pre", "prefill", url, *bounded(40), "--disagg-handoff-gb",
                               "0.25")], timeout=300, extra_env=TCP)
     out, err = dec.communicate(timeout=300)

@@ -212,6 +212,44 @@ def test_demotions_land_straight_in_the_registered_cpu_arena(pool, monkeypatch):
     assert dev.registered == []
 
 
+def test_a_batch_s_demotions_are_one_d2h_batch_into_the_cpu_arena(pool):
+    """Issue 48: four new blocks placed as one batch over a full HBM of four push its four blocks into the CPU
+    tier: their copies are queued together and each stream waited for once (not once a block), straight into the
+    CPU tier's slots, with their bytes; then the new blocks go up as one batch too."""
+    from kv_cache.run.stack import pin_host_memory
+
+    dev = FakeDevice(count=2)
+    gpu = GpuTier(dev, 4 * SLOT, SLOT, [0, 1], lanes=1, staging_bytes=SLOT)
+    cpu = CpuTier(8 * SLOT, SLOT)
+    pin_host_memory([gpu, cpu], pool)
+    rec = Recorder()
+    rec.start_measuring(0)
+    cache = BlockCache([gpu, cpu], LRUPolicy, False, rec)
+    bufs = [aligned_buffer(SLOT) for _ in range(4)]
+    for b in bufs:
+        gpu.pin_host(b)
+    for k in range(1, 5):
+        pool.fill(k, bufs[0])
+        cache.commit_write(cache.reserve_write(k, SLOT, "user"), bufs[0], "prefill", bufs[0])
+    streams = gpu._lane().streams
+    before = [s.syncs for s in streams]
+
+    def make(n, entry):
+        pool.fill(entry.key, bufs[n])
+        return bufs[n]
+    placed = cache.place_writes([(k, SLOT, "user", None) for k in range(5, 9)], make, "prefill", bufs[0])
+    assert [s.syncs for s in streams] == before  # nothing moved yet: the demotions wait for the batch
+    cache.commit_batch(placed, bufs, "prefill")
+    assert [s.syncs - b for s, b in zip(streams, before)] == [2, 2]  # the D2H batch, then the H2D batch
+    assert gpu.transfers()["device_to_host"] == {"direct": 4, "staged": 0}
+    out = aligned_buffer(SLOT)
+    for k in range(1, 9):
+        (cpu if k < 5 else gpu).get(k, out)
+        assert pool.check(k, out, "full"), k
+    assert rec.snapshot().hists[("depth", "cpu", "demotions")].get_max_value() == 4
+    gpu.close()
+
+
 def test_a_staged_transfer_is_counted_and_its_buffer_said(pool):
     dev = FakeDevice()
     t = GpuTier(dev, 4 * SLOT, SLOT, [0], lanes=1, staging_bytes=SLOT)

@@ -195,13 +195,15 @@ class FolderLoader:
         self._acks = -1
         self._lock = threading.Lock()
 
-    def load(self, key: int, out) -> bool:
-        """Read a published block into out; False when it is gone (removed for space, or the prefill ended)."""
-        try:
-            self.blocks.get(key, out)
-            return True
-        except (BlockVanished, RunFault):
-            return False
+    def load_many(self, items: list[tuple[int, object]]) -> list[bool]:
+        """Read published blocks into their buffers (the shared files' batch path); per block False when it is
+        gone (removed for space, or the prefill ended)."""
+        got = []
+        for d in self.blocks.get_many(items):
+            if isinstance(d, BaseException) and not isinstance(d, (BlockVanished, RunFault)):
+                raise d
+            got.append(not isinstance(d, BaseException))
+        return got
 
     def loaded(self, record: Handoff) -> None:
         """This node loaded the request: its rid in the acks file, and the prefill node may let its blocks go."""

@@ -217,10 +217,11 @@ class NixlLoader:
                 self.registered[base.ctypes.data] = self.agent.register_memory(
                     [(base.ctypes.data, base.nbytes, 0, "")], "DRAM")
 
-    def _read(self, local_addr: int, remote_addr: int, nbytes: int, remote_mem=("DRAM", 0)) -> None:
-        """One NIXL READ, polled to its end (at most --disagg-peer-timeout-s); a failure of any kind is a RunFault."""
+    def _read(self, descs: list[tuple[int, int, int]], remote_mem=("DRAM", 0)) -> None:
+        """One NIXL READ of a descriptor list ((local address, remote address, bytes) each), polled to its end (at
+        most --disagg-peer-timeout-s); a failure of any kind is a RunFault."""
         try:
-            state = self._transfer(local_addr, remote_addr, nbytes, remote_mem)
+            state = self._transfer(descs, remote_mem)
         except Exception as e:  # noqa: BLE001 - NIXL's bindings raise their own classes (nixlRemoteDisconnectError)
             state = type(e).__name__
         if state != "DONE":
@@ -228,9 +229,9 @@ class NixlLoader:
                            f"{self.peer_timeout_s:g} s at most, --disagg-peer-timeout-s): the prefill node stopped "
                            f"or its network did.")
 
-    def _transfer(self, local_addr: int, remote_addr: int, nbytes: int, remote_mem: tuple[str, int]) -> str:
-        local = self.agent.get_xfer_descs([(local_addr, nbytes, 0)], "DRAM")
-        remote = self.agent.get_xfer_descs([(remote_addr, nbytes, remote_mem[1])], remote_mem[0])
+    def _transfer(self, descs: list[tuple[int, int, int]], remote_mem: tuple[str, int]) -> str:
+        local = self.agent.get_xfer_descs([(a, n, 0) for a, _, n in descs], "DRAM")
+        remote = self.agent.get_xfer_descs([(r, n, remote_mem[1]) for _, r, n in descs], remote_mem[0])
         handle = self.agent.initialize_xfer("READ", local, remote, self.peer)
         try:
             state, deadline = self.agent.transfer(handle), time.monotonic() + self.peer_timeout_s
@@ -245,16 +246,29 @@ class NixlLoader:
                 pass
 
     def load(self, key: int, out) -> bool:
-        """Read a published block into out; False when it is not (or no longer) in the prefill node's slots."""
-        slot = self.slot_of.get(key, -1)
-        if slot < 0:
-            return False
-        arr = np.frombuffer(out, np.uint8)
-        self._registered(arr)
-        self._read(arr.ctypes.data, self.header["region"] + slot * self.header["slot_bytes"], arr.nbytes,
+        """Read one published block into out; False when it is not (or no longer) in the prefill node's slots."""
+        return self.load_many([(key, out)])[0]
+
+    def load_many(self, items: list[tuple[int, object]]) -> list[bool]:
+        """Read published blocks into their buffers with one READ of their descriptor list (NIXL's unit of
+        transfer: a decode engine pulls a request's KV so); per block False when it is not (or no longer) in the
+        prefill node's slots."""
+        found = []
+        for n, (key, out) in enumerate(items):
+            slot = self.slot_of.get(key, -1)
+            if slot >= 0:
+                found.append((n, key, slot, np.frombuffer(out, np.uint8)))
+                self._registered(found[-1][3])
+        got = [False] * len(items)
+        if not found:
+            return got
+        base, sb = self.header["region"], self.header["slot_bytes"]
+        self._read([(arr.ctypes.data, base + slot * sb, arr.nbytes) for _, _, slot, arr in found],
                    (self.header.get("region_mem", "DRAM"), self.header.get("region_dev", 0)))
-        # every page is this block's: not replaced (one round trip, the common case); else the seqlock decides
-        return stamped_with(key, arr) or self._tag(slot) == key
+        for n, key, slot, arr in found:
+            # every page is this block's: not replaced (the common case); else the seqlock decides
+            got[n] = stamped_with(key, arr) or self._tag(slot) == key
+        return got
 
     def _tag(self, slot: int) -> int:
         """The slot's tag now (a READ after the block's: the seqlock's check)."""
@@ -262,7 +276,7 @@ class NixlLoader:
         if tag is None:
             tag = self.tag.buf = np.zeros(1, np.uint64)
             self._registered(tag)
-        self._read(tag.ctypes.data, self.header["tags"] + slot * 8, 8)
+        self._read([(tag.ctypes.data, self.header["tags"] + slot * 8, 8)])
         return int(tag[0])
 
     def detach(self) -> None:

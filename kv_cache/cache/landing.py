@@ -1,0 +1,138 @@
+"""A batch's demotions moved together (--request-io batched), a part of ``BlockCache`` (cache.py).
+
+Making room for a batch's new blocks demotes victims one tier down, one a block. Serial mode moves each before
+the next block is reserved; an engine offloads them as one job (vLLM's connector: one batched copy of a request's
+blocks into its CPU pool; LMCache: a request's chunks stored concurrently). Here a demotion made while a batch is
+placed changes the cache's state at once, as serial mode's would (the block is in its new tier's order, its
+parent's counts follow: every later block of the batch meets the cache serial mode left), and is *landing*: its
+bytes still in the tier above. ``land`` then moves them, deepest tier first (a tier's moves out free the slots its
+moves in take), each tier's as one batch: HBM into the CPU tier's slots as one D2H batch (``move_many_to``), the
+CPU tier's slots straight into a batching tier's ``put_many``; elsewhere one after another through the worker's
+buffer, as serial mode does. Each block's demote latency runs from its batch's submission to its own completion,
+the batch as a whole beside it (op ``demotions``, with its depth).
+
+A landing block is no reader's hit until it lands (readers wait, as for a move). Should a later block of the same
+batch pick it as a victim again, or need room its bytes still hold, this thread's landing blocks land first.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from time import monotonic_ns as now_ns
+
+from kv_cache import counters as C
+from kv_cache.cache.chains import LANDING, READY
+from kv_cache.cache.room import Move
+from kv_cache.tiers.base import BATCHES, IO_UNITS
+
+
+class Landing:
+    """defer and land of a BlockCache's demotions (its tiers, parts, recorder, index, lock and ``landing``)."""
+
+    def _owed(self, e) -> bool:
+        """e's bytes are owed by this thread's batch (a write placed ahead of its bytes, or a landing demotion)."""
+        me = threading.get_ident()
+        return any(v is not None and v[0] == me for v in (self.pending.get(e.key), self.landing.get(e.key)))
+
+    def _deferrable(self, mv: Move) -> bool:
+        """A demotion the batch path moves: one I/O between two tiers of this process, not through GDS."""
+        e, src, dst = mv.entry, self.tiers[mv.src], self.tiers[mv.dst]
+        gds = self._gds_whole(e) and self.gds.links(src, dst)
+        return not (e.remote or gds or self.parts.many(e.nbytes) or IO_UNITS in src.flags | dst.flags)
+
+    def _defer(self, mv: Move, scratch) -> bool:
+        """Make a demotion's state change now (as run_moves would once its bytes moved); its bytes land later.
+        False: it must move now (its parent left meanwhile: serial mode moves, then drops it)."""
+        e = mv.entry
+        with self._lock:
+            if self._orphaned(e):
+                return False
+            self._child_moved(e, mv.src, mv.dst)
+            e.tier, e.state = mv.dst, LANDING
+            self._placed(e)
+            self.landing[e.key] = (threading.get_ident(), mv, scratch)
+        return True
+
+    def land(self) -> None:
+        """Move the bytes of this thread's landing demotions, deepest tier first, each tier's as one batch. A move
+        that fails drops its block (as a failed serial move does); the first failure is raised once all landed."""
+        me = threading.get_ident()
+        with self._lock:
+            mine = [v[1:] for v in self.landing.values() if v[0] == me]
+            for mv, _ in mine:
+                del self.landing[mv.entry.key]
+        error = None
+        for dst in sorted({mv.dst for mv, _ in mine}, reverse=True):
+            group = [(mv, scratch) for mv, scratch in mine if mv.dst == dst]
+            error = self._land_group([mv for mv, _ in group], group[0][1]) or error
+        if error is not None:
+            raise error
+
+    def _land_group(self, moves: list[Move], scratch) -> BaseException | None:
+        """One tier's landing demotions (all from the tier above): together where the two tiers can, else one by
+        one; then each block is READY where it was placed. Returns the first failure."""
+        src, dst = self.tiers[moves[0].src], self.tiers[moves[0].dst]
+        start = now_ns()
+        done = self._together(src, dst, moves)
+        if done is None:
+            done = [self._one(src, dst, mv, scratch) for mv in moves]
+        else:
+            ends = [d for d in done if not isinstance(d, BaseException)]
+            if ends:
+                self.recorder.batch(dst.name, C.DEMOTE_BATCH, "evict", start, max(ends) - start, len(moves))
+            done = [(start, d) for d in done]
+        error = None
+        for mv, (began, d) in zip(moves, done):
+            e = mv.entry
+            if not isinstance(d, BaseException):
+                try:
+                    self.parts.delete(src, e.key, e.nbytes)
+                except Exception as ex:  # noqa: BLE001 - as a failed move
+                    d = ex
+            if isinstance(d, BaseException):
+                self._forget_landing(mv)
+                error = error or d
+                continue
+            self._timed(mv.dst, e, "demote", "evict", began, [(d - began, e.nbytes)])
+            self.recorder.add_bytes(src.name, "read", began, e.nbytes)
+            with self._lock:
+                self.leaving[mv.src] -= mv.leaving_slots  # its slots are physically free now
+                if e.state == LANDING and self.index.get(e.key) is e:
+                    e.state = READY
+                    if self._orphaned(e):  # its parent left while it landed: it goes too
+                        self._drop_now(e)
+                self._wake()
+        self._empty_trash()
+        return error
+
+    def _together(self, src, dst, moves: list[Move]) -> list | None:
+        """Each move's completion ns (or exception), the tier's moves in flight together; None where they cannot
+        be (neither HBM into host slots nor host slots into a batching tier)."""
+        items = [(mv.entry.key, mv.entry.nbytes) for mv in moves]
+        done = src.move_many_to(items, dst)
+        if done is not None or BATCHES not in dst.flags:
+            return done
+        views = [src.held_view(k) for k, _ in items]
+        if any(v is None for v in views):
+            return None
+        return dst.put_many([(k, v) for (k, _), v in zip(items, views)])
+
+    def _one(self, src, dst, mv: Move, scratch) -> tuple[int, object]:
+        """(its start, its completion ns or exception) of one move, alone, as serial mode makes it."""
+        start = now_ns()
+        try:
+            self.parts.move(src, dst, mv.entry.key, mv.entry.nbytes, scratch)
+        except Exception as ex:  # noqa: BLE001 - judged by _land_group
+            return start, ex
+        return start, now_ns()
+
+    def _forget_landing(self, mv: Move) -> None:
+        """A landing move failed: its block leaves both tiers (picked again as a victim meanwhile, its new tier's
+        slots are no longer counted as this move's)."""
+        e = mv.entry
+        with self._lock:
+            landing = e.state == LANDING and self.index.get(e.key) is e
+            if landing:
+                self._unplaced(e)
+        self._forget(e, mv if landing else replace(mv, dst=None), src_accounted=True)
