@@ -9,6 +9,11 @@ io_uring and the direct engine. Beside it, fio's io_uring engine reads the same 
 iodepth = --max-inflight (one job, direct=1, randread): GB/s and CPU seconds per GiB (fio's usr + sys; ours: this
 process's CPU time over the batched loads). Each figure is the median of --rounds rounds. This times the tier and
 its engine, the path a batch takes below the cache; the whole program's own cost is e2e_bench's.
+
+Then the demotions a batch triggers, through the cache: a CPU tier full of 64 blocks over the NVMe tier takes 64
+new blocks, each pushing one block down. Serial: each new block reserved, its victim demoted, then written
+(commit_write); batched: place_writes and commit_batch in windows of --max-inflight (the demotions land together,
+the CPU tier's slots straight into the engine's batch, before the new blocks' put_many).
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine_bench import loop_dir  # noqa: E402
 
 from kv_cache.buffers import aligned_buffer  # noqa: E402
+from kv_cache.cache.cache import BlockCache  # noqa: E402
+from kv_cache.cache.policies.lru import LRUPolicy  # noqa: E402
+from kv_cache.recorder.recorder import Recorder  # noqa: E402
 from kv_cache.run.registry import discover  # noqa: E402
+from kv_cache.tiers.cpu import CpuTier  # noqa: E402
 from kv_cache.tiers.nvme import NvmeTier  # noqa: E402
 
 BLOCKS = 64
@@ -58,6 +67,32 @@ def ours(engine, where: str, size: int, depth: int) -> dict:
         tier.close()
     gib = BLOCKS * size / 2**30
     return {"serial": serial, "batched": batched, "gbps": BLOCKS * size / batched / 1e9, "cpu_per_gib": cpu / gib}
+
+
+def demotions(engine, where: str, size: int, depth: int, batched: bool) -> float:
+    """Seconds to write BLOCKS new blocks into a full CPU tier of BLOCKS over the NVMe tier (each demotes one)."""
+    folder = os.path.join(where, f"demote-{engine.name}")
+    os.makedirs(folder, exist_ok=True)
+    nvme = NvmeTier(folder, 2 * BLOCKS * size, size, engine, slab_file_bytes=2 * BLOCKS * size)
+    nvme.precondition(1)  # its extents written once: no file system allocation inside the timing
+    cache = BlockCache([CpuTier(BLOCKS * size, size), nvme], LRUPolicy, False, Recorder())
+    try:
+        bufs, scratch = [aligned_buffer(size) for _ in range(depth)], aligned_buffer(size)
+        for k in range(BLOCKS):  # the CPU tier full
+            cache.commit_write(cache.reserve_write(k, size, "user"), bufs[0], "prefill", scratch)
+        start = time.perf_counter()
+        for w in range(BLOCKS, 2 * BLOCKS, depth):
+            keys = range(w, min(2 * BLOCKS, w + depth))
+            if not batched:
+                for k in keys:
+                    cache.commit_write(cache.reserve_write(k, size, "user"), bufs[0], "prefill", scratch)
+                continue
+            placed = cache.place_writes([(k, size, "user", None) for k in keys], lambda n, _: bufs[n], "prefill",
+                                        scratch)
+            cache.commit_batch(placed, bufs, "prefill")
+        return time.perf_counter() - start
+    finally:
+        nvme.close()
 
 
 def fio(where: str, size: int, depth: int) -> dict:
@@ -100,6 +135,17 @@ def main() -> None:
                       f"{m['batched'] / m['serial']:15.2f} {m['gbps']:6.2f} {fio_gbps:9.2f} "
                       f"{m['gbps'] / fio_gbps:9.2f} {m['cpu_per_gib']:9.3f}/{fio_cpu:<9.3f}")
             os.unlink(os.path.join(where, "fio.bin"))
+        print(f"A batch's demotions through the cache: {BLOCKS} new blocks into a full CPU tier of {BLOCKS}, each "
+              f"demoting one to NVMe (batches of {a.max_inflight})")
+        print(f"  {'block':>7} {'engine':>9} {'serial ms':>10} {'batched ms':>11} {'batched/serial':>15}")
+        for size in SIZES:
+            for name in ("io_uring", "direct"):
+                if engines[name].unavailable():
+                    continue
+                t = {b: float(np.median([demotions(engines[name], where, size, a.max_inflight, b)
+                                         for _ in range(a.rounds)])) for b in (False, True)}
+                print(f"  {size / 2**20:6.2f}M {name:>9} {t[False] * 1e3:10.2f} {t[True] * 1e3:11.2f} "
+                      f"{t[True] / t[False]:15.2f}")
     finally:
         for undo in reversed(stack):
             undo()
