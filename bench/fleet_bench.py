@@ -4,8 +4,8 @@ requests per second of planning and of one (engine count, router) point, on one 
 requests would take at that rate.
 
 The traffic: synthetic users (the fleet's own interleaving, Poisson arrivals), llama3.1-8b, --block-tokens 64 by
-default; --requests of them planned once, then each engine count of --engines with the round-robin and prefix
-routers (prefix reads every candidate engine's cache: its cost grows with the engine count).
+default; --requests of them planned once, then each engine count of --engines with the round-robin, least-loaded
+and prefix routers (prefix asks the engines a request's chain head was sent to how much of it they still hold).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main() -> None:
     for model in args.models.split(","):
         spec = EngineSpec(int(2 * GiB), int(8 * GiB), 0, reg.policies["lru"], 0.08, 20.0, 0.25, "demote", model)
         for n in (int(x) for x in args.engines.split(",")):
-            for router in ("round-robin", "prefix"):
+            for router in ("round-robin", "least-loaded", "prefix"):
                 sim = simulate(stream, n, reg.routers[router], spec, lambda *a: None)
                 rate = len(stream.requests) / sim.seconds
                 print(f"  {model:<6}  {n:>8}  {router:<12}  {rate:>10,.0f}  {TARGET / rate / 60:>8,.0f} min")

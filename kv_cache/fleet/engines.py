@@ -12,7 +12,6 @@ first would save. (--shared-writes through: through.py.)
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,13 +84,12 @@ class SharedView(SlottedTier):
 
 
 class Engine:
-    """What every engine keeps beside its cache: its requests, what it computed, its load."""
+    """What every engine keeps beside its cache: its requests, what it computed (its load: routers/base.InFlight)."""
 
     def __init__(self) -> None:
         self.cache: BlockCache
         self.requests = 0
         self.prefill_tokens = 0  # prompt tokens no tier served: what this engine computed
-        self.busy_until: list[float] = []  # a heap: the modelled end of each request in flight (the routers' load)
 
     def cached_prefix(self, keys: tuple[int, ...], end: int) -> int:
         """How many of keys[:end] this engine holds in its own upper tiers, unbroken from the first (what llm-d's
@@ -104,15 +102,6 @@ class Engine:
                 break
             n += 1
         return n
-
-    def load(self, now: float) -> int:
-        """Requests in flight at now (the modelled service times); arrivals come in time order, so what ended
-        before now leaves for good."""
-        busy = self.busy_until
-        while busy and busy[0] <= now:
-            heapq.heappop(busy)
-        return len(busy)
-
 
 class DemoteEngine(Engine):
     """An engine whose cache's bottom tier is its view of the shared tier: blocks reach it as they are demoted."""

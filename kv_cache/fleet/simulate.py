@@ -15,7 +15,6 @@ it. Nothing else is modelled: hits, misses, demotions and evictions are the cach
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kv_cache.fleet.engines import CPU, HBM, SHARED_TIER, UNBOUNDED_SLOTS, DemoteEngine, SharedPool
+from kv_cache.fleet.routers.base import InFlight
 from kv_cache.fleet.shared_log import SharedLog, rate_for
 from kv_cache.fleet.stack import StackEngine
 from kv_cache.fleet.stream import Stream
@@ -108,7 +108,7 @@ def simulate(stream: Stream, n: int, router_cls, spec: EngineSpec, say) -> Simul
     started = time.monotonic()
     now = [0.0]  # the arrival time of the request being served: the policies' clock
     pool, engines = _fleet(n, spec, stream.slot_bytes, lambda: now[0])
-    router = router_cls(n, spec.slack)
+    router, load = router_cls(n, spec.slack), InFlight(n)
     buf = np.zeros(stream.slot_bytes, np.uint8)
     tally = {t: Counter() for t in TIERS}  # tier -> source row -> hit blocks (rows are interned: stream.py)
     prompts: Counter = Counter()
@@ -118,7 +118,8 @@ def simulate(stream: Stream, n: int, router_cls, spec: EngineSpec, say) -> Simul
     last_said = started
     for r, p in enumerate(stream.requests):
         now[0] = p.at_s
-        e = router.pick(p, engines, p.at_s)
+        load.at(p.at_s)
+        e = router.pick(p, engines, load)
         eng = engines[e]
         assignment[r] = e
         pool.written.clear()
@@ -133,8 +134,8 @@ def simulate(stream: Stream, n: int, router_cls, spec: EngineSpec, say) -> Simul
         computed = p.prompt_tokens - served
         eng.requests += 1
         eng.prefill_tokens += computed
-        heapq.heappush(eng.busy_until, p.at_s + (computed * spec.prefill_ms_per_token
-                                                 + p.output_tokens * spec.decode_ms_per_token) / 1e3)
+        service_ms = computed * spec.prefill_ms_per_token + p.output_tokens * spec.decode_ms_per_token
+        load.start(e, p.at_s + service_ms / 1e3)
         if time.monotonic() - last_said > PROGRESS_S:
             last_said = time.monotonic()
             say(f"    {n} engines, {router.name}: {r + 1:,} of {len(stream.requests):,} requests")

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from kv_cache.fleet.routers.base import Router, least_loaded, loads
+from kv_cache.fleet.routers.base import InFlight, Router
 
 
 class LeastLoaded(Router):
     name = "least-loaded"
     description = "the fewest requests in flight, blind to the cache"
 
-    def pick(self, request, engines, now: float) -> int:
-        return least_loaded(engines, range(self.n), loads(engines, now))
+    def pick(self, request, engines, load: InFlight) -> int:
+        return load.least_loaded()
 
 
 ROUTER = LeastLoaded

@@ -13,7 +13,7 @@ class RoundRobin(Router):
         super().__init__(engines, slack)
         self._next = 0
 
-    def pick(self, request, engines, now: float) -> int:
+    def pick(self, request, engines, load) -> int:
         i = self._next
         self._next = (i + 1) % self.n
         return i

@@ -3,7 +3,7 @@ llm-d's sticky routing); a new conversation goes to the least-loaded engine."""
 
 from __future__ import annotations
 
-from kv_cache.fleet.routers.base import Router, least_loaded, loads
+from kv_cache.fleet.routers.base import InFlight, Router
 
 
 class Session(Router):
@@ -15,10 +15,10 @@ class Session(Router):
         super().__init__(engines, slack)
         self._home: dict[int, int] = {}
 
-    def pick(self, request, engines, now: float) -> int:
+    def pick(self, request, engines, load: InFlight) -> int:
         home = self._home.get(request.conversation)
         if home is None:
-            home = self._home[request.conversation] = least_loaded(engines, range(self.n), loads(engines, now))
+            home = self._home[request.conversation] = load.least_loaded()
         return home
 
 
