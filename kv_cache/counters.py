@@ -99,8 +99,9 @@ def semantic_hist(stage: str) -> tuple[str, str, str]:
     return ("semantic", stage, ALL)
 
 
-# a batch as a whole: a request's hit blocks read, its new blocks written, the demotions that made their room
-BATCH_KINDS = LOAD_BATCH, STORE_BATCH, DEMOTE_BATCH = ("load", "store", "demotions")
+# a batch as a whole: a request's hit blocks read, its new blocks written, the demotions that made their room, the
+# read blocks promoted into the top tier
+BATCH_KINDS = LOAD_BATCH, STORE_BATCH, DEMOTE_BATCH, PROMOTE_BATCH = ("load", "store", "demotions", "promotions")
 
 
 def depth_hist(tier: str, kind: str) -> tuple[str, str, str]:

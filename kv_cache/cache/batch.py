@@ -21,7 +21,7 @@ from time import monotonic_ns as now_ns
 import numpy as np
 
 from kv_cache import counters as C
-from kv_cache.cache.chains import PLACING, READY, Entry
+from kv_cache.cache.chains import LANDING, PLACING, READY, Entry
 from kv_cache.tiers.base import IO_UNITS, device_begin
 
 
@@ -120,16 +120,20 @@ class Batches:
                 self.abort(r)
 
     def _flushable(self, e: Entry) -> bool:
-        """Lock held: e is this thread's PLACING block: serial mode would have written it already, so it may be a
-        victim (its bytes written first)."""
-        if e.state != PLACING:
-            return False
-        mine = self.pending.get(e.key)
-        return mine is not None and mine[0] == threading.get_ident()
+        """Lock held: e's bytes are owed by this thread's batch (a PLACING write, a LANDING demotion or promotion):
+        serial mode would have moved them already, so it may be a victim or be dropped (its bytes land first)."""
+        return e.state in (PLACING, LANDING) and self._owed(e)
 
     def _flush(self, e: Entry, t: int) -> None:
         """Before e moves out of tier t: the write of its bytes, if they had not landed (timed: the write serial
         mode would have made)."""
+        me = threading.get_ident()
+        if self.promoting.get(e.key, (None,))[0] == me:
+            self.commit_promotions()  # a pending promotion: written with those before it, as serial mode had
+            return
+        if self.landing.get(e.key, (None,))[0] == me:
+            self.land()  # a landing demotion: its bytes reach the tier it is in, as serial mode's had
+            return
         with self._lock:
             mine = self.pending.pop(e.key, None)
         if mine is None or mine[0] != threading.get_ident():  # another thread's batch: dropped before its bytes

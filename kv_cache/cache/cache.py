@@ -65,6 +65,7 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
         self.index: dict[int, Entry] = {}
         self.pending: dict[int, tuple] = {}  # key -> (thread, bytes, phase) of a PLACING block's write (batch.py)
         self.landing: dict[int, tuple] = {}  # key -> (thread, move, buffer) of a LANDING demotion (landing.py)
+        self.promoting: dict[int, tuple] = {}  # key -> (thread, entry, bytes, source tier, its slots) (landing.py)
         # NOTE: with --shared-storage the bottom tier is written by other ranks too. A lookup that
         # misses here adopts a block published there; such remote blocks count against no local
         # capacity, are never local victims, and are copied (not moved) when promoted.
@@ -186,8 +187,9 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
             self.gds.to_host(land, out[: e.nbytes])  # untimed: only to verify the stamps
         return t
 
-    def release(self, e: Entry, data: np.ndarray, scratch: np.ndarray) -> None:
-        """Unpin a block that was read into data, promoting it to the top tier if due."""
+    def release(self, e: Entry, data: np.ndarray, scratch: np.ndarray, defer: bool = False) -> None:
+        """Unpin a block that was read into data, promoting it to the top tier if due. defer (a batch read): the
+        promotion's state changes now, its bytes go with the batch's others (landing.py, commit_promotions)."""
         with self._lock:
             src = e.tier
             moves = None
@@ -203,8 +205,15 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
             self._empty_trash()
             return
         move = Move(e, src, 0)
+        together = defer and self._promotes_together(e, src)
         try:
-            self.run_moves(moves, scratch)
+            if defer and not together:
+                self.commit_promotions()  # the room this one's moves take, as serial mode's found it
+            self.run_moves(moves, scratch, defer=together)
+            if together:
+                if self._promotes_later(e, src, data):
+                    return
+                self.commit_promotions()  # its parent left: it goes now, after those before it
             start = now_ns()
             direct = self._gds_whole(e) and self.gds.promotes(self.tiers[src], self.tiers[0])
             if self.parts.many(e.nbytes):  # its parts were read one by one: copied again, tier to tier

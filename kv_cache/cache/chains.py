@@ -131,7 +131,8 @@ class PrefixStructure:
         with self._lock:
             trash, self._trash = self._trash, []
         for e in trash:
-            if self.pending:  # a block of this thread's batch dropped ahead of its bytes: written first
+            if self.pending or self.landing or self.promoting:  # a batch's block dropped ahead of its bytes: they
+                # land first (written, demoted or promoted as serial mode had), then go
                 self._flush(e, e.tier)
             if not e.remote:
                 self.parts.delete(self.tiers[e.tier], e.key, e.nbytes, present_only=True)

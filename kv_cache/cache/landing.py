@@ -1,4 +1,5 @@
-"""A batch's demotions moved together (--request-io batched), a part of ``BlockCache`` (cache.py).
+"""A batch's demotions and a read window's promotions moved together (--request-io batched), a part of
+``BlockCache`` (cache.py).
 
 Making room for a batch's new blocks demotes victims one tier down, one a block. Serial mode moves each before
 the next block is reserved; an engine offloads them as one job (vLLM's connector: one batched copy of a request's
@@ -13,6 +14,12 @@ the batch as a whole beside it (op ``demotions``, with its depth).
 
 A landing block is no reader's hit until it lands (readers wait, as for a move). Should a later block of the same
 batch pick it as a victim again, or need room its bytes still hold, this thread's landing blocks land first.
+
+Promotions after a batch read go the same way (``commit_promotions``): each read block due for promotion changes
+the cache at once (in the top tier's order, its source copy deleted: its bytes are in the read buffer), its room
+made by landing demotions, and the window's promotions are written into the top tier as one ``put_many`` once the
+demotions landed. Should a later one pick a pending promotion as a victim, the pending ones are written first, in
+order, as serial mode had written them.
 """
 
 from __future__ import annotations
@@ -28,12 +35,15 @@ from kv_cache.tiers.base import BATCHES, IO_UNITS
 
 
 class Landing:
-    """defer and land of a BlockCache's demotions (its tiers, parts, recorder, index, lock and ``landing``)."""
+    """A BlockCache's demotions deferred and landed, and its promotions committed together (its tiers, parts,
+    recorder, index, lock, ``landing`` and ``promoting``)."""
 
     def _owed(self, e) -> bool:
-        """e's bytes are owed by this thread's batch (a write placed ahead of its bytes, or a landing demotion)."""
+        """e's bytes are owed by this thread's batch (a write placed ahead of its bytes, a landing demotion or a
+        pending promotion)."""
         me = threading.get_ident()
-        return any(v is not None and v[0] == me for v in (self.pending.get(e.key), self.landing.get(e.key)))
+        return any(v is not None and v[0] == me for v in (self.pending.get(e.key), self.landing.get(e.key),
+                                                           self.promoting.get(e.key)))
 
     def _deferrable(self, mv: Move) -> bool:
         """A demotion the batch path moves: one I/O between two tiers of this process, not through GDS."""
@@ -74,7 +84,10 @@ class Landing:
         one; then each block is READY where it was placed. Returns the first failure."""
         src, dst = self.tiers[moves[0].src], self.tiers[moves[0].dst]
         start = now_ns()
-        done = self._together(src, dst, moves)
+        try:
+            done = self._together(src, dst, moves)
+        except BaseException as ex:  # the batch call itself raised (a server gone): each fails with it, dropped
+            done = [ex] * len(moves)  # (nobody may wait on a landing block for ever)
         if done is None:
             done = [self._one(src, dst, mv, scratch) for mv in moves]
         else:
@@ -83,28 +96,40 @@ class Landing:
                 self.recorder.batch(dst.name, C.DEMOTE_BATCH, "evict", start, max(ends) - start, len(moves))
             done = [(start, d) for d in done]
         error = None
-        for mv, (began, d) in zip(moves, done):
-            e = mv.entry
-            if not isinstance(d, BaseException):
-                try:
-                    self.parts.delete(src, e.key, e.nbytes)
-                except Exception as ex:  # noqa: BLE001 - as a failed move
-                    d = ex
-            if isinstance(d, BaseException):
-                self._forget_landing(mv)
-                error = error or d
-                continue
-            self._timed(mv.dst, e, "demote", "evict", began, [(d - began, e.nbytes)])
-            self.recorder.add_bytes(src.name, "read", began, e.nbytes)
-            with self._lock:
-                self.leaving[mv.src] -= mv.leaving_slots  # its slots are physically free now
-                if e.state == LANDING and self.index.get(e.key) is e:
-                    e.state = READY
-                    if self._orphaned(e):  # its parent left while it landed: it goes too
-                        self._drop_now(e)
-                self._wake()
-        self._empty_trash()
+        for mv, (began, d) in zip(moves, done):  # every one settled, whatever another's raised (readers wait)
+            try:
+                self._landed(mv, src, dst, began, d)
+            except BaseException as ex:  # noqa: BLE001 - raised once all are settled
+                error = error or ex
+        try:
+            self._empty_trash()
+        except BaseException as ex:  # noqa: BLE001
+            error = error or ex
         return error
+
+    def _landed(self, mv: Move, src, dst, began: int, d) -> None:
+        """One landing demotion's end: its source copy deleted, timed, READY where it was placed; or (d an
+        exception, or the delete failing) dropped, and the failure raised."""
+        e = mv.entry
+        if not isinstance(d, BaseException):
+            try:
+                self.parts.delete(src, e.key, e.nbytes)
+            except Exception as ex:  # noqa: BLE001 - as a failed move
+                d = ex
+        if isinstance(d, BaseException):
+            self._forget_landing(mv)
+            raise d
+        if self.index.get(e.key) is not e:  # another thread's trash freed it ahead of its bytes: they go too
+            self.parts.delete(dst, e.key, e.nbytes, present_only=True)
+        self._timed(mv.dst, e, "demote", "evict", began, [(d - began, e.nbytes)])
+        self.recorder.add_bytes(src.name, "read", began, e.nbytes)
+        with self._lock:
+            self.leaving[mv.src] -= mv.leaving_slots  # its slots are physically free now
+            if e.state == LANDING and self.index.get(e.key) is e:
+                e.state = READY
+                if self._orphaned(e):  # its parent left while it landed: it goes too
+                    self._drop_now(e)
+            self._wake()
 
     def _together(self, src, dst, moves: list[Move]) -> list | None:
         """Each move's completion ns (or exception), the tier's moves in flight together; None where they cannot
@@ -136,3 +161,90 @@ class Landing:
             if landing:
                 self._unplaced(e)
         self._forget(e, mv if landing else replace(mv, dst=None), src_accounted=True)
+
+    # ------------------------------------------------------------------ promotions after a batch read
+
+    def _promotes_later(self, e, src: int, data) -> bool:
+        """A promotion whose room was made (its moves deferred): its state changes now, as serial mode's once its
+        put returned, its bytes go with the window's others. False: it goes now (its parent left meanwhile: serial
+        mode writes it, then drops it).
+
+        NOTE: its source copy is deleted now: the bytes are in the read buffer, and serial mode has freed those
+        slots before the next block's room is made (the demotions that room needs may land in them)."""
+        with self._lock:
+            if self._orphaned(e):
+                return False
+        if not e.remote:  # another rank's block stays where it is: we take a copy
+            self.parts.delete(self.tiers[src], e.key, e.nbytes)
+        with self._lock:
+            if not e.remote:
+                self.used[src] -= self._slots(src, e.nbytes)
+            self._child_moved(e, src, 0)
+            e.tier, e.state, e.remote = 0, LANDING, False
+            self._placed(e)
+            self.promoting[e.key] = (threading.get_ident(), e, data, src)
+        return True
+
+    def _promoted(self, e, src: int, start: int, d) -> None:
+        """One pending promotion's end: timed, READY in the top tier; or (d an exception) dropped, d raised."""
+        if not isinstance(d, BaseException) and self.index.get(e.key) is not e:  # another thread's trash freed
+            self.tiers[0].delete(e.key)  # it ahead of its bytes: they go too
+            return
+        if isinstance(d, BaseException):
+            with self._lock:
+                if e.state == LANDING and self.index.get(e.key) is e:
+                    self._unplaced(e)
+            self._forget(e, Move(e, src, 0), src_accounted=True)
+            raise d
+        self.recorder.op(self.tiers[0].name, "promote", "load", start, d - start, e.nbytes, e.key)
+        with self._lock:
+            if e.state == LANDING and self.index.get(e.key) is e:
+                e.state = READY
+                if self._orphaned(e):
+                    self._drop_now(e)
+            self._wake()
+
+    def _promotes_together(self, e, src: int) -> bool:
+        """A promotion the batch path writes: not an object of parts, not GDS's own, not into a tier timing its
+        I/O units."""
+        direct = self._gds_whole(e) and self.gds.promotes(self.tiers[src], self.tiers[0])
+        return not (direct or self.parts.many(e.nbytes) or IO_UNITS in self.tiers[0].flags)
+
+    def commit_promotions(self) -> None:
+        """Land this thread's demotions, then write its pending promotions into the top tier as one batch (each op
+        promote, from the batch's submission to its completion); READY in order. A failure drops its block (as a
+        failed serial promotion does) and is raised once the others are in."""
+        try:
+            self.land()
+        finally:  # a demotion that failed to land never strands a pending promotion (readers wait on it)
+            self._write_promotions()
+
+    def _write_promotions(self) -> None:
+        me = threading.get_ident()
+        with self._lock:
+            mine = [v[1:] for v in self.promoting.values() if v[0] == me]
+            for e, *_ in mine:
+                del self.promoting[e.key]
+        if not mine:
+            return
+        top = self.tiers[0]
+        start = now_ns()
+        try:
+            done = top.put_many([(e.key, data[:e.nbytes]) for e, data, _ in mine])
+        except BaseException as ex:  # the batch call itself raised: each fails with it (nobody may wait on them)
+            done = [ex] * len(mine)
+        ends = [d for d in done if not isinstance(d, BaseException)]
+        if ends:
+            self.recorder.batch(top.name, C.PROMOTE_BATCH, "load", start, max(ends) - start, len(mine))
+        error = None
+        for (e, _, src), d in zip(mine, done):  # every one settled, whatever another's raised (readers wait)
+            try:
+                self._promoted(e, src, start, d)
+            except BaseException as ex:  # noqa: BLE001 - raised once all are settled
+                error = error or ex
+        try:
+            self._empty_trash()
+        except BaseException as ex:  # noqa: BLE001
+            error = error or ex
+        if error is not None:
+            raise error

@@ -10,7 +10,7 @@ from time import monotonic_ns as now_ns
 
 import numpy as np
 
-from kv_cache.cache.chains import LANDING, READY, Entry
+from kv_cache.cache.chains import READY, Entry
 
 MOVING = "moving"
 
@@ -46,8 +46,7 @@ class Room:
         try:
             for key in order:
                 e = self.index[key]
-                if e.pins == 0 and (e.state == READY or self._flushable(e) or
-                                    (e.state == LANDING and self._owed(e))):
+                if e.pins == 0 and (e.state == READY or self._flushable(e)):
                     victims.append(e)
                     got += self._slots(t, e.nbytes)
                     if got >= deficit:  # out of the policy before close(), which then has none to put back
@@ -89,11 +88,11 @@ class Room:
     def run_moves(self, moves: list[Move], scratch: np.ndarray, defer: bool = False) -> None:
         """Perform planned moves in order (deepest first), each timed and recorded. defer (a batch being placed):
         a demotion's state changes now, its bytes land with the batch's others (landing.py)."""
-        if defer and any(self._owed(mv.entry) for mv in moves):
-            self.land()  # a victim whose bytes, or the room for them, this batch still owes: as serial mode's, first
         for i, mv in enumerate(moves):
             e, src = mv.entry, self.tiers[mv.src]
             try:
+                if defer and i == 0 and any(self._owed(m.entry) for m in moves):
+                    self.land()  # a victim whose bytes, or the room for them, this batch still owes: first
                 self._flush(e, mv.src)  # a block of this thread's batch whose bytes had not landed yet
                 if defer and mv.dst is not None:
                     if self._deferrable(mv) and self._defer(mv, scratch):

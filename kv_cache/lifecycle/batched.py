@@ -56,26 +56,32 @@ class BatchedPaths:
             self.cache.unpin(window)
             raise
         storage_ns, tiers = now_ns() - start, []
-        for j, (e, r) in enumerate(zip(window, got)):
-            if isinstance(r, BaseException) and not isinstance(r, BlockVanished):
-                self.cache.unpin(window[j + 1:])
-                raise r
-            intact = False
-            if isinstance(r, BlockVanished):  # another rank evicted it from shared storage: a miss now
-                self.cache.forget_vanished(e)
-                self.recorder.count(C.SHARED_VANISHED, start_ns=start)
-            else:
-                spent, intact = self._judge(e, outs[j], r, bufs)
-                storage_ns += spent
-            tiers.append(r if intact else None)
-            if not intact and to_first_miss:
-                self.cache.unpin(window[j + 1:])
-                break
+        try:
+            for j, (e, r) in enumerate(zip(window, got)):
+                if isinstance(r, BaseException) and not isinstance(r, BlockVanished):
+                    self.cache.unpin(window[j + 1:])
+                    raise r
+                intact = False
+                if isinstance(r, BlockVanished):  # another rank evicted it from shared storage: a miss now
+                    self.cache.forget_vanished(e)
+                    self.recorder.count(C.SHARED_VANISHED, start_ns=start)
+                else:
+                    spent, intact = self._judge(e, outs[j], r, bufs, defer=True)
+                    storage_ns += spent
+                tiers.append(r if intact else None)
+                if not intact and to_first_miss:
+                    self.cache.unpin(window[j + 1:])
+                    break
+        finally:  # the window's promotions, together, before its buffers are read into again
+            start = now_ns()
+            self.cache.commit_promotions()
+            storage_ns += now_ns() - start
         return storage_ns, tiers
 
-    def _judge(self, e, data, tier: int, bufs: WorkerBuffers, verdict: bool | None = None) -> tuple[int, bool]:
+    def _judge(self, e, data, tier: int, bufs: WorkerBuffers, verdict: bool | None = None,
+               defer: bool = False) -> tuple[int, bool]:
         """Verify a block read into data (verdict: already judged, part by part), then release it (promoted if
-        due) or discard it: (release ns, intact). Serial and batched reads alike."""
+        due; defer: with its window's others) or discard it: (release ns, intact). Serial and batched reads."""
         start = now_ns()
         if verdict is not None:
             intact = verdict
@@ -83,7 +89,7 @@ class BatchedPaths:
             intact = self._check(e.key, data, start, e.digest) if self.cache.verifiable[tier] else True
         start = now_ns()
         if intact:
-            self.cache.release(e, data, bufs.scratch)
+            self.cache.release(e, data, bufs.scratch, defer)
         else:
             self.cache.discard(e)
             self.recorder.count(C.VERIFY_DISCARDED)

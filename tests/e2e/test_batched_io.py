@@ -11,8 +11,12 @@ from conftest import run_cli
 from helpers import assert_clean_error
 
 from kv_cache.cache.cache import BlockCache
+from kv_cache.cache.chains import LANDING
 from kv_cache.cache.policies.lru import LRUPolicy
+from kv_cache.cache.room import MOVING
+from kv_cache.errors import RunFault
 from kv_cache.recorder.recorder import Recorder
+from kv_cache.tiers.base import BATCHES
 from kv_cache.tiers.cpu import CpuTier
 
 SEQUENCE = ["--workers", "1", "--users", "1", "--arrival", "sequence", "--max-requests", "40", "--duration", "600",
@@ -67,7 +71,8 @@ def test_a_batch_s_demotions_land_together_in_serial_mode_s_order(small_run, tmp
     """HBM of 5 blocks over a CPU tier of 10 and an NVMe tier, on the fake device as typed: each batch's new blocks
     push victims down both tiers. Batched mode moves them as batches (HBM into the CPU tier's slots as one D2H
     batch, the CPU tier's slots into the NVMe engine's batch), deeper than one, and still makes serial mode's
-    decisions: the same demotions, evictions and promotions into each tier in the same order, the same hits."""
+    decisions: the same demotions, evictions and promotions into each tier in the same order, the same hits. The
+    blocks a read window promotes go up together too."""
     runs = {}
     for mode in ("serial", "batched"):
         trace = tmp_path / f"{mode}.csv"
@@ -82,6 +87,7 @@ def test_a_batch_s_demotions_land_together_in_serial_mode_s_order(small_run, tmp
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
     depth = batched["queue_depth"]
     assert depth["cpu"]["demotions"]["max"] > 1 and depth["nvme"]["demotions"]["max"] > 1
+    assert depth["gpu"]["promotions"]["max"] > 1  # a window's promoted blocks written into HBM as one batch
     assert "demotions" in batched["latency_ms"]["cpu"] and "demotions" not in serial["latency_ms"]["cpu"]
     assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
 
@@ -129,3 +135,43 @@ def test_each_block_s_latency_runs_from_its_batch_s_submission_to_its_own_comple
     assert reads.get_max_value() >= 15_000_000
     assert snap.hists[("cpu", "load", "load")].get_total_count() == 1
     assert snap.hists[("depth", "cpu", "load")].get_max_value() == 3
+
+
+class _Gone(CpuTier):
+    """A tier with a batch path whose batch call raises (its server went away mid-run)."""
+
+    flags = CpuTier.flags | {BATCHES}
+
+    def put_many(self, items):
+        raise RunFault("the server stopped answering")
+
+
+def _settled(cache) -> bool:
+    """No block is left waiting for bytes that will never come (a reader would wait on it for ever)."""
+    return not cache.landing and not cache.promoting and all(
+        e.state not in (LANDING, MOVING) for e in cache.index.values())
+
+
+def test_a_batch_call_that_raises_strands_no_demotion_or_promotion():
+    """A server gone mid-run: the batch of demotions into it raises as a whole, and so does a window's batch of
+    promotions into the top tier. Each block is dropped (as a failed serial move), the failure raised, and no block
+    stays landing: a reader waited for one for ever (a run killed its Valkey server and hung in its drain)."""
+    rec, data, size = Recorder(), np.zeros(1 << 20, np.uint8), 1 << 20
+    cache = BlockCache([CpuTier(2 * size, size), _Gone(8 * size, size)], LRUPolicy, True, rec)
+    for k in (1, 2):
+        cache.commit_write(cache.reserve_write(k, size, "user"), data, "prefill", data)
+    placed = cache.place_writes([(k, size, "user", None) for k in (3, 4)], lambda n, _: data, "prefill", data)
+    with pytest.raises(RunFault):
+        cache.commit_batch(placed, [data, data], "prefill")
+    assert _settled(cache) and 1 not in cache.index and 2 not in cache.index
+    top = _Gone(2 * size, size)
+    cache = BlockCache([top, CpuTier(8 * size, size)], LRUPolicy, True, rec)
+    for k in (1, 2, 3):  # 1 goes down to the CPU tier
+        cache.commit_write(cache.reserve_write(k, size, "user"), data, "prefill", data)
+    entries = cache.pin_prefix([1])
+    assert cache.read_batch(entries, [data], "load") == [1]
+    cache.release(entries[0], data, data, defer=True)  # promoted: pending until the window commits
+    assert not _settled(cache)
+    with pytest.raises(RunFault):
+        cache.commit_promotions()
+    assert _settled(cache) and 1 not in cache.index
