@@ -125,8 +125,9 @@ class Batches:
         return e.state in (PLACING, LANDING) and self._owed(e)
 
     def _flush(self, e: Entry, t: int) -> None:
-        """Before e moves out of tier t: the write of its bytes, if they had not landed (timed: the write serial
-        mode would have made)."""
+        """Before e moves out of tier t (or is dropped): its bytes where serial mode had put them, if they had not
+        landed: this thread's pending promotions written, its landing demotions landed, or its write made (timed:
+        the write serial mode would have made)."""
         me = threading.get_ident()
         if self.promoting.get(e.key, (None,))[0] == me:
             self.commit_promotions()  # a pending promotion: written with those before it, as serial mode had

@@ -18,7 +18,8 @@ policies; no I/O ever happens under it. Space is reserved under the lock
 (victims are chosen and marked MOVING at once), then the reserving thread
 performs the moves, deepest first, and only then writes its own block, so a
 tier's slots are never over-committed. A reader that meets a MOVING block
-waits for the move to finish.
+waits for the move to finish (and one that meets a LANDING block, whose bytes a batch moves with its others,
+for them to land: landing.py).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
         self.index: dict[int, Entry] = {}
         self.pending: dict[int, tuple] = {}  # key -> (thread, bytes, phase) of a PLACING block's write (batch.py)
         self.landing: dict[int, tuple] = {}  # key -> (thread, move, buffer) of a LANDING demotion (landing.py)
-        self.promoting: dict[int, tuple] = {}  # key -> (thread, entry, bytes, source tier, its slots) (landing.py)
+        self.promoting: dict[int, tuple] = {}  # key -> (thread, entry, bytes, source tier) of a pending promotion
         # NOTE: with --shared-storage the bottom tier is written by other ranks too. A lookup that
         # misses here adopts a block published there; such remote blocks count against no local
         # capacity, are never local victims, and are copied (not moved) when promoted.

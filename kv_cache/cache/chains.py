@@ -10,7 +10,7 @@ from kv_cache import counters as C
 
 READY, WRITING, CORRUPT, DROPPING = "ready", "writing", "corrupt", "dropping"
 PLACING = "placing"  # placed in its tier's order as a serial write would be, its bytes still in flight (batch.py)
-LANDING = "landing"  # placed in a lower tier by a batch's demotion, its bytes still in the tier above (landing.py)
+LANDING = "landing"  # placed in its new tier by a batch's demotion or promotion, its bytes not there yet (landing.py)
 
 
 class Entry:

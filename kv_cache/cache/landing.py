@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from functools import partial
 from time import monotonic_ns as now_ns
 
 from kv_cache import counters as C
@@ -95,16 +96,17 @@ class Landing:
             if ends:
                 self.recorder.batch(dst.name, C.DEMOTE_BATCH, "evict", start, max(ends) - start, len(moves))
             done = [(start, d) for d in done]
+        return self._settle([partial(self._landed, mv, src, dst, began, d) for mv, (began, d) in zip(moves, done)])
+
+    def _settle(self, ends: list) -> BaseException | None:
+        """Run each block's end whatever another's raised (a reader waits on any left landing), then empty the
+        trash: the first failure, or None."""
         error = None
-        for mv, (began, d) in zip(moves, done):  # every one settled, whatever another's raised (readers wait)
+        for end in [*ends, self._empty_trash]:
             try:
-                self._landed(mv, src, dst, began, d)
+                end()
             except BaseException as ex:  # noqa: BLE001 - raised once all are settled
                 error = error or ex
-        try:
-            self._empty_trash()
-        except BaseException as ex:  # noqa: BLE001
-            error = error or ex
         return error
 
     def _landed(self, mv: Move, src, dst, began: int, d) -> None:
@@ -236,15 +238,6 @@ class Landing:
         ends = [d for d in done if not isinstance(d, BaseException)]
         if ends:
             self.recorder.batch(top.name, C.PROMOTE_BATCH, "load", start, max(ends) - start, len(mine))
-        error = None
-        for (e, _, src), d in zip(mine, done):  # every one settled, whatever another's raised (readers wait)
-            try:
-                self._promoted(e, src, start, d)
-            except BaseException as ex:  # noqa: BLE001 - raised once all are settled
-                error = error or ex
-        try:
-            self._empty_trash()
-        except BaseException as ex:  # noqa: BLE001
-            error = error or ex
+        error = self._settle([partial(self._promoted, e, src, start, d) for (e, _, src), d in zip(mine, done)])
         if error is not None:
             raise error
