@@ -29,7 +29,8 @@ def default_workers() -> int:
     return max(4, min(16, 2 * (os.cpu_count() or 1)))
 
 
-BATCH_ARENA_BYTES = 256 << 20  # a worker's in-flight blocks at most: llama70b's 80 MiB blocks go 3 at a time
+BATCH_ARENA_BYTES = 160 << 20  # a worker's in-flight blocks at most: llama70b's 80 MiB blocks go 2 at a time (3, at
+# 256 MiB, took the README's 4 MPI ranks of 4 workers past a 24 GiB machine's memory), 2 MiB blocks 32 at a time
 
 
 def batch_depth(s: Settings, io_bytes: int) -> int:

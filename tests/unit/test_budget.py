@@ -16,9 +16,9 @@ def test_budget_parts():
     s = resolve(None, [], {"tiers.cpu_mem_gb": "2", "schedule.workers": "4"}, media_sections=SECTIONS)
     b = memory_budget(s, geometry(s), REGISTRY)
     assert b.cpu_tier_bytes == 25 * 80 * 2**20  # whole 80 MiB slots that fit in 2 GiB
-    # workers x (2 + 3) x one llama70b block: its buffer, its scratch, and 3 blocks in flight (batched request I/O:
-    # --max-inflight 32 bounded by a worker's 256 MiB of batch buffers)
-    assert b.staging_bytes == 4 * (2 + 3) * 80 * 2**20
+    # workers x (2 + 2) x one llama70b block: its buffer, its scratch, and 2 blocks in flight (batched request I/O:
+    # --max-inflight 32 bounded by a worker's 160 MiB of batch buffers)
+    assert b.staging_bytes == 4 * (2 + 2) * 80 * 2**20
     serial = resolve(None, [], {"tiers.cpu_mem_gb": "2", "schedule.workers": "4", "schedule.request_io": "serial"},
                      media_sections=SECTIONS)
     assert memory_budget(serial, geometry(serial), REGISTRY).staging_bytes == 4 * 2 * 80 * 2**20
