@@ -137,7 +137,7 @@ class Batches:
             return
         with self._lock:
             mine = self.pending.pop(e.key, None)
-        if mine is None or mine[0] != threading.get_ident():  # another thread's batch: dropped before its bytes
+        if mine is None or mine[0] != me:  # another thread's batch: dropped before its bytes
             return
         self.land()  # the room its bytes take, as serial mode's write found it
         _, data, phase = mine

@@ -127,11 +127,16 @@ class Landing:
         self.recorder.add_bytes(src.name, "read", began, e.nbytes)
         with self._lock:
             self.leaving[mv.src] -= mv.leaving_slots  # its slots are physically free now
-            if e.state == LANDING and self.index.get(e.key) is e:
-                e.state = READY
-                if self._orphaned(e):  # its parent left while it landed: it goes too
-                    self._drop_now(e)
-            self._wake()
+            self._arrived(e)
+
+    def _arrived(self, e) -> None:
+        """Lock held: a LANDING block's bytes are where it was placed: READY, or dropped if its parent left meanwhile
+        (as serial mode drops a block whose move ends orphaned); the waiting readers are woken either way."""
+        if e.state == LANDING and self.index.get(e.key) is e:
+            e.state = READY
+            if self._orphaned(e):
+                self._drop_now(e)
+        self._wake()
 
     def _together(self, src, dst, moves: list[Move]) -> list | None:
         """Each move's completion ns (or exception), the tier's moves in flight together; None where they cannot
@@ -200,11 +205,7 @@ class Landing:
             raise d
         self.recorder.op(self.tiers[0].name, "promote", "load", start, d - start, e.nbytes, e.key)
         with self._lock:
-            if e.state == LANDING and self.index.get(e.key) is e:
-                e.state = READY
-                if self._orphaned(e):
-                    self._drop_now(e)
-            self._wake()
+            self._arrived(e)
 
     def _promotes_together(self, e, src: int) -> bool:
         """A promotion the batch path writes: not an object of parts, not GDS's own, not into a tier timing its
