@@ -3,11 +3,16 @@
 
 For each block size, one run of kv_cache_benchmark.py (cache tier off, so every block goes to the
 storage tier) and one fio job with the same block size, the run's read/write mix, the same
-concurrency (numjobs = workers x processes), psync with O_DIRECT, time-based. Reported side by side:
+concurrency (numjobs = workers x processes) and the same I/O shape, O_DIRECT, time-based: psync when the run
+moves a request's blocks one at a time (--request-io serial), io_uring at iodepth = the run's --max-inflight
+when it moves them in batches (the default in block mode: the same total queue depth, max-inflight x workers,
+that the issue's target names). Reported side by side:
 
 - device GB/s as the block layer saw it (/proc/diskstats of the directory's device; the run's
   telemetry for ours, a diskstats delta around fio's timed part for fio);
 - per-block p50 / p95 / p99 of reads and writes (ours) against fio's completion latency (clat);
+- the I/O shape, workers (fio: jobs) x depth: ours with the mean depth its storage tier's batches achieved
+  (loads and stores weighted by their batches), fio's as set;
 - CPU seconds per GiB moved: the run's process CPU time in its window (every thread) against
   fio's usr + sys time of its jobs. Kernel threads (a loop device's worker) are in neither.
 
@@ -71,7 +76,11 @@ def ours(args, label: str, out: Path, repo: Path = REPO) -> dict:
     window = r["run"]["duration_s"]
     moved = r["bytes"][bottom]["read"] + r["bytes"][bottom]["write"]
     dev = disk.get("read_bytes", 0) + disk.get("write_bytes", 0)
+    depths = (r.get("queue_depth") or {}).get(bottom, {})
+    batches = sum(d["batches"] for d in depths.values())
     return {"gbps": (dev or moved) / window / 1e9, "device_observed": bool(dev),
+            "request_io": r["run"].get("request_io", "serial"), "max_inflight": r["run"].get("max_inflight", 1),
+            "depth": sum(d["mean"] * d["batches"] for d in depths.values()) / batches if batches else 1.0,
             "read_fraction": r["bytes"][bottom]["read"] / moved if moved else 0.0,
             "read": {k: lat.get("read", {}).get(k) for k in ("p50", "p95", "p99")},
             "write": {k: lat.get("write", {}).get(k) for k in ("p50", "p95", "p99")},
@@ -79,14 +88,21 @@ def ours(args, label: str, out: Path, repo: Path = REPO) -> dict:
             "workers": r["run"]["workers"], "ranks": r["run"]["ranks"]}
 
 
-def fio(args, label: str, read_fraction: float, jobs: int) -> dict | None:
+def fio_shape(o: dict) -> tuple[str, int]:
+    """fio's engine and per-job depth for the I/O shape of run o: io_uring at its --max-inflight when it batched."""
+    return ("io_uring", o["max_inflight"]) if o["request_io"] == "batched" else ("psync", 1)
+
+
+def fio(args, label: str, read_fraction: float, jobs: int, shape: tuple[str, int] = ("psync", 1)) -> dict | None:
     if shutil.which("fio") is None:
         return None
     block = SIZES[label][2]
+    engine, depth = shape
     work = tempfile.mkdtemp(prefix="e2e-fio-", dir=args.dir)
     size = max(block, int(args.nvme_gb * GiB) // jobs // block * block)
-    base = ["fio", "--name=kv", f"--directory={work}", f"--bs={block}", "--direct=1", "--ioengine=psync",
-            f"--numjobs={jobs}", f"--size={size}", "--rw=randrw", f"--rwmixread={round(100 * read_fraction)}"]
+    base = ["fio", "--name=kv", f"--directory={work}", f"--bs={block}", "--direct=1", f"--ioengine={engine}",
+            f"--iodepth={depth}", f"--numjobs={jobs}", f"--size={size}", "--rw=randrw",
+            f"--rwmixread={round(100 * read_fraction)}"]
     device = disk_of(args.dir)
     try:
         subprocess.run(base + ["--create_only=1"], check=True, capture_output=True)  # layout: not timed
@@ -112,7 +128,8 @@ def fio(args, label: str, read_fraction: float, jobs: int) -> dict | None:
         return pcts
 
     return {"gbps": (dev / elapsed if dev else moved / runtime) / 1e9, "device_observed": bool(dev),
-            "read": clat("read"), "write": clat("write"), "cpu_s_per_gib": cpu_s / (moved / GiB) if moved else None}
+            "engine": engine, "jobs": jobs, "depth": depth, "read": clat("read"), "write": clat("write"),
+            "cpu_s_per_gib": cpu_s / (moved / GiB) if moved else None}
 
 
 def shown(x: float | None) -> str:
@@ -121,19 +138,28 @@ def shown(x: float | None) -> str:
 
 def table(rows: list[dict]) -> str:
     """One line per block size: the round with the median bandwidth ratio, and the ratios' range over rounds."""
-    head = ("| block | ours GB/s | fio GB/s | ratio | read p95 ours / fio ms | write p95 ours / fio ms | "
+    head = ("| block | I/O, workers x depth: ours (mean) / fio | ours GB/s | fio GB/s | ratio | "
+            "read p95 ours / fio ms | write p95 ours / fio ms | "
             "p95 ratio (worse) | CPU-s/GiB ours / fio | CPU ratio | rounds: ratio, p95 ratio, CPU ratio |\n"
-            "|---|---|---|---|---|---|---|---|---|---|")
+            "|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         o, f = r["ours"], r["fio"] or {}
-        lines.append(f"| {r['label']} | {o['gbps']:.2f} | {f.get('gbps', 0):.2f} | {shown(bandwidth_ratio(r))} | "
+        lines.append(f"| {r['label']} | {shape(r)} | {o['gbps']:.2f} | {f.get('gbps', 0):.2f} | "
+                     f"{shown(bandwidth_ratio(r))} | "
                      f"{o['read']['p95'] or 0:.2f} / {f.get('read', {}).get('p95', 0):.2f} | "
                      f"{o['write']['p95'] or 0:.2f} / {f.get('write', {}).get('p95', 0):.2f} | "
                      f"{shown(p95_ratio(r))} | {o['cpu_s_per_gib'] or 0:.3f} / "
                      f"{f.get('cpu_s_per_gib') or 0:.3f} | {shown(cpu_ratio(r))} | "
                      f"{spread(r.get('rounds') or [r])} |")
     return "\n".join(lines)
+
+
+def shape(r: dict) -> str:
+    """The I/O shape of a row, workers (or jobs) x depth: ours as run with its batches' mean depth, fio's as set."""
+    o, f = r["ours"], r["fio"] or {}
+    mine = f"{o.get('request_io', 'serial')} {o['workers'] * o['ranks']} x {o.get('depth', 1.0):.1f}"
+    return f"{mine} / {f['engine']} {f['jobs']} x {f['depth']}" if f else f"{mine} / -"
 
 
 def bandwidth_ratio(r: dict) -> float | None:
@@ -196,7 +222,8 @@ def e2e_round(args) -> list[dict]:
         rounds = []
         for _ in range(max(1, args.rounds)):
             o = ours(args, label, out / "e2e-runs")
-            rounds.append({"ours": o, "fio": fio(args, label, o["read_fraction"], o["workers"] * o["ranks"])})
+            rounds.append({"ours": o, "fio": fio(args, label, o["read_fraction"], o["workers"] * o["ranks"],
+                                                 fio_shape(o))})
             shutil.rmtree(out / "e2e-runs", ignore_errors=True)  # the report folders: only the figures are kept
         # the median round is a real round, not a mix of rounds' figures
         median = sorted(rounds, key=lambda r: bandwidth_ratio(r) or 0.0)[(len(rounds) - 1) // 2]

@@ -9,12 +9,14 @@ concurrency (threads = redis-benchmark's -c):
    redis-benchmark SET / GET with -d = the block's bytes, -c = the threads, the same number of requests.
 2. S3, for each client (obstore, boto3): the tier alone against a plain threaded PUT / GET loop of that client
    library (no tier, no namespace, no bookkeeping); the faster tier is the default client (media.s3.client).
-2b. S3's batch (`--request-io batched`): one worker's batch of --batch blocks through the tier's put_many /
-   get_many (every request in flight together on the store's threads) against the same blocks one after another
-   (the serial path), each client; the ratio is the batch's GB/s over the serial GB/s (`--s3-batch-only` runs
-   this row alone).
 3. The whole program over each server (--nvme off --cpu-mem-gb 0: every block goes to the remote tier):
    the remote tier's per-block p50/p95/p99, GB/s and CPU seconds per GiB, from its results.json.
+4. The batch (`--request-io batched`): one worker's batch of --batch blocks through the tier's put_many / get_many
+   (Valkey: one pipeline on its connection; S3: every request in flight together on the store's threads)
+   against the same blocks one after another (the serial path) and against the limit at the batch's
+   concurrency: redis-benchmark -P batch -c 1 (one connection pipelining as many commands of the block's size);
+   a plain client loop of the same S3 library with as many requests at once as the store's threads
+   (`--batch-only` runs this row alone).
 
 Per block: p50/p95/p99 latency (ms), GB/s (bytes / wall seconds of the phase), CPU-s per GiB (the client
 side's process CPU time: ours in this process, redis-benchmark's from its rusage; the server's is in
@@ -34,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -113,7 +117,7 @@ def valkey_tier(url: str, threads: int, per_thread: int, block: int) -> dict:
     return tier_over(store, "valkey", threads, per_thread, block)
 
 
-def redis_benchmark(port: int, threads: int, requests: int, block: int) -> dict | None:
+def redis_benchmark(port: int, threads: int, requests: int, block: int, pipeline: int = 1) -> dict | None:
     """redis-benchmark SET then GET at -d block, -c threads, in the tier's access pattern: its percentiles and
     rate, its CPU from rusage. Every tier write is a new block, so the SETs go to new keys (-r far beyond the
     requests: without -r every SET overwrites one key, whose memory the server reuses hot, with no page to fault
@@ -125,7 +129,8 @@ def redis_benchmark(port: int, threads: int, requests: int, block: int) -> dict 
     if tool is None:
         return None
     server = valkey.Valkey(host=HOST, port=port, password=PASSWORD)  # the bench's own server: its keys go
-    base = [tool, "-h", HOST, "-p", str(port), "-a", PASSWORD, "-d", str(block), "-c", str(threads), "--csv"]
+    base = [tool, "-h", HOST, "-p", str(port), "-a", PASSWORD, "-d", str(block), "-c", str(threads), "--csv",
+            "-P", str(pipeline)]
 
     def run(test: str, n: int, keys: int) -> tuple[dict, float]:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -200,16 +205,21 @@ def _moved(many, one, items: list, batched: bool) -> None:
         one(key, buf)
 
 
-def s3_batch(server, client: str, batch: int, batches: int, block: int) -> dict:
-    """One worker: batches of `batch` blocks through put_many / get_many against the same blocks one by one."""
-    store = s3_medium.open_store(server.url, s3_medium.S3Settings(client=client), 1, server.env)
-    store.check()
-    tier = RemoteTier("s3", store, f"bench-{os.getpid()}", 2 * batch * block, block, "bench")
+def tier_batch(tier: RemoteTier, batch: int, batches: int, block: int, limit=None) -> dict:
+    """One worker: batches of `batch` blocks through put_many / get_many against the same blocks one by one, and
+    against limit(src, dst) -> (write GB/s, read GB/s) of one batch moved by a plain client at the batch's
+    concurrency (when given): the median of each."""
     src, dst = payloads(batch, block)
-    gbps: dict[str, list[float]] = {k: [] for k in ("batch_write", "batch_read", "serial_write", "serial_read")}
+    hows = ("batch", "serial") + (("limit",) if limit else ())
+    gbps: dict[str, list[float]] = {f"{h}_{d}": [] for h in hows for d in ("write", "read")}
     try:
         for _ in range(batches):
-            for how in ("batch", "serial"):
+            for how in hows:
+                if how == "limit":
+                    w, r = limit(src, dst)
+                    gbps["limit_write"].append(w)
+                    gbps["limit_read"].append(r)
+                    continue
                 keys = list(range(batch)) if how == "batch" else list(range(batch, 2 * batch))
                 start_ns = time.perf_counter_ns()
                 _moved(tier.put_many, tier.put, list(zip(keys, src)), how == "batch")
@@ -223,25 +233,90 @@ def s3_batch(server, client: str, batch: int, batches: int, block: int) -> dict:
                     tier.delete(k)
     finally:
         tier.close()
-    med = {k: float(np.median(v)) for k, v in gbps.items()}
-    return {**med, "write_ratio": med["batch_write"] / med["serial_write"],
-            "read_ratio": med["batch_read"] / med["serial_read"], "batch": batch, "threads": store.threads}
+    threads = getattr(tier.store, "threads", 1)  # S3's pool for a batch; Valkey: its one connection
+    return {k: float(np.median(v)) for k, v in gbps.items()} | {"batch": batch, "threads": threads}
 
 
-def s3_batch_lines(r: dict, block: int) -> list[str]:
-    return [f"| S3 tier ({c}): one worker's batch of {s['batch']} x {block / MiB:g} MiB ({s['threads']} threads) vs "
-            f"the same one by one, {d} | {s['batch_' + d]:.3f} GB/s | {s['serial_' + d]:.3f} GB/s | "
-            f"{s[d + '_ratio']:.2f} |" for c, s in r.items() for d in ("write", "read")]
+def s3_concurrent(server, client: str, threads: int):
+    """limit(src, dst) for tier_batch: a plain client's PUTs, then GETs, of one batch's blocks on `threads`
+    threads at once (the tier's batch concurrency), no tier, no bookkeeping."""
+    put, get, delete = plain_client(server, client, threads)
+    pool = ThreadPoolExecutor(threads)
+
+    def limit(src, dst) -> tuple[float, float]:
+        names = [f"plain-{client}/{uuid.uuid4().hex}" for _ in src]
+        nbytes = sum(b.size for b in src)
+        t0 = time.perf_counter_ns()
+        list(pool.map(lambda i: put(names[i], memoryview(src[i])), range(len(src))))
+        t1 = time.perf_counter_ns()
+        got = list(pool.map(get, names))
+        t2 = time.perf_counter_ns()
+        assert all(len(g) == b.size for g, b in zip(got, src)), "a plain GET came back short"
+        delete(names)
+        return nbytes / (t1 - t0), nbytes / (t2 - t1)
+    return limit, pool
 
 
-def s3_batch_round(a) -> dict:
+def s3_batch(server, client: str, batch: int, batches: int, block: int) -> dict:
+    store = s3_medium.open_store(server.url, s3_medium.S3Settings(client=client), 1, server.env)
+    store.check()
+    tier = RemoteTier("s3", store, f"bench-{os.getpid()}", 2 * batch * block, block, "bench")
+    limit, pool = s3_concurrent(server, client, store.threads)
+    try:
+        return tier_batch(tier, batch, batches, block, limit) | {
+            "limit": f"a plain {client} loop, {store.threads} requests at once"}
+    finally:
+        pool.shutdown()
+
+
+def valkey_batch(server, batch: int, batches: int, block: int) -> dict:
+    """One worker's pipeline of `batch` blocks, and redis-benchmark -P batch -c 1 (one connection pipelining as
+    many SETs / GETs of the block's size) as the limit, run after the tier's batches."""
+    store = valkey_medium.open_store(server.url, valkey_medium.ValkeySettings(), 1)
+    store.check()
+    tier = RemoteTier("valkey", store, f"bench-{os.getpid()}", 2 * batch * block, block, "bench")
+    out = tier_batch(tier, batch, batches, block)
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    tool = redis_benchmark(port, 1, batch * batches, block, pipeline=batch)
+    if tool:
+        out |= {"limit_write": tool["write"]["gbps"], "limit_read": tool["read"]["gbps"],
+                "limit": f"{tool['tool']} -P {batch} -c 1"}
+    return out
+
+
+def batch_lines(r: dict, block: int) -> list[str]:
+    """The batch rows: each medium's batch against the same blocks one by one and against its limit."""
+    out = []
+    for name, s in r.items():
+        for d in ("write", "read"):
+            limit = s.get(f"limit_{d}")
+            out.append(f"| {name} tier: one worker's batch of {s['batch']} x {block / MiB:g} MiB ({s['threads']} "
+                       f"threads), {d} | {s['batch_' + d]:.3f} GB/s | {s['serial_' + d]:.3f} GB/s | "
+                       f"{s['batch_' + d] / s['serial_' + d]:.2f} | "
+                       + (f"{s['limit']}: {limit:.3f} GB/s | {s['batch_' + d] / limit:.2f} |" if limit else
+                          "- (no tool installed) | - |"))
+    return out
+
+
+BATCH_HEAD = ("| measure | batch | one by one | batch / one by one | limit at the batch's concurrency | "
+              "batch / limit |\n|---|---|---|---|---|---|")
+
+
+def batch_round(a) -> dict:
     block = a.block_mib * MiB
+    out = {}
     with tempfile.TemporaryDirectory(prefix="remote-servers-") as folder:
+        valkey = start("valkey", Path(folder) / "valkey", password=PASSWORD)
+        try:
+            out["Valkey"] = valkey_batch(valkey, a.batch, a.rounds * 3, block)
+        finally:
+            valkey.stop()
         s3 = start("s3", Path(folder) / "s3")
         try:
-            return {c: s3_batch(s3, c, a.batch, a.rounds * 3, block) for c in ("obstore", "boto3")}
+            out |= {f"S3 ({c})": s3_batch(s3, c, a.batch, a.rounds * 3, block) for c in ("obstore", "boto3")}
         finally:
             s3.stop()
+    return out
 
 
 # ------------------------------------------------------------------------------ the whole program
@@ -367,24 +442,24 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--users", type=int, default=32, help="the whole-program runs' users")
     p.add_argument("--duration", type=float, default=10.0, help="the whole-program runs' measured seconds")
     p.add_argument("--remote-gb", type=float, default=4.0, help="the whole-program runs' remote tier size")
-    p.add_argument("--batch", type=int, default=16, help="blocks of one worker's S3 batch (row 2b)")
-    p.add_argument("--s3-batch-only", action="store_true", help="row 2b alone")
+    p.add_argument("--batch", type=int, default=16, help="blocks of one worker's batch (row 4)")
+    p.add_argument("--batch-only", action="store_true", help="row 4 alone")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     arguments(p)
     a = p.parse_args()
-    if a.s3_batch_only:
-        print("| measure | batch | one by one | ratio (median) |\n|---|---|---|---|")
-        print("\n".join(s3_batch_lines(s3_batch_round(a), a.block_mib * MiB)))
+    if a.batch_only:
+        print(BATCH_HEAD)
+        print("\n".join(batch_lines(batch_round(a), a.block_mib * MiB)))
         return 0
     r = remote_round(a)
-    r["s3_batch"] = s3_batch_round(a)
+    r["batch"] = batch_round(a)
     out = REPO / "bench" / "out"
     out.mkdir(exist_ok=True)
     (out / "remote.json").write_text(json.dumps(r, indent=1))
-    print("\n".join(lines(r) + s3_batch_lines(r["s3_batch"], r["block_bytes"])))
+    print("\n".join(lines(r) + ["", BATCH_HEAD] + batch_lines(r["batch"], r["block_bytes"])))
     return 0
 
 

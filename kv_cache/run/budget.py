@@ -56,8 +56,10 @@ def fits(budget: MemoryBudget, available: int | None = None) -> bool:
     return budget.total_bytes <= int(available * HEADROOM)
 
 
-def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available: int | None = None) -> None:
-    """Raise UserError with the numbers and a suggestion when the budget exceeds available memory."""
+def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available: int | None = None,
+               ranks_here: int = 1) -> None:
+    """Raise UserError with the numbers and a suggestion when the budget exceeds available memory (available: this
+    process's share of it, when ranks_here ranks share the host)."""
     available = psutil.virtual_memory().available if available is None else available
     limit = int(available * HEADROOM)
     if budget.total_bytes <= limit:
@@ -87,7 +89,10 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         + (f" + GPU lanes' pinned staging {budget.gpu_staging_bytes / gib:.2f}" if budget.gpu_staging_bytes else "")
         + (f" + payload stamps {budget.payload_stamps_bytes / gib:.2f}" if budget.payload_stamps_bytes else "")
         + f" + overhead {budget.overhead_bytes / gib:.2f}) exceeds "
-        f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available; {suggestion}.")
+        f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available"
+        + (f" to each of the {ranks_here} ranks on this host (its {available * ranks_here / gib:.2f} GiB shared "
+           f"evenly; fewer ranks a host (mpirun's -np or --processes) leave each more)" if ranks_here > 1 else "")
+        + f"; {suggestion}.")
 
 
 def peak_rss_bytes() -> int:

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from kv_cache.errors import UserError
 
 FAULT_TAG = 0x4B56  # point-to-point messages that say a rank stopped on a fault
@@ -87,6 +89,24 @@ class Dist:
     def barrier(self) -> None:
         if self.comm is not None:
             self.comm.Barrier()
+
+    def host_memory(self) -> tuple[int, int]:
+        """(the memory available to this rank, the ranks on its host): the host's available memory, read once by
+        the host's first rank and split evenly among its ranks. Every rank calls it before any rank allocates
+        (it is collective): ranks that each checked the whole host's memory would each fit and together not
+        (four ranks of the README's mpirun example on a 24 GiB host were killed by the OOM killer)."""
+        available = psutil.virtual_memory().available
+        if self.comm is None:
+            return available, 1
+        from mpi4py import MPI
+
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            here = local.Get_size()
+            available = local.bcast(available, root=0)
+        finally:
+            local.Free()
+        return available // here, here
 
     def bcast(self, value):
         return self.comm.bcast(value, root=0) if self.comm is not None else value

@@ -27,9 +27,10 @@ from kv_cache.run.traffic import Traffic, build_traffic
 
 
 def build(s: Settings, reg, run_id: str, payloads: PayloadPool | None, *, rank: int = 0, join: bool = False,
-           probe: bool = True, link=None) -> RunContext:
+           probe: bool = True, link=None, memory: tuple[int, int] | None = None) -> RunContext:
     """reg: the registry (run/registry.py); probe: --workers 0 may step the storage tier's concurrency (not under
-    MPI: ranks would probe each other); link: the traffic's handoff link (a NIXL decode node's)."""
+    MPI: ranks would probe each other); link: the traffic's handoff link (a NIXL decode node's); memory: (the
+    memory available to this process, the ranks sharing its host: Dist.host_memory), read now when not given."""
     if not probe and not s.schedule.workers:
         s = replace(s, "schedule.workers", default_workers())
     geo = geometry(s)
@@ -39,7 +40,7 @@ def build(s: Settings, reg, run_id: str, payloads: PayloadPool | None, *, rank: 
     s, n, handoff_size_note = _sized_handoff(s, reg, geo, gpu, n)
     sized = replace(s, "schedule.workers", n)  # buffers, lanes, connections and the budget for the threads that run
     budget = memory_budget(sized, geo, reg, gpu)
-    check_fits(budget, n, buffer_bytes(geo.io_bytes))
+    check_fits(budget, n, buffer_bytes(geo.io_bytes), *(memory or ()))
     fill = payloads.fill if payloads else None
     tiers, site = [], None
     try:
@@ -134,6 +135,7 @@ def prepare(run: RunSpec) -> Prepared:
     """Everything that can refuse the run, agreed on by all ranks before any of them measures."""
     s, dist = run.s, run.dist
     error, b, ignored = None, None, []
+    memory = dist.host_memory()  # before any rank allocates: the host's ranks share what it has
     try:
         ignored = check_options(s, dist.active, run.reg)
         traffic = build_traffic(s, run.reg, dist.rank, dist.size)  # bad traces are refused before any data is written
@@ -144,14 +146,14 @@ def prepare(run: RunSpec) -> Prepared:
         payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
         if not run.shared:
             b = build(s, run.reg, f"{run.run_id}-r{dist.rank}" if dist.active else run.run_id, payloads,
-                      rank=dist.rank, probe=not dist.active, link=traffic.handoff_link)
+                      rank=dist.rank, probe=not dist.active, link=traffic.handoff_link, memory=memory)
         elif dist.rank == 0:  # rank 0 makes the shared namespace; the others join it
-            b = build(s, run.reg, run.run_id, payloads, probe=False)
+            b = build(s, run.reg, run.run_id, payloads, probe=False, memory=memory)
     except UserError as e:
         error = str(e)
     if run.shared and dist.bcast(error is None and b is not None) and dist.rank and error is None:
         try:
-            b = build(s, run.reg, run.run_id, payloads, rank=dist.rank, join=True, probe=False)
+            b = build(s, run.reg, run.run_id, payloads, rank=dist.rank, join=True, probe=False, memory=memory)
         except UserError as e:
             error = str(e)
     try:

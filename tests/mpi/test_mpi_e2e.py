@@ -142,3 +142,19 @@ def test_ranks_run_the_automatic_sizes_rank_0_chose(tmp_path, small_tmpfs):
     assert all(any("chosen by rank 0 for every rank" in n for n in x["run"]["notes"]) for x in ranks)
     merged = json.loads((tmp_path / "a" / "results.json").read_text())
     assert merged["settings"]["tiers"]["nvme_gb"] * 2**30 >= sizes[0]  # settings.yaml repeats the per-rank size
+
+
+def test_the_ranks_on_one_host_share_its_memory(tmp_path):
+    """Each rank checked its budget against the whole host's available memory: every rank fitted, and together they
+    did not (the README's mpirun -np 4 on a 24 GiB host was killed by the OOM killer). A CPU tier of 0.7 of what is
+    available fits one process and cannot fit each of two: both ranks are refused, with the share in the sentence,
+    before either allocates."""
+    import psutil
+
+    cpu_gb = 0.7 * psutil.virtual_memory().available / 2**30
+    r = mpirun(["--config", str(SMALL), "--output-dir", str(tmp_path), "--cache-dir", str(tmp_path), "--run-id", "h",
+                "--cpu-mem-gb", f"{cpu_gb:.2f}", "--max-requests", "2", "--quiet"], timeout=120)
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "memory budget" in said and "to each of the 2 ranks on this host" in said, said[-2000:]
+    assert "Traceback" not in said and not (tmp_path / "h").exists()
