@@ -9,9 +9,8 @@ them up.
 
 from __future__ import annotations
 
-import psutil
-
 from kv_cache.errors import UserError
+from kv_cache.hostmemory import available_bytes
 from kv_cache.model import GiB
 
 STREAM_BYTES_PER_BLOCK = 60
@@ -23,7 +22,7 @@ PROBE = 1_000  # requests planned before the stream's size is projected
 def check_stream(planned: int, blocks: int, count: int) -> None:
     """After `planned` requests of `count` with `blocks` blocks so far: refuse if the whole stream cannot fit."""
     need = blocks / planned * count * STREAM_BYTES_PER_BLOCK
-    free = psutil.virtual_memory().available * SHARE
+    free = available_bytes() * SHARE
     if need > free:
         raise UserError(f"fleet: {count:,} requests of about {blocks / planned:.0f} blocks each would take about "
                         f"{need / GiB:.1f} GiB planned ({STREAM_BYTES_PER_BLOCK} B a block), more than the "
@@ -34,7 +33,7 @@ def check_points(stream_blocks: int, distinct: int) -> None:
     """Once planned: refuse if a point's state for `distinct` blocks cannot fit beside the stream."""
     stream = stream_blocks * STREAM_BYTES_PER_BLOCK
     point = distinct * POINT_BYTES_PER_BLOCK
-    free = psutil.virtual_memory().available * SHARE
+    free = available_bytes() * SHARE
     if point > free:
         raise UserError(f"fleet: its {distinct:,} distinct blocks need up to {point / GiB:.1f} GiB for one engine "
                         f"count and router at a time ({POINT_BYTES_PER_BLOCK:,} B a block) beside the "

@@ -95,14 +95,17 @@ class BatchedPaths:
             self.recorder.count(C.VERIFY_DISCARDED)
         return now_ns() - start, intact
 
-    def _maker(self, views: dict, bufs: WorkerBuffers):
-        """make(n, entry): the n-th block of a window made into its buffer (untimed, as serial mode's payloads are
-        made before each write's clock), kept in views."""
+    def _maker(self, views: dict, bufs: WorkerBuffers, held: list):
+        """make(n, entry): the n-th block of a window's payload (untimed, as serial mode's payloads are made before
+        each write's clock), kept in views: lent from the payload pool in place where it can be (its regions
+        added to held, given back once the window is written and hashed), else made in its batch buffer."""
         def make(n: int, entry):
             start = now_ns()
-            view = views[n] = bufs.batch_view(n, entry.nbytes)
+            view = bufs.batch_view(n, entry.nbytes)
             if not self.fake_io:
-                self.payloads.fill(entry.key, view)
+                view, regions = self.payloads.lend(entry.key, view)
+                held.append(regions)
+            views[n] = view
             views["untimed"] = views.get("untimed", 0) + now_ns() - start
             return view
         return make
@@ -116,14 +119,19 @@ class BatchedPaths:
             wants = [(plan.keys[i], self.object_bytes(plan.tokens_per_key[i]), plan.labels[i], plan.parent(i))
                      for i in window]
             views: dict[int, object] = {}
-            start = now_ns()
-            placed = self.cache.place_writes(wants, self._maker(views, bufs), phase, bufs.scratch)
-            kept = [(r, views[n]) for n, r in enumerate(placed) if r is not None]
-            out.blocks_write_skipped += len(window) - len(kept)
-            if kept:
-                self.cache.commit_batch([r for r, _ in kept], [v for _, v in kept], phase)
-            storage_ns += now_ns() - start - views.get("untimed", 0)
-            if self.verify == "checksum":  # kept in the index: every later read of the block is checked
-                for r, data in kept:
-                    r.entry.digest = block_digest(data)
+            held: list[range] = []
+            try:
+                start = now_ns()
+                placed = self.cache.place_writes(wants, self._maker(views, bufs, held), phase, bufs.scratch)
+                kept = [(r, views[n]) for n, r in enumerate(placed) if r is not None]
+                out.blocks_write_skipped += len(window) - len(kept)
+                if kept:
+                    self.cache.commit_batch([r for r, _ in kept], [v for _, v in kept], phase)
+                storage_ns += now_ns() - start - views.get("untimed", 0)
+                if self.verify == "checksum":  # kept in the index: every later read of the block is checked
+                    for r, data in kept:
+                        r.entry.digest = block_digest(data)
+            finally:
+                for regions in held:
+                    self.payloads.give_back(regions)
         return storage_ns

@@ -38,7 +38,7 @@ WORDS_PER_PAGE = PAGE // 8
 MAGIC = np.uint64(0x4B56_4243_0000_0000)  # "KVBC" in the high half; page index in the low half
 POOL_SPAN_BYTES = 64 << 20                # distinct start offsets: 16,384 pages
 SEGMENT_BYTES = 64 << 20                  # a larger block is filled segment by segment
-REGION_BYTES = 1 << 20                    # one lock per MiB of pool: a payload lent in place locks the regions it spans
+REGION_BYTES = 256 << 10                  # one lock per 256 KiB of pool: a payload lent in place holds those it spans
 
 
 class PayloadPool:
@@ -107,24 +107,33 @@ class PayloadPool:
         self._stamp(key, out, offset // PAGE)
 
     def lend(self, key: int, out: np.ndarray) -> tuple[np.ndarray, range]:
-        """key's payload to write from, without copying it: (the payload, the pool regions held).
+        """key's payload to write from, without copying it where it can be: (the payload, the pool regions held).
 
         A one-segment payload is the pool slice itself, stamped in place and locked until give_back(held):
         the same bytes as fill(key), without its copy (at 512 KiB blocks on a fast device, the copy of every
         block written was ~15 % of the generator's CPU; issue 16). Only the stamp words change in the pool,
-        and nothing reads them there: fill() overwrites them and the full check skips them. A larger payload
-        (its segments lie apart in the pool) is filled into out, which is returned with no region held.
+        and nothing reads them there: fill() overwrites them and the full check skips them. Where a region it
+        spans is held (another payload lent from the same pool pages, by this thread's batch or another's), or
+        the payload is larger (its segments lie apart in the pool), it is filled into out, which is returned
+        with no region held: a lend never waits, so a batch may hold many payloads while others lend theirs.
         """
-        if out.size > SEGMENT_BYTES:
-            self.fill(key, out)
-            return out, range(0)
-        off = self._offset(key, 0)
-        held = range(off // REGION_BYTES, (off + out.size - 1) // REGION_BYTES + 1)
-        for r in held:  # ascending, one payload at a time per thread: no deadlock
-            self._regions[r].acquire()
-        view = self.pool[off:off + out.size]
-        self._stamp(key, view)
-        return view, held
+        if out.size <= SEGMENT_BYTES:
+            off = self._offset(key, 0)
+            held = range(off // REGION_BYTES, (off + out.size - 1) // REGION_BYTES + 1)
+            if self._take(held):
+                view = self.pool[off:off + out.size]
+                self._stamp(key, view)
+                return view, held
+        self.fill(key, out)
+        return out, range(0)
+
+    def _take(self, held: range) -> bool:
+        """Every region of held taken now, or none (a region already held: each taken one is let go)."""
+        for n, r in enumerate(held):
+            if not self._regions[r].acquire(blocking=False):
+                self.give_back(held[:n])
+                return False
+        return True
 
     def give_back(self, held: range) -> None:
         """Unlock the pool regions a lend() held (once the payload is written)."""

@@ -13,9 +13,8 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass
 
-import psutil
-
 from kv_cache.errors import UserError
+from kv_cache.hostmemory import available_bytes, where_from
 
 OVERHEAD_BYTES = 256 << 20
 # Python objects the cache keeps per block it holds: measured 0.9 KiB (lru) to 1.3 KiB (semantic-adaptive) with
@@ -52,7 +51,7 @@ class MemoryBudget:
 
 
 def fits(budget: MemoryBudget, available: int | None = None) -> bool:
-    available = psutil.virtual_memory().available if available is None else available
+    available = available_bytes() if available is None else available
     return budget.total_bytes <= int(available * HEADROOM)
 
 
@@ -60,7 +59,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
                ranks_here: int = 1) -> None:
     """Raise UserError with the numbers and a suggestion when the budget exceeds available memory (available: this
     process's share of it, when ranks_here ranks share the host)."""
-    available = psutil.virtual_memory().available if available is None else available
+    available = available_bytes() if available is None else available
     limit = int(available * HEADROOM)
     if budget.total_bytes <= limit:
         return
@@ -89,7 +88,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         + (f" + GPU lanes' pinned staging {budget.gpu_staging_bytes / gib:.2f}" if budget.gpu_staging_bytes else "")
         + (f" + payload stamps {budget.payload_stamps_bytes / gib:.2f}" if budget.payload_stamps_bytes else "")
         + f" + overhead {budget.overhead_bytes / gib:.2f}) exceeds "
-        f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available"
+        f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available{where_from(available * ranks_here)}"
         + (f" to each of the {ranks_here} ranks on this host (its {available * ranks_here / gib:.2f} GiB shared "
            f"evenly; fewer ranks a host (mpirun's -np or --processes) leave each more)" if ranks_here > 1 else "")
         + f"; {suggestion}.")

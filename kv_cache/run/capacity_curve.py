@@ -16,10 +16,10 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 from kv_cache.cache.simulate import Replayed, replay
 from kv_cache.errors import UserError
+from kv_cache.hostmemory import available_bytes
 from kv_cache.inputs import check_regular, read_text
 from kv_cache.model import GiB
 from kv_cache.recorder.results_schema import RESULTS_LIMIT, Results
@@ -185,7 +185,7 @@ def _unpacked_fits(z, path: Path) -> None:
     """An archive whose arrays would unpack past half the free memory is refused before any is read (a zip of
     zeros asked 12 GiB)."""
     need = sum(info.file_size for info in z.zip.infolist())
-    room = psutil.virtual_memory().available // 2
+    room = available_bytes() // 2
     if need > room:
         raise UserError(f"{path} would unpack to {need / 2**30:.2f} GiB, more than half the {2 * room / 2**30:.2f} "
                         f"GiB of memory free; not a log this tool wrote on this scale (or free memory).")

@@ -25,9 +25,8 @@ import subprocess
 import sys
 import time
 
-import psutil
-
 from kv_cache.errors import UserError
+from kv_cache.hostmemory import available_bytes
 
 FAULT_TAG = 0x4B56  # point-to-point messages that say a rank stopped on a fault
 LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "SLURM_PROCID")
@@ -95,7 +94,7 @@ class Dist:
         the host's first rank and split evenly among its ranks. Every rank calls it before any rank allocates
         (it is collective): ranks that each checked the whole host's memory would each fit and together not
         (four ranks of the README's mpirun example on a 24 GiB host were killed by the OOM killer)."""
-        available = psutil.virtual_memory().available
+        available = available_bytes()
         if self.comm is None:
             return available, 1
         from mpi4py import MPI

@@ -8,8 +8,8 @@ included), the same picture docs/architecture.md draws:
   traffic and the lifecycle's execute as arguments);
 - lifecycle -> cache -> tiers: each imports itself, the one stage after it, the recorder and the shared leaves;
 - the recorder imports itself and the shared leaves; the report, the recorder too;
-- the shared leaves (types, counters, errors, model, signals, buffers, runlog, inputs, markers, config, safefiles)
-  import only shared leaves;
+- the shared leaves (types, counters, errors, model, signals, buffers, runlog, inputs, markers, config, safefiles,
+  hostmemory) import only shared leaves;
 - the composition root (run/) may import any stage, the recorder and the report; nothing imports it but the
   command line (cli/) and the entry points (__main__);
 - the command line imports run/, the report, the recorder and tiers/ (a path's checks, `clean --remote-url`'s
@@ -28,7 +28,7 @@ PKG = Path(__file__).resolve().parents[2] / "kv_cache"
 FLOW = ["lifecycle", "cache", "tiers"]  # a chain: each stage may import the next
 SOURCES = ("sources", "scheduler")      # stages of their own: no other stage
 SHARED = {"__init__", "types", "counters", "errors", "model", "signals", "buffers", "runlog", "inputs", "markers",
-          "config", "safefiles"}
+          "config", "safefiles", "hostmemory"}
 ROOT = "run"
 CLI = "cli"
 FLEET = "fleet"

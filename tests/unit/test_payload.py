@@ -153,6 +153,36 @@ def test_lent_payloads_that_overlap_in_the_pool_never_change_under_each_other():
     assert not bad
 
 
+def test_a_batch_holds_many_lent_payloads_and_a_lend_never_waits():
+    """A batch of writes lends each block's payload and holds them all until the batch is written. Two of them on
+    the same pool pages (or another worker's on them) must not wait for each other: the lend that finds a region
+    held makes its payload in its own buffer instead (a lend that waited hung a batch on its own first payload)."""
+    small = PayloadPool(seed=5, span_bytes=64 * 1024)  # 16 start offsets: 1 MiB payloads always overlap
+    nbytes = 1 << 20
+    expected = {k: block(small, k, nbytes).copy() for k in range(6)}
+    outs = [aligned_buffer(nbytes) for _ in range(6)]
+    got: list = []
+
+    def batch():
+        got.extend(small.lend(k, outs[k]) for k in range(6))
+
+    t = threading.Thread(target=batch, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "a lend waited for a region its own batch held"
+    try:
+        assert np.shares_memory(got[0][0], small.pool) and got[0][1]  # the first lent in place
+        assert any(view is outs[k] and not held for k, (view, held) in enumerate(got))  # an overlapping one: made
+        for k, (view, _) in enumerate(got):
+            assert np.array_equal(view, expected[k]), k  # every payload whole while all are held
+    finally:
+        for _, held in got:
+            small.give_back(held)
+    view, held = small.lend(0, outs[0])  # all given back: in place again
+    assert np.shares_memory(view, small.pool)
+    small.give_back(held)
+
+
 def test_stamp_templates_stay_one_set_whatever_the_number_of_object_sizes():
     """Whole-request mode gives nearly every object a size of its own: the stamp templates are one set for the
     most pages seen (a template per size grew without bound: 24 MiB per distinct 4 GiB object)."""
