@@ -8,9 +8,12 @@ operation (they halve copy speed on fresh memory).
 
 from __future__ import annotations
 
+import errno
 import mmap
 
 import numpy as np
+
+from kv_cache.errors import UserError
 
 PAGE = mmap.PAGESIZE
 # NOTE: O_DIRECT pins a buffer's pages for every I/O (get_user_pages): one 2 MiB huge page instead of 512
@@ -23,7 +26,16 @@ def aligned_buffer(nbytes: int) -> np.ndarray:
     2 MiB up, on transparent huge pages where the kernel gives them."""
     size = max(PAGE, -(-nbytes // PAGE) * PAGE)
     huge = size >= HUGE and hasattr(mmap, "MADV_HUGEPAGE")
-    mm = mmap.mmap(-1, size + (HUGE if huge else 0), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        mm = mmap.mmap(-1, size + (HUGE if huge else 0), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as e:
+        if e.errno != errno.ENOMEM:
+            raise
+        # NOTE: the memory budget was checked against the host's (or the cgroup's) available memory; what refuses
+        # here is a limit it cannot see: the process's address space (ulimit -v) or the kernel's overcommit rule
+        raise UserError(f"could not map {size / 2**30:.2f} GiB of memory for a buffer: this process's address-space "
+                        f"limit (ulimit -v) or the kernel's overcommit rule refused it; raise that limit, or lower "
+                        f"--cpu-mem-gb or --workers.") from None
     arr = np.frombuffer(mm, dtype=np.uint8)
     if huge:
         mm.madvise(mmap.MADV_HUGEPAGE)  # asked for: THP's default mode is often "madvise" (this VM's)

@@ -98,3 +98,24 @@ def test_a_run_in_a_small_memory_cgroup_is_refused_with_its_room(tmp_path):
     said = " ".join(r.stderr.split())
     assert r.returncode == 2, (r.returncode, said[-2000:])
     assert "memory budget" in said and "memory cgroup" in said and "Traceback" not in said, said[-2000:]
+
+
+def test_an_address_space_limit_the_budget_cannot_see_is_one_sentence(tmp_path):
+    """ulimit -v below the CPU tier: the budget (the host's memory) passed and the arena's mmap failed with ENOMEM,
+    an internal error; now one sentence naming the limit, exit 2, nothing left behind."""
+    import resource
+    import subprocess
+    import sys
+
+    from conftest import REPO, SMALL
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (3 * GiB, 3 * GiB))
+
+    cmd = [sys.executable, str(REPO / "kv_cache_benchmark.py"), "--config", str(SMALL), "--cpu-mem-gb", "4",
+           "--output-dir", str(tmp_path / "out"), "--cache-dir", str(tmp_path), "--run-id", "u", "--max-requests", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, preexec_fn=limit)
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2, (r.returncode, said[-2000:])
+    assert "ulimit -v" in said and "internal error" not in said, said[-2000:]
+    assert not (tmp_path / "out" / "u").exists() and [p.name for p in tmp_path.iterdir()] in ([], ["out"])
