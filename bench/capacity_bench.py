@@ -21,7 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kv_cache.recorder.stack_distances import COLUMNS, AccessLog, capacity_grid, curve  # noqa: E402
+from kv_cache.recorder.access_log import AccessLog  # noqa: E402
+from kv_cache.recorder.stack_distances import COLUMNS, capacity_grid, curve  # noqa: E402
 
 
 def synthetic(accesses: int, seed: int = 1) -> dict:

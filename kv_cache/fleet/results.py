@@ -93,7 +93,7 @@ def point(sim: Simulated, span_s: float, slot: int) -> FleetPoint:
     by_source = {t: {c: float(sim.hit_tokens[i, k]) / int(sim.prompt_tokens[k]) for k, c in enumerate(COLUMNS)
                      if sim.prompt_tokens[k]} for i, t in enumerate(TIERS)}
     pool, log = sim.pool, sim.log.arrays()
-    c = curve(log, 0, capacity_grid(log, 0), rate=sim.log.rate, with_knees=True,
+    c = curve(log, 0, capacity_grid(log, 0, rate=sim.log.rate), rate=sim.log.rate, with_knees=True,
               sampled_from=sim.log.lookup_tokens) if len(log["keys"]) else None
 
     def gib(slots):

@@ -13,10 +13,8 @@ from array import array
 
 import numpy as np
 
-from kv_cache.recorder.stack_distances import COLUMNS, SAMPLE_ABOVE, Rows
-
-MASK = (1 << 64) - 1
-GOLDEN = 0x9E3779B97F4A7C15  # stack_distances.sample's multiplicative hash
+from kv_cache.recorder.access_log import Rows
+from kv_cache.recorder.stack_distances import COLUMNS, GOLDEN, MASK, SAMPLE_ABOVE
 
 
 def rate_for(blocks: int) -> float:

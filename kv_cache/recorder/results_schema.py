@@ -49,7 +49,8 @@ from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 10  # 10: run.tiers.*.hbm_layout (a real GPU tier's HBM: contiguous, or paged and its copy method)
+SCHEMA_VERSION = 11  # 11: memory.budget.access_log (--capacity-curve's log, bounded by --capacity-log-accesses)
+# (10: run.tiers.*.hbm_layout (a real GPU tier's HBM: contiguous, or paged and its copy method))
 # (9: capacity_curve.demand_model; a point's bottom share, reads and writes null where not replayed;
 # hit_rate.infinite_cache and hit_rate.infinite_cache_untracked (the run's own ceiling, measured))
 # (8: capacity_curve.replayed (typed: was the curve's policy replayed, not read from its words))

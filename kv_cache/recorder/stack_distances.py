@@ -30,8 +30,6 @@ its error against the exact curve.
 
 from __future__ import annotations
 
-import threading
-from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,89 +42,9 @@ CHUNK = 256  # accesses compared pairwise per chunk (a request longer than this 
 SAMPLE_ABOVE = 4_000_000  # accesses: past this, spatial sampling at SAMPLE_RATE
 SAMPLE_RATE = 0.1
 INF = np.iinfo(np.int64).max // 4
-
-
-class Rows:
-    """Token rows (tokens by COLUMNS) as codes into a table of the distinct ones: a log holds a handful of them."""
-
-    def __init__(self) -> None:
-        self._codes: dict[tuple[int, ...], int] = {(0,) * len(COLUMNS): 0}
-
-    def code(self, row: tuple[int, ...]) -> int:
-        code = self._codes.get(row)
-        if code is None:
-            code = self._codes[row] = len(self._codes)
-        return code
-
-    def expand(self, codes: array) -> np.ndarray:
-        """The rows of codes, as an (n, COLUMNS) array."""
-        table = np.zeros((len(self._codes), len(COLUMNS)), np.int32)
-        for row, code in self._codes.items():
-            table[code, : len(row)] = row
-        return table[np.frombuffer(codes, np.int32)] if len(codes) else np.zeros((0, len(COLUMNS)), np.int32)
-
-
-class AccessLog:
-    """Each request's blocks in the order the lifecycle used them (thread-safe appends; arrays at the end). Kept in
-    typed arrays, token rows and labels as codes: about 30 B an access (Python lists of tuples took about 150)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.keys = array("Q")
-        self.parents = array("Q")  # the block a lookup must hit first (0: none), for a replay in plan order
-        self.lookup = array("b")
-        self.tokens = array("i")  # per access: its tokens by COLUMNS as a code into rows (0: a decode block's)
-        self.rows = Rows()
-        self.plan_pos = array("i")  # per access: its index in the request's plan (a replay's order)
-        self.labels = array("i")  # per access: its plan label, as a code into label_names (a replay's labels)
-        self._codes: dict[str, int] = {}
-        self.requests = array("q")  # per request: first access, prompt tokens, completion time ns
-
-    def request(self, prompt: list[tuple[int, tuple[int, ...], int, str]], groups, decode: list[tuple[int, int, str]],
-                prompt_tokens: int, done_ns: int) -> None:
-        """prompt: (key, tokens by source, parent, label) of each prompt block in plan order; groups: the plan's
-        lookup groups (first, end, independent); decode: (key, parent, label) of the decode blocks. Stored in the
-        stack's order (see the module); a replay reads them back in plan order (plan_pos)."""
-        rows = _stack_order(prompt, groups, decode)
-        keys = [r[0] for r in rows]
-        if len(set(keys)) < len(keys):  # a block twice in one request: counted once, where it is deepest
-            first_use = {k: n for n, k in reversed(list(enumerate(keys)))}
-            rows = [r for n, r in enumerate(rows) if first_use[r[0]] == n]
-        with self._lock:
-            self.requests.extend((len(self.keys), prompt_tokens, done_ns))
-            for key, parent, looked, tokens, label, pos in rows:
-                self.keys.append(key)
-                self.plan_pos.append(pos)
-                self.parents.append(parent)
-                self.lookup.append(looked)
-                self.tokens.append(self.rows.code(tokens))
-                self.labels.append(self._codes.setdefault(label, len(self._codes)))
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        with self._lock:
-            return {"keys": np.frombuffer(self.keys, np.uint64).copy(),
-                    "parents": np.frombuffer(self.parents, np.uint64).copy(),
-                    "lookup": np.frombuffer(self.lookup, np.int8).astype(bool), "tokens": self.rows.expand(self.tokens),
-                    "source_names": np.array(COLUMNS, dtype=str),
-                    "plan_pos": np.frombuffer(self.plan_pos, np.int32).copy(),
-                    "requests": np.frombuffer(self.requests, np.int64).reshape(-1, 3).copy(),
-                    "labels": np.frombuffer(self.labels, np.int32).copy(),
-                    "label_names": np.array(sorted(self._codes, key=self._codes.get) or [""], dtype=str)}
-
-
-def _stack_order(prompt, groups, decode) -> list[tuple[int, int, bool, tuple[int, ...], str, int]]:
-    """(key, parent, lookup, tokens, label, plan index) of a request's blocks in the stack's order: the lookup
-    groups in plan order, a chain deepest first (an independent group's blocks each alone, in plan order), the
-    decode blocks deepest first ahead of the last group, whose chain they extend."""
-    n = len(prompt)
-    tail = [(key, parent, False, (0,) * len(COLUMNS), label, n + j) for j, (key, parent, label) in enumerate(decode)]
-    rows = [] if groups else list(reversed(tail))
-    for g, (first, end, independent) in enumerate(groups):
-        order = range(first, end) if independent else range(end - 1, first - 1, -1)
-        if g == len(groups) - 1:
-            rows += reversed(tail)
-        rows += [(prompt[i][0], prompt[i][2], True, prompt[i][1], prompt[i][3], i) for i in order]
-    return rows
+FULL = 1 << 24          # sample()'s hash has 24 bits: a key is kept when its hash is below the log's threshold
+GOLDEN = 0x9E3779B97F4A7C15
+MASK = (1 << 64) - 1
 
 
 def columns_of(log: dict) -> tuple[str, ...]:
@@ -222,8 +140,8 @@ def _chunks(starts: np.ndarray, n: int) -> list[tuple[int, int]]:
 
 def sample(log: dict[str, np.ndarray], rate: float) -> dict[str, np.ndarray]:
     """SHARDS spatial sampling: the accesses whose key hashes below rate (the same keys in every run)."""
-    h = (log["keys"] * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)  # 24 bits of a multiplicative hash
-    keep = h < np.uint64(int(rate * (1 << 24)))
+    h = (log["keys"] * np.uint64(GOLDEN)) >> np.uint64(40)  # 24 bits of a multiplicative hash
+    keep = h < np.uint64(int(rate * FULL))
     first = np.cumsum(np.concatenate([[0], keep.astype(np.int64)]))  # new index of each old access
     req = log["requests"].copy()
     req[:, 0] = first[req[:, 0]]
@@ -316,9 +234,10 @@ def _window_tokens(log: dict[str, np.ndarray], counted_req: np.ndarray) -> np.nd
     return log["tokens"][counted_req[req_of] & log["lookup"]].sum(0).astype(np.float64)
 
 
-def capacity_grid(log: dict[str, np.ndarray], upper_slots: int, points: int = 40) -> np.ndarray:
-    """Bottom-tier capacities (slots) from 0 to the one that holds every distinct block, log-spaced."""
-    distinct = len(np.unique(log["keys"]))
+def capacity_grid(log: dict[str, np.ndarray], upper_slots: int, points: int = 40, rate: float = 1.0) -> np.ndarray:
+    """Bottom-tier capacities (slots) from 0 to the one that holds every distinct block, log-spaced (rate: the log
+    is a SHARDS sample at it, each of its blocks standing for 1 / rate)."""
+    distinct = round(len(np.unique(log["keys"])) / rate)
     top = max(distinct - upper_slots, 1)
     grid = np.union1d(np.round(np.geomspace(1, top, points)), np.round(np.linspace(0, top, points // 2)))
     return np.union1d([0], grid).astype(np.int64)  # log-spaced for the small, linear for the large

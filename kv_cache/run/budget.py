@@ -20,6 +20,10 @@ OVERHEAD_BYTES = 256 << 20
 # Python objects the cache keeps per block it holds: measured 0.9 KiB (lru) to 1.3 KiB (semantic-adaptive) with
 # tracemalloc over 75,000 chained blocks; 1.5 KiB leaves room.
 BOOKKEEPING_BYTES = 1536
+# --capacity-curve, per access of its bound: the log holds 61 B an access (its arrays and its requests'), 109 at
+# the peak of a halving (old and new arrays), and computing the curve after the run takes 357 more (tracemalloc
+# over 135,000 accesses of 60,000 requests, sampled to 1/4); the log and the curve's arrays coexist
+ACCESS_LOG_BYTES = 61 + 357
 HEADROOM = 0.9  # leave a tenth of available memory to the OS and the page cache
 
 
@@ -35,19 +39,20 @@ class MemoryBudget:
     gpu_staging_bytes: int = 0  # a real GPU tier's lanes: a pinned (page-locked) buffer of the largest object each,
     # and the CUDA runtime's own host memory (the backend's runtime_bytes)
     payload_stamps_bytes: int = 0  # the payload pool's stamp templates and the workers' stamp rows
+    access_log_bytes: int = 0  # --capacity-curve: its log at its bound, and the curve computed from it after the run
 
     @property
     def total_bytes(self) -> int:
         return (self.cpu_tier_bytes + self.staging_bytes + self.payload_pool_bytes + self.overhead_bytes
                 + self.donor_store_bytes + self.bookkeeping_bytes + self.handoff_bytes + self.gpu_staging_bytes
-                + self.payload_stamps_bytes)
+                + self.payload_stamps_bytes + self.access_log_bytes)
 
     def to_dict(self) -> dict:
         return {"cpu_tier": self.cpu_tier_bytes, "staging": self.staging_bytes,
                 "payload_pool": self.payload_pool_bytes, "overhead": self.overhead_bytes,
                 "donor_store": self.donor_store_bytes, "bookkeeping": self.bookkeeping_bytes,
                 "handoff": self.handoff_bytes, "total": self.total_bytes, "gpu_staging": self.gpu_staging_bytes,
-                "payload_stamps": self.payload_stamps_bytes}
+                "payload_stamps": self.payload_stamps_bytes, "access_log": self.access_log_bytes}
 
 
 def fits(budget: MemoryBudget, available: int | None = None) -> bool:
@@ -74,6 +79,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         (budget.handoff_bytes, "lower --disagg-handoff-gb (the prefill node's registered region for NIXL)"),
         (budget.staging_bytes, f"lower --workers (each needs {2 * object_bytes / gib:.2f} GiB of staging) or use "
                                f"a smaller --block-tokens"),
+        (budget.access_log_bytes, "lower --capacity-log-accesses (the capacity curve's log: a SHARDS sample past it)"),
         (budget.gpu_staging_bytes, f"lower --workers (each GPU lane pins {object_bytes / gib:.2f} GiB of host "
                                    f"memory) or use a smaller --block-tokens"),
     ]
@@ -87,6 +93,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         + (f" + NIXL handoff region {budget.handoff_bytes / gib:.2f}" if budget.handoff_bytes else "")
         + (f" + GPU lanes' pinned staging {budget.gpu_staging_bytes / gib:.2f}" if budget.gpu_staging_bytes else "")
         + (f" + payload stamps {budget.payload_stamps_bytes / gib:.2f}" if budget.payload_stamps_bytes else "")
+        + (f" + capacity curve's access log {budget.access_log_bytes / gib:.2f}" if budget.access_log_bytes else "")
         + f" + overhead {budget.overhead_bytes / gib:.2f}) exceeds "
         f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available{where_from(available * ranks_here)}"
         + (f" to each of the {ranks_here} ranks on this host (its {available * ranks_here / gib:.2f} GiB shared "

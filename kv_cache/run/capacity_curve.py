@@ -23,7 +23,7 @@ from kv_cache.hostmemory import available_bytes
 from kv_cache.inputs import check_regular, read_text
 from kv_cache.model import GiB
 from kv_cache.recorder.results_schema import RESULTS_LIMIT, Results
-from kv_cache.recorder.stack_distances import CapacityCurve, Curve, capacity_grid, columns_of, curve, in_window
+from kv_cache.recorder.stack_distances import CapacityCurve, Curve, capacity_grid, columns_of, curve, in_window, sample
 from kv_cache.recorder.typed import load_section
 from kv_cache.safefiles import write_file
 from kv_cache.tiers.catalog import accounting_stack
@@ -59,15 +59,20 @@ def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack dista
     DEMAND_POINTS of them, the run's own and the knees first)."""
     upper, slot = meta["upper_slots"], meta["slot_bytes"]
     policy = policies.get(meta["policy"])
-    replayed = policy is not None and not policy.stack_property and "tiers" in meta
+    rate = sample_rate(log)
+    replayed = policy is not None and not policy.stack_property and "tiers" in meta and rate == 1.0
+    if policy is not None and not policy.stack_property and rate < 1.0:
+        model = (f"LRU stack distances ({meta['policy']}, the run's policy, is replayed only from a whole log: this "
+                 f"one is a SHARDS sample)")
     if replayed:  # no stack for it: replayed at a coarser grid, the run's own in it
         grid = np.union1d(capacity_grid(log, upper, POLICY_POINTS), [meta["run_slots"]])
         c = _replayed(log, meta, grid, policy)
         model = f"{meta['policy']} replayed on accounting tiers at {len(grid)} capacities"
         demand = f"the same replays (each {meta['policy']} on the run's tiers)"
     else:  # the run's own capacity and the exact knees among the grid's
-        grid = np.union1d(capacity_grid(log, upper), [meta["run_slots"]])
-        c = curve(log, upper, grid, tuple(meta["window_ns"]), with_knees=True)
+        grid = np.union1d(capacity_grid(log, upper, rate=rate), [meta["run_slots"]])
+        window = tuple(meta["window_ns"])
+        c = curve(log, upper, grid, window, with_knees=True, **_recorded_sample(log, rate, window))
         demand = _replay_demand(c, log, meta, policy or policies["lru"])
     grid = c.capacities
     seconds = max(meta["window_s"], 1e-9)
@@ -91,6 +96,20 @@ def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack dista
         "capacity_curve")
 
 
+def sample_rate(log: dict) -> float:
+    """The SHARDS rate the log was recorded at (1.0: every access; a log of an older version was)."""
+    return float(log["sample_rate"]) if "sample_rate" in log else 1.0
+
+
+def _recorded_sample(log: dict, rate: float, window) -> dict:
+    """curve()'s arguments for a log sampled as it was recorded: its rate and the window's lookup tokens by source,
+    sampled or not (SHARDS' adjustment); none for a whole log (curve() samples one past SAMPLE_ABOVE itself)."""
+    if rate >= 1.0:
+        return {}
+    counted = in_window(log["requests"][:, 2], window)
+    return {"rate": rate, "sampled_from": log["request_tokens"][counted].sum(0)}
+
+
 def _replayed_or_none(value: float, scale: float = 1.0) -> float | None:
     """A point's demand figure (value x scale), or None where its capacity was not replayed (NaN)."""
     return None if np.isnan(value) else float(value * scale)
@@ -106,6 +125,9 @@ def _replay_demand(c: Curve, log: dict, meta: dict, policy: type) -> str:
     and the knees first, then spread over the grid); the others stay NaN. Returns what was done, in words."""
     if "tiers" not in meta:
         return "not modelled: this access log names no tiers (written by an older version)"
+    if sample_rate(log) < 1.0:
+        return (f"not modelled: the access log is a SHARDS sample (rate {sample_rate(log):.4g}: it passed "
+                f"--capacity-log-accesses), and a replay needs every access")
     accesses = max(len(log["keys"]), 1)
     n = min(DEMAND_POINTS, len(c.capacities), REPLAY_BUDGET // accesses)
     if n == 0:
@@ -176,7 +198,7 @@ def load_run(folder: Path) -> tuple[dict, dict]:
 
 ARRAYS = ("keys", "parents", "lookup", "tokens", "requests")
 # each access's plan label (a replay's) as codes into the names, its place in the plan, the token columns' sources
-OPTIONAL = ("labels", "label_names", "plan_pos", "source_names")
+OPTIONAL = ("labels", "label_names", "plan_pos", "source_names", "request_tokens", "sample_rate")
 META = {"upper_slots": int, "slot_bytes": int, "run_slots": int, "window_ns": list, "window_s": (int, float),
         "requests_per_s": (int, float), "policy": str, "wall_minus_monotonic_ns": int}
 
@@ -216,6 +238,10 @@ def _malformed(log: dict, meta) -> str:
         return "its plan positions differ in length from its accesses"
     if len(columns_of(log)) != log["tokens"].shape[1]:
         return "its token columns do not match its source names"
+    if "request_tokens" in log and log["request_tokens"].shape != (len(reqs), log["tokens"].shape[1]):
+        return "its requests' tokens differ in shape from its requests"
+    if "sample_rate" in log and (log["sample_rate"].shape != () or not 0.0 < float(log["sample_rate"]) <= 1.0):
+        return "its sampling rate is not in (0, 1]"
     if "labels" in log and (len(log["labels"]) != n or (n and not 0 <= log["labels"].min() <= log["labels"].max()
                                                                < len(log.get("label_names", ())))):
         return "its labels index past its label names"
@@ -225,6 +251,9 @@ def _malformed(log: dict, meta) -> str:
 def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
     """Several runs' accesses as one stream, their requests in wall-clock order of completion; the tiers above the
     shared one pooled, the rates summed."""
+    rate = min(sample_rate(log) for log, _ in runs)
+    if rate < 1.0:  # one is a SHARDS sample: each at the lowest rate (the same hash keeps the same blocks in all)
+        runs = [(_at_rate(log, rate), meta) for log, meta in runs]
     rows = []  # (wall ns, run, request index)
     for r, (log, meta) in enumerate(runs):
         wall = log["requests"][:, 2] + meta["wall_minus_monotonic_ns"]
@@ -234,7 +263,7 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
     if len(columns) > 1:
         raise UserError("these runs' access logs count tokens by different sources (written by different versions); "
                         "rerun them with this version's --capacity-curve.")
-    keys, parents, lookup, tokens, reqs, labels, places = [], [], [], [], [], [], []
+    keys, parents, lookup, tokens, reqs, labels, places, looked = [], [], [], [], [], [], [], []
     pos = 0
     for wall, r, i in rows:
         log = runs[r][0]
@@ -249,6 +278,8 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         if "labels" in log:
             labels.append(log["label_names"][log["labels"][first:end]])
         reqs.append((pos, log["requests"][i, 1], wall))
+        if "request_tokens" in log:
+            looked.append(log["request_tokens"][i])
         pos += end - first
     windows = [(m["window_ns"][0] + m["wall_minus_monotonic_ns"], m["window_ns"][1] + m["wall_minus_monotonic_ns"])
                for _, m in runs]
@@ -264,11 +295,26 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
     out = {"keys": np.concatenate(keys), "parents": np.concatenate(parents), "lookup": np.concatenate(lookup),
            "tokens": np.concatenate(tokens), "requests": np.array(reqs, np.int64).reshape(len(reqs), 3)}
     out["source_names"] = np.array(columns.pop(), dtype=str)
+    if all("request_tokens" in log for log, _ in runs):
+        out["request_tokens"] = np.array(looked, np.int64).reshape(len(reqs), out["tokens"].shape[1])
+    if rate < 1.0:
+        out["sample_rate"] = np.array(rate)
     if all("plan_pos" in log for log, _ in runs):
         out["plan_pos"] = np.concatenate(places)
     if all("labels" in log for log, _ in runs):  # the runs' own label codes, as one set of names
         out["label_names"], out["labels"] = np.unique(np.concatenate(labels), return_inverse=True)
     return out, meta
+
+
+def _at_rate(log: dict, rate: float) -> dict:
+    """A log as a SHARDS sample at rate (at most its own), with each request's lookup tokens taken whole first."""
+    if "request_tokens" in log:
+        whole = log["request_tokens"]
+    else:  # a whole log of an older version: its requests' lookup tokens from its accesses
+        req_of = np.searchsorted(log["requests"][:, 0], np.arange(len(log["keys"])), side="right") - 1
+        whole = np.zeros((len(log["requests"]), log["tokens"].shape[1]), np.int64)
+        np.add.at(whole, req_of[log["lookup"]], log["tokens"][log["lookup"]])
+    return {**sample(log, rate), "request_tokens": whole, "sample_rate": np.array(rate)}
 
 
 def _results_of(folder: Path) -> Results:

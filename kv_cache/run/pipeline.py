@@ -19,12 +19,12 @@ from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import Analysis, analyse
 from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions
+from kv_cache.recorder.access_log import AccessLog
 from kv_cache.recorder.iotrace import IOTraceWriter
 from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import RunFacts, build_results
 from kv_cache.recorder.results_schema import Results
-from kv_cache.recorder.stack_distances import AccessLog
 from kv_cache.recorder.telemetry import Telemetry
 from kv_cache.report.console import render
 from kv_cache.run import capacity_curve, outfolder
@@ -150,7 +150,7 @@ def _io_trace_path(run: RunSpec) -> str:
 def _stages(run: RunSpec, p: Prepared) -> Stages:
     s, b, dist, traffic = run.s, p.ctx, run.dist, p.traffic
     recorder = Recorder()
-    recorder.accesses = AccessLog() if s.run.capacity_curve else None  # the capacity curve's input
+    recorder.accesses = AccessLog(s.run.capacity_log_accesses) if s.run.capacity_curve else None  # the curve's input
     if s.run.io_trace:
         recorder.io_trace = IOTraceWriter(_io_trace_path(run), time.monotonic_ns(), b.tiers[-1].name,
                                           s.run.io_trace_schema)

@@ -191,3 +191,20 @@ def test_a_rag_chunk_curve_predicts_runs_and_names_its_sources(small_run):
     assert "rag_chunk" in named and named <= set(SOURCES), named
     top = source["capacity_curve"]["points"][-1]
     assert abs(sum(top["by_source"].values()) - top["hit_rate"]) < 1e-4  # shares of all prompt tokens
+
+
+def test_a_run_past_its_access_bound_keeps_a_shards_sample_and_says_so(small_run, tmp_path):
+    """Issue 52, point 7: --capacity-curve's access log grew with the run (a day of --null-io was tens of GiB).
+    Bounded by --capacity-log-accesses: the log saved holds at most that many, the curve says its sampling rate and
+    stays near the whole log's, the replays that need every access are said not made, and `capacity` over it and
+    over it merged with a whole run's log reads it."""
+    whole = _run(small_run, "w", "1", "--null-io")
+    part = _run(small_run, "s", "1", "--null-io", "--capacity-log-accesses", "2000")
+    log, _ = load_run(small_run.out / "s")
+    c, w = part["capacity_curve"], whole["capacity_curve"]
+    assert len(log["keys"]) <= 2000 < len(load_run(small_run.out / "w")[0]["keys"])
+    assert 0 < c["sample_rate"] < 1 and w["sample_rate"] == 1
+    assert "not modelled" in c["demand_model"] and "SHARDS" in c["demand_model"]
+    assert abs(c["infinite_hit_rate"] - w["infinite_hit_rate"]) < 0.1, (c["infinite_hit_rate"], w["infinite_hit_rate"])
+    r = run_cli(["capacity", str(small_run.out / "s"), str(small_run.out / "w"), "--output", str(tmp_path / "m")])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]

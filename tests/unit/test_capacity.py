@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kv_cache.recorder.stack_distances import COLUMNS, INF, AccessLog, curve, stack_distances
+from kv_cache.recorder.access_log import AccessLog
+from kv_cache.recorder.stack_distances import COLUMNS, INF, curve, stack_distances
 
 
 def naive(requests: list[list[int]]) -> list[int]:
@@ -84,3 +85,35 @@ def test_the_ceiling_counts_a_prefix_seen_before_and_stops_past_its_bound():
     third = req(list(range(1000, 1200)), 3)
     assert ceiling.tokens(third, planner.plan(third)) == 0 and ceiling.full  # 13 blocks passed the bound of 10
     assert ceiling.tokens(first, planner.plan(first)) is None
+
+
+def _chains(log: AccessLog, requests: int, seed: int = 3) -> None:
+    """requests of 8-block chains over a shared head and a long tail of distinct blocks."""
+    rng = np.random.default_rng(seed)
+    tok = (16,) + (0,) * (len(COLUMNS) - 1)
+    for r in range(requests):
+        chain = [1 + int(rng.integers(0, 4)), *(1000 + int(x) for x in rng.integers(0, 50_000, 7))]
+        prompt = [(k, tok, p, "user") for k, p in zip(chain, [0, *chain[:-1]])]
+        log.request(prompt, ((0, len(chain), False),), [(900_000 + r, chain[-1], "generated")], 128, r)
+
+
+def test_the_access_log_stays_within_its_bound_as_a_shards_sample_of_the_whole():
+    """Issue 52, point 7: the log grew with the run (about 30 B an access, without end). Past its bound it keeps the
+    blocks SHARDS keeps (the hash sample() uses), halving its rate as it fills, and every request's lookup tokens
+    whole: exactly the whole log sampled at its final rate."""
+    from kv_cache.recorder.stack_distances import sample
+
+    whole, bounded = AccessLog(), AccessLog(limit=2_000)
+    _chains(whole, 3_000)
+    _chains(bounded, 3_000)
+    a, b = whole.arrays(), bounded.arrays()
+    rate = float(b["sample_rate"])
+    assert len(a["keys"]) > 26_000 and len(b["keys"]) <= 2_000 and rate < 1.0 and float(a["sample_rate"]) == 1.0
+    expected = sample(a, rate)
+    for k in ("keys", "parents", "lookup", "tokens", "requests"):
+        assert np.array_equal(b[k], expected[k]), k
+    assert len(b["plan_pos"]) == len(b["labels"]) == len(b["keys"])
+    looked = np.zeros_like(b["request_tokens"])
+    req_of = np.searchsorted(a["requests"][:, 0], np.arange(len(a["keys"])), side="right") - 1
+    np.add.at(looked, req_of[a["lookup"]], a["tokens"][a["lookup"]])
+    assert np.array_equal(b["request_tokens"], looked) and np.array_equal(a["request_tokens"], looked)
