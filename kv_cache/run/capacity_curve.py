@@ -238,10 +238,13 @@ def _malformed(log: dict, meta) -> str:
         return "its plan positions differ in length from its accesses"
     if len(columns_of(log)) != log["tokens"].shape[1]:
         return "its token columns do not match its source names"
-    if "request_tokens" in log and log["request_tokens"].shape != (len(reqs), log["tokens"].shape[1]):
-        return "its requests' tokens differ in shape from its requests"
-    if "sample_rate" in log and (log["sample_rate"].shape != () or not 0.0 < float(log["sample_rate"]) <= 1.0):
-        return "its sampling rate is not in (0, 1]"
+    if "request_tokens" in log and (log["request_tokens"].shape != (len(reqs), log["tokens"].shape[1])
+                                    or not np.issubdtype(log["request_tokens"].dtype, np.integer)):
+        return "its requests' tokens differ in shape or kind from its requests"
+    rate = log.get("sample_rate")
+    if rate is not None and (rate.shape != () or not np.issubdtype(rate.dtype, np.floating)
+                             or not 0.0 < float(rate) <= 1.0):
+        return "its sampling rate is not a number in (0, 1]"
     if "labels" in log and (len(log["labels"]) != n or (n and not 0 <= log["labels"].min() <= log["labels"].max()
                                                                < len(log.get("label_names", ())))):
         return "its labels index past its label names"

@@ -107,7 +107,7 @@ def _damage(folder, how: str) -> None:
             for _ in range(12 * 64):
                 f.write(block)
         npz.write_bytes(buf.getvalue())
-    elif how in ("index", "meta", "slot"):
+    elif how in ("index", "meta", "slot", "rate", "looked"):
         with np.load(npz, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         meta = json.loads(str(arrays["meta"]))
@@ -116,6 +116,10 @@ def _damage(folder, how: str) -> None:
             arrays["requests"][-1, 0] = 10 ** 12
         elif how == "meta":
             meta = ["a", "list"]
+        elif how == "rate":  # a sampling rate that is text
+            arrays["sample_rate"] = np.array("half")
+        elif how == "looked":  # requests' lookup tokens of the wrong shape
+            arrays["request_tokens"] = arrays["request_tokens"][:-1]
         else:
             meta["slot_bytes"] = 0
         arrays["meta"] = np.array(json.dumps(meta))
@@ -131,7 +135,8 @@ def _damage(folder, how: str) -> None:
 def test_capacity_on_damaged_input_is_one_sentence(small_run):
     _run(small_run, "good", "0.25")
     good = small_run.out / "good"
-    for how in ("truncated", "not-zip", "index", "meta", "slot", "results-list", "results-corrupt", "bomb"):
+    for how in ("truncated", "not-zip", "index", "meta", "slot", "rate", "looked", "results-list", "results-corrupt",
+                "bomb"):
         folder = small_run.out / how
         import shutil
 
