@@ -154,16 +154,23 @@ class Lifecycle(BatchedPaths, HandoffPaths):
         data = bufs.view(self.cache.parts.part_bytes if parted else e.nbytes)
         checked = self.cache.verifiable[e.tier] and self.verify != "off"
         parts = PartsCheck(self.payloads, e.key, self.verify, e.digest) if parted and checked else None
+        self.recorder.defer_split()  # its host part: the read and its check (the reference's: the read and its copy)
+        host = 0
         start = now_ns()
         try:
-            tier = self.cache.read(e, data, "load", op, parts)
-        except BlockVanished:
-            self.cache.forget_vanished(e)
-            self.recorder.count(C.SHARED_VANISHED, start_ns=start)
-            return None
-        spent = now_ns() - start
-        verdict = self._verdict(parts.intact(), start) if parts is not None else None
-        release_ns, intact = self._judge(e, data, tier, bufs, verdict)
+            try:
+                tier = self.cache.read(e, data, "load", op, parts)
+            except BlockVanished:
+                self.cache.forget_vanished(e)
+                self.recorder.count(C.SHARED_VANISHED, start_ns=start)
+                return None
+            spent = now_ns() - start
+            checked_at = now_ns()
+            verdict = self._verdict(parts.intact(), start) if parts is not None else None
+            release_ns, intact = self._judge(e, data, tier, bufs, verdict)
+            host = now_ns() - checked_at - release_ns + (parts.ns if parts is not None else 0)
+        finally:
+            self.recorder.end_split(host)
         return spent + release_ns, tier, intact
 
     def _load(self, req: Request, plan: KVPlan, bufs: WorkerBuffers, out: RequestOutcome) -> tuple[int, set[int]]:
@@ -269,7 +276,10 @@ class Lifecycle(BatchedPaths, HandoffPaths):
             if self.cache.parts.many(nbytes):  # made part by part in the worker's buffer, hashed as it goes
                 storage_ns += self._write_parts(res, key, nbytes, bufs, phase)
                 continue
+            made = now_ns()
             data, held = (bufs.view(nbytes), None) if self.fake_io else self.payloads.lend(key, bufs.view(nbytes))
+            host = now_ns() - made  # the payload made and stamped: the split's host part, with its checksum
+            self.recorder.defer_split()
             try:
                 start = now_ns()
                 self.cache.commit_write(res, data, phase, bufs.scratch)
@@ -278,8 +288,11 @@ class Lifecycle(BatchedPaths, HandoffPaths):
                     # NOTE: taken after the write, whose copy has just pulled the bytes into the shared cache
                     # (before it, from the cold pool, it cost ~2x: issue 16). A reader that meets the block
                     # before this line has no checksum to use: it compares every byte, a check as strict.
+                    hashed = now_ns()
                     res.entry.digest = block_digest(data)
+                    host += now_ns() - hashed
             finally:
+                self.recorder.end_split(host)
                 if held:
                     self.payloads.give_back(held)
         return storage_ns
@@ -289,16 +302,23 @@ class Lifecycle(BatchedPaths, HandoffPaths):
         """Write an object larger than one I/O as parts (parts.py): each made into the worker's buffer untimed,
         its checksum taken incrementally (the same XXH3-64 as the whole object's)."""
         digest = xxhash.xxh3_64() if self.verify == "checksum" else None
+        host = [0]  # each part made, stamped and hashed: the split's host part
 
         def produce(offset: int, out: np.ndarray) -> np.ndarray:
+            made = now_ns()
             if not self.fake_io:
                 self.payloads.fill(key, out, offset)
                 if digest is not None:
                     digest.update(out)
+            host[0] += now_ns() - made
             return out
 
+        self.recorder.defer_split()
         start = now_ns()
-        self.cache.commit_write(res, bufs.view(self.cache.parts.part_bytes), phase, bufs.scratch, produce)
+        try:
+            self.cache.commit_write(res, bufs.view(self.cache.parts.part_bytes), phase, bufs.scratch, produce)
+        finally:
+            self.recorder.end_split(host[0])
         spent = now_ns() - start
         if digest is not None:
             res.entry.digest = digest.intdigest()

@@ -239,8 +239,23 @@ class Recorder:
         with self._second_lock:
             return at_ms(self._second_hists.get((sec - 1, tier, op)) if sec else None, pct, 1e3)
 
+    def defer_split(self) -> None:
+        """This thread's split records wait for end_split: the lifecycle adds the host work around the operation."""
+        self._request.splits = []
+
+    def end_split(self, host_extra_ns: int) -> None:
+        """Record this thread's deferred splits, each with host_extra_ns more host time: the block's payload made,
+        stamped and checksummed around its operation (the reference's host part holds its own serialisation)."""
+        pending, self._request.splits = getattr(self._request, "splits", None) or [], None
+        for tier, op, start_ns, device_ns, host_ns in pending:
+            self.split(tier, op, start_ns, device_ns, host_ns + host_extra_ns)
+
     def split(self, tier: str, op: str, start_ns: int, device_ns: int, host_ns: int) -> None:
         """A storage operation's time in its device calls and the rest (tiers/base.py SPLITS), window only."""
+        pending = getattr(self._request, "splits", None)
+        if pending is not None:
+            pending.append((tier, op, start_ns, device_ns, host_ns))
+            return
         if self._second(start_ns) is None:
             return
         shard = self._shard()

@@ -111,7 +111,10 @@ def _device_and_host(f: Fields) -> dict:
                        f"of the storage tier {f.r.bottom} split as the reference splits it: device = its calls that "
                        f"reach the device (O_DIRECT reads and writes; a buffered write's fdatasync; a read after the "
                        f"page cache was dropped), host = the rest of the operation (a buffered write into the page "
-                       f"cache, the advice call, a copy); the block layer's own latency (eBPF), where measured, is "
+                       f"cache, the advice call, a copy) and the block's payload work around it (made and stamped "
+                       f"before a write, its checksum taken after it or checked after a read: the reference's host "
+                       f"part holds its own serialisation), so host + device exceeds storage_*_ms, which times the "
+                       f"storage call alone; the block layer's own latency (eBPF), where measured, is "
                        f"kv_cache_bench.device_latency")
     if whole:
         f.notes.append(f"summary.cache_stats.storage_{{{','.join(whole)}}}_host_*_ms: 0 and _device_*_ms the whole "
