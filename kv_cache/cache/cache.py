@@ -172,6 +172,15 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
     def _gds_whole(self, e: Entry) -> bool:  # GDS moves whole blocks (its landing buffer holds one I/O)
         return self.gds is not None and not self.parts.many(e.nbytes)
 
+    def _into_top(self, e: Entry, src: int, state: str) -> None:
+        """Lock held: a promoted block is now the top tier's, in state (READY, or LANDING until a batch writes it):
+        its source slots freed (another rank's block keeps its own), its parent's counts moved, its tier's order."""
+        if not e.remote:
+            self.used[src] -= self._slots(src, e.nbytes)
+        self._child_moved(e, src, 0)
+        e.tier, e.state, e.remote = 0, state, False
+        self._placed(e)
+
     def read(self, e: Entry, out: np.ndarray, phase: str, op: str = "read", consume=None) -> int:
         """Read a pinned block into out; return the tier index it came from (op: read, donor_read). An object of
         parts is read part by part into out's start, consume(offset, part) taking each (see parts.py)."""
@@ -228,11 +237,7 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
             self._forget(e, move, src_accounted=e.remote)
             raise
         with self._lock:
-            if not e.remote:
-                self.used[src] -= self._slots(src, e.nbytes)
-            self._child_moved(e, src, 0)
-            e.tier, e.state, e.remote = 0, READY, False
-            self._placed(e)
+            self._into_top(e, src, READY)
             if self._orphaned(e):
                 self._drop_now(e)
             self._wake()

@@ -184,11 +184,7 @@ class Landing:
         if not e.remote:  # another rank's block stays where it is: we take a copy
             self.parts.delete(self.tiers[src], e.key, e.nbytes)
         with self._lock:
-            if not e.remote:
-                self.used[src] -= self._slots(src, e.nbytes)
-            self._child_moved(e, src, 0)
-            e.tier, e.state, e.remote = 0, LANDING, False
-            self._placed(e)
+            self._into_top(e, src, LANDING)
             self.promoting[e.key] = (threading.get_ident(), e, data, src)
         return True
 

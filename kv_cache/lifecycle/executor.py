@@ -164,11 +164,11 @@ class Lifecycle(BatchedPaths, HandoffPaths):
                 self.cache.forget_vanished(e)
                 self.recorder.count(C.SHARED_VANISHED, start_ns=start)
                 return None
-            spent = now_ns() - start
-            checked_at = now_ns()
+            read_at = now_ns()
+            spent = read_at - start
             verdict = self._verdict(parts.intact(), start) if parts is not None else None
             release_ns, intact = self._judge(e, data, tier, bufs, verdict)
-            host = now_ns() - checked_at - release_ns + (parts.ns if parts is not None else 0)
+            host = now_ns() - read_at - release_ns + (parts.ns if parts is not None else 0)
         finally:
             self.recorder.end_split(host)
         return spent + release_ns, tier, intact

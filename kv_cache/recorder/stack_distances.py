@@ -174,15 +174,19 @@ def curve(log: dict[str, np.ndarray], upper_slots: int, capacities: np.ndarray, 
           rate: float | None = None, with_knees: bool = False, sampled_from: np.ndarray | None = None) -> Curve:
     """The capacity curve of a log (AccessLog.arrays, or several merged); window: (start, end) ns of completion
     for the requests counted (their lookups decide the hit rates; every access shapes the stack). with_knees: the
-    exact knees are among the capacities of the curve (one pass over the distances). sampled_from: the log was
-    sampled at rate as it was recorded (sample()'s hash), and these are all its lookups' tokens by source."""
-    rate = rate if rate is not None else (SAMPLE_RATE if len(log["keys"]) > SAMPLE_ABOVE else 1.0)
+    exact knees are among the capacities of the curve (one pass over the distances). rate: a log sampled as it was
+    recorded (access_log.py) is taken at its own rate, a whole one past SAMPLE_ABOVE accesses at SAMPLE_RATE.
+    sampled_from: the log was sampled at rate as it was recorded (sample()'s hash) without its requests' lookup
+    tokens (the fleet's), and these are all its lookups' tokens by source."""
+    recorded = recorded_rate(log)
+    if rate is None:
+        rate = recorded if recorded < 1.0 else SAMPLE_RATE if len(log["keys"]) > SAMPLE_ABOVE else 1.0
     counted_req = in_window(log["requests"][:, 2], window)
     if sampled_from is not None and rate < 1.0:
         full_src = sampled_from.astype(np.float64)
     else:  # the window's lookup tokens by source, before any sampling
         full_src = _window_tokens(log, counted_req)
-        if rate < 1.0:
+        if rate < recorded:
             log = sample(log, rate)
     keys, req = log["keys"], log["requests"]
     d = stack_distances(keys, req[:, 0]).astype(np.float64)
@@ -228,16 +232,25 @@ def _knee(dd_sorted: np.ndarray, tok_cum: np.ndarray, target: float, upper_slots
     return max(0, int(np.ceil(dd_sorted[i - 1])) - upper_slots)
 
 
+def recorded_rate(log: dict[str, np.ndarray]) -> float:
+    """The SHARDS rate a log was recorded at (access_log.py; 1.0: every access, as a log of an older version)."""
+    return float(log["sample_rate"]) if "sample_rate" in log else 1.0
+
+
 def _window_tokens(log: dict[str, np.ndarray], counted_req: np.ndarray) -> np.ndarray:
-    """The lookup tokens by source of the requests counted."""
+    """The lookup tokens by source of the requests counted: from each request's, kept whole beside its accesses
+    (which a sampled log lacks some of), or summed from its accesses (a log of an older version)."""
+    if "request_tokens" in log:
+        return log["request_tokens"][counted_req].sum(0).astype(np.float64)
     req_of = np.searchsorted(log["requests"][:, 0], np.arange(len(log["keys"])), side="right") - 1
     return log["tokens"][counted_req[req_of] & log["lookup"]].sum(0).astype(np.float64)
 
 
-def capacity_grid(log: dict[str, np.ndarray], upper_slots: int, points: int = 40, rate: float = 1.0) -> np.ndarray:
+def capacity_grid(log: dict[str, np.ndarray], upper_slots: int, points: int = 40,
+                  rate: float | None = None) -> np.ndarray:
     """Bottom-tier capacities (slots) from 0 to the one that holds every distinct block, log-spaced (rate: the log
-    is a SHARDS sample at it, each of its blocks standing for 1 / rate)."""
-    distinct = round(len(np.unique(log["keys"])) / rate)
+    is a SHARDS sample at it, each of its blocks standing for 1 / rate; by default the rate it was recorded at)."""
+    distinct = round(len(np.unique(log["keys"])) / (recorded_rate(log) if rate is None else rate))
     top = max(distinct - upper_slots, 1)
     grid = np.union1d(np.round(np.geomspace(1, top, points)), np.round(np.linspace(0, top, points // 2)))
     return np.union1d([0], grid).astype(np.int64)  # log-spaced for the small, linear for the large

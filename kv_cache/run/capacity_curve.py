@@ -23,7 +23,16 @@ from kv_cache.hostmemory import available_bytes
 from kv_cache.inputs import check_regular, read_text
 from kv_cache.model import GiB
 from kv_cache.recorder.results_schema import RESULTS_LIMIT, Results
-from kv_cache.recorder.stack_distances import CapacityCurve, Curve, capacity_grid, columns_of, curve, in_window, sample
+from kv_cache.recorder.stack_distances import (
+    CapacityCurve,
+    Curve,
+    capacity_grid,
+    columns_of,
+    curve,
+    in_window,
+    recorded_rate,
+    sample,
+)
 from kv_cache.recorder.typed import load_section
 from kv_cache.safefiles import write_file
 from kv_cache.tiers.catalog import accounting_stack
@@ -59,9 +68,9 @@ def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack dista
     DEMAND_POINTS of them, the run's own and the knees first)."""
     upper, slot = meta["upper_slots"], meta["slot_bytes"]
     policy = policies.get(meta["policy"])
-    rate = sample_rate(log)
-    replayed = policy is not None and not policy.stack_property and "tiers" in meta and rate == 1.0
-    if policy is not None and not policy.stack_property and rate < 1.0:
+    sampled = recorded_rate(log) < 1.0
+    replayed = policy is not None and not policy.stack_property and "tiers" in meta and not sampled
+    if policy is not None and not policy.stack_property and sampled:
         model = (f"LRU stack distances ({meta['policy']}, the run's policy, is replayed only from a whole log: this "
                  f"one is a SHARDS sample)")
     if replayed:  # no stack for it: replayed at a coarser grid, the run's own in it
@@ -70,9 +79,8 @@ def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack dista
         model = f"{meta['policy']} replayed on accounting tiers at {len(grid)} capacities"
         demand = f"the same replays (each {meta['policy']} on the run's tiers)"
     else:  # the run's own capacity and the exact knees among the grid's
-        grid = np.union1d(capacity_grid(log, upper, rate=rate), [meta["run_slots"]])
-        window = tuple(meta["window_ns"])
-        c = curve(log, upper, grid, window, with_knees=True, **_recorded_sample(log, rate, window))
+        grid = np.union1d(capacity_grid(log, upper), [meta["run_slots"]])
+        c = curve(log, upper, grid, tuple(meta["window_ns"]), with_knees=True)
         demand = _replay_demand(c, log, meta, policy or policies["lru"])
     grid = c.capacities
     seconds = max(meta["window_s"], 1e-9)
@@ -96,20 +104,6 @@ def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack dista
         "capacity_curve")
 
 
-def sample_rate(log: dict) -> float:
-    """The SHARDS rate the log was recorded at (1.0: every access; a log of an older version was)."""
-    return float(log["sample_rate"]) if "sample_rate" in log else 1.0
-
-
-def _recorded_sample(log: dict, rate: float, window) -> dict:
-    """curve()'s arguments for a log sampled as it was recorded: its rate and the window's lookup tokens by source,
-    sampled or not (SHARDS' adjustment); none for a whole log (curve() samples one past SAMPLE_ABOVE itself)."""
-    if rate >= 1.0:
-        return {}
-    counted = in_window(log["requests"][:, 2], window)
-    return {"rate": rate, "sampled_from": log["request_tokens"][counted].sum(0)}
-
-
 def _replayed_or_none(value: float, scale: float = 1.0) -> float | None:
     """A point's demand figure (value x scale), or None where its capacity was not replayed (NaN)."""
     return None if np.isnan(value) else float(value * scale)
@@ -125,8 +119,8 @@ def _replay_demand(c: Curve, log: dict, meta: dict, policy: type) -> str:
     and the knees first, then spread over the grid); the others stay NaN. Returns what was done, in words."""
     if "tiers" not in meta:
         return "not modelled: this access log names no tiers (written by an older version)"
-    if sample_rate(log) < 1.0:
-        return (f"not modelled: the access log is a SHARDS sample (rate {sample_rate(log):.4g}: it passed "
+    if recorded_rate(log) < 1.0:
+        return (f"not modelled: the access log is a SHARDS sample (rate {recorded_rate(log):.4g}: it passed "
                 f"--capacity-log-accesses), and a replay needs every access")
     accesses = max(len(log["keys"]), 1)
     n = min(DEMAND_POINTS, len(c.capacities), REPLAY_BUDGET // accesses)
@@ -254,7 +248,7 @@ def _malformed(log: dict, meta) -> str:
 def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
     """Several runs' accesses as one stream, their requests in wall-clock order of completion; the tiers above the
     shared one pooled, the rates summed."""
-    rate = min(sample_rate(log) for log, _ in runs)
+    rate = min(recorded_rate(log) for log, _ in runs)
     if rate < 1.0:  # one is a SHARDS sample: each at the lowest rate (the same hash keeps the same blocks in all)
         runs = [(_at_rate(log, rate), meta) for log, meta in runs]
     rows = []  # (wall ns, run, request index)
