@@ -54,6 +54,11 @@ def cmd_fleet(argv: list[str], reg: Registry) -> int:
                    help="Modelled engine load: ms of prefill per computed prompt token [default: 0.08].")
     p.add_argument("--decode-ms-per-token", type=amount, default=20.0,
                    help="Modelled engine load: ms per output token [default: 20].")
+    p.add_argument("--export-assignment", default="", metavar="DIR",
+                   help="Write each point's assignment as one trace per engine (a hash-id trace at its own "
+                        "timestamps), with the settings and a run.sh that runs the engines for real as processes "
+                        "sharing one Valkey namespace (--remote-namespace), to hold the simulation against "
+                        "(docs/capacity.md) [default: none].")
     args = vars(p.parse_args(argv))
     engines = _counts(args.pop("engines"))
     routers = tuple(dict.fromkeys(n.strip() for n in args.pop("router").split(",") if n.strip()))
@@ -63,7 +68,8 @@ def cmd_fleet(argv: list[str], reg: Registry) -> int:
     from kv_cache.run.fleet_runs import FleetAsk, run_fleet
 
     ask = FleetAsk(engines, routers, args.pop("shared_gb"), args.pop("load_slack"), args.pop("prefill_ms_per_token"),
-                   args.pop("decode_ms_per_token"), args.pop("shared_writes"), args.pop("engine_model"))
+                   args.pop("decode_ms_per_token"), args.pop("shared_writes"), args.pop("engine_model"),
+                   args.pop("export_assignment"))
     config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
     args.pop("lmcache_config")
     settings = resolve(config, sets, args, media_sections=reg.sections())

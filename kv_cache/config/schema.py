@@ -35,6 +35,10 @@ class RunSettings:
                               "--duration + this + one block operation.", "--drain-s", lo=0.0, hi=DAY_S)
     max_requests: int = key(0, "Stop after issuing this many requests (0: no limit, the duration decides).", lo=0,
                         hi=MAX_COUNT)
+    start_at: float = key(0.0, "Begin the measured window (its warm-up first) at this wall-clock time, seconds since "
+                               "the epoch, once set-up is done: independent runs that must start together (a "
+                               "fleet's engines: fleet --export-assignment writes their commands). A set-up ending "
+                               "after it is refused. 0: at once.", "--start-at", lo=0.0, hi=1e11)
     processes: int = key(1, "Run as this many processes on this host (mpirun, launched for you): each with its "
                             "--workers threads and its own part of the users; results merged exactly.", lo=1, hi=256)
     output_dir: str = key("reports", "Folder under which reports/<run-id>/ is written.")
@@ -130,6 +134,11 @@ class TierSettings:
                           "--remote-url")
     remote_gb: float = key(0.0, "Remote tier capacity in GiB (0: chosen from the server, said before the run).",
                            "--remote-gb", lo=0.0, hi=MAX_GIB)
+    remote_namespace: str = key("", "Share the remote tier with every run naming this namespace (the engines of a "
+                                    "fleet, hosts without MPI): a block any of them writes there is every one's to "
+                                    "read, as --shared-storage shares a directory; each run joins it, and the last "
+                                    "one to end removes it (Valkey: a member count on the server). Empty: a namespace "
+                                    "of the run's own.", "--remote-namespace")
     nvme_gb: float = key(0.0, "NVMe tier capacity in GiB (0: the largest power of two GiB within a quarter of the "
                                   "filesystem's size, 64 GiB and half its free space; with "
                                   "--null-io 0 means 64 GiB).",

@@ -4,8 +4,10 @@ mode, an engine or medium not known, traffic its arrival cannot drive (part of t
 from __future__ import annotations
 
 import os
+import time
 
 from kv_cache.config import Settings, flag_name, iter_keys
+from kv_cache.config.keys import DAY_S
 from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
 from kv_cache.recorder.iotrace import fio_job_path
@@ -13,6 +15,7 @@ from kv_cache.run.handoff import handoff_target
 from kv_cache.safefiles import refuse_link
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 from kv_cache.tiers.remote import medium_of
+from kv_cache.tiers.remote_shared import check_name
 
 # Settings that act only in some modes: (keys or "section." prefixes, is the mode on?, what turns it on). A key
 # given (changed from its default, and not 0 / off, which ask for nothing) while its mode is off would do nothing:
@@ -42,7 +45,7 @@ ONLY_WHEN = (
      "a GPU tier (--gpu auto, real or simulated)"),
     (("tiers.shared_storage",), lambda s, mpi: mpi, "several MPI ranks (mpirun, or --processes N)"),
     (("run.steady_window_s",), lambda s, mpi: s.run.steady_tolerance > 0, "--steady-state FRACTION"),
-    (("tiers.remote_gb",), lambda s, mpi: bool(s.tiers.remote_url), "--remote-url URL"),
+    (("tiers.remote_gb", "tiers.remote_namespace"), lambda s, mpi: bool(s.tiers.remote_url), "--remote-url URL"),
     ((*DISK_KEYS, "tiers.nvme_gb"), lambda s, mpi: s.tiers.nvme == "on" or s.tiers.null_io,
      "the NVMe tier (--nvme on)"),
     ((*DISK_KEYS, "run.keep_data"), lambda s, mpi: not s.tiers.null_io, None),
@@ -122,19 +125,38 @@ def _registered(s: Settings, reg) -> None:
         raise UserError(f"--io-engine {s.tiers.io_engine}: {why}; use --io-engine direct.")
 
 
+def _start_at(at: float, trials: int) -> None:
+    """--start-at already past, or more than a day ahead (a time in ms, or a typo), or with trials after the first
+    (each would wait for a time gone by): one sentence before set-up."""
+    if not at:
+        return
+    if trials > 1:
+        raise UserError(f"--start-at starts one run's window, and --trials {trials} starts each trial as the one "
+                        f"before ends; drop one of them.")
+    ahead = at - time.time()
+    if ahead <= 0 or ahead > DAY_S:
+        when = "is already past" if ahead <= 0 else "is more than a day ahead"
+        raise UserError(f"--start-at {at:.3f} {when} (now is {time.time():.3f}); give a time in seconds since the "
+                        f"epoch a little after this run's set-up, e.g. $(( $(date +%s) + 30 )).")
+
+
 def check_options(s: Settings, mpi: bool, reg) -> list[str]:
     """One clear sentence per contradiction between options (a flag without effect here is one); returns the
     lines saying which flags are ignored (said before the run and kept in its notes). reg: the registry."""
     ignored = _without_effect(s, mpi, reg.media)
     if s.tiers.remote_url:
         medium_of(reg.media, s.tiers.remote_url)  # an unknown scheme: one sentence
+        if s.tiers.remote_namespace:
+            check_name(s.tiers.remote_namespace)
     if s.tiers.remote_url and s.tiers.shared_storage:
         raise UserError("--shared-storage shares the NVMe tier's directory between ranks; a remote tier gives each "
-                        "rank a namespace of its own: drop --shared-storage.")
+                        "rank a namespace of its own unless they name one to share (--remote-namespace NAME): "
+                        "drop --shared-storage.")
     _whole_objects_in_parts(s)
     _registered(s, reg)
     if not s.trace.shuffle and not s.trace.path:  # off is "nothing" to the rules above, but asks for file order
         raise UserError("--no-shuffle acts only with a replayed trace (--trace FILE); drop it.")
+    _start_at(s.run.start_at, s.run.trials)
     if s.run.io_trace:
         trace = os.path.abspath(s.run.io_trace)
         refuse_system_dir(os.path.dirname(trace), "--io-trace", FILES)

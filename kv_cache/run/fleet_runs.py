@@ -8,11 +8,12 @@ compared on exactly the same requests.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
+from kv_cache.fleet.export import check_exportable, export_point
 from kv_cache.fleet.results import FLEET_FILE, FLEET_LIMIT, FLEET_SCHEMA, FleetFile, FleetStreamInfo, point
 from kv_cache.fleet.simulate import EngineSpec, simulate
 from kv_cache.fleet.stream import Stream, planned_stream
@@ -57,6 +58,7 @@ class FleetAsk:
     decode_ms_per_token: float
     writes: str                   # demote | through
     engine_model: str             # auto | cache | stack
+    export: str = ""              # --export-assignment DIR (empty: none)
 
 
 def _routers(ask: FleetAsk, stream: Stream, table: dict, say) -> list[str]:
@@ -129,6 +131,8 @@ def _sweep(s: Settings, ask: FleetAsk, reg, folder: Path, say) -> None:
     say(f"fleet: planning the traffic ({s.model.name}, {s.model.block_tokens}-token blocks)")
     geo = geometry(s)
     trace = load_trace(s) if s.trace.path else None
+    if ask.export:
+        check_exportable(ask.export, s, trace, _engine_model(s, ask), ask.writes)
     stream = planned_stream(s, trace, geo.slot_bytes, chain_id(s, geo), say)
     routers = _routers(ask, stream, reg.routers, say)
     spec = _spec(s, ask, stream, reg.policies[s.cache.policy])
@@ -139,6 +143,10 @@ def _sweep(s: Settings, ask: FleetAsk, reg, folder: Path, say) -> None:
         for name in routers:
             sim = simulate(stream, n, reg.routers[name], spec, say)
             points.append(point(sim, stream.span_s, stream.slot_bytes))
+            if ask.export:
+                where = export_point(ask.export, sim, stream, trace, s, asdict(points[-1]),
+                                     spec.shared_bytes // max(ask.engines) // stream.slot_bytes * stream.slot_bytes)
+                say(f"    {n} engines, {name}: assignment in {where} (sh {where / 'run.sh'} URL runs it)")
     info = FleetStreamInfo(stream.source, stream.timing, len(stream.requests), stream.span_s,
                            len(stream.requests) / stream.span_s if stream.span_s > 0 else None, stream.block_tokens,
                            stream.slot_bytes)

@@ -186,9 +186,23 @@ def _load_phase(run: RunSpec, p: Prepared, st: Stages) -> tuple[RunOutcome, dict
         run.say(line)
     precondition = _precondition(run.s, p.ctx, run.say) if run.s.tiers.precondition else None
     run.dist.barrier()  # every rank starts its clock together
+    _wait_for_start(run.s.run.start_at, run.say)
     outcome = st.runner.run(run.s.run.warmup_s, run.s.run.duration_s, run.s.run.max_requests)
     st.progress.close()
     return outcome, precondition
+
+
+def _wait_for_start(at: float, say) -> None:
+    """--start-at: hold the clock until that wall-clock time (independent runs starting together: a fleet's
+    engines, whose traces' arrivals are offsets from it); a set-up that ended after it is refused."""
+    if not at:
+        return
+    early = at - time.time()
+    if early < 0:
+        raise UserError(f"--start-at {at:.3f}: this run's set-up ended {-early:.1f} s after it, so it cannot start "
+                        f"with the runs it was meant to start with; give a time further ahead.")
+    say(f"  waiting {early:.1f} s for --start-at {at:.3f}")
+    time.sleep(early)
 
 
 def _close_io_trace(run: RunSpec, b: RunContext, st: Stages) -> None:
@@ -234,7 +248,7 @@ def _results(run: RunSpec, p: Prepared, st: Stages, outcome: RunOutcome, precond
         memory={"peak_rss_bytes": peak_rss_bytes(), "budget_bytes": b.budget.total_bytes,
                 "budget": b.budget.to_dict()},
         occupancy=st.cache.occupancy(), scheduled=RunFacts.scheduled_of(outcome),
-        shared_storage=run.s.tiers.shared_storage, adopted_blocks=st.cache.adopted, precondition=precondition,
+        shared_storage=st.cache.shared is not None, adopted_blocks=st.cache.adopted, precondition=precondition,
         autoscale=st.scaler.to_dict() if st.scaler is not None else None, role=role,
         telemetry=_telemetry(b, st, snap.counters))
     return build_results(snap, run_info(run.s, b, run.run_id, outcome, run.dist), resolved(run.s, b, run.reg).to_dict(),

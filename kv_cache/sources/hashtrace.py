@@ -73,6 +73,14 @@ def _hash_ids(rec: dict, input_length: int, block: int, where: str, log: TraceLo
     return ids
 
 
+def _source_index(rec: dict, position: int) -> int:
+    """The record's index: its position here, or where a share of another trace came from (source_index, written by
+    fleet --export-assignment: it names the tokens of the record's tail and output, so an engine's share of a fleet
+    trace builds exactly the requests the fleet planned)."""
+    given = rec.get("source_index")
+    return given if isinstance(given, int) and not isinstance(given, bool) and given >= 0 else position
+
+
 def load(files: list[str], fmt: str, log: TraceLog) -> list[HashRecord]:
     """Records of a Mooncake or Bailian trace, in file order, with arrival offsets in seconds."""
     block, unit = TRACE_BLOCK[fmt], TIME_UNIT_S[fmt]
@@ -90,7 +98,7 @@ def load(files: list[str], fmt: str, log: TraceLog) -> list[HashRecord]:
             ids = None if inp is None or outp is None else _hash_ids(rec, inp, block, where, log)
             if ids is None:
                 continue
-            index = len(out)
+            index = _source_index(rec, len(out))
             session = index
             if fmt == "bailian":
                 chat = need_int(rec, "chat_id", where, log, 0)

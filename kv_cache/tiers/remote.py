@@ -112,7 +112,11 @@ class RemoteTier(SlottedTier):
         self.flags = frozenset({STORAGE, REMOTE} | ({BATCHES} if hasattr(store, "get_many_into") else set()))
         self.description = description
         self.down = ""  # why the server stopped answering: the run's later calls fail at once, not each after
-        mark_namespace(store, run_id)  # its timeout (a frozen server's stop took 4-5 timeouts of in-flight calls)
+        self.mark()     # its timeout (a frozen server's stop took 4-5 timeouts of in-flight calls)
+
+    def mark(self) -> None:
+        """The namespace's marker: this run's, running (clean finds it if the run is killed)."""
+        mark_namespace(self.store, self.run_id)
 
     def _call(self, op, *args):
         if self.down:
@@ -131,8 +135,12 @@ class RemoteTier(SlottedTier):
             self.slots.release(key)
             raise
 
+    def held_bytes(self, key: int, out: np.ndarray) -> int:
+        """The bytes of key's object: those its slots hold (a shared namespace: another run's block is out's size)."""
+        return self.slots.lookup(key)[1]
+
     def get(self, key: int, out: np.ndarray) -> None:
-        _, nbytes = self.slots.lookup(key)
+        nbytes = self.held_bytes(key, out)
         self._call(self.store.get_into, self.store.object_name(self.run_id, key), out[:nbytes])
 
     def batch_path(self) -> str:
@@ -164,7 +172,7 @@ class RemoteTier(SlottedTier):
         out, asked = [None] * len(items), []
         for n, (key, buf) in enumerate(items):
             try:
-                asked.append((n, buf[:self.slots.lookup(key)[1]]))
+                asked.append((n, buf[:self.held_bytes(key, buf)]))
             except Exception as e:  # noqa: BLE001 - this block's result
                 out[n] = e
         done = self._call(self.store.get_many_into, [(self.store.object_name(self.run_id, items[n][0]), view)
@@ -267,9 +275,10 @@ def clean_namespaces(store: Store, other_hosts: bool, dry_run: bool, say, kept: 
                  lambda x: x.describe(store.url))
 
 
-def build_remote(ctx: StackContext, kind: TierKind, open_store) -> tuple[SlottedTier | None, str]:
+def build_remote(ctx: StackContext, kind: TierKind, open_store, shared_tier=None) -> tuple[SlottedTier | None, str]:
     """The remote tier a builder makes from --remote-url: its store opened and checked, its size chosen, the
-    leftovers of killed runs said. open_store(url, section, lanes) -> Store."""
+    leftovers of killed runs said. open_store(url, section, lanes) -> Store; shared_tier: the medium's tier for a
+    namespace shared with other runs (--remote-namespace; None: it cannot share one)."""
     s, slot, name = ctx.settings, ctx.slot_bytes, kind.name
     if ctx.null_io:
         return NullTier(name, capacity_of(s.remote_gb, slot) or REMOTE_AUTO_MAX, slot), ""
@@ -288,10 +297,16 @@ def build_remote(ctx: StackContext, kind: TierKind, open_store) -> tuple[Slotted
                    "give the server more memory (its maxmemory); --remote-gb cannot exceed what it has")
             raise UserError(f"--remote-url {store.url}: {cap / GiB:.3f} GiB holds no "
                             f"{ctx.max_object_bytes / 2**20:.1f} MiB object; {fix}.")
-        notes = [n for n in (why, getattr(store, "warning", ""), dead_namespaces_note(store, ctx.run_id)) if n]
-        tier = RemoteTier(name, store, ctx.run_id, cap, slot,
+        shared = s.remote_namespace
+        if shared and shared_tier is None:
+            raise UserError(f"--remote-namespace needs a store that counts its members atomically (Valkey/Redis), "
+                            f"and {store.url} cannot; use a valkey:// or redis:// URL, or drop --remote-namespace.")
+        tier_class, run_id = (shared_tier, shared_tier.id_for(shared)) if shared else (RemoteTier, ctx.run_id)
+        notes = [n for n in (why, getattr(store, "warning", ""), dead_namespaces_note(store, run_id)) if n]
+        tier = tier_class(name, store, run_id, cap, slot,
                           f"{store.url} ({store.version}): network + server, not a device; one object per block in "
-                          f"namespace {NAMESPACE}{ctx.run_id}, {cap // slot} slots of {slot / 2**20:.2f} MiB")
+                          f"namespace {NAMESPACE}{run_id}" + (" (shared with every run naming it)" if shared else "")
+                          + f", {cap // slot} slots of {slot / 2**20:.2f} MiB")
     except BaseException:
         store.close()
         raise
@@ -313,16 +328,18 @@ class Unlisted:
 
 
 def contract_tier(name: str, store: Store, variant: str, directory: str, capacity_bytes: int,
-                  slot_bytes: int) -> RemoteTier:
+                  slot_bytes: int, tier_class: type = RemoteTier) -> RemoteTier:
     """The contract test's tier over a checked store, in a namespace of its own per variant and test folder."""
     store.check()
     run_id = f"contract-{variant}-{abs(hash(directory)) % 10**8}"
-    return RemoteTier(name, store, run_id, capacity_bytes, slot_bytes, f"{store.url} (contract)")
+    return tier_class(name, store, run_id, capacity_bytes, slot_bytes, f"{store.url} (contract)")
 
 
-def remote_medium(name: str, schemes: tuple[str, ...], open_store, section: type, **hooks) -> TierKind:
+def remote_medium(name: str, schemes: tuple[str, ...], open_store, section: type, shared_tier=None,
+                  **hooks) -> TierKind:
     """A remote medium's declaration: the tier of --remote-url when its scheme is one of schemes. Its size is
-    --remote-gb (0: chosen from the server, written back into tiers.remote_gb); hooks: contract, make_for_test,
+    --remote-gb (0: chosen from the server, written back into tiers.remote_gb); shared_tier: its tier for a
+    namespace shared by several runs (remote_shared.py), if it has one; hooks: contract, make_for_test,
     local_server (see TierKind)."""
     def most_bytes(s) -> int:
         if scheme_of(s.remote_url) not in schemes:
@@ -335,7 +352,7 @@ def remote_medium(name: str, schemes: tuple[str, ...], open_store, section: type
     def build(ctx: StackContext):
         if scheme_of(ctx.settings.remote_url) not in schemes:
             return None, ""
-        return build_remote(ctx, kind, open_store)
+        return build_remote(ctx, kind, open_store, shared_tier)
 
     kind = TierKind(name, 3, build, most_bytes=most_bytes, resolved=resolved, schemes=schemes, open_store=open_store,
                     section=section, **hooks)

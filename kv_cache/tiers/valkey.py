@@ -13,6 +13,7 @@ This module is the whole medium: its settings section, its builder, its contract
 from __future__ import annotations
 
 import contextlib
+import itertools
 import secrets
 import shutil
 import subprocess
@@ -39,6 +40,7 @@ from kv_cache.tiers.remote import (
     redact,
     remote_medium,
 )
+from kv_cache.tiers.remote_shared import SharedRemoteTier
 from kv_cache.tiers.resp import bulk_into
 
 SCHEMES = ("redis", "rediss", "valkey", "valkeys")
@@ -307,6 +309,24 @@ class ValkeyStore(Names):
         except self.errors.ValkeyError as e:
             raise self._fault(f"reading {name}", e) from None
 
+    def add(self, name: str, delta: int) -> int:
+        """INCRBY: a shared namespace's member count (remote_shared.py), atomic on the server."""
+        try:
+            return int(self.client.incrby(name, delta))
+        except self.errors.ValkeyError as e:
+            raise self._fault(f"counting {name}", e) from None
+
+    def size_of(self, name: str, most: int) -> int:
+        """The bytes of a block another run wrote under name (0: none), a block of at most most bytes: its value's
+        length, or its leading parts' (they are written in order): STRLEN, pipelined."""
+        pipe = self.client.pipeline(transaction=False)
+        for k, _, _ in self._parts(name, most):
+            pipe.strlen(k)
+        try:
+            return sum(itertools.takewhile(bool, map(int, pipe.execute())))
+        except self.errors.ValkeyError as e:
+            raise self._fault(f"looking up {name}", e) from None
+
     def close(self) -> None:
         self.pool.disconnect()
 
@@ -365,11 +385,13 @@ def _has_tls(binary: str) -> bool:
 def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None,
                   engines=None) -> RemoteTier:
     """The contract test's tier over a real server (the valkey_server fixture's URL); variant 'parts' splits
-    every block into 20 KiB values, so multi-part keys are checked too; 'unlisted' hides SCAN (remote.Unlisted)."""
-    store = open_store(server.url, ValkeySettings(part_mb=20 / 1024 if variant == "parts" else 0.0))
+    every block into 20 KiB values, so multi-part keys are checked too; 'unlisted' hides SCAN (remote.Unlisted);
+    'shared': a namespace shared with other runs (--remote-namespace), in parts too."""
+    store = open_store(server.url, ValkeySettings(part_mb=20 / 1024 if variant in ("parts", "shared") else 0.0))
     return contract_tier("valkey", Unlisted(store) if variant == "unlisted" else store, variant, directory,
-                         capacity_bytes, slot_bytes)
+                         capacity_bytes, slot_bytes, SharedRemoteTier if variant == "shared" else RemoteTier)
 
 
-MEDIUM = remote_medium("valkey", SCHEMES, open_store, ValkeySettings, contract=("whole", "parts", "unlisted"),
+MEDIUM = remote_medium("valkey", SCHEMES, open_store, ValkeySettings, shared_tier=SharedRemoteTier,
+                       contract=("whole", "parts", "unlisted", "shared"),
                        make_for_test=make_for_test, local_server=local_server)

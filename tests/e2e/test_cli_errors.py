@@ -26,6 +26,10 @@ from helpers import assert_clean_error
     # a NIXL prefill node's registered region: a part of the budget, refused before NIXL or a port is touched
     (["--role", "prefill", "--handoff", "nixl://127.0.0.1:1", "--disagg-handoff-gb", "100000"],
      ["memory budget", "NIXL handoff region 100000.00", "lower --disagg-handoff-gb"]),
+    (["--start-at", "1000"], ["--start-at 1000.000 is already past"]),
+    (["--start-at", str(time.time() + 3 * 86400)], ["is more than a day ahead"]),
+    (["--start-at", str(time.time() + 600), "--trials", "2"], ["--start-at starts one run's window"]),
+    (["--remote-url", "valkey://127.0.0.1:1", "--remote-namespace", "a b"], ["--remote-namespace 'a b'", "letters"]),
 ])
 def test_bad_settings(small_run, extra, fragments):
     r = run_cli(small_run("x", *extra))

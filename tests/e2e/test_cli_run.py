@@ -124,3 +124,16 @@ def test_a_run_ends_within_its_duration_and_drain(small_run):
     assert res["run"]["duration_s"] < 1 + 1 + 2  # one decode step (50 ms) or block op past the drain, on a slow VM
     # every request decodes for 3.2 s or more (16+ tokens at 200 ms): none completes, and the run says so
     assert r.returncode == 1 and "nothing was measured" in r.stderr and req["completed"] == 0
+
+
+def test_start_at_holds_the_window_until_that_time(small_run):
+    """--start-at (independent runs starting together): the measured window begins at that wall-clock time, not
+    when set-up ends."""
+    import time
+
+    at = time.time() + 12
+    r = run_cli(small_run("s", "--start-at", f"{at:.3f}", *bounded(4), quiet=False))
+    assert r.returncode == 0, r.stderr
+    assert time.time() >= at and "for --start-at" in r.stdout
+    res = small_run.results("s")
+    assert res["settings"]["run"]["start_at"] == pytest.approx(at, abs=1e-3)

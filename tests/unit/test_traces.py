@@ -222,3 +222,16 @@ def test_burstgpt_v3_sessions_share_their_history(tmp_path):
     assert np.array_equal(second.prompt_tokens[:120], history) and second.num_prompt_tokens == 150
     assert second.spans[0] == (120, "history")
     assert not np.array_equal(other.prompt_tokens[:50], first.prompt_tokens[:50])
+
+
+def test_a_record_taken_from_another_trace_builds_the_request_it_was_there(tmp_path):
+    """fleet --export-assignment writes an engine's share with each record's source_index: its tail and output
+    tokens are those of its position in the fleet's trace, not of its position in the share."""
+    rows = [{"timestamp": t, "input_length": 700, "output_length": 20, "hash_ids": [t, t + 1]} for t in range(4)]
+    whole, share = tmp_path / "whole.jsonl", tmp_path / "share.jsonl"
+    whole.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    share.write_text(json.dumps({**rows[3], "source_index": 3}) + "\n")
+    original = hashtrace.load([str(whole)], "mooncake", TraceLog())[3].build(1000)
+    taken = hashtrace.load([str(share)], "mooncake", TraceLog())[0].build(1000)
+    assert np.array_equal(taken.prompt_tokens, original.prompt_tokens)
+    assert np.array_equal(taken.output_tokens, original.output_tokens) and taken.seq == original.seq

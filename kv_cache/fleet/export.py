@@ -1,0 +1,139 @@
+"""fleet --export-assignment DIR: each point's router assignment as one trace per engine, with what runs those
+engines for real, as processes sharing one remote tier (a Valkey namespace all of them name: tiers/remote_shared.py).
+
+A point (router, N) becomes DIR/<router>-<N>/:
+    engine-<k>.jsonl   engine k's requests, in arrival order, in the trace's own format (hash ids; each record's
+                       source_index names its tokens, so the engine builds exactly the requests the fleet planned)
+    settings.yaml      the fleet's settings as one engine's run: its HBM and CPU tiers, the remote tier at the
+                       bottom (no NVMe tier), one worker (the fleet serves a request at a time per engine), no
+                       warm-up (every request counts, as in the simulation), the trace's arrivals
+    run.sh URL [LEAD]  starts the N runs together (--start-at: each engine's first arrival after the fleet's first)
+                       against the Valkey at URL, in a namespace of this launch's own, and waits for them
+    engines.json       the simulation's figures to hold the runs against, and each engine's share
+
+Only what a run replays exactly can be exported: a hash-id trace (Mooncake, Bailian) at its own timestamps, once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import yaml
+
+from kv_cache.config import Settings
+from kv_cache.errors import UserError
+from kv_cache.fleet.simulate import TIERS, Simulated
+from kv_cache.fleet.stream import Stream
+from kv_cache.model import GiB
+from kv_cache.safefiles import refuse_link, write_file
+from kv_cache.sources.hashtrace import TIME_UNIT_S, TRACE_BLOCK
+from kv_cache.sources.replay import TraceSet
+from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
+
+FLAG = "--export-assignment"
+
+
+def check_exportable(folder: str, s: Settings, trace: TraceSet | None, model: str, writes: str) -> None:
+    """One sentence, before anything is planned, for a fleet a run cannot replay as simulated, or a folder that
+    cannot take the traces. model, writes: --engine-model and --shared-writes as chosen."""
+    fix = "or drop --export-assignment"
+    if model != "cache" or writes != "demote":
+        raise UserError(f"{FLAG} runs each engine as the benchmark's own cache over a shared tier it demotes into; "
+                        f"simulate that: --engine-model cache --shared-writes demote, {fix}.")
+    if trace is None:
+        raise UserError(f"{FLAG} writes each engine's requests as a trace a run replays, and synthetic users are no "
+                        f"trace; give --trace with a Mooncake or Bailian hash-id trace, {fix}.")
+    if trace.fmt not in TRACE_BLOCK:
+        raise UserError(f"{FLAG} writes hash-id traces (Mooncake, Bailian), and {s.trace.path} is a {trace.fmt} "
+                        f"trace; use a hash-id trace, {fix}.")
+    if not trace.timestamped or s.schedule.request_rate > 0:
+        raise UserError(f"{FLAG}: the engines replay the trace's own timestamps; drop --request-rate, {fix}.")
+    if s.trace.replay_cycles != 1:
+        raise UserError(f"{FLAG}: an engine's trace is one pass of the fleet's; give --replay-cycles 1, {fix}.")
+    refuse_link(folder, FLAG)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UserError(f"{FLAG} {folder} is a file; name a folder (made if missing).")
+    refuse_system_dir(os.path.abspath(folder), FLAG, FILES)
+
+
+def _record(rec, fmt: str) -> dict:
+    """A trace record as its format writes it, with its index in the fleet's trace (hashtrace.py reads it back)."""
+    out = {"timestamp": rec.arrival_s / TIME_UNIT_S[fmt], "input_length": rec.input_length,
+           "output_length": rec.output_length, "hash_ids": rec.hash_ids, "source_index": rec.index}
+    if fmt == "bailian":
+        out.update(chat_id=rec.session, turn=rec.turn)
+    return out
+
+
+def _engine_settings(s: Settings, point_dir: Path, remote_gb: float) -> dict:
+    """The fleet's settings as one engine's run (see the module's docstring)."""
+    d = s.to_dict()
+    d["run"].update(warmup_s=0.0, max_requests=0, capacity_curve=False, run_id="", start_at=0.0,
+                    output_dir=str(point_dir / "runs"), duration_s=max(d["run"]["duration_s"], 86_400.0))
+    d["schedule"].update(workers=1, arrival="trace", request_rate=0.0)
+    d["tiers"].update(nvme="off", remote_gb=remote_gb, remote_url="", remote_namespace="")
+    d["trace"].update(path="")
+    return d
+
+
+def _script(point: str, engines: list[dict]) -> str:
+    lines = ["#!/bin/sh",
+             f"# The {len(engines)} engines of fleet point {point}, for real: one run each, sharing the Valkey at "
+             f"URL in a namespace of this launch's own.",
+             "# usage: sh run.sh URL [LEAD_S]   (LEAD_S: seconds the runs get for their set-up before the first "
+             "arrival; default 20)",
+             "set -e", 'URL="$1"; LEAD="${2:-20}"', 'HERE=$(cd "$(dirname "$0")" && pwd)',
+             'PY="${PYTHON:-python3}"', 'T0=$(( $(date +%s) + LEAD ))', "pids=''"]
+    for e in engines:
+        run = " ".join([
+            '"$PY" -m kv_cache --config "$HERE/settings.yaml"', f'--trace "$HERE/{e["trace"]}"',
+            '--remote-url "$URL"', f'--remote-namespace "fleet-{point}-$T0"', f'--run-id "engine-{e["engine"]}-$T0"',
+            f'--start-at "$(awk -v t="$T0" \'BEGIN {{ printf "%.3f", t + {e["offset_s"]:.6f} }}\')"'])
+        lines.append(f'{run} > "$HERE/engine-{e["engine"]}.log" 2>&1 & pids="$pids $!"')
+    lines += ["rc=0", 'for p in $pids; do wait "$p" || rc=1; done',
+              'echo "results: $HERE/runs/engine-*-$T0/results.json"', "exit $rc"]
+    return "\n".join(lines) + "\n"
+
+
+def export_point(folder: str, sim: Simulated, stream: Stream, trace: TraceSet, s: Settings, figures: dict,
+                 share_bytes: int) -> Path:
+    """Write a point's engine traces, settings, launcher and figures into folder/<router>-<N>; that folder.
+    figures: the point's (FleetPoint as a dict); share_bytes: each engine's share of the shared tier (0: unbounded)."""
+    point = f"{sim.router}-{sim.engines}"
+    out = Path(folder) / point
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{FLAG} {folder}: {out} holds files already; name a new folder (nothing is written over "
+                        f"an export).")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{FLAG} {folder}: cannot make {out} ({e.strerror}).") from None
+    rows: list[list[str]] = [[] for _ in range(sim.engines)]
+    first: list[float | None] = [None] * sim.engines
+    for r, e in enumerate(sim.assignment.tolist()):
+        rows[e].append(json.dumps(_record(trace.records[r], trace.fmt)))
+        if first[e] is None:
+            first[e] = stream.requests.at_s[r]
+    engines = []
+    for e in range(sim.engines):
+        name = f"engine-{e}.jsonl"
+        write_file(out / name, "".join(x + "\n" for x in rows[e]), FLAG)
+        engines.append({"engine": e, "trace": name, "requests": len(rows[e]), "offset_s": first[e] or 0.0})
+    shared = figures["shared"]
+    # each engine's share of the shared tier: the simulation's, or for an unbounded one room for every block the
+    # fleet wrote there (no engine evicts, as in the simulation)
+    share = share_bytes or (shared["write_blocks"] + 1) * stream.slot_bytes
+    settings = _engine_settings(s, out, share / GiB)
+    write_file(out / "settings.yaml", "# One engine of fleet point " + point + ": run.sh runs every engine\n"
+               + yaml.safe_dump(settings, sort_keys=False), FLAG)
+    write_file(out / "run.sh", _script(point, [e for e in engines if e["requests"]]), FLAG)
+    fleet = {"router": sim.router, "engines": sim.engines, "tiers": list(TIERS), "hit_rate": figures["hit_rate"],
+             "shared_read_blocks": shared["read_blocks"], "shared_write_blocks": shared["write_blocks"],
+             "slot_bytes": stream.slot_bytes, "trace_format": trace.fmt, "speedup": s.trace.speedup}
+    write_file(out / "engines.json", json.dumps({"fleet": fleet, "engines": engines,
+                                                 "run": f"sh {shlex.quote(str(out / 'run.sh'))} URL"}, indent=1),
+               FLAG)
+    return out

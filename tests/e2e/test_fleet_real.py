@@ -1,0 +1,104 @@
+"""The fleet held against reality (issue 53, point 4): a point's assignment exported as one trace per engine
+(fleet --export-assignment), its run.sh run as typed, N real runs as processes sharing one Valkey namespace on
+127.0.0.1: each tier's hit rate within 0.5 points of the simulation, the shared tier's blocks read and written
+within 2 %, and the namespace gone after the last run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, run_cli
+from helpers import assert_clean_error
+from servers import valkey_keys
+
+# the tiers the simulation names, top to bottom, and a small engine: 384 KiB blocks (tiny-1b at tp 4, fp8), an HBM
+# tier of 27 blocks and a CPU tier of 54, so a conversation's earlier turns are in the shared tier when it comes back
+FLEET = ["--model", "tiny-1b", "--tp", "4", "--kv-dtype", "fp8", "--block-tokens", "128", "--gpu", "simulated",
+         "--gpu-mem-gb", "0.01", "--cpu-mem-gb", "0.02", "--engine-model", "cache", "--trace-speedup", "2"]
+LEAD_S = 25  # the runs' set-up before the first arrival, on a busy two-core machine
+
+
+def conversations(path, convs: int = 13, turns: int = 5, gap_ms: int = 300) -> None:
+    """A Mooncake-format trace of our own (numbers only): convs conversations of turns turns, each turn its
+    conversation's whole history plus two 512-token blocks, behind one shared first block; turn by turn, a request
+    every gap_ms. An odd convs puts a conversation's turns on different engines under round-robin."""
+    rows = []
+    for t in range(turns):
+        for c in range(convs):
+            ids = [0, *(1000 * (c + 1) + k for k in range(2 * (t + 1)))]
+            rows.append({"timestamp": (t * convs + c) * gap_ms, "input_length": 512 * len(ids) - 100,
+                         "output_length": 64, "hash_ids": ids})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def summed(folder) -> tuple[dict, int, int, int]:
+    """The engines' runs together: tokens served by each tier (top to bottom) over their prompt tokens, the bottom
+    tier's blocks read and written, and the blocks adopted from other engines."""
+    served, prompt, read, written, adopted = None, 0, 0, 0, 0
+    runs = sorted((folder / "runs").iterdir())
+    for run in runs:
+        r = json.loads((run / "results.json").read_text())
+        by_tier = r["tokens"]["cached_by_tier"]
+        served = [a + b for a, b in zip(served, by_tier.values())] if served else list(by_tier.values())
+        prompt += r["tokens"]["prompt"]
+        bottom = list(by_tier)[-1]
+        read, written = read + r["blocks"][bottom]["read"], written + r["blocks"][bottom]["write"]
+        adopted += r["shared_storage"]["adopted_blocks"]
+    return {t: x / prompt for t, x in zip(("hbm", "cpu", "shared"), served)}, read, written, adopted, len(runs)
+
+
+@pytest.mark.parametrize("engines,router", [(2, "round-robin"), pytest.param(4, "prefix", marks=pytest.mark.slow)])
+def test_real_engines_sharing_a_valkey_serve_what_the_fleet_simulated(valkey_server, tmp_path, engines, router):
+    trace, export = tmp_path / "conv.jsonl", tmp_path / "export"
+    conversations(trace)
+    r = run_cli(["fleet", "--trace", str(trace), *FLEET, "--engines", str(engines), "--router", router,
+                 "--export-assignment", str(export), "--output-dir", str(tmp_path / "rep"), "--run-id", "f"])
+    assert r.returncode == 0, r.stderr
+    point = export / f"{router}-{engines}"
+    exported = json.loads((point / "engines.json").read_text())
+    sim, busy = exported["fleet"], sum(1 for e in exported["engines"] if e["requests"])  # run.sh runs those
+    assert sim["hit_rate"]["shared"] > 0.3  # the check means something: most hits cross engines
+    ran = subprocess.run(["sh", str(point / "run.sh"), valkey_server.url, str(LEAD_S)], capture_output=True,
+                         text=True, timeout=300, cwd=REPO, env=dict(os.environ, PYTHON=sys.executable))
+    logs = "".join(p.read_text()[-3000:] for p in sorted(point.glob("engine-*.log")))
+    assert ran.returncode == 0, ran.stdout + logs
+    rate, read, written, adopted, runs = summed(point)
+    assert runs == busy >= 2
+    for tier in ("hbm", "cpu", "shared"):
+        assert abs(rate[tier] - sim["hit_rate"][tier]) <= 0.005, (tier, rate, sim["hit_rate"])
+    assert read == pytest.approx(sim["shared_read_blocks"], rel=0.02), (read, sim)
+    assert written == pytest.approx(sim["shared_write_blocks"], rel=0.02), (written, sim)
+    assert adopted > 0  # blocks another engine wrote were read
+    assert valkey_keys(valkey_server.url, "kvbench-shared-*") == []  # the last run out removed the namespace
+
+
+@pytest.mark.parametrize("extra,fragments", [
+    (["--request-rate", "20", "--max-requests", "50"], ["synthetic users are no trace"]),
+    (["--trace", str(REPO / "traces" / "mooncake_conversation_sample.jsonl"), "--engine-model", "stack"],
+     ["--engine-model cache --shared-writes demote"]),
+    (["--trace", str(REPO / "traces" / "mooncake_conversation_sample.jsonl"), "--request-rate", "5"],
+     ["drop --request-rate"]),
+])
+def test_an_assignment_a_run_cannot_replay_is_one_sentence(tmp_path, extra, fragments):
+    r = run_cli(["fleet", *FLEET, *extra, "--export-assignment", str(tmp_path / "x"), "--output-dir",
+                 str(tmp_path / "rep")])
+    assert_clean_error(r, *fragments)
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_export_never_writes_over_one(tmp_path):
+    trace, export = tmp_path / "conv.jsonl", tmp_path / "export"
+    conversations(trace, convs=3, turns=2)
+    args = ["fleet", "--trace", str(trace), *FLEET, "--engines", "2", "--router", "round-robin", "--output-dir",
+            str(tmp_path / "rep"), "--export-assignment"]
+    assert run_cli([*args, str(export)]).returncode == 0
+    before = (export / "round-robin-2" / "engine-0.jsonl").read_text()
+    assert '"source_index": 0' in before
+    assert_clean_error(run_cli([*args, str(export)]), "holds files already")
+    assert (export / "round-robin-2" / "engine-0.jsonl").read_text() == before
+    (tmp_path / "file").write_text("x")
+    assert_clean_error(run_cli([*args, str(tmp_path / "file")]), "is a file")
