@@ -57,7 +57,7 @@ def cmd_fleet(argv: list[str], reg: Registry) -> int:
     p.add_argument("--export-assignment", default="", metavar="DIR",
                    help="Write each point's assignment as one trace per engine (a hash-id trace at its own "
                         "timestamps), with the settings and a run.sh that runs the engines for real as processes "
-                        "sharing one Valkey namespace (--remote-namespace), to hold the simulation against "
+                        "sharing one Valkey or S3 namespace (--remote-namespace), to hold the simulation against "
                         "(docs/capacity.md) [default: none].")
     args = vars(p.parse_args(argv))
     engines = _counts(args.pop("engines"))

@@ -137,8 +137,8 @@ class TierSettings:
     remote_namespace: str = key("", "Share the remote tier with every run naming this namespace (the engines of a "
                                     "fleet, hosts without MPI): a block any of them writes there is every one's to "
                                     "read, as --shared-storage shares a directory; each run joins it, and the last "
-                                    "one to end removes it (Valkey: a member count on the server). Empty: a namespace "
-                                    "of the run's own.", "--remote-namespace")
+                                    "one to end removes it (each member a marker there: Valkey or S3). Empty: a "
+                                    "namespace of the run's own.", "--remote-namespace")
     nvme_gb: float = key(0.0, "NVMe tier capacity in GiB (0: the largest power of two GiB within a quarter of the "
                                   "filesystem's size, 64 GiB and half its free space; with "
                                   "--null-io 0 means 64 GiB).",

@@ -1,5 +1,6 @@
 """fleet --export-assignment DIR: each point's router assignment as one trace per engine, with what runs those
-engines for real, as processes sharing one remote tier (a Valkey namespace all of them name: tiers/remote_shared.py).
+engines for real, as processes sharing one remote tier (a Valkey or S3 namespace all of them name:
+tiers/remote_shared.py).
 
 A point (router, N) becomes DIR/<router>-<N>/:
     engine-<k>.jsonl   engine k's requests, in arrival order, in the trace's own format (hash ids; each record's
@@ -8,7 +9,8 @@ A point (router, N) becomes DIR/<router>-<N>/:
                        bottom (no NVMe tier), one worker (the fleet serves a request at a time per engine), no
                        warm-up (every request counts, as in the simulation), the trace's arrivals
     run.sh URL [LEAD]  starts the N runs together (--start-at: each engine's first arrival after the fleet's first)
-                       against the Valkey at URL, in a namespace of this launch's own, and waits for them
+                       against the Valkey or S3 bucket at URL (S3: AWS_* from the environment), in a namespace of
+                       this launch's own, and waits for them
     engines.json       the simulation's figures to hold the runs against, and each engine's share
 
 Only what a run replays exactly can be exported: a hash-id trace (Mooncake, Bailian) at its own timestamps, once.
@@ -81,8 +83,8 @@ def _engine_settings(s: Settings, point_dir: Path, remote_gb: float) -> dict:
 
 def _script(point: str, engines: list[dict]) -> str:
     lines = ["#!/bin/sh",
-             f"# The {len(engines)} engines of fleet point {point}, for real: one run each, sharing the Valkey at "
-             f"URL in a namespace of this launch's own.",
+             f"# The {len(engines)} engines of fleet point {point}, for real: one run each, sharing the Valkey or S3 "
+             f"bucket at URL in a namespace of this launch's own.",
              "# usage: sh run.sh URL [LEAD_S]   (LEAD_S: seconds the runs get for their set-up before the first "
              "arrival; default 20)",
              "set -e", 'URL="$1"; LEAD="${2:-20}"', 'HERE=$(cd "$(dirname "$0")" && pwd)',

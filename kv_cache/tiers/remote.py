@@ -298,9 +298,9 @@ def build_remote(ctx: StackContext, kind: TierKind, open_store, shared_tier=None
             raise UserError(f"--remote-url {store.url}: {cap / GiB:.3f} GiB holds no "
                             f"{ctx.max_object_bytes / 2**20:.1f} MiB object; {fix}.")
         shared = s.remote_namespace
-        if shared and shared_tier is None:
-            raise UserError(f"--remote-namespace needs a store that counts its members atomically (Valkey/Redis), "
-                            f"and {store.url} cannot; use a valkey:// or redis:// URL, or drop --remote-namespace.")
+        if shared and (shared_tier is None or not isinstance(store, Listing)):
+            raise UserError(f"--remote-namespace needs a store that lists its names (its members are markers "
+                            f"there), and {store.url} cannot; use a Valkey or S3 URL, or drop --remote-namespace.")
         tier_class, run_id = (shared_tier, shared_tier.id_for(shared)) if shared else (RemoteTier, ctx.run_id)
         notes = [n for n in (why, getattr(store, "warning", ""), dead_namespaces_note(store, run_id)) if n]
         tier = tier_class(name, store, run_id, cap, slot,

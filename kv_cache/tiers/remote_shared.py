@@ -1,5 +1,5 @@
-"""A remote tier shared by independent runs (--remote-namespace NAME): the engines of a fleet over one Valkey, as
-`fleet --export-assignment` launches them, or hosts without MPI.
+"""A remote tier shared by independent runs (--remote-namespace NAME): the engines of a fleet over one Valkey or S3
+bucket, as `fleet --export-assignment` launches them, or hosts without MPI.
 
 Every run naming the namespace writes its blocks there under the block's own key, so a block any of them wrote is
 every one's to read: a lookup that misses a run's own tiers adopts it (cache.pin_prefix, the --shared-storage
@@ -8,16 +8,20 @@ runs write is one object, written twice. Each run evicts only what it wrote, and
 for everyone (a reader then finds it vanished, as on a shared directory): a fleet sized so the shared tier never
 evicts (what `fleet` says it needs) sees none of that.
 
-Membership is a count on the server (INCRBY, atomic): each run adds one as it joins and takes one away at its end;
-the last to end removes the namespace whole (or marks it kept with --keep-data), since the others may read any
-block until then. Each member keeps a marker of its own (its pid and host): a member killed mid-run leaves it, and
-`clean --remote-url` then finds the namespace and removes it.
+Membership is a marker per member in the namespace (its pid and host), and the namespace's own marker names a
+member still in it (what `clean --remote-url` checks: a killed member's namespace is found and removed). At its end
+a run removes its member marker, then lists the members left: none, and it is the last, removing the namespace
+whole (or marking it kept with --keep-data); else it names one of them in the namespace's marker and leaves its
+blocks to those still reading. Any store that lists its names can share one (Valkey's SCAN, S3's LIST): each
+member removes its own marker before it lists, so of two members ending together the later one finds none left.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 
 import numpy as np
 
@@ -28,7 +32,7 @@ from kv_cache.tiers.base import SHARED, one_by_one
 from kv_cache.tiers.remote import NAMESPACE, RemoteTier
 
 PREFIX = "shared-"  # kvbench-shared-<name>: never a run id's namespace (those are timestamps or --run-id)
-MEMBERS = "members"
+MEMBER = "member-"  # <namespace>member-<host>-<pid>: a member's marker
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
@@ -47,19 +51,22 @@ class SharedRemoteTier(RemoteTier):
         return PREFIX + name
 
     def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
+        super().__init__(*args, **kw)  # marks this member (mark)
         self.flags = self.flags | {SHARED}
-        self.members_name = self.store.namespace(self.run_id) + MEMBERS
-        self.members = self._call(self.store.add, self.members_name, 1)  # runs in it now, this one included
+        self.members = len(self._members())  # runs in it now, this one included
 
-    def _member_marker(self) -> str:
-        body = marker_body(self.run_id)
-        return f"{self.store.namespace(self.run_id)}member-{body['host']}-{body['pid']}{self.store.name_sep}" \
-               f"{self.store.marker_leaf}"
+    def _member_name(self) -> str:
+        return f"{self.store.namespace(self.run_id)}{MEMBER}{socket.gethostname()}-{os.getpid()}"
+
+    def _members(self) -> list[str]:
+        start = self.store.namespace(self.run_id) + MEMBER
+        return [n for n in self.store.names(self.run_id) if n.startswith(start)]
 
     def mark(self) -> None:
-        """This member's own marker (the namespace's is the last member's, when it keeps the namespace)."""
-        self.store.write_small(self._member_marker(), json.dumps(marker_body(self.run_id)).encode())
+        """This member's marker, and the namespace's naming it (a member alive)."""
+        body = json.dumps(marker_body(self.run_id)).encode()
+        self.store.write_small(self._member_name(), body)
+        self.store.write_small(self.store.marker_name(self.run_id), body)
 
     def adopt(self, key: int) -> int | None:
         n = self._call(self.store.size_of, self.store.object_name(self.run_id, key), self.slot_bytes)
@@ -68,43 +75,47 @@ class SharedRemoteTier(RemoteTier):
     def held_bytes(self, key: int, out: np.ndarray) -> int:
         return self.slots.lookup(key)[1] if key in self.slots else out.size  # another run's block: out's size
 
+    def _vanished(self, key: int, r):
+        """r, or BlockVanished where r is a fault reading another run's block that is gone (its writer evicted it):
+        a miss now, as on a shared directory (the lifecycle counts it and drops the entry)."""
+        if isinstance(r, RunFault) and not isinstance(r, ServerDown) and key not in self.slots \
+                and not self._call(self.store.size_of, self.store.object_name(self.run_id, key), self.slot_bytes):
+            return BlockVanished(key)
+        return r
+
     def get(self, key: int, out: np.ndarray) -> None:
-        """Another run's block that is gone (its writer evicted it) is BlockVanished: a miss now, as on a shared
-        directory (the lifecycle counts it and drops the entry)."""
         try:
             super().get(key, out)
-        except ServerDown:
-            raise
-        except RunFault:
-            if key in self.slots or self._call(self.store.size_of, self.store.object_name(self.run_id, key),
-                                               self.slot_bytes):
-                raise
-            raise BlockVanished(key) from None
+        except RunFault as e:
+            raise self._vanished(key, e) from None
 
     def get_many(self, items: list[tuple[int, np.ndarray]]) -> list:
-        """A batch in one round trip; one that failed on a block another run evicted goes again one by one, so
+        """A batch at once; a Valkey pipeline that failed on a block another run evicted goes again one by one, so
         only that block's result is its vanishing."""
         try:
-            return super().get_many(items)
+            got = super().get_many(items)
         except ServerDown:
             raise
         except RunFault:
             if all(key in self.slots for key, _ in items):
                 raise
             return one_by_one(self.get, items)
+        return [self._vanished(key, r) for (key, _), r in zip(items, got)]
 
     def close(self, remove: bool = True) -> None:
         """Leave the namespace: the last member removes it (or marks it kept); the others leave their blocks to
-        those still reading."""
+        those still reading, the namespace's marker naming one of them."""
         try:
-            left = self.store.add(self.members_name, -1)
-            self.store.remove([self._member_marker()])
+            self.store.remove([self._member_name()])
+            others = self._members()
+            body = self.store.read_small(others[0]) if others else None
+            if body:
+                self.store.write_small(self.store.marker_name(self.run_id), body)
         except (RunFault, UserError):
-            left = 0  # the server is gone: the parent's close says what stays there and how to remove it
-        if left <= 0:
+            others = []  # the server is gone: the parent's close says what stays there and how to remove it
+        if not others:
             super().close(remove)
             return
         runlog.tell(f"the shared namespace {NAMESPACE}{self.run_id} in {self.store.url} keeps this run's blocks for "
-                    f"the {left} run(s) still in it; the last to end removes it.")
+                    f"the {len(others)} run(s) still in it; the last to end removes it.")
         self.store.close()
-

@@ -309,13 +309,6 @@ class ValkeyStore(Names):
         except self.errors.ValkeyError as e:
             raise self._fault(f"reading {name}", e) from None
 
-    def add(self, name: str, delta: int) -> int:
-        """INCRBY: a shared namespace's member count (remote_shared.py), atomic on the server."""
-        try:
-            return int(self.client.incrby(name, delta))
-        except self.errors.ValkeyError as e:
-            raise self._fault(f"counting {name}", e) from None
-
     def size_of(self, name: str, most: int) -> int:
         """The bytes of a block another run wrote under name (0: none), a block of at most most bytes: its value's
         length, or its leading parts' (they are written in order): STRLEN, pipelined."""

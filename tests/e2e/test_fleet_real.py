@@ -1,7 +1,7 @@
 """The fleet held against reality (issue 53, point 4): a point's assignment exported as one trace per engine
-(fleet --export-assignment), its run.sh run as typed, N real runs as processes sharing one Valkey namespace on
-127.0.0.1: each tier's hit rate within 0.5 points of the simulation, the shared tier's blocks read and written
-within 2 %, and the namespace gone after the last run."""
+(fleet --export-assignment), its run.sh run as typed, N real runs as processes sharing one namespace of a Valkey
+server (or an S3 gateway's bucket) on 127.0.0.1: each tier's hit rate within 0.5 points of the simulation, the
+shared tier's blocks read and written within 2 %, and the namespace gone after the last run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import pytest
 from conftest import REPO, run_cli
 from helpers import assert_clean_error
-from servers import valkey_keys
+from servers import s3_objects, valkey_keys
 
 # the tiers the simulation names, top to bottom, and a small engine: 384 KiB blocks (tiny-1b at tp 4, fp8), an HBM
 # tier of 27 blocks and a CPU tier of 54, so a conversation's earlier turns are in the shared tier when it comes back
@@ -51,8 +51,12 @@ def summed(folder) -> tuple[dict, int, int, int]:
     return {t: x / prompt for t, x in zip(("hbm", "cpu", "shared"), served)}, read, written, adopted, len(runs)
 
 
-@pytest.mark.parametrize("engines,router", [(2, "round-robin"), pytest.param(4, "prefix", marks=pytest.mark.slow)])
-def test_real_engines_sharing_a_valkey_serve_what_the_fleet_simulated(valkey_server, tmp_path, engines, router):
+@pytest.mark.parametrize("engines,router,medium", [(2, "round-robin", "valkey"),
+                                                   pytest.param(4, "prefix", "valkey", marks=pytest.mark.slow),
+                                                   pytest.param(2, "round-robin", "s3", marks=pytest.mark.slow)])
+def test_real_engines_sharing_a_remote_tier_serve_what_the_fleet_simulated(request, tmp_path, engines, router,
+                                                                            medium):
+    server = request.getfixturevalue(f"{medium}_server")
     trace, export = tmp_path / "conv.jsonl", tmp_path / "export"
     conversations(trace)
     r = run_cli(["fleet", "--trace", str(trace), *FLEET, "--engines", str(engines), "--router", router,
@@ -62,8 +66,8 @@ def test_real_engines_sharing_a_valkey_serve_what_the_fleet_simulated(valkey_ser
     exported = json.loads((point / "engines.json").read_text())
     sim, busy = exported["fleet"], sum(1 for e in exported["engines"] if e["requests"])  # run.sh runs those
     assert sim["hit_rate"]["shared"] > 0.3  # the check means something: most hits cross engines
-    ran = subprocess.run(["sh", str(point / "run.sh"), valkey_server.url, str(LEAD_S)], capture_output=True,
-                         text=True, timeout=300, cwd=REPO, env=dict(os.environ, PYTHON=sys.executable))
+    ran = subprocess.run(["sh", str(point / "run.sh"), server.url, str(LEAD_S)], capture_output=True, text=True,
+                         timeout=300, cwd=REPO, env=dict(os.environ, PYTHON=sys.executable, **server.env))
     logs = "".join(p.read_text()[-3000:] for p in sorted(point.glob("engine-*.log")))
     assert ran.returncode == 0, ran.stdout + logs
     rate, read, written, adopted, runs = summed(point)
@@ -73,7 +77,8 @@ def test_real_engines_sharing_a_valkey_serve_what_the_fleet_simulated(valkey_ser
     assert read == pytest.approx(sim["shared_read_blocks"], rel=0.02), (read, sim)
     assert written == pytest.approx(sim["shared_write_blocks"], rel=0.02), (written, sim)
     assert adopted > 0  # blocks another engine wrote were read
-    assert valkey_keys(valkey_server.url, "kvbench-shared-*") == []  # the last run out removed the namespace
+    left = valkey_keys(server.url, "kvbench-shared-*") if medium == "valkey" else s3_objects(server, "")
+    assert not [n for n in left if "kvbench-shared-" in n]  # the last run out removed the namespace
 
 
 @pytest.mark.parametrize("extra,fragments", [

@@ -236,8 +236,3 @@ def test_an_s3_batch_has_its_requests_in_flight_together(s3_server, client):
     finally:
         tier.close()
 
-
-def test_a_shared_namespace_on_a_store_that_cannot_count_its_members_is_one_sentence(s3_server, tmp_path):
-    r = run_cli(remote_args(tmp_path, "ns", s3_server.url, "--remote-namespace", "fleet"), extra_env=s3_server.env)
-    assert_clean_error(r, "--remote-namespace needs a store that counts its members", "valkey://")
-    assert s3_objects(s3_server) == []

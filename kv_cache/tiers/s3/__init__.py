@@ -42,6 +42,7 @@ from kv_cache.tiers.remote import (
     contract_tier,
     remote_medium,
 )
+from kv_cache.tiers.remote_shared import SharedRemoteTier
 from kv_cache.tiers.s3.clients import Boto3Ops, ObstoreOps
 
 SCHEMES = ("s3",)
@@ -197,6 +198,15 @@ class S3ObjectStore(Names):
             raise RunFault(f"{self.url}: object {name} holds {view.nbytes:,} bytes, the run wrote {out.size:,}.")
         np.copyto(out, np.frombuffer(view, dtype=np.uint8))
 
+    def size_of(self, name: str, most: int) -> int:
+        """The bytes of an object another run wrote (0: none): HEAD (a PUT is seen whole or not at all)."""
+        try:
+            return self.ops.head(name)
+        except self.ops.errors as e:
+            if self.ops.kind(e) == "missing":
+                return 0
+            raise self._error(f"looking up {name}", e) from None
+
     def delete(self, names: list[tuple[str, int]]) -> None:
         self.remove([n for n, _ in names])
 
@@ -319,10 +329,13 @@ def _make_bucket(env: dict, bucket: str, seconds: float = 30.0) -> None:
 
 def make_for_test(variant: str, directory: str, capacity_bytes: int, slot_bytes: int, server=None,
                   engines=None) -> RemoteTier:
-    """The contract test's tier over a real S3 gateway (the s3_server fixture), with each client (variant)."""
-    store = open_store(server.url, S3Settings(client=variant), 4, server.env)
-    return contract_tier("s3", store, variant, directory, capacity_bytes, slot_bytes)
+    """The contract test's tier over a real S3 gateway (the s3_server fixture), with each client (variant);
+    'shared': a namespace shared with other runs (--remote-namespace)."""
+    store = open_store(server.url, S3Settings(client="obstore" if variant == "shared" else variant), 4, server.env)
+    return contract_tier("s3", store, variant, directory, capacity_bytes, slot_bytes,
+                         SharedRemoteTier if variant == "shared" else RemoteTier)
 
 
-MEDIUM = remote_medium("s3", SCHEMES, open_store, S3Settings, contract=("obstore", "boto3"),
+MEDIUM = remote_medium("s3", SCHEMES, open_store, S3Settings, shared_tier=SharedRemoteTier,
+                       contract=("obstore", "boto3", "shared"),
                        make_for_test=make_for_test, local_server=local_server)

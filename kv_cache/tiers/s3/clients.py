@@ -45,6 +45,9 @@ class ObstoreOps:
     def get(self, name: str):
         return self.ob.get(self.store, name).bytes()
 
+    def head(self, name: str) -> int:
+        return int(self.ob.head(self.store, name)["size"])
+
     def delete(self, names: list[str]) -> None:
         self.ob.delete(self.store, names)
 
@@ -108,6 +111,9 @@ class Boto3Ops:
 
     def get(self, name: str):
         return self.client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+
+    def head(self, name: str) -> int:
+        return int(self.client.head_object(Bucket=self.bucket, Key=name)["ContentLength"])
 
     def delete(self, names: list[str]) -> None:
         self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": n} for n in names], "Quiet": True})
