@@ -182,8 +182,13 @@ def _cmd_compare(argv: list[str], reg: Registry) -> int:
     p.add_argument("runs", nargs="+", help="Run folders (or results.json files); the first is the baseline.")
     p.add_argument("--output", help="Folder for the comparison plots (default reports/compare-<time>).")
     args = p.parse_args(argv)
+    from kv_cache.fleet.export import EXPORT_FILE
+
+    if len(args.runs) == 1 and (Path(args.runs[0]) / EXPORT_FILE).is_file():  # a fleet point and its real runs
+        return _compare_export(Path(args.runs[0]))
     if len(args.runs) < 2:
-        raise UserError("compare needs at least two runs (run folders or results.json files).")
+        raise UserError("compare needs at least two runs (run folders or results.json files), or one fleet point "
+                        "that fleet --export-assignment wrote.")
     import time
 
     from kv_cache.run.fleet_runs import fleet_folders
@@ -209,6 +214,18 @@ def _cmd_compare(argv: list[str], reg: Registry) -> int:
     print(comparison_table(runs))
     for plot in comparison_plots(runs, out):
         print(f"plot: {plot}")
+    return 0
+
+
+def _compare_export(point: Path) -> int:
+    """compare POINT: a fleet point's simulation (engines.json) against the latest launch of its run.sh."""
+    from kv_cache.fleet.export import launched_runs, read_export
+    from kv_cache.report.fleet import export_comparison
+
+    sim = read_export(point)
+    folders = launched_runs(point)
+    runs = [load_results(str(f))[1] for f in folders]
+    print("\n".join(export_comparison(sim, runs, str(folders[0].parent))))
     return 0
 
 

@@ -29,6 +29,7 @@ from kv_cache.config import Settings
 from kv_cache.errors import UserError
 from kv_cache.fleet.simulate import TIERS, Simulated
 from kv_cache.fleet.stream import Stream
+from kv_cache.inputs import read_text
 from kv_cache.model import GiB
 from kv_cache.safefiles import refuse_link, write_file
 from kv_cache.sources.hashtrace import TIME_UNIT_S, TRACE_BLOCK
@@ -36,6 +37,8 @@ from kv_cache.sources.replay import TraceSet
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 
 FLAG = "--export-assignment"
+EXPORT_FILE = "engines.json"
+EXPORT_LIMIT = 16 << 20  # bytes of an engines.json read back: a larger one is not ours
 
 
 def check_exportable(folder: str, s: Settings, trace: TraceSet | None, model: str, writes: str) -> None:
@@ -96,7 +99,8 @@ def _script(point: str, engines: list[dict]) -> str:
             f'--start-at "$(awk -v t="$T0" \'BEGIN {{ printf "%.3f", t + {e["offset_s"]:.6f} }}\')"'])
         lines.append(f'{run} > "$HERE/engine-{e["engine"]}.log" 2>&1 & pids="$pids $!"')
     lines += ["rc=0", 'for p in $pids; do wait "$p" || rc=1; done',
-              'echo "results: $HERE/runs/engine-*-$T0/results.json"', "exit $rc"]
+              'echo "results: $HERE/runs/engine-*-$T0/results.json"',
+              '[ "$rc" = 0 ] && "$PY" -m kv_cache compare "$HERE"', "exit $rc"]
     return "\n".join(lines) + "\n"
 
 
@@ -135,7 +139,37 @@ def export_point(folder: str, sim: Simulated, stream: Stream, trace: TraceSet, s
     fleet = {"router": sim.router, "engines": sim.engines, "tiers": list(TIERS), "hit_rate": figures["hit_rate"],
              "shared_read_blocks": shared["read_blocks"], "shared_write_blocks": shared["write_blocks"],
              "slot_bytes": stream.slot_bytes, "trace_format": trace.fmt, "speedup": s.trace.speedup}
-    write_file(out / "engines.json", json.dumps({"fleet": fleet, "engines": engines,
+    write_file(out / EXPORT_FILE, json.dumps({"fleet": fleet, "engines": engines,
                                                  "run": f"sh {shlex.quote(str(out / 'run.sh'))} URL"}, indent=1),
                FLAG)
     return out
+
+
+def read_export(point: Path) -> dict:
+    """engines.json's simulated figures (compare POINT), checked for the fields the comparison reads."""
+    fix = f"pass a folder {FLAG} wrote (DIR/<router>-<N>)"
+    text = read_text(str(point / EXPORT_FILE), "fleet export", EXPORT_LIMIT, fix)
+    try:
+        sim = json.loads(text)["fleet"]
+        for name in ("router", "engines", "tiers", "hit_rate", "slot_bytes", "shared_read_blocks",
+                     "shared_write_blocks"):
+            sim[name]  # noqa: B018 - each must be there
+        if not all(t in sim["hit_rate"] for t in (*sim["tiers"], "total")):
+            raise KeyError("hit_rate")
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{point / EXPORT_FILE} is not a readable fleet export ({type(e).__name__}: {e}); "
+                        f"{fix}.") from None
+    return sim
+
+
+def launched_runs(point: Path) -> list[Path]:
+    """The run folders of run.sh's latest launch (run ids engine-<k>-<launch time>)."""
+    launches: dict[int, list[Path]] = {}
+    for run in sorted((point / "runs").glob("engine-*-*")):
+        engine, _, launch = run.name.removeprefix("engine-").partition("-")
+        if engine.isdigit() and launch.isdigit() and (run / "results.json").is_file():
+            launches.setdefault(int(launch), []).append(run)
+    if not launches:
+        raise UserError(f"compare {point}: no run of this fleet point has ended yet; `sh {point / 'run.sh'} URL` "
+                        f"runs its engines.")
+    return launches[max(launches)]

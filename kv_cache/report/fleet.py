@@ -105,3 +105,30 @@ def _pp(v: float) -> str:
 
 def _ratio(a, b) -> str:
     return "-" if a is None or not b else f"x{a / b:.2f}"
+
+
+def export_comparison(sim: dict, runs: list, where: str) -> list[str]:
+    """A fleet point's simulation (engines.json's fleet) against the runs its run.sh launched (typed Results): the
+    prompt tokens each tier served, the shared tier's bytes, the blocks the engines took from each other."""
+    prompt = sum(r.tokens.prompt for r in runs)
+    served = [sum(x) for x in zip(*(list(r.tokens.cached_by_tier.values()) for r in runs))]
+    names = list(runs[0].tokens.cached_by_tier)
+    real = {t: (served[i] / prompt if prompt else None) for i, t in enumerate(sim["tiers"]) if i < len(served)}
+    real["total"] = sum(served) / prompt if prompt else None
+    rows = [["tier", "simulated", "real", "difference"]]
+    for t in (*sim["tiers"], "total"):
+        label = f"{t} ({names[sim['tiers'].index(t)]})" if t in sim["tiers"] and t in real else t
+        got = real.get(t)
+        rows.append([label, _num(100 * sim["hit_rate"][t]) + "%", "-" if got is None else f"{100 * got:.2f}%",
+                     "-" if got is None else f"{100 * (got - sim['hit_rate'][t]):+.2f} pp"])
+    bottom, slot = names[-1], sim["slot_bytes"]
+    moved = [[sum(getattr(r.bytes_whole_run[bottom], d) for r in runs), sim[f"shared_{b}_blocks"] * slot]
+             for d, b in (("read", "read"), ("write", "write"))]
+    demand = [["shared tier", "simulated GB", "real GB", "real / simulated"]]
+    for what, (got, want) in zip(("read", "written"), moved):
+        demand.append([what, f"{want / 1e9:,.3f}", f"{got / 1e9:,.3f}", _num(got / want if want else None, ".4f")])
+    adopted = sum(r.shared_storage.adopted_blocks for r in runs)
+    return ([f"Fleet point {sim['router']} over {sim['engines']} engines against {len(runs)} real runs", f"  ({where})",
+             "Prompt tokens served, by tier"] + format_table(rows, 2, "  ")
+            + ["", "The shared tier's bytes"] + format_table(demand, 2, "  ")
+            + [f"  {adopted:,} blocks one engine read from another's writes in the shared tier"])

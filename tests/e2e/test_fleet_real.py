@@ -35,9 +35,9 @@ def conversations(path, convs: int = 13, turns: int = 5, gap_ms: int = 300) -> N
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def summed(folder) -> tuple[dict, int, int, int]:
+def summed(folder) -> tuple[dict, int, int, int, int]:
     """The engines' runs together: tokens served by each tier (top to bottom) over their prompt tokens, the bottom
-    tier's blocks read and written, and the blocks adopted from other engines."""
+    tier's bytes read and written (the whole run's: no warm-up), the blocks adopted from other engines, the runs."""
     served, prompt, read, written, adopted = None, 0, 0, 0, 0
     runs = sorted((folder / "runs").iterdir())
     for run in runs:
@@ -46,7 +46,8 @@ def summed(folder) -> tuple[dict, int, int, int]:
         served = [a + b for a, b in zip(served, by_tier.values())] if served else list(by_tier.values())
         prompt += r["tokens"]["prompt"]
         bottom = list(by_tier)[-1]
-        read, written = read + r["blocks"][bottom]["read"], written + r["blocks"][bottom]["write"]
+        moved = r["bytes_whole_run"][bottom]
+        read, written = read + moved["read"], written + moved["write"]
         adopted += r["shared_storage"]["adopted_blocks"]
     return {t: x / prompt for t, x in zip(("hbm", "cpu", "shared"), served)}, read, written, adopted, len(runs)
 
@@ -70,12 +71,14 @@ def test_real_engines_sharing_a_remote_tier_serve_what_the_fleet_simulated(reque
                          timeout=300, cwd=REPO, env=dict(os.environ, PYTHON=sys.executable, **server.env))
     logs = "".join(p.read_text()[-3000:] for p in sorted(point.glob("engine-*.log")))
     assert ran.returncode == 0, ran.stdout + logs
+    assert "against" in ran.stdout and "Prompt tokens served, by tier" in ran.stdout  # run.sh's compare POINT
     rate, read, written, adopted, runs = summed(point)
     assert runs == busy >= 2
     for tier in ("hbm", "cpu", "shared"):
         assert abs(rate[tier] - sim["hit_rate"][tier]) <= 0.005, (tier, rate, sim["hit_rate"])
-    assert read == pytest.approx(sim["shared_read_blocks"], rel=0.02), (read, sim)
-    assert written == pytest.approx(sim["shared_write_blocks"], rel=0.02), (written, sim)
+    slot = sim["slot_bytes"]
+    assert read == pytest.approx(sim["shared_read_blocks"] * slot, rel=0.02), (read / slot, sim)
+    assert written == pytest.approx(sim["shared_write_blocks"] * slot, rel=0.02), (written / slot, sim)
     assert adopted > 0  # blocks another engine wrote were read
     left = valkey_keys(server.url, "kvbench-shared-*") if medium == "valkey" else s3_objects(server, "")
     assert not [n for n in left if "kvbench-shared-" in n]  # the last run out removed the namespace
@@ -107,3 +110,7 @@ def test_an_export_never_writes_over_one(tmp_path):
     assert (export / "round-robin-2" / "engine-0.jsonl").read_text() == before
     (tmp_path / "file").write_text("x")
     assert_clean_error(run_cli([*args, str(tmp_path / "file")]), "is a file")
+    point = export / "round-robin-2"
+    assert_clean_error(run_cli(["compare", str(point)]), "no run of this fleet point has ended yet", "run.sh")
+    (point / "engines.json").write_text('{"fleet": {"router": "x"}}')
+    assert_clean_error(run_cli(["compare", str(point)]), "is not a readable fleet export")
