@@ -48,7 +48,7 @@ ONLY_WHEN = (
     (("tiers.remote_gb", "tiers.remote_namespace"), lambda s, mpi: bool(s.tiers.remote_url), "--remote-url URL"),
     ((*DISK_KEYS, "tiers.nvme_gb"), lambda s, mpi: s.tiers.nvme == "on" or s.tiers.null_io,
      "the NVMe tier (--nvme on)"),
-    ((*DISK_KEYS, "run.keep_data"), lambda s, mpi: not s.tiers.null_io, None),
+    ((*DISK_KEYS, "run.keep_data", "tiers.remote_namespace"), lambda s, mpi: not s.tiers.null_io, None),
 )
 NULL_IO = "{flag} has no effect with --null-io (no byte moves, no file is made): ignored"
 ENABLERS = {"trace.path", "rag.enabled", "semantic.enabled", "autoscale.mode", "disagg.role", "disagg.handoff_dir",

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import REPO, run_cli
 from helpers import assert_clean_error
@@ -114,3 +115,41 @@ def test_an_export_never_writes_over_one(tmp_path):
     assert_clean_error(run_cli(["compare", str(point)]), "no run of this fleet point has ended yet", "run.sh")
     (point / "engines.json").write_text('{"fleet": {"router": "x"}}')
     assert_clean_error(run_cli(["compare", str(point)]), "is not a readable fleet export")
+
+
+def bailian(path, chats: int = 5, turns: int = 3) -> None:
+    """A Bailian-format trace of our own: chats chained by parent_chat_id, 16-token hash blocks, seconds."""
+    rows = []
+    for t in range(turns):
+        for c in range(chats):
+            ids = [1, *(100 * (c + 1) + k for k in range(8 * (t + 1)))]
+            parent = (t - 1) * chats + c if t else -1
+            rows.append({"chat_id": t * chats + c, "parent_chat_id": parent, "timestamp": 0.3 * (t * chats + c),
+                         "input_length": 16 * len(ids) - 5, "output_length": 8, "hash_ids": ids, "turn": t + 1})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("fmt", ["mooncake", "bailian"])
+def test_each_engine_s_trace_builds_the_requests_the_fleet_planned(tmp_path, fmt):
+    """Every exported record builds, token for token, the request of the fleet's trace it came from, in its
+    engine's arrival order, and every request is in exactly one engine's trace."""
+    from kv_cache.sources import hashtrace
+    from kv_cache.sources.trace_io import TraceLog
+
+    trace, export = tmp_path / "t.jsonl", tmp_path / "export"
+    (conversations if fmt == "mooncake" else bailian)(trace)
+    r = run_cli(["fleet", "--trace", str(trace), *FLEET, "--engines", "3", "--router", "round-robin",
+                 "--export-assignment", str(export), "--output-dir", str(tmp_path / "rep")])
+    assert r.returncode == 0, r.stderr
+    whole = hashtrace.load([str(trace)], fmt, TraceLog(strict=True))
+    seen = []
+    for k in range(3):
+        share = hashtrace.load([str(export / "round-robin-3" / f"engine-{k}.jsonl")], fmt, TraceLog(strict=True))
+        assert [x.index for x in share] == sorted(x.index for x in share)
+        for rec in share:
+            mine, theirs = rec.build(1000), whole[rec.index].build(1000)
+            assert np.array_equal(mine.prompt_tokens, theirs.prompt_tokens)
+            assert np.array_equal(mine.output_tokens, theirs.output_tokens)
+            assert rec.arrival_s == pytest.approx(whole[rec.index].arrival_s)
+        seen += [x.index for x in share]
+    assert sorted(seen) == list(range(len(whole)))
