@@ -182,10 +182,11 @@ def _cmd_compare(argv: list[str], reg: Registry) -> int:
     p.add_argument("runs", nargs="+", help="Run folders (or results.json files); the first is the baseline.")
     p.add_argument("--output", help="Folder for the comparison plots (default reports/compare-<time>).")
     args = p.parse_args(argv)
-    from kv_cache.fleet.export import EXPORT_FILE
+    from kv_cache.run.fleet_runs import export_comparison_lines, is_export
 
-    if len(args.runs) == 1 and (Path(args.runs[0]) / EXPORT_FILE).is_file():  # a fleet point and its real runs
-        return _compare_export(Path(args.runs[0]))
+    if len(args.runs) == 1 and is_export(args.runs[0]):  # a fleet point and the real runs its run.sh launched
+        print("\n".join(export_comparison_lines(Path(args.runs[0]), lambda f: load_results(str(f))[1])))
+        return 0
     if len(args.runs) < 2:
         raise UserError("compare needs at least two runs (run folders or results.json files), or one fleet point "
                         "that fleet --export-assignment wrote.")
@@ -214,18 +215,6 @@ def _cmd_compare(argv: list[str], reg: Registry) -> int:
     print(comparison_table(runs))
     for plot in comparison_plots(runs, out):
         print(f"plot: {plot}")
-    return 0
-
-
-def _compare_export(point: Path) -> int:
-    """compare POINT: a fleet point's simulation (engines.json) against the latest launch of its run.sh."""
-    from kv_cache.fleet.export import launched_runs, read_export
-    from kv_cache.report.fleet import export_comparison
-
-    sim = read_export(point)
-    folders = launched_runs(point)
-    runs = [load_results(str(f))[1] for f in folders]
-    print("\n".join(export_comparison(sim, runs, str(folders[0].parent))))
     return 0
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 
 import yaml
@@ -84,23 +85,31 @@ def _engine_settings(s: Settings, point_dir: Path, remote_gb: float) -> dict:
     return d
 
 
+def _program() -> str:
+    """How run.sh calls this program: the kv_cache_benchmark.py beside this package (a checkout), else the package
+    as a module (an installed one); the interpreter is the fleet's own unless PYTHON says otherwise."""
+    script = Path(__file__).resolve().parents[2] / "kv_cache_benchmark.py"
+    return shlex.quote(str(script)) if script.is_file() else "-m kv_cache"
+
+
 def _script(point: str, engines: list[dict]) -> str:
     lines = ["#!/bin/sh",
              f"# The {len(engines)} engines of fleet point {point}, for real: one run each, sharing the Valkey or S3 "
              f"bucket at URL in a namespace of this launch's own.",
              "# usage: sh run.sh URL [LEAD_S]   (LEAD_S: seconds the runs get for their set-up before the first "
-             "arrival; default 20)",
+             "arrival; default 20; PYTHON: another interpreter)",
              "set -e", 'URL="$1"; LEAD="${2:-20}"', 'HERE=$(cd "$(dirname "$0")" && pwd)',
-             'PY="${PYTHON:-python3}"', 'T0=$(( $(date +%s) + LEAD ))', "pids=''"]
+             f'PY=${{PYTHON:-{shlex.quote(sys.executable)}}}',
+             'T0=$(( $(date +%s) + LEAD ))', "pids=''"]
     for e in engines:
         run = " ".join([
-            '"$PY" -m kv_cache --config "$HERE/settings.yaml"', f'--trace "$HERE/{e["trace"]}"',
+            f'"$PY" {_program()} --config "$HERE/settings.yaml"', f'--trace "$HERE/{e["trace"]}"',
             '--remote-url "$URL"', f'--remote-namespace "fleet-{point}-$T0"', f'--run-id "engine-{e["engine"]}-$T0"',
             f'--start-at "$(awk -v t="$T0" \'BEGIN {{ printf "%.3f", t + {e["offset_s"]:.6f} }}\')"'])
         lines.append(f'{run} > "$HERE/engine-{e["engine"]}.log" 2>&1 & pids="$pids $!"')
     lines += ["rc=0", 'for p in $pids; do wait "$p" || rc=1; done',
               'echo "results: $HERE/runs/engine-*-$T0/results.json"',
-              '[ "$rc" = 0 ] && "$PY" -m kv_cache compare "$HERE"', "exit $rc"]
+              f'[ "$rc" = 0 ] && "$PY" {_program()} compare "$HERE"', "exit $rc"]
     return "\n".join(lines) + "\n"
 
 

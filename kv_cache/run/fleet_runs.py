@@ -13,14 +13,14 @@ from pathlib import Path
 
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
-from kv_cache.fleet.export import check_exportable, export_point
+from kv_cache.fleet.export import EXPORT_FILE, check_exportable, export_point, launched_runs, read_export
 from kv_cache.fleet.results import FLEET_FILE, FLEET_LIMIT, FLEET_SCHEMA, FleetFile, FleetStreamInfo, point
 from kv_cache.fleet.simulate import EngineSpec, simulate
 from kv_cache.fleet.stream import Stream, planned_stream
 from kv_cache.inputs import read_text
 from kv_cache.model import GiB
 from kv_cache.recorder.typed import SchemaError
-from kv_cache.report.fleet import fleet_plot, fleet_table
+from kv_cache.report.fleet import export_comparison, fleet_plot, fleet_table
 from kv_cache.run import outfolder
 from kv_cache.run.geometry import chain_id, geometry
 from kv_cache.run.outfolder import write_json
@@ -164,6 +164,18 @@ def _sweep(s: Settings, ask: FleetAsk, reg, folder: Path, say) -> None:
         say(line)
     say(f"  model: {result.model}")
     say(f"  results: {folder / FLEET_FILE}; plot: {plot}")
+
+
+def is_export(arg: str) -> bool:
+    """Is arg a fleet point folder --export-assignment wrote (compare POINT)?"""
+    return (Path(arg) / EXPORT_FILE).is_file()
+
+
+def export_comparison_lines(point: Path, load) -> list[str]:
+    """compare POINT: its simulation (engines.json) against the latest launch of its run.sh; load(folder) ->
+    Results."""
+    sim, folders = read_export(point), launched_runs(point)
+    return export_comparison(sim, [load(f) for f in folders], str(folders[0].parent))
 
 
 def fleet_folders(args: list[str]) -> list[tuple[str, FleetFile]] | None:
