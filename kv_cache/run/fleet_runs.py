@@ -76,13 +76,15 @@ def _routers(ask: FleetAsk, stream: Stream, table: dict, say) -> list[str]:
 
 
 def _engine_model(s: Settings, ask: FleetAsk) -> str:
-    """auto: the LRU waterfall's own model where the policy is LRU (exact for it, and fast), the cache otherwise."""
+    """auto: the LRU waterfall's own model where the policy is LRU (exact for it, and fast) and nothing is exported,
+    the cache otherwise."""
     if ask.engine_model == "stack" and s.cache.policy != "lru":
         raise UserError(f"--engine-model stack is the LRU waterfall, and --policy is {s.cache.policy}; use "
                         f"--engine-model cache (the benchmark's cache runs any policy) or --policy lru.")
     if ask.engine_model != "auto":
         return ask.engine_model
-    return "stack" if s.cache.policy == "lru" else "cache"
+    # an export is held against real runs, which are the cache itself
+    return "stack" if s.cache.policy == "lru" and not ask.export else "cache"
 
 
 def _spec(s: Settings, ask: FleetAsk, stream: Stream, policy: type) -> EngineSpec:

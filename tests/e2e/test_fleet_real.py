@@ -19,7 +19,7 @@ from servers import s3_objects, valkey_keys
 # the tiers the simulation names, top to bottom, and a small engine: 384 KiB blocks (tiny-1b at tp 4, fp8), an HBM
 # tier of 27 blocks and a CPU tier of 54, so a conversation's earlier turns are in the shared tier when it comes back
 FLEET = ["--model", "tiny-1b", "--tp", "4", "--kv-dtype", "fp8", "--block-tokens", "128", "--gpu", "simulated",
-         "--gpu-mem-gb", "0.01", "--cpu-mem-gb", "0.02", "--engine-model", "cache", "--trace-speedup", "2"]
+         "--gpu-mem-gb", "0.01", "--cpu-mem-gb", "0.02", "--trace-speedup", "2"]  # --engine-model auto: cache
 LEAD_S = 25  # the runs' set-up before the first arrival, on a busy two-core machine
 
 
@@ -88,6 +88,8 @@ def test_real_engines_sharing_a_remote_tier_serve_what_the_fleet_simulated(reque
 @pytest.mark.parametrize("extra,fragments", [
     (["--request-rate", "20", "--max-requests", "50"], ["synthetic users are no trace"]),
     (["--trace", str(REPO / "traces" / "mooncake_conversation_sample.jsonl"), "--engine-model", "stack"],
+     ["--engine-model cache --shared-writes demote"]),
+    (["--trace", str(REPO / "traces" / "mooncake_conversation_sample.jsonl"), "--shared-writes", "through"],
      ["--engine-model cache --shared-writes demote"]),
     (["--trace", str(REPO / "traces" / "mooncake_conversation_sample.jsonl"), "--request-rate", "5"],
      ["drop --request-rate"]),
