@@ -10,10 +10,11 @@ evicts (what `fleet` says it needs) sees none of that.
 
 Membership is a marker per member in the namespace (its pid and host), and the namespace's own marker names a
 member still in it (what `clean --remote-url` checks: a killed member's namespace is found and removed). At its end
-a run removes its member marker, then lists the members left: none, and it is the last, removing the namespace
-whole (or marking it kept with --keep-data); else it names one of them in the namespace's marker and leaves its
-blocks to those still reading. Any store that lists its names can share one (Valkey's SCAN, S3's LIST): each
-member removes its own marker before it lists, so of two members ending together the later one finds none left.
+a run removes its member marker, then lists the members left (one whose process is gone from this host is not
+counted: a member killed mid-run): none, and it is the last, removing the namespace whole (or marking it kept with
+--keep-data); else it names one of them in the namespace's marker and leaves its blocks to those still reading.
+Any store that lists its names can share one (Valkey's SCAN, S3's LIST): each member removes its own marker before
+it lists, so of two members ending together the later one finds none left.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 from kv_cache import runlog
 from kv_cache.errors import BlockVanished, RunFault, ServerDown, UserError
-from kv_cache.markers import marker_body
+from kv_cache.markers import is_alive, marker_body
 from kv_cache.tiers.base import SHARED, one_by_one
 from kv_cache.tiers.remote import NAMESPACE, RemoteTier
 
@@ -61,6 +62,20 @@ class SharedRemoteTier(RemoteTier):
     def _members(self) -> list[str]:
         start = self.store.namespace(self.run_id) + MEMBER
         return [n for n in self.store.names(self.run_id) if n.startswith(start)]
+
+    def _live_members(self) -> list[bytes]:
+        """The marker bodies of the members still in the namespace; one whose process is gone from this host (a
+        member killed mid-run) is no longer counted, so the last live member still removes the namespace."""
+        out = []
+        for name in self._members():
+            body = self.store.read_small(name)
+            try:
+                alive = is_alive(json.loads(body)) if body else False
+            except (ValueError, AttributeError):
+                alive = None  # not ours to judge: counted, as one on another host
+            if alive is not False:
+                out.append(body)
+        return out
 
     def mark(self) -> None:
         """This member's marker, and the namespace's naming it (a member alive)."""
@@ -107,10 +122,9 @@ class SharedRemoteTier(RemoteTier):
         those still reading, the namespace's marker naming one of them."""
         try:
             self.store.remove([self._member_name()])
-            others = self._members()
-            body = self.store.read_small(others[0]) if others else None
-            if body:
-                self.store.write_small(self.store.marker_name(self.run_id), body)
+            others = self._live_members()
+            if others:
+                self.store.write_small(self.store.marker_name(self.run_id), others[0])
         except (RunFault, UserError):
             others = []  # the server is gone: the parent's close says what stays there and how to remove it
         if not others:

@@ -3,6 +3,9 @@ and an S3 gateway), each its own store and tier, as two processes have them."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import numpy as np
 import pytest
 from servers import s3_objects, valkey_keys
@@ -10,6 +13,7 @@ from servers import s3_objects, valkey_keys
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import BlockVanished
 from kv_cache.lifecycle.payload import PayloadPool
+from kv_cache.markers import marker_body
 from kv_cache.tiers import s3, valkey
 from kv_cache.tiers.base import SHARED
 from kv_cache.tiers.remote_shared import SharedRemoteTier
@@ -60,5 +64,9 @@ def test_members_read_each_other_s_blocks_and_the_last_out_removes_the_namespace
     a.close()
     assert b.adopt(3) == SLOT and held(prefix)  # a's blocks stay for those still in
     b.store.remove([b.store.namespace(run_id) + "member-elsewhere-1"])
-    b.close()  # the last out
+    dead = subprocess.Popen(["true"])  # a pid of this host whose process is gone: a member killed mid-run
+    dead.wait()
+    body = {**marker_body(run_id), "pid": dead.pid}
+    b.store.write_small(b.store.namespace(run_id) + "member-killed", json.dumps(body).encode())
+    b.close()  # the last live member out
     assert held(prefix) == []
