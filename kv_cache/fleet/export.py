@@ -65,6 +65,15 @@ def check_exportable(folder: str, s: Settings, trace: TraceSet | None, model: st
     refuse_system_dir(os.path.abspath(folder), FLAG, FILES)
 
 
+def check_free(folder: str, points: list[str]) -> None:
+    """One sentence when a point's folder holds files already (checked before the sweep, and as each is written)."""
+    for point in points:
+        out = Path(folder) / point
+        if out.is_dir() and any(out.iterdir()):
+            raise UserError(f"{FLAG} {folder}: {out} holds files already; name a new folder (nothing is written "
+                            f"over an export).")
+
+
 def _record(rec, fmt: str) -> dict:
     """A trace record as its format writes it, with its index in the fleet's trace (hashtrace.py reads it back)."""
     out = {"timestamp": rec.arrival_s / TIME_UNIT_S[fmt], "input_length": rec.input_length,
@@ -119,9 +128,7 @@ def export_point(folder: str, sim: Simulated, stream: Stream, trace: TraceSet, s
     figures: the point's (FleetPoint as a dict); share_bytes: each engine's share of the shared tier (0: unbounded)."""
     point = f"{sim.router}-{sim.engines}"
     out = Path(folder) / point
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"{FLAG} {folder}: {out} holds files already; name a new folder (nothing is written over "
-                        f"an export).")
+    check_free(folder, [point])
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

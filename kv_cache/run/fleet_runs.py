@@ -13,7 +13,14 @@ from pathlib import Path
 
 from kv_cache.config import Settings
 from kv_cache.errors import UserError
-from kv_cache.fleet.export import EXPORT_FILE, check_exportable, export_point, launched_runs, read_export
+from kv_cache.fleet.export import (
+    EXPORT_FILE,
+    check_exportable,
+    check_free,
+    export_point,
+    launched_runs,
+    read_export,
+)
 from kv_cache.fleet.results import FLEET_FILE, FLEET_LIMIT, FLEET_SCHEMA, FleetFile, FleetStreamInfo, point
 from kv_cache.fleet.simulate import EngineSpec, simulate
 from kv_cache.fleet.stream import Stream, planned_stream
@@ -138,6 +145,8 @@ def _sweep(s: Settings, ask: FleetAsk, reg, folder: Path, say) -> None:
     stream = planned_stream(s, trace, geo.slot_bytes, chain_id(s, geo), say)
     routers = _routers(ask, stream, reg.routers, say)
     spec = _spec(s, ask, stream, reg.policies[s.cache.policy])
+    if ask.export:  # before any point is simulated
+        check_free(ask.export, [f"{name}-{n}" for n in ask.engines for name in routers])
     say(f"  {len(stream.requests):,} {stream.source} requests over {stream.span_s:,.1f} s ({stream.timing}); "
         f"engines {', '.join(map(str, ask.engines))}; routers {', '.join(routers)}")
     points = []
