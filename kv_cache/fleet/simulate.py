@@ -48,6 +48,11 @@ class EngineSpec:
     writes: str  # demote | through: how blocks reach the shared tier
     model: str   # cache (the benchmark's cache per engine) | stack (the LRU waterfall as two ordered maps)
 
+    def share_slots(self, n: int, slot: int) -> int:
+        """Each of n engines' share of a bounded shared tier (--shared-writes demote, the cache: its own blocks'
+        slots), at least one; UNBOUNDED_SLOTS for an unbounded one."""
+        return max(self.shared_bytes // n // slot, 1) if self.shared_bytes else UNBOUNDED_SLOTS
+
 
 @dataclass
 class Simulated:
@@ -99,8 +104,8 @@ def _fleet(n: int, spec: EngineSpec, slot: int, clock) -> tuple[SharedPool | Lru
         return pool, [ThroughEngine(spec.hbm_bytes, spec.cpu_bytes, pool, spec.policy, recorder, clock)
                       for _ in range(n)]
     pool = SharedPool(slot)
-    share = spec.shared_bytes // n // slot if spec.shared_bytes else UNBOUNDED_SLOTS
-    return pool, [DemoteEngine(spec.hbm_bytes, spec.cpu_bytes, pool, max(share, 1), spec.policy, recorder, clock)
+    share = spec.share_slots(n, slot)
+    return pool, [DemoteEngine(spec.hbm_bytes, spec.cpu_bytes, pool, share, spec.policy, recorder, clock)
                   for _ in range(n)]
 
 

@@ -155,8 +155,8 @@ def _sweep(s: Settings, ask: FleetAsk, reg, folder: Path, say) -> None:
             sim = simulate(stream, n, reg.routers[name], spec, say)
             points.append(point(sim, stream.span_s, stream.slot_bytes))
             if ask.export:
-                where = export_point(ask.export, sim, stream, trace, s, asdict(points[-1]),
-                                     spec.shared_bytes // max(ask.engines) // stream.slot_bytes * stream.slot_bytes)
+                share = spec.share_slots(n, stream.slot_bytes) * stream.slot_bytes if spec.shared_bytes else 0
+                where = export_point(ask.export, sim, stream, trace, s, asdict(points[-1]), share)
                 say(f"    {n} engines, {name}: assignment in {where} (sh {where / 'run.sh'} URL runs it)")
     info = FleetStreamInfo(stream.source, stream.timing, len(stream.requests), stream.span_s,
                            len(stream.requests) / stream.span_s if stream.span_s > 0 else None, stream.block_tokens,

@@ -155,3 +155,19 @@ def test_each_engine_s_trace_builds_the_requests_the_fleet_planned(tmp_path, fmt
             assert rec.arrival_s == pytest.approx(whole[rec.index].arrival_s)
         seen += [x.index for x in share]
     assert sorted(seen) == list(range(len(whole)))
+
+
+def test_each_engine_s_run_gets_the_share_of_the_shared_tier_it_was_simulated_with(tmp_path):
+    """A bounded shared tier split as the simulation splits it at each point: over N engines, --shared-gb / N each
+    (in whole blocks), not the sweep's smallest share."""
+    import yaml
+
+    trace, export = tmp_path / "conv.jsonl", tmp_path / "export"
+    conversations(trace, convs=3, turns=2)
+    r = run_cli(["fleet", "--trace", str(trace), *FLEET, "--engines", "2,4", "--router", "round-robin",
+                 "--shared-gb", "1", "--export-assignment", str(export), "--output-dir", str(tmp_path / "rep")])
+    assert r.returncode == 0, r.stderr
+    slot_gib = 128 * 3072 / 2**30  # tiny-1b at tp 4, fp8: 3 KiB a token
+    for n in (2, 4):
+        run = yaml.safe_load((export / f"round-robin-{n}" / "settings.yaml").read_text())
+        assert 1 / n - slot_gib <= run["tiers"]["remote_gb"] <= 1 / n, (n, run["tiers"]["remote_gb"])
