@@ -102,6 +102,7 @@ def _program() -> str:
 
 
 def _script(point: str, engines: list[dict]) -> str:
+    program = _program()
     lines = ["#!/bin/sh",
              f"# The {len(engines)} engines of fleet point {point}, for real: one run each, sharing the Valkey or S3 "
              f"bucket at URL in a namespace of this launch's own.",
@@ -112,13 +113,13 @@ def _script(point: str, engines: list[dict]) -> str:
              'T0=$(( $(date +%s) + LEAD ))', "pids=''"]
     for e in engines:
         run = " ".join([
-            f'"$PY" {_program()} --config "$HERE/settings.yaml"', f'--trace "$HERE/{e["trace"]}"',
+            f'"$PY" {program} --config "$HERE/settings.yaml"', f'--trace "$HERE/{e["trace"]}"',
             '--remote-url "$URL"', f'--remote-namespace "fleet-{point}-$T0"', f'--run-id "engine-{e["engine"]}-$T0"',
             f'--start-at "$(awk -v t="$T0" \'BEGIN {{ printf "%.3f", t + {e["offset_s"]:.6f} }}\')"'])
         lines.append(f'{run} > "$HERE/engine-{e["engine"]}.log" 2>&1 & pids="$pids $!"')
     lines += ["rc=0", 'for p in $pids; do wait "$p" || rc=1; done',
               'echo "results: $HERE/runs/engine-*-$T0/results.json"',
-              f'[ "$rc" = 0 ] && "$PY" {_program()} compare "$HERE"', "exit $rc"]
+              f'[ "$rc" = 0 ] && "$PY" {program} compare "$HERE"', "exit $rc"]
     return "\n".join(lines) + "\n"
 
 

@@ -218,15 +218,15 @@ def _infinite(results: Results) -> str:
         why = (f"{hit.infinite_cache_untracked:,} requests of the window not tracked" if hit.infinite_cache_untracked
                else "no prompt tokens")
         return f"- ({why})"
+    if results.shared_storage.adopted_blocks:  # other processes' blocks served too: this process's own is no bound
+        return (f"{_pct(hit.infinite_cache)} (the window's own requests as if alone, measured; "
+                f"{results.shared_storage.adopted_blocks:,} blocks other processes wrote in the shared tier were "
+                f"served too, so it bounds nothing)")
     steady = ""
     if hit.infinite_cache and hit.tokens is not None:  # how far the cache is from all the reuse the requests offered
         steady = (f"; achieved / infinite {hit.tokens / hit.infinite_cache:.2f} (1.00: the cache held all the reuse "
                   f"these requests offered; far below: too small a cache, or blocks still being written when asked "
                   f"for)")
-    if results.shared_storage.adopted_blocks:  # other processes' blocks served too: this process's own is no bound
-        return (f"{_pct(hit.infinite_cache)} (the window's own requests as if alone, measured; "
-                f"{results.shared_storage.adopted_blocks:,} blocks other processes wrote in the shared tier were "
-                f"served too, so it bounds nothing)")
     return f"{_pct(hit.infinite_cache)} (the window's own requests, measured: a ceiling)" + steady
 
 

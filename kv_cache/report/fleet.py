@@ -112,20 +112,17 @@ def export_comparison(sim: dict, runs: list, where: str) -> list[str]:
     prompt tokens each tier served, the shared tier's bytes, the blocks the engines took from each other."""
     prompt = sum(r.tokens.prompt for r in runs)
     served = [sum(x) for x in zip(*(list(r.tokens.cached_by_tier.values()) for r in runs))]
-    names = list(runs[0].tokens.cached_by_tier)
-    real = {t: (served[i] / prompt if prompt else None) for i, t in enumerate(sim["tiers"]) if i < len(served)}
-    real["total"] = sum(served) / prompt if prompt else None
+    names = list(runs[0].tokens.cached_by_tier)  # the runs' tiers, top to bottom: the simulation's, by position
+    tiers = [(f"{t} ({n})", t, x) for t, n, x in zip(sim["tiers"], names, served)] + [("total", "total", sum(served))]
     rows = [["tier", "simulated", "real", "difference"]]
-    for t in (*sim["tiers"], "total"):
-        label = f"{t} ({names[sim['tiers'].index(t)]})" if t in sim["tiers"] and t in real else t
-        got = real.get(t)
+    for label, t, x in tiers:
+        got = x / prompt if prompt else None
         rows.append([label, _num(100 * sim["hit_rate"][t]) + "%", "-" if got is None else f"{100 * got:.2f}%",
                      "-" if got is None else f"{100 * (got - sim['hit_rate'][t]):+.2f} pp"])
-    bottom, slot = names[-1], sim["slot_bytes"]
-    moved = [[sum(getattr(r.bytes_whole_run[bottom], d) for r in runs), sim[f"shared_{b}_blocks"] * slot]
-             for d, b in (("read", "read"), ("write", "write"))]
     demand = [["shared tier", "simulated GB", "real GB", "real / simulated"]]
-    for what, (got, want) in zip(("read", "written"), moved):
+    for what, d in (("read", "read"), ("written", "write")):
+        got = sum(getattr(r.bytes_whole_run[names[-1]], d) for r in runs)
+        want = sim[f"shared_{d}_blocks"] * sim["slot_bytes"]
         demand.append([what, f"{want / 1e9:,.3f}", f"{got / 1e9:,.3f}", _num(got / want if want else None, ".4f")])
     adopted = sum(r.shared_storage.adopted_blocks for r in runs)
     return ([f"Fleet point {sim['router']} over {sim['engines']} engines against {len(runs)} real runs", f"  ({where})",

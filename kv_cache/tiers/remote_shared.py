@@ -54,7 +54,11 @@ class SharedRemoteTier(RemoteTier):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)  # marks this member (mark)
         self.flags = self.flags | {SHARED}
-        self.members = len(self._members())  # runs in it now, this one included
+
+    @property
+    def members(self) -> int:
+        """The runs in the namespace now, this one included (a listing of the namespace: not at start-up)."""
+        return len(self._members())
 
     def _member_name(self) -> str:
         return f"{self.store.namespace(self.run_id)}{MEMBER}{socket.gethostname()}-{os.getpid()}"
@@ -83,9 +87,12 @@ class SharedRemoteTier(RemoteTier):
         self.store.write_small(self._member_name(), body)
         self.store.write_small(self.store.marker_name(self.run_id), body)
 
+    def _size(self, key: int) -> int:
+        """The bytes of key's object as the store holds it now (0: none)."""
+        return self._call(self.store.size_of, self.store.object_name(self.run_id, key), self.slot_bytes)
+
     def adopt(self, key: int) -> int | None:
-        n = self._call(self.store.size_of, self.store.object_name(self.run_id, key), self.slot_bytes)
-        return n or None
+        return self._size(key) or None
 
     def held_bytes(self, key: int, out: np.ndarray) -> int:
         return self.slots.lookup(key)[1] if key in self.slots else out.size  # another run's block: out's size
@@ -93,8 +100,7 @@ class SharedRemoteTier(RemoteTier):
     def _vanished(self, key: int, r):
         """r, or BlockVanished where r is a fault reading another run's block that is gone (its writer evicted it):
         a miss now, as on a shared directory (the lifecycle counts it and drops the entry)."""
-        if isinstance(r, RunFault) and not isinstance(r, ServerDown) and key not in self.slots \
-                and not self._call(self.store.size_of, self.store.object_name(self.run_id, key), self.slot_bytes):
+        if isinstance(r, RunFault) and not isinstance(r, ServerDown) and key not in self.slots and not self._size(key):
             return BlockVanished(key)
         return r
 
