@@ -61,10 +61,12 @@ class RunSettings:
                                       "capacity_curve.png and results.json's capacity_curve; its accesses are kept "
                                       "in capacity_access.npz for `capacity RUN ...`.", "--capacity-curve")
     capacity_log_accesses: int = key(4_000_000, "The most block accesses --capacity-curve's log holds (about 30 B "
-                                                "each, and 60 B a request): past it the log keeps a SHARDS sample "
-                                                "of the blocks, halving its rate each time it fills again, so a run "
-                                                "of any length stays within it; the curve then says its rate, and "
-                                                "the replays, which need every access, are not made.",
+                                                "each, and 104 B a request with a kept access): past it the log "
+                                                "keeps a SHARDS sample of the blocks, halving its rate each time it "
+                                                "fills again, and folds a request none of whose blocks it keeps into "
+                                                "the one before, so a run of any length stays within it; the curve "
+                                                "then says its rate, and the replays, which need every access, are "
+                                                "not made.",
                                      lo=1000, hi=1_000_000_000)
     io_trace: str = key("", "Write every block operation to this CSV file (zstd-compressed if it ends in .zst), "
                             "and a fio job file approximating the measured NVMe mix beside it.", "--io-trace")

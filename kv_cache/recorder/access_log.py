@@ -1,5 +1,13 @@
 """The run's block accesses as the capacity curve reads them (stack_distances.py): each request's blocks in the order
-the lifecycle used them, in typed arrays, bounded by a SHARDS sample past --capacity-log-accesses."""
+the lifecycle used them, in typed arrays, bounded by a SHARDS sample past --capacity-log-accesses.
+
+A request is a row (its first access, prompt tokens, completion time, lookup tokens by source). A row whose
+accesses the sample all dropped carries only its tokens, which the curve sums over the window: it is folded into the
+row before it (their tokens and request counts added) when both completed on the same side of the measured
+window's start and SETTLE_NS before the latest completion (so a window opened late, as the dispatcher does by a few
+ms, cannot fall between them). So the rows number at most the accesses kept, plus those of the last SETTLE_NS and
+FOLD_SLACK: a run of any length stays within the bound, its requests included. For several runs merged (`capacity
+RUN RUN`) a folded row counts where its first request completed."""
 
 from __future__ import annotations
 
@@ -10,6 +18,10 @@ from itertools import zip_longest
 import numpy as np
 
 from kv_cache.recorder.stack_distances import COLUMNS, FULL, GOLDEN, MASK, SAMPLE_ABOVE
+
+SETTLE_NS = 10_000_000_000  # a row completed this long before the latest one is on a known side of the window
+FOLD_SLACK = 65_536  # rows without a kept access gathered before they are folded (O(rows) a fold)
+ROW_BYTES = 8 * (3 + len(COLUMNS) + 1)  # a row: first access, prompt tokens, completion; tokens by source; count
 
 
 class Rows:
@@ -38,8 +50,9 @@ class AccessLog:
 
     Bounded: past `limit` accesses the log keeps a SHARDS sample of the blocks (sample()'s hash, so the same blocks
     wherever they come from), halving its rate each time it fills again, so a run of any length holds at most
-    `limit` accesses; each request's lookup tokens by source are kept whole (SHARDS' adjustment needs them), 4 B a
-    column. A sampled log gives the curve at its rate; a replay, which needs every access, is not made from it."""
+    `limit` accesses; each request's lookup tokens by source are kept whole (SHARDS' adjustment needs them), 8 B a
+    column, and a request none of whose accesses is kept is folded into the row before it (the module). A sampled
+    log gives the curve at its rate; a replay, which needs every access, is not made from it."""
 
     def __init__(self, limit: int = SAMPLE_ABOVE) -> None:
         self._lock = threading.Lock()
@@ -53,8 +66,13 @@ class AccessLog:
         self.plan_pos = array("i")  # per access: its index in the request's plan (a replay's order)
         self.labels = array("i")  # per access: its plan label, as a code into label_names (a replay's labels)
         self._codes: dict[str, int] = {}
-        self.requests = array("q")  # per request: first access, prompt tokens, completion time ns
-        self.request_tokens = array("i")  # per request: its lookups' tokens by COLUMNS, sampled or not
+        self.requests = array("q")  # per row: first access, prompt tokens, completion time ns (its first request's)
+        self.request_tokens = array("q")  # per row: its lookups' tokens by COLUMNS, sampled or not
+        self.counts = array("q")  # per row: the requests folded into it (1 unless sampled)
+        self.cuts: list[int] = []  # the measured window's start (and end): rows are never folded across one
+        self._latest_ns = 0
+        self._empty_rows = 0  # rows without a kept access since the last fold
+        self._fold_at = FOLD_SLACK
 
     @property
     def rate(self) -> float:
@@ -73,8 +91,11 @@ class AccessLog:
         looked = [sum(c) for c in zip_longest(*(r[3] for r in rows if r[2]), fillvalue=0)]  # by column, in C
         looked += [0] * (len(COLUMNS) - len(looked))
         with self._lock:
-            self.requests.extend((len(self.keys), prompt_tokens, done_ns))
+            kept = len(self.keys)
+            self.requests.extend((kept, prompt_tokens, done_ns))
             self.request_tokens.extend(looked)
+            self.counts.append(1)
+            self._latest_ns = max(self._latest_ns, done_ns)
             for key, parent, looked_up, tokens, label, pos in rows:
                 if self.below < FULL and ((key * GOLDEN) & MASK) >> 40 >= self.below:
                     continue
@@ -84,8 +105,37 @@ class AccessLog:
                 self.lookup.append(looked_up)
                 self.tokens.append(self.rows.code(tokens))
                 self.labels.append(self._codes.setdefault(label, len(self._codes)))
+            self._empty_rows += len(self.keys) == kept
             if len(self.keys) > self.limit:
                 self._halve()
+            if self._empty_rows > self._fold_at:
+                self._fold()
+
+    def cut(self, ns: int) -> None:
+        """The measured window opens (or closes) at ns: no row is folded across it."""
+        with self._lock:
+            self.cuts.append(ns)
+
+    def _fold(self, final: bool = False) -> None:
+        """Lock held: each settled row without a kept access folded into the row before it (the module); final:
+        the run is over, its window known, every row settled."""
+        reqs = np.frombuffer(self.requests, np.int64).reshape(-1, 3)
+        empty = np.append(reqs[1:, 0], len(self.keys)) == reqs[:, 0]
+        done = reqs[:, 2]
+        settled = np.full(len(reqs), True) if final else done < self._latest_ns - SETTLE_NS
+        side = np.searchsorted(np.sort(np.array(self.cuts, np.int64)), done, side="right")
+        fold = np.zeros(len(reqs), bool)
+        fold[1:] = empty[1:] & settled[1:] & settled[:-1] & (side[1:] == side[:-1])
+        heads = np.flatnonzero(~fold)
+        if len(heads) < len(reqs):
+            rows = reqs[heads].copy()
+            rows[:, 1] = np.add.reduceat(reqs[:, 1], heads)
+            self.requests = _typed("q", rows)
+            self.request_tokens = _typed("q", np.add.reduceat(np.frombuffer(self.request_tokens, np.int64)
+                                                              .reshape(len(reqs), -1), heads, axis=0))
+            self.counts = _typed("q", np.add.reduceat(np.frombuffer(self.counts, np.int64), heads))
+        self._empty_rows = int(empty[heads].sum())  # those not settled yet, or heading a side of a cut
+        self._fold_at = self._empty_rows + FOLD_SLACK
 
     def _halve(self) -> None:
         """Lock held: the rate halved until the log holds at most limit accesses, the accesses of blocks it no
@@ -102,13 +152,15 @@ class AccessLog:
         del keys, hashed
         for name, code in (("keys", "Q"), ("parents", "Q"), ("lookup", "b"), ("tokens", "i"), ("plan_pos", "i"),
                            ("labels", "i"), ("requests", "q")):
-            kept = reqs if name == "requests" else np.frombuffer(getattr(self, name), _DTYPES[code])[keep]
-            fresh = array(code)
-            fresh.frombytes(kept.tobytes())
-            setattr(self, name, fresh)
+            setattr(self, name, _typed(code, reqs if name == "requests"
+                                       else np.frombuffer(getattr(self, name), _DTYPES[code])[keep]))
+        self._fold()  # the rows whose accesses were all dropped
 
     def arrays(self) -> dict[str, np.ndarray]:
+        """The log at the end of the run (its window closed: every row without a kept access folded)."""
         with self._lock:
+            if self.below < FULL:
+                self._fold(final=True)
             return {"keys": np.frombuffer(self.keys, np.uint64).copy(),
                     "parents": np.frombuffer(self.parents, np.uint64).copy(),
                     "lookup": np.frombuffer(self.lookup, np.int8).astype(bool), "tokens": self.rows.expand(self.tokens),
@@ -117,12 +169,19 @@ class AccessLog:
                     "requests": np.frombuffer(self.requests, np.int64).reshape(-1, 3).copy(),
                     "labels": np.frombuffer(self.labels, np.int32).copy(),
                     "label_names": np.array(sorted(self._codes, key=self._codes.get) or [""], dtype=str),
-                    "request_tokens": np.frombuffer(self.request_tokens, np.int32).reshape(-1, len(COLUMNS))
-                    .astype(np.int64),
+                    "request_tokens": np.frombuffer(self.request_tokens, np.int64).reshape(-1, len(COLUMNS)).copy(),
+                    "request_counts": np.frombuffer(self.counts, np.int64).copy(),
                     "sample_rate": np.array(self.rate)}
 
 
 _DTYPES = {"Q": np.uint64, "b": np.int8, "i": np.int32, "q": np.int64}
+
+
+def _typed(code: str, values: np.ndarray) -> array:
+    """values as a typed array of code, copied once (through bytes it would be twice)."""
+    out = array(code)
+    out.frombytes(np.ascontiguousarray(values, _DTYPES[code]).view(np.uint8))
+    return out
 
 
 def _stack_order(prompt, groups, decode) -> list[tuple[int, int, bool, tuple[int, ...], str, int]]:

@@ -104,10 +104,14 @@ class Recorder:
 
     def start_measuring(self, now_ns: int | None = None) -> None:
         self.measure_start_ns = now_ns or time.monotonic_ns()
+        if self.accesses is not None:  # the curve's window: its log folds no requests across it
+            self.accesses.cut(self.measure_start_ns)
         self._cpu_start = time.process_time()  # every thread of this process: the generator's own cost
 
     def stop_measuring(self, now_ns: int | None = None) -> None:
         self.measure_end_ns = now_ns or time.monotonic_ns()
+        if self.accesses is not None:
+            self.accesses.cut(self.measure_end_ns)
         start = getattr(self, "_cpu_start", None)
         if start is not None:  # a counter, so ranks' CPU time adds up in a merge
             self.count(C.PROCESS_CPU_US, int((time.process_time() - start) * 1e6))

@@ -146,7 +146,13 @@ def sample(log: dict[str, np.ndarray], rate: float) -> dict[str, np.ndarray]:
     req = log["requests"].copy()
     req[:, 0] = first[req[:, 0]]
     return {**{k: log[k][keep] for k in ("keys", "parents", "lookup", "tokens")}, "requests": req,
-            "source_names": np.array(columns_of(log), dtype=str)}
+            "source_names": np.array(columns_of(log), dtype=str), "request_counts": request_counts(log)}
+
+
+def request_counts(log: dict[str, np.ndarray]) -> np.ndarray:
+    """The requests each row of a log's requests stands for (access_log.py folds a sampled log's requests without
+    a kept access into the row before; a log of an older version has one a row)."""
+    return log["request_counts"] if "request_counts" in log else np.ones(len(log["requests"]), np.int64)
 
 
 @dataclass
@@ -219,7 +225,7 @@ def curve(log: dict[str, np.ndarray], upper_slots: int, capacities: np.ndarray, 
     def unknown() -> np.ndarray:
         return np.full(len(capacities), np.nan)
     return Curve(capacities, total, unknown(), by, unknown(), unknown(), float(infinite), rate,
-                 int(counted_req.sum()), knees)
+                 int(request_counts(log)[counted_req].sum()), knees)
 
 
 def _knee(dd_sorted: np.ndarray, tok_cum: np.ndarray, target: float, upper_slots: int) -> int | None:

@@ -15,15 +15,18 @@ from dataclasses import dataclass
 
 from kv_cache.errors import UserError
 from kv_cache.hostmemory import available_bytes, where_from
+from kv_cache.recorder.access_log import FOLD_SLACK, ROW_BYTES
 
 OVERHEAD_BYTES = 256 << 20
 # Python objects the cache keeps per block it holds: measured 0.9 KiB (lru) to 1.3 KiB (semantic-adaptive) with
 # tracemalloc over 75,000 chained blocks; 1.5 KiB leaves room.
 BOOKKEEPING_BYTES = 1536
-# --capacity-curve, per access of its bound: the log holds 61 B an access (its arrays and its requests'), 109 at
-# the peak of a halving (old and new arrays), and computing the curve after the run takes 357 more (tracemalloc
-# over 135,000 accesses of 60,000 requests, sampled to 1/4); the log and the curve's arrays coexist
-ACCESS_LOG_BYTES = 61 + 357
+# --capacity-curve, per access of its bound, at its worst (a block a request, so a row a request; tracemalloc over
+# 135,000 accesses sampled to 1/4, tests/unit/test_capacity.py's chains cut to one block): the log holds
+# 72 B an access (its arrays and its rows'), 408 at the peak of a halving (old and new arrays), and computing the
+# curve after the run takes 228 more; plus the rows without a kept access gathered before a fold, and their copy
+ACCESS_LOG_BYTES = 420
+ACCESS_LOG_FIXED_BYTES = 2 * FOLD_SLACK * ROW_BYTES
 HEADROOM = 0.9  # leave a tenth of available memory to the OS and the page cache
 
 

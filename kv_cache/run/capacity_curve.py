@@ -31,6 +31,7 @@ from kv_cache.recorder.stack_distances import (
     curve,
     in_window,
     recorded_rate,
+    request_counts,
     sample,
 )
 from kv_cache.recorder.typed import load_section
@@ -163,7 +164,7 @@ def _replayed(log: dict, meta: dict, grid: np.ndarray, policy: type) -> Curve:
     rates_a = np.array([r.hit_rate for r in runs])
     knees = tuple(next((int(x) for x, r in zip(grid, rates_a) if r >= share * top - 1e-12), None)
                   for share in (0.90, 0.99))
-    requests = int(in_window(log["requests"][:, 2], window).sum())
+    requests = int(request_counts(log)[in_window(log["requests"][:, 2], window)].sum())
     return Curve(grid, rates_a, np.array([r.bottom_hit_rate for r in runs]), {},
                  np.array([r.reads for r in runs], float), np.array([r.writes for r in runs], float), top, 1.0,
                  requests, knees)
@@ -192,7 +193,7 @@ def load_run(folder: Path) -> tuple[dict, dict]:
 
 ARRAYS = ("keys", "parents", "lookup", "tokens", "requests")
 # each access's plan label (a replay's) as codes into the names, its place in the plan, the token columns' sources
-OPTIONAL = ("labels", "label_names", "plan_pos", "source_names", "request_tokens", "sample_rate")
+OPTIONAL = ("labels", "label_names", "plan_pos", "source_names", "request_tokens", "request_counts", "sample_rate")
 META = {"upper_slots": int, "slot_bytes": int, "run_slots": int, "window_ns": list, "window_s": (int, float),
         "requests_per_s": (int, float), "policy": str, "wall_minus_monotonic_ns": int}
 
@@ -235,6 +236,10 @@ def _malformed(log: dict, meta) -> str:
     if "request_tokens" in log and (log["request_tokens"].shape != (len(reqs), log["tokens"].shape[1])
                                     or not np.issubdtype(log["request_tokens"].dtype, np.integer)):
         return "its requests' tokens differ in shape or kind from its requests"
+    counts = log.get("request_counts")
+    if counts is not None and (counts.shape != (len(reqs),) or not np.issubdtype(counts.dtype, np.integer)
+                               or (len(counts) and counts.min() < 1)):
+        return "its requests' counts differ in shape or kind from its requests"
     rate = log.get("sample_rate")
     if rate is not None and (rate.shape != () or not np.issubdtype(rate.dtype, np.floating)
                              or not 0.0 < float(rate) <= 1.0):
@@ -260,7 +265,7 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
     if len(columns) > 1:
         raise UserError("these runs' access logs count tokens by different sources (written by different versions); "
                         "rerun them with this version's --capacity-curve.")
-    keys, parents, lookup, tokens, reqs, labels, places, looked = [], [], [], [], [], [], [], []
+    keys, parents, lookup, tokens, reqs, labels, places, looked, counts = [], [], [], [], [], [], [], [], []
     pos = 0
     for wall, r, i in rows:
         log = runs[r][0]
@@ -277,6 +282,7 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         reqs.append((pos, log["requests"][i, 1], wall))
         if "request_tokens" in log:
             looked.append(log["request_tokens"][i])
+        counts.append(request_counts(log)[i])
         pos += end - first
     windows = [(m["window_ns"][0] + m["wall_minus_monotonic_ns"], m["window_ns"][1] + m["wall_minus_monotonic_ns"])
                for _, m in runs]
@@ -290,7 +296,8 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         above = sum(m["upper_slots"] for _, m in runs) * meta["slot_bytes"]
         meta["tiers"] = ([["pooled", above]] if above else []) + [[bottom, 0]]
     out = {"keys": np.concatenate(keys), "parents": np.concatenate(parents), "lookup": np.concatenate(lookup),
-           "tokens": np.concatenate(tokens), "requests": np.array(reqs, np.int64).reshape(len(reqs), 3)}
+           "tokens": np.concatenate(tokens), "requests": np.array(reqs, np.int64).reshape(len(reqs), 3),
+           "request_counts": np.array(counts, np.int64)}
     out["source_names"] = np.array(columns.pop(), dtype=str)
     if all("request_tokens" in log for log, _ in runs):
         out["request_tokens"] = np.array(looked, np.int64).reshape(len(reqs), out["tokens"].shape[1])

@@ -14,7 +14,7 @@ from kv_cache.lifecycle.payload import PAGE, POOL_SPAN_BYTES, SEGMENT_BYTES
 from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.lifecycle.worker import buffer_bytes
 from kv_cache.model import GiB
-from kv_cache.run.budget import ACCESS_LOG_BYTES, BOOKKEEPING_BYTES, MemoryBudget, fits
+from kv_cache.run.budget import ACCESS_LOG_BYTES, ACCESS_LOG_FIXED_BYTES, BOOKKEEPING_BYTES, MemoryBudget, fits
 from kv_cache.run.geometry import Geometry
 from kv_cache.run.handoff import nixl_region_bytes
 from kv_cache.tiers.base import moves_real_bytes
@@ -114,7 +114,12 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
                         bookkeeping_bytes=reg.media.most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES,
                         handoff_bytes=nixl_region_bytes(s, reg.transports), gpu_staging_bytes=lanes,
                         payload_stamps_bytes=stamps,
-                        access_log_bytes=s.run.capacity_log_accesses * ACCESS_LOG_BYTES if s.run.capacity_curve else 0)
+                        access_log_bytes=_access_log_bytes(s))
+
+
+def _access_log_bytes(s: Settings) -> int:
+    """--capacity-curve's log at its bound, its rows included, and the curve computed from it (budget.py)."""
+    return s.run.capacity_log_accesses * ACCESS_LOG_BYTES + ACCESS_LOG_FIXED_BYTES if s.run.capacity_curve else 0
 
 
 def _donor_store_bytes(s: Settings) -> int:

@@ -107,7 +107,7 @@ def _damage(folder, how: str) -> None:
             for _ in range(12 * 64):
                 f.write(block)
         npz.write_bytes(buf.getvalue())
-    elif how in ("index", "meta", "slot", "rate", "looked"):
+    elif how in ("index", "meta", "slot", "rate", "looked", "counts"):
         with np.load(npz, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         meta = json.loads(str(arrays["meta"]))
@@ -120,6 +120,8 @@ def _damage(folder, how: str) -> None:
             arrays["sample_rate"] = np.array("half")
         elif how == "looked":  # requests' lookup tokens of the wrong shape
             arrays["request_tokens"] = arrays["request_tokens"][:-1]
+        elif how == "counts":  # a row standing for no request
+            arrays["request_counts"] = np.zeros_like(arrays["request_counts"])
         else:
             meta["slot_bytes"] = 0
         arrays["meta"] = np.array(json.dumps(meta))
@@ -135,8 +137,8 @@ def _damage(folder, how: str) -> None:
 def test_capacity_on_damaged_input_is_one_sentence(small_run):
     _run(small_run, "good", "0.25")
     good = small_run.out / "good"
-    for how in ("truncated", "not-zip", "index", "meta", "slot", "rate", "looked", "results-list", "results-corrupt",
-                "bomb"):
+    for how in ("truncated", "not-zip", "index", "meta", "slot", "rate", "looked", "counts", "results-list",
+                "results-corrupt", "bomb"):
         folder = small_run.out / how
         import shutil
 
@@ -209,6 +211,9 @@ def test_a_run_past_its_access_bound_keeps_a_shards_sample_and_says_so(small_run
     c, w = part["capacity_curve"], whole["capacity_curve"]
     assert len(log["keys"]) <= 2000 < len(load_run(small_run.out / "w")[0]["keys"])
     assert 0 < c["sample_rate"] < 1 and w["sample_rate"] == 1
+    # each request counted once, a request none of whose blocks the sample kept folded into the row before
+    assert c["requests"] == part["requests"]["completed"] and len(log["requests"]) <= len(log["keys"]) + 2
+    assert int(log["request_counts"].sum()) == part["requests"]["completed"] + part["requests"]["warmup_completed"]
     assert "not modelled" in c["demand_model"] and "SHARDS" in c["demand_model"]
     assert abs(c["infinite_hit_rate"] - w["infinite_hit_rate"]) < 0.1, (c["infinite_hit_rate"], w["infinite_hit_rate"])
     r = run_cli(["capacity", str(small_run.out / "s"), str(small_run.out / "w"), "--output", str(tmp_path / "m")])

@@ -87,14 +87,14 @@ def test_the_ceiling_counts_a_prefix_seen_before_and_stops_past_its_bound():
     assert ceiling.tokens(first, planner.plan(first)) is None
 
 
-def _chains(log: AccessLog, requests: int, seed: int = 3) -> None:
-    """requests of 8-block chains over a shared head and a long tail of distinct blocks."""
+def _chains(log: AccessLog, requests: int, seed: int = 3, gap_ns: int = 1) -> None:
+    """requests of 8-block chains over a shared head and a long tail of distinct blocks, one every gap_ns."""
     rng = np.random.default_rng(seed)
     tok = (16,) + (0,) * (len(COLUMNS) - 1)
     for r in range(requests):
         chain = [1 + int(rng.integers(0, 4)), *(1000 + int(x) for x in rng.integers(0, 50_000, 7))]
         prompt = [(k, tok, p, "user") for k, p in zip(chain, [0, *chain[:-1]])]
-        log.request(prompt, ((0, len(chain), False),), [(900_000 + r, chain[-1], "generated")], 128, r)
+        log.request(prompt, ((0, len(chain), False),), [(900_000 + r, chain[-1], "generated")], 128, r * gap_ns)
 
 
 def test_the_access_log_stays_within_its_bound_as_a_shards_sample_of_the_whole():
@@ -110,10 +110,51 @@ def test_the_access_log_stays_within_its_bound_as_a_shards_sample_of_the_whole()
     rate = float(b["sample_rate"])
     assert len(a["keys"]) > 26_000 and len(b["keys"]) <= 2_000 and rate < 1.0 and float(a["sample_rate"]) == 1.0
     expected = sample(a, rate)
-    for k in ("keys", "parents", "lookup", "tokens", "requests"):
+    for k in ("keys", "parents", "lookup", "tokens"):
         assert np.array_equal(b[k], expected[k]), k
     assert len(b["plan_pos"]) == len(b["labels"]) == len(b["keys"])
-    looked = np.zeros_like(b["request_tokens"])
+    looked = np.zeros_like(a["request_tokens"])
     req_of = np.searchsorted(a["requests"][:, 0], np.arange(len(a["keys"])), side="right") - 1
     np.add.at(looked, req_of[a["lookup"]], a["tokens"][a["lookup"]])
-    assert np.array_equal(b["request_tokens"], looked) and np.array_equal(a["request_tokens"], looked)
+    assert np.array_equal(a["request_tokens"], looked)
+    heads = np.concatenate([[0], np.cumsum(b["request_counts"])[:-1]])  # a row: its requests, folded (the next test)
+    assert np.array_equal(b["requests"][:, 2], expected["requests"][heads, 2])
+    assert np.array_equal(b["request_tokens"], np.add.reduceat(looked, heads))
+
+
+def test_a_sampled_log_folds_the_requests_it_keeps_no_access_of_and_its_curve_is_unchanged(monkeypatch):
+    """Issue 52, point 7: past its bound the log still kept 60 B for every request (about 0.5 GiB a day at 100
+    requests/s, outside the memory budget). A request none of whose blocks the sample keeps is folded into the row
+    before it (never across the window's start): the rows stay within the accesses kept plus a slack, and the
+    curve, its window's request count and its SHARDS adjustment are those of the whole log sampled at that rate."""
+    from kv_cache.recorder import access_log
+    from kv_cache.recorder.stack_distances import curve, request_counts, sample
+
+    monkeypatch.setattr(access_log, "FOLD_SLACK", 200)
+    gap = 50_000_000  # a request every 50 ms: 12,000 of them over 10 minutes
+    whole, bounded = AccessLog(), AccessLog(limit=1_000)
+    start = 3_000 * gap + gap // 2  # the window opens a quarter of the way in
+    for log in (whole, bounded):
+        log.cut(start)
+    peak = 0
+    rng = np.random.default_rng(5)
+    tok = (16,) + (0,) * (len(COLUMNS) - 1)
+    for r in range(12_000):
+        chain = [1 + int(rng.integers(0, 4)), *(1000 + int(x) for x in rng.integers(0, 50_000, 3))]
+        prompt = [(k, tok, p, "user") for k, p in zip(chain, [0, *chain[:-1]])]
+        for log in (whole, bounded):
+            log.request(prompt, ((0, len(chain), False),), [], 64, r * gap)
+        peak = max(peak, len(bounded.counts) - len(bounded.keys))
+    a, b = whole.arrays(), bounded.arrays()
+    rate = float(b["sample_rate"])
+    assert rate < 0.2 and len(b["keys"]) <= 1_000
+    assert peak <= 200 + 10_000_000_000 // gap + 2  # the slack, the unsettled last 10 s, the window's side
+    assert len(b["requests"]) <= len(b["keys"]) + 2 < 12_000 // 4  # folded at the end: a row per kept access
+    assert int(b["request_counts"].sum()) == 12_000 and int(request_counts(a).sum()) == 12_000
+    grid, window = np.arange(0, 4000, 200), (start, None)
+    got = curve(b, 10, grid, window)
+    want = curve(sample(a, rate) | {"request_tokens": a["request_tokens"], "sample_rate": np.array(rate)}, 10, grid,
+                 window)
+    assert got.requests == want.requests == 8_999  # requests 3,001 to 11,999 completed in the window
+    assert np.allclose(got.hit_rate, want.hit_rate) and np.isclose(got.infinite, want.infinite)
+    assert all(np.allclose(got.by_source[k], want.by_source[k]) for k in want.by_source)
