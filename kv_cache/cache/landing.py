@@ -8,9 +8,10 @@ placed changes the cache's state at once, as serial mode's would (the block is i
 parent's counts follow: every later block of the batch meets the cache serial mode left), and is *landing*: its
 bytes still in the tier above. ``land`` then moves them, deepest tier first (a tier's moves out free the slots its
 moves in take), each tier's as one batch: HBM into the CPU tier's slots as one D2H batch (``move_many_to``), the
-CPU tier's slots straight into a batching tier's ``put_many``; elsewhere one after another through the worker's
-buffer, as serial mode does. Each block's demote latency runs from its batch's submission to its own completion,
-the batch as a whole beside it (op ``demotions``, with its depth).
+CPU tier's slots straight into a batching tier's ``put_many``, HBM with no CPU tier below it through the worker's
+scratch, a window at a time (a D2H batch into it, a write batch out of it); elsewhere one after another through
+the worker's buffer, as serial mode does. Each block's demote latency runs from its batch's submission to its own
+completion, the batch as a whole beside it (op ``demotions``, with its depth).
 
 A landing block is no reader's hit until it lands (readers wait, as for a move). Should a later block of the same
 batch pick it as a victim again, or need room its bytes still hold, this thread's landing blocks land first.
@@ -86,7 +87,7 @@ class Landing:
         src, dst = self.tiers[moves[0].src], self.tiers[moves[0].dst]
         start = now_ns()
         try:
-            done = self._together(src, dst, moves)
+            done = self._together(src, dst, moves, scratch)
         except BaseException as ex:  # the batch call itself raised (a server gone): each fails with it, dropped
             done = [ex] * len(moves)  # (nobody may wait on a landing block for ever)
         if done is None:
@@ -138,17 +139,37 @@ class Landing:
                 self._drop_now(e)
         self._wake()
 
-    def _together(self, src, dst, moves: list[Move]) -> list | None:
+    def _together(self, src, dst, moves: list[Move], scratch) -> list | None:
         """Each move's completion ns (or exception), the tier's moves in flight together; None where they cannot
-        be (neither HBM into host slots nor host slots into a batching tier)."""
+        be (neither HBM into host slots, nor host slots or, through scratch, HBM into a batching tier)."""
         items = [(mv.entry.key, mv.entry.nbytes) for mv in moves]
         done = src.move_many_to(items, dst)
         if done is not None or BATCHES not in dst.flags:
             return done
         views = [src.held_view(k) for k, _ in items]
         if any(v is None for v in views):
-            return None
+            return self._through(src, dst, items, scratch)
         return dst.put_many([(k, v) for (k, _), v in zip(items, views)])
+
+    @staticmethod
+    def _through(src, dst, items: list[tuple[int, int]], scratch) -> list | None:
+        """Moves whose source holds no host copy (HBM with no CPU tier below) through the worker's scratch, as many
+        blocks at a time as it holds: one read batch into it, then one write batch out of it. None where it holds
+        one block (run/sizing.demotion_depth): one by one then."""
+        each = -(-max(n for _, n in items) // 4096) * 4096
+        room = len(scratch) // each
+        if room < 2:
+            return None
+        done: list = []
+        for w in range(0, len(items), room):
+            window = [(k, scratch[i * each:i * each + n]) for i, (k, n) in enumerate(items[w:w + room])]
+            got = src.get_many(window)
+            ok = [n for n, g in enumerate(got) if not isinstance(g, BaseException)]
+            put = dst.put_many([window[n] for n in ok]) if ok else []
+            for n, p in zip(ok, put):
+                got[n] = p
+            done += got
+        return done
 
     def _one(self, src, dst, mv: Move, scratch) -> tuple[int, object]:
         """(its start, its completion ns or exception) of one move, alone, as serial mode makes it."""

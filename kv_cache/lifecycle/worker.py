@@ -17,15 +17,16 @@ def buffer_bytes(max_object_bytes: int) -> int:
 
 
 class WorkerBuffers:
-    """One worker's page-aligned, pre-touched buffers: one for its block, one for moves, and (batched request I/O)
-    one arena of `batch` slots, a block each, for the blocks it has in flight together."""
+    """One worker's page-aligned, pre-touched buffers: one for its block, one for moves (`moves` blocks of it: a
+    batch of demotions lands through it, run/sizing.demotion_depth), and (batched request I/O) one arena of `batch`
+    slots, a block each, for the blocks it has in flight together."""
 
-    def __init__(self, max_object_bytes: int, fake_io: bool, batch: int = 0):
+    def __init__(self, max_object_bytes: int, fake_io: bool, batch: int = 0, moves: int = 1):
         size = 4096 if fake_io else buffer_bytes(max_object_bytes)
-        self.block = aligned_buffer(size)
-        self.scratch = aligned_buffer(size)
-        self.fake_io = fake_io
         self.each = -(-max_object_bytes // 4096) * 4096
+        self.block = aligned_buffer(size)
+        self.scratch = aligned_buffer(size if fake_io else max(size, moves * self.each))
+        self.fake_io = fake_io
         self.arena = aligned_buffer(batch * self.each) if batch and not fake_io else None
 
     def view(self, nbytes: int) -> np.ndarray:

@@ -37,14 +37,14 @@ from kv_cache.run.prepare import Prepared, RunSpec, close, prepare
 from kv_cache.run.progress import Progress
 from kv_cache.run.serving import autoscaler, qos_policy, semantic_reuse
 from kv_cache.run.site import fio_of
-from kv_cache.run.sizing import batch_depth
+from kv_cache.run.sizing import batch_depth, demotion_depth
 from kv_cache.run.stack import RunContext, agreed_settings_of, device_latency_mode, resolved, worker_state
 from kv_cache.run.submission import RULES, rule_violations, validate, with_rule_defaults, write_package
 from kv_cache.run.trials import conclude
 from kv_cache.scheduler.autoscale import Autoscaler
 from kv_cache.scheduler.openloop import OpenLoopRunner
 from kv_cache.scheduler.runner import ClosedLoopRunner, RunOutcome
-from kv_cache.tiers.base import FAKE_IO, PRECONDITIONS, REMOTE, STORAGE
+from kv_cache.tiers.base import FAKE_IO, PINS_HOST, PRECONDITIONS, REMOTE, STORAGE
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # interrupted: 128 + the signal (130 for Ctrl-C)
 ANALYSIS_LIMIT = 100_000  # requests analysed before the run at most
@@ -169,9 +169,9 @@ def _stages(run: RunSpec, p: Prepared) -> Stages:
     tele = Telemetry(b.site.cache_dir if b.site else None, device_latency=device_latency_mode(s, b)) \
         if s.run.telemetry else None
     progress = Progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0, tele)
-    args = (b.workers, life.execute, worker_state(b.tiers, b.geo.io_bytes, fake,
-                                                batch_depth(s, b.geo.io_bytes)), recorder, progress,
-            dist if dist.active else None)
+    moves = demotion_depth(s, b.geo.io_bytes, PINS_HOST in b.tiers[0].flags)
+    args = (b.workers, life.execute, worker_state(b.tiers, b.geo.io_bytes, fake, batch_depth(s, b.geo.io_bytes),
+                                                moves), recorder, progress, dist if dist.active else None)
     scaler = autoscaler(s, traffic.users, recorder)
     pace = s.schedule.admission == "paced" and scaler is None  # the autoscaler sets the users itself
     runner = ClosedLoopRunner(traffic.users, *args, qos=qos_policy(s), controller=scaler, pace=pace) \

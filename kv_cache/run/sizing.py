@@ -17,7 +17,7 @@ from kv_cache.model import GiB
 from kv_cache.run.budget import ACCESS_LOG_BYTES, ACCESS_LOG_FIXED_BYTES, BOOKKEEPING_BYTES, MemoryBudget, fits
 from kv_cache.run.geometry import Geometry
 from kv_cache.run.handoff import nixl_region_bytes
-from kv_cache.tiers.base import moves_real_bytes
+from kv_cache.tiers.base import PINS_HOST, moves_real_bytes
 from kv_cache.tiers.probe import concurrency
 
 AUTO_MAX = 16  # --workers 0 (auto): the most the rule gives, halved until the machine's memory holds them
@@ -42,6 +42,15 @@ def batch_depth(s: Settings, io_bytes: int) -> int:
     return max(1, min(s.schedule.max_inflight, BATCH_ARENA_BYTES // max(io_bytes, 1)))
 
 
+def demotion_depth(s: Settings, io_bytes: int, gpu_tier: bool) -> int:
+    """The blocks a worker's scratch buffer holds (1: one). A batch's demotions out of HBM with no CPU tier below it
+    (whose page-locked slots take them straight) land in the next tier through it, up to a batch at a time: one
+    D2H batch into it, then one write batch out of it, as an engine offloads through its pinned bounce buffers."""
+    if not gpu_tier or s.tiers.cpu_mem_gb > 0 or s.tiers.null_io:
+        return 1
+    return max(1, batch_depth(s, io_bytes))
+
+
 def io_shape(s: Settings, tiers: list, n: int, io_bytes: int) -> str:
     """The request I/O's shape in one line: batched or serial, how deep, and how each tier takes a batch."""
     depth = batch_depth(s, io_bytes)
@@ -50,6 +59,10 @@ def io_shape(s: Settings, tiers: list, n: int, io_bytes: int) -> str:
                "--request-io serial: the MLPerf reference's way; batched moves a request's blocks together")
         return f"request I/O: serial, one block at a time per worker ({why})"
     paths = "; ".join(f"{t.name}: {t.batch_path()}" for t in tiers)
+    moves = demotion_depth(s, io_bytes, bool(tiers) and PINS_HOST in tiers[0].flags)
+    if moves > 1 and len(tiers) > 1:
+        paths += (f"; demotions out of {tiers[0].name} (no CPU tier below it) land in {tiers[1].name} through each "
+                  f"worker's pinned scratch, {moves} at a time")
     bound = (f"--max-inflight {s.schedule.max_inflight} bounded by {BATCH_ARENA_BYTES >> 20} MiB of batch buffers "
              f"a worker" if depth < s.schedule.max_inflight else "--max-inflight sets it")
     return (f"request I/O: batched, up to {depth} blocks of a request in flight per worker ({n} workers: up to "
@@ -102,8 +115,10 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
     built (its lanes' pinned staging is host memory)."""
     fake = s.tiers.null_io
     cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
-    arena = batch_depth(s, geo.io_bytes) * (-(-geo.io_bytes // 4096) * 4096)  # the in-flight blocks' buffers
-    staging = 0 if fake else workers(s) * (2 * buffer_bytes(geo.io_bytes) + arena)
+    each = -(-geo.io_bytes // 4096) * 4096
+    arena = batch_depth(s, geo.io_bytes) * each  # the in-flight blocks' buffers
+    scratch = max(buffer_bytes(geo.io_bytes), demotion_depth(s, geo.io_bytes, gpu is not None) * each)
+    staging = 0 if fake else workers(s) * (buffer_bytes(geo.io_bytes) + scratch + arena)
     # the GPU tier's lanes (StackContext.lanes) and the CUDA runtime's own host memory
     lanes = 0 if gpu is None else (workers(s) + 1) * geo.io_bytes + getattr(gpu, "runtime_bytes", 0)
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES

@@ -92,11 +92,11 @@ def pin_host_memory(tiers: list, payloads) -> None:
                                 f"locked-memory limit (ulimit -l).") from None
 
 
-def worker_state(tiers: list, max_object_bytes: int, fake_io: bool, batch: int = 0):
-    """Factory of a worker's buffers (batch: the blocks it may have in flight together), registered as pinned with
-    a GPU tier (direct DMA, no staging copy)."""
+def worker_state(tiers: list, max_object_bytes: int, fake_io: bool, batch: int = 0, moves: int = 1):
+    """Factory of a worker's buffers (batch: the blocks it may have in flight together; moves: the demotions its
+    scratch lands at once), registered as pinned with a GPU tier (direct DMA, no staging copy)."""
     def make() -> WorkerBuffers:
-        bufs = WorkerBuffers(max_object_bytes, fake_io, batch)
+        bufs = WorkerBuffers(max_object_bytes, fake_io, batch, moves)
         for t in tiers:
             if not fake_io:  # a no-op for tiers without PINS_HOST
                 for arr in bufs.pinned():

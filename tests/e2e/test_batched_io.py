@@ -67,6 +67,29 @@ def _moves(ops: list[tuple[str, str, str]]) -> dict[tuple[str, str], list[str]]:
 
 
 @pytest.mark.slow  # two runs on the fake device: make test-all (CI)
+def test_hbm_straight_over_nvme_demotes_its_batches_together_in_serial_mode_s_order(small_run, tmp_path):
+    """HBM of 5 blocks straight over the NVMe tier (no CPU tier), on the fake device as typed: a batch's demotions
+    out of HBM went one by one (no host slots to take them). They land through the worker's scratch, a window at a
+    time (one D2H batch into it, one write batch out of it), making serial mode's decisions."""
+    runs = {}
+    for mode in ("serial", "batched"):
+        trace = tmp_path / f"{mode}.csv"
+        r = run_cli(small_run(mode, *SEQUENCE, "--gpu", "real", "--gpu-mem-gb", "0.01", "--cpu-mem-gb", "0",
+                              "--max-inflight", "8", "--request-io", mode, "--io-trace", str(trace), quiet=False),
+                    extra_env={"KVBENCH_FAKE_GPU": "1:2"})
+        assert r.returncode == 0, r.stderr
+        runs[mode] = (small_run.results(mode), _ops(trace), " ".join(r.stdout.split()))
+    (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
+    assert "land in nvme through each worker's pinned scratch, 8 at a time" in said
+    assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
+    assert ("demote", "nvme") in _moves(b_ops) and "cpu" not in batched["blocks"]
+    assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    assert batched["queue_depth"]["nvme"]["demotions"]["max"] > 1
+    assert batched["run"]["tiers"]["gpu"]["transfers"]["device_to_host"]["staged"] == 0  # the scratch is pinned
+    assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
+
+
+@pytest.mark.slow  # two runs on the fake device: make test-all (CI)
 def test_a_batch_s_demotions_land_together_in_serial_mode_s_order(small_run, tmp_path):
     """HBM of 5 blocks over a CPU tier of 10 and an NVMe tier, on the fake device as typed: each batch's new blocks
     push victims down both tiers. Batched mode moves them as batches (HBM into the CPU tier's slots as one D2H

@@ -148,3 +148,21 @@ def test_the_references_object_per_request_streams_through_buffers_of_one_part()
     blocks = geometry(resolve(None, [], {"model.name": "llama8b"},
                               media_sections=SECTIONS))  # blocks: every block one I/O, no parts
     assert blocks.part_bytes == 0 and blocks.io_bytes == blocks.max_object_bytes
+
+
+def test_hbm_straight_over_a_lower_tier_budgets_each_workers_demotion_window():
+    """Issue 48: with no CPU tier below HBM a batch's demotions land through each worker's scratch, a window of
+    --max-inflight blocks (run/sizing.demotion_depth): the budget counts it, and only there."""
+    from kv_cache.lifecycle.worker import buffer_bytes
+    from kv_cache.tiers.devices import FakeDevice
+
+    base = {"tiers.gpu_mem_gb": "0.25", "schedule.workers": "4", "schedule.max_inflight": "8",
+            "model.block_tokens": "16"}
+    over = resolve(None, [], {**base, "tiers.cpu_mem_gb": "0"}, media_sections=SECTIONS)
+    under = resolve(None, [], {**base, "tiers.cpu_mem_gb": "0.5"}, media_sections=SECTIONS)
+    geo = geometry(over)
+    each = -(-geo.io_bytes // 4096) * 4096
+    staging = {name: memory_budget(s, geo, REGISTRY, gpu).staging_bytes
+               for name, s, gpu in (("over", over, FakeDevice()), ("under", under, FakeDevice()), ("none", over, None))}
+    assert staging["over"] - staging["under"] == 4 * (8 * each - buffer_bytes(geo.io_bytes)) > 0
+    assert staging["none"] == staging["under"]  # no GPU tier: a scratch of one block
