@@ -24,7 +24,8 @@ BOOKKEEPING_BYTES = 1536
 # --capacity-curve, per access of its bound, at its worst (a block a request, so a row a request; tracemalloc over
 # 135,000 accesses sampled to 1/4, tests/unit/test_capacity.py's chains cut to one block): the log holds
 # 72 B an access (its arrays and its rows'), 408 at the peak of a halving (old and new arrays), and computing the
-# curve after the run takes 228 more; plus the rows without a kept access gathered before a fold, and their copy
+# curve after the run takes 228 more (300 with the log): the halving's peak, the larger, with a little room; plus
+# the rows without a kept access gathered before a fold, and their copy
 ACCESS_LOG_BYTES = 420
 ACCESS_LOG_FIXED_BYTES = 2 * FOLD_SLACK * ROW_BYTES
 HEADROOM = 0.9  # leave a tenth of available memory to the OS and the page cache

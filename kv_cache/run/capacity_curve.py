@@ -266,6 +266,7 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         raise UserError("these runs' access logs count tokens by different sources (written by different versions); "
                         "rerun them with this version's --capacity-curve.")
     keys, parents, lookup, tokens, reqs, labels, places, looked, counts = [], [], [], [], [], [], [], [], []
+    each = [request_counts(log) for log, _ in runs]
     pos = 0
     for wall, r, i in rows:
         log = runs[r][0]
@@ -282,7 +283,7 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         reqs.append((pos, log["requests"][i, 1], wall))
         if "request_tokens" in log:
             looked.append(log["request_tokens"][i])
-        counts.append(request_counts(log)[i])
+        counts.append(each[r][i])
         pos += end - first
     windows = [(m["window_ns"][0] + m["wall_minus_monotonic_ns"], m["window_ns"][1] + m["wall_minus_monotonic_ns"])
                for _, m in runs]
