@@ -234,6 +234,12 @@ class ScheduleSettings:
     max_inflight: int = key(32, "The most blocks one worker has in flight together under --request-io batched (a "
                                 "larger batch goes in windows of this many); the device sees up to workers x this.",
                             lo=1, hi=1024)
+    max_backlog_gb: float = key(1.0, "The most memory the requests issued and not yet done may hold (their tokens): "
+                                     "past it an open loop that offers more than the storage serves stops issuing "
+                                     "(stopped_reason backlog, said in one line) instead of queueing without end "
+                                     "until memory runs out; counted in the memory budget of an open loop.",
+                                "--max-backlog-gb",
+                                lo=0.001, hi=MAX_GIB)
 
 
 @dataclass(frozen=True)

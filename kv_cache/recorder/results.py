@@ -155,7 +155,7 @@ class RunFacts:
 # requests.<name> the scheduler counts (summed over ranks in a merge) -> the RunOutcome's field holding it
 SCHEDULED = {"issued": "issued", "dropped_at_stop": "dropped_at_stop", "abandoned_at_stop": "abandoned",
              "users_started": "users_started", "users_paced": "users_paced", "users_waiting_at_stop": "users_waiting",
-             "held_for_previous_turn": "held_for_turn"}
+             "held_for_previous_turn": "held_for_turn", "backlog_bytes_at_stop": "backlog_bytes"}
 
 
 def _requests(c: dict, window: float, scheduled: dict[str, int]) -> dict:

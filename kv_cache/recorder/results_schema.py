@@ -49,7 +49,8 @@ from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 11  # 11: memory.budget.access_log (--capacity-curve's log, bounded by --capacity-log-accesses)
+SCHEMA_VERSION = 12  # 12: memory.budget.request_backlog (--max-backlog-gb) and requests.backlog_bytes_at_stop
+# (11: memory.budget.access_log (--capacity-curve's log, bounded by --capacity-log-accesses))
 # (10: run.tiers.*.hbm_layout (a real GPU tier's HBM: contiguous, or paged and its copy method))
 # (9: capacity_curve.demand_model; a point's bottom share, reads and writes null where not replayed;
 # hit_rate.infinite_cache and hit_rate.infinite_cache_untracked (the run's own ceiling, measured))
@@ -188,6 +189,7 @@ class Requests:
     warmup_completed: int = 0        # completed before the window opened
     in_flight_at_end: int = 0        # issued - warm-up - completed - dropped - abandoned: 0 after the drain
     abandoned_at_stop: int = 0       # in flight when --drain-s ran out: stopped at their next block operation
+    backlog_bytes_at_stop: int = 0   # what the requests issued and not yet done held when issuing stopped
 
 
 @dataclass

@@ -44,19 +44,21 @@ class MemoryBudget:
     # and the CUDA runtime's own host memory (the backend's runtime_bytes)
     payload_stamps_bytes: int = 0  # the payload pool's stamp templates and the workers' stamp rows
     access_log_bytes: int = 0  # --capacity-curve: its log at its bound, and the curve computed from it after the run
+    backlog_bytes: int = 0  # --max-backlog-gb: the requests issued and not yet done
 
     @property
     def total_bytes(self) -> int:
         return (self.cpu_tier_bytes + self.staging_bytes + self.payload_pool_bytes + self.overhead_bytes
                 + self.donor_store_bytes + self.bookkeeping_bytes + self.handoff_bytes + self.gpu_staging_bytes
-                + self.payload_stamps_bytes + self.access_log_bytes)
+                + self.payload_stamps_bytes + self.access_log_bytes + self.backlog_bytes)
 
     def to_dict(self) -> dict:
         return {"cpu_tier": self.cpu_tier_bytes, "staging": self.staging_bytes,
                 "payload_pool": self.payload_pool_bytes, "overhead": self.overhead_bytes,
                 "donor_store": self.donor_store_bytes, "bookkeeping": self.bookkeeping_bytes,
                 "handoff": self.handoff_bytes, "total": self.total_bytes, "gpu_staging": self.gpu_staging_bytes,
-                "payload_stamps": self.payload_stamps_bytes, "access_log": self.access_log_bytes}
+                "payload_stamps": self.payload_stamps_bytes, "access_log": self.access_log_bytes,
+                "request_backlog": self.backlog_bytes}
 
 
 def fits(budget: MemoryBudget, available: int | None = None) -> bool:
@@ -84,6 +86,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         (budget.staging_bytes, f"lower --workers (each needs {2 * object_bytes / gib:.2f} GiB of staging) or use "
                                f"a smaller --block-tokens"),
         (budget.access_log_bytes, "lower --capacity-log-accesses (the capacity curve's log: a SHARDS sample past it)"),
+        (budget.backlog_bytes, "lower --max-backlog-gb (the requests issued and not yet done)"),
         (budget.gpu_staging_bytes, f"lower --workers (each GPU lane pins {object_bytes / gib:.2f} GiB of host "
                                    f"memory) or use a smaller --block-tokens"),
     ]
@@ -98,6 +101,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         + (f" + GPU lanes' pinned staging {budget.gpu_staging_bytes / gib:.2f}" if budget.gpu_staging_bytes else "")
         + (f" + payload stamps {budget.payload_stamps_bytes / gib:.2f}" if budget.payload_stamps_bytes else "")
         + (f" + capacity curve's access log {budget.access_log_bytes / gib:.2f}" if budget.access_log_bytes else "")
+        + (f" + request backlog {budget.backlog_bytes / gib:.2f}" if budget.backlog_bytes else "")
         + f" + overhead {budget.overhead_bytes / gib:.2f}) exceeds "
         f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available{where_from(available * ranks_here)}"
         + (f" to each of the {ranks_here} ranks on this host (its {available * ranks_here / gib:.2f} GiB shared "

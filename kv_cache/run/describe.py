@@ -101,6 +101,12 @@ def warnings_of(results: Results) -> list[str]:
     if results.verification.failures:
         out.append(f"{results.verification.failures} blocks read back wrong (stamp mismatch): the storage "
                    f"returned torn, stale or foreign data.")
+    if results.run.stopped_reason == "backlog":
+        req = results.requests
+        out.append(f"the run stopped issuing {req.issued:,} requests in: those issued and not yet done held "
+                   f"{req.backlog_bytes_at_stop / 2**20:,.1f} MiB, past --max-backlog-gb, with {req.per_s:.2f} served "
+                   f"a second; the load offered is more than the storage serves (an open loop's queue grows until "
+                   f"memory runs out): lower --request-rate, or raise --max-backlog-gb to measure a longer queue.")
     if results.run.partial:
         out.append(f"partial results: the run stopped early ({results.run.stopped_reason}).")
     return out

@@ -177,6 +177,8 @@ def _stages(run: RunSpec, p: Prepared) -> Stages:
     runner = ClosedLoopRunner(traffic.users, *args, qos=qos_policy(s), controller=scaler, pace=pace) \
         if traffic.users is not None else OpenLoopRunner(traffic.arrivals, *args, qos=qos_policy(s))
     runner.stop_after, runner.drain_s = life.stop_after, s.run.drain_s
+    if traffic.users is None:  # an open loop: requests come on their own clock (a closed loop's users wait)
+        runner.backlog_limit = int(s.schedule.max_backlog_gb * 2**30)
     return Stages(recorder, cache, life, analysis, runner, progress, scaler, tele)
 
 

@@ -129,7 +129,16 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
                         bookkeeping_bytes=reg.media.most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES,
                         handoff_bytes=nixl_region_bytes(s, reg.transports), gpu_staging_bytes=lanes,
                         payload_stamps_bytes=stamps,
-                        access_log_bytes=_access_log_bytes(s))
+                        access_log_bytes=_access_log_bytes(s), backlog_bytes=_backlog_bytes(s))
+
+
+def _backlog_bytes(s: Settings) -> int:
+    """--max-backlog-gb where requests may arrive on their own clock (an open loop: poisson, a trace's timestamps;
+    auto with a trace, before the trace says whether it has them); a closed loop's users wait for their answers,
+    so its backlog is one request a user at most (and the run does not bound it: pipeline._stages)."""
+    arrival = s.schedule.arrival
+    open_loop = arrival in ("poisson", "trace") or (arrival == "auto" and bool(s.trace.path))
+    return int(s.schedule.max_backlog_gb * GiB) if open_loop else 0
 
 
 def _access_log_bytes(s: Settings) -> int:

@@ -46,10 +46,19 @@ class RunOutcome:
     start_ns: int = 0
     end_ns: int = 0
     issuing_s: float = 0.0   # the window until issuing stopped: the measured time without the drain
+    backlog_bytes: int = 0   # what the requests issued and not yet done held when issuing stopped
 
     @property
     def partial(self) -> bool:
         return self.stopped_reason in ("interrupted", "fault", "peer_fault")
+
+
+REQUEST_BYTES = 2048  # a request besides its tokens: 1.4 KiB (tracemalloc over 3,000 synthetic requests)
+
+
+def request_bytes(req) -> int:
+    """What a request issued and not yet done holds in memory: its tokens, its text, its object."""
+    return req.prompt_tokens.nbytes + req.output_tokens.nbytes + len(req.text) + REQUEST_BYTES
 
 
 class Runner:
@@ -65,6 +74,8 @@ class Runner:
         self.clock = clock or Clock()  # the dispatcher's time: every due time, the window, the deadline
         # stop_after: a StopAfter the lifecycle reads (set once issuing stops); draining: what is in flight finishes
         self.stop_after, self.drain_s, self.draining = None, 0.0, False
+        # backlog_limit: the bytes the requests issued and not yet done may hold (--max-backlog-gb; 0: no bound)
+        self.backlog_limit, self._backlog = 0, 0
         self._queue = PriorityRequests(qos.priority if qos is not None else None)
         self._cond = threading.Condition()
         self._in_flight = 0
@@ -105,6 +116,7 @@ class Runner:
             done = self.clock.now_ns()
             with self._cond:
                 self._in_flight -= 1
+                self._backlog -= request_bytes(req)
                 self.outcome.abandoned += abandoned
                 self.outcome.completed += not abandoned
                 if not self._stop.is_set():
@@ -129,6 +141,11 @@ class Runner:
         with self._cond:
             self._in_flight += 1
             self.outcome.issued += 1
+            self._backlog += request_bytes(req)
+            if self.backlog_limit and self._backlog > self.backlog_limit and not self._stop.is_set():
+                # an open loop offering more than the storage serves: its queue would grow until memory runs out
+                self.outcome.stopped_reason, self.outcome.backlog_bytes = "backlog", self._backlog
+                self._stop.set()
             if self._hold(req):
                 return
         self._queue.put(req)

@@ -22,6 +22,9 @@ from helpers import assert_clean_error
     (["--io-engine", "mmap", "--nvme-layout", "file-per-block"], ["mmap needs --nvme-layout slab"]),
     (["--set", "tiers.cpu_memgb=1"], ["unknown key 'tiers.cpu_memgb'"]),
     (["--cpu-mem-gb", "100000"], ["memory budget", "lower --cpu-mem-gb"]),
+    (["--max-backlog-gb", "0"], ["--max-backlog-gb", ">= 0.001"]),
+    (["--arrival", "poisson", "--request-rate", "5", "--max-backlog-gb", "100000"],
+     ["memory budget", "request backlog 100000.00", "lower --max-backlog-gb"]),
     (["--nvme-gb", "100000"], ["memory budget", "bookkeeping", "--nvme-gb"]),  # 51 M blocks of 2 MiB to keep track of
     # a NIXL prefill node's registered region: a part of the budget, refused before NIXL or a port is touched
     (["--role", "prefill", "--handoff", "nixl://127.0.0.1:1", "--disagg-handoff-gb", "100000"],

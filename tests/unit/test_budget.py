@@ -26,8 +26,9 @@ def test_budget_parts():
     assert b.bookkeeping_bytes == (204 + 25 + 819) * BOOKKEEPING_BYTES
     assert b.gpu_staging_bytes == 0  # no real GPU tier
     assert b.payload_stamps_bytes == (80 * 2**20 // 4096) * 24 * 5  # the templates + 4 workers' stamp rows
+    assert b.backlog_bytes == 0  # a closed loop: its users wait for their answers (an open loop's is below)
     assert b.total_bytes == (b.cpu_tier_bytes + b.staging_bytes + b.payload_pool_bytes + b.overhead_bytes
-                             + b.bookkeeping_bytes + b.payload_stamps_bytes)
+                             + b.bookkeeping_bytes + b.payload_stamps_bytes + b.backlog_bytes)
 
 
 def test_a_tier_too_large_to_keep_track_of_is_refused_before_anything_is_built():
@@ -126,7 +127,8 @@ def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monke
             assert payloads.check(i, part, "stamps", None, last)
         grown = _rss() - before - sum(dev.allocated)
         budget = b.budget
-        allocated = budget.total_bytes - budget.overhead_bytes - budget.bookkeeping_bytes
+        # the cache's bookkeeping and the requests' backlog grow during the run, up to their parts
+        allocated = budget.total_bytes - budget.overhead_bytes - budget.bookkeeping_bytes - budget.backlog_bytes
         assert budget.gpu_staging_bytes == (b.workers + 1) * geo.io_bytes > 0
         assert abs(grown - allocated) <= 0.10 * allocated, (grown, budget.to_dict())
     finally:
@@ -166,3 +168,13 @@ def test_hbm_straight_over_a_lower_tier_budgets_each_workers_demotion_window():
                for name, s, gpu in (("over", over, FakeDevice()), ("under", under, FakeDevice()), ("none", over, None))}
     assert staging["over"] - staging["under"] == 4 * (8 * each - buffer_bytes(geo.io_bytes)) > 0
     assert staging["none"] == staging["under"]  # no GPU tier: a scratch of one block
+
+
+def test_an_open_loops_backlog_is_a_part_of_its_budget_and_a_closed_loops_is_not():
+    """--max-backlog-gb bounds what the requests issued and not yet done hold (an open loop stops issuing past it):
+    the budget counts it where requests arrive on their own clock."""
+    for arrival, trace, counted in (("poisson", "", True), ("trace", "t.jsonl", True), ("auto", "t.jsonl", True),
+                                    ("closed", "", False), ("auto", "", False), ("sequence", "", False)):
+        s = resolve(None, [], {"schedule.arrival": arrival, "trace.path": trace, "schedule.max_backlog_gb": "0.5"},
+                    media_sections=SECTIONS)
+        assert memory_budget(s, geometry(s), REGISTRY).backlog_bytes == (2**29 if counted else 0), arrival
