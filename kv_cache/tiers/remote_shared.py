@@ -4,9 +4,9 @@ bucket, as `fleet --export-assignment` launches them, or hosts without MPI.
 Every run naming the namespace writes its blocks there under the block's own key, so a block any of them wrote is
 every one's to read: a lookup that misses a run's own tiers adopts it (cache.pin_prefix, the --shared-storage
 semantics: an adopted block counts against no local capacity and is copied, not moved, when promoted). A block two
-runs write is one object, written twice. Each run evicts only what it wrote, and its eviction deletes the object
-for everyone (a reader then finds it vanished, as on a shared directory): a fleet sized so the shared tier never
-evicts (what `fleet` says it needs) sees none of that.
+runs write (both missed it before either wrote it) is one object, written twice, each run holding it as its own.
+Each run evicts or promotes out only what it wrote, and that deletes the object for everyone: a reader then finds it
+vanished (a miss, counted), as on a shared directory, whoever wrote it.
 
 Membership is a marker per member in the namespace (its pid and host), and the namespace's own marker names a
 member still in it (what `clean --remote-url` checks: a killed member's namespace is found and removed). At its end
@@ -98,9 +98,11 @@ class SharedRemoteTier(RemoteTier):
         return self.slots.lookup(key)[1] if key in self.slots else out.size  # another run's block: out's size
 
     def _vanished(self, key: int, r):
-        """r, or BlockVanished where r is a fault reading another run's block that is gone (its writer evicted it):
-        a miss now, as on a shared directory (the lifecycle counts it and drops the entry)."""
-        if isinstance(r, RunFault) and not isinstance(r, ServerDown) and key not in self.slots and not self._size(key):
+        """r, or BlockVanished where r is a fault reading a block that is gone: another run evicted it, or promoted
+        it out (one it wrote, or one both wrote before either saw the other's: one object, written twice, each run
+        holding it as its own). A miss now, as on a shared directory (the lifecycle counts it and drops the entry,
+        its slots with it: BlockCache.forget_vanished)."""
+        if isinstance(r, RunFault) and not isinstance(r, ServerDown) and not self._size(key):
             return BlockVanished(key)
         return r
 
@@ -118,8 +120,6 @@ class SharedRemoteTier(RemoteTier):
         except ServerDown:
             raise
         except RunFault:
-            if all(key in self.slots for key, _ in items):
-                raise
             return one_by_one(self.get, items)
         return [self._vanished(key, r) for (key, _), r in zip(items, got)]
 

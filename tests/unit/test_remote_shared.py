@@ -58,6 +58,12 @@ def test_members_read_each_other_s_blocks_and_the_last_out_removes_the_namespace
     a.delete(1)  # its writer evicts it: gone for everyone, a miss for b
     with pytest.raises(BlockVanished):
         b.get(1, out)
+    a.put(4, data)  # both wrote block 4 before either saw the other's: one object, each holding it as its own
+    b.put(4, data)
+    a.delete(4)  # a promotes or evicts it: b's own block is gone too, a miss for b and not a fault (it stopped
+    with pytest.raises(BlockVanished):  # a fleet's real run: "object ... the run wrote is gone")
+        b.get(4, out)
+    assert isinstance(b.get_many([(4, outs[0])])[0], BlockVanished)
     a.put(3, data)
     prefix = f"kvbench-{run_id}"
     b.store.write_small(b.store.namespace(run_id) + "member-elsewhere-1", b"{}")  # a member still running
