@@ -21,6 +21,12 @@ PAGE = mmap.PAGESIZE
 HUGE = 2 << 20
 
 
+def direct_aligned(nbytes: int) -> int:
+    """nbytes rounded up to 4 KiB, O_DIRECT's alignment: a block's stride in a buffer that holds several (a worker's
+    arena and scratch, and the budget that counts them, agree on it)."""
+    return -(-nbytes // 4096) * 4096
+
+
 def aligned_buffer(nbytes: int) -> np.ndarray:
     """A zeroed uint8 array of nbytes (rounded up to a page) on page-aligned memory, pre-faulted; from
     2 MiB up, on transparent huge pages where the kernel gives them."""

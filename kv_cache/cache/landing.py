@@ -31,6 +31,7 @@ from functools import partial
 from time import monotonic_ns as now_ns
 
 from kv_cache import counters as C
+from kv_cache.buffers import direct_aligned
 from kv_cache.cache.chains import LANDING, READY
 from kv_cache.cache.room import Move
 from kv_cache.tiers.base import BATCHES, IO_UNITS
@@ -156,7 +157,7 @@ class Landing:
         """Moves whose source holds no host copy (HBM with no CPU tier below) through the worker's scratch, as many
         blocks at a time as it holds: one read batch into it, then one write batch out of it. None where it holds
         one block (run/sizing.demotion_depth): one by one then."""
-        each = -(-max(n for _, n in items) // 4096) * 4096
+        each = direct_aligned(max(n for _, n in items))
         room = len(scratch) // each
         if room < 2:
             return None

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import xxhash
 
-from kv_cache.buffers import HUGE, aligned_buffer
+from kv_cache.buffers import HUGE, aligned_buffer, direct_aligned
 
 
 def buffer_bytes(max_object_bytes: int) -> int:
@@ -23,7 +23,7 @@ class WorkerBuffers:
 
     def __init__(self, max_object_bytes: int, fake_io: bool, batch: int = 0, moves: int = 1):
         size = 4096 if fake_io else buffer_bytes(max_object_bytes)
-        self.each = -(-max_object_bytes // 4096) * 4096
+        self.each = direct_aligned(max_object_bytes)
         self.block = aligned_buffer(size)
         self.scratch = aligned_buffer(size if fake_io else max(size, moves * self.each))
         self.fake_io = fake_io

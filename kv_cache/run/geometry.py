@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kv_cache.buffers import direct_aligned
 from kv_cache.config import Settings
 from kv_cache.model import ModelSpec, find_model, slot_bytes
 
@@ -50,4 +51,4 @@ def io_unit_bytes(s: Settings, geo: Geometry) -> int:
     if s.tiers.io_unit != "layer" or not geo.block_bytes:
         return 0
     groups = max(1, -(-geo.model.layers // s.tiers.layers_per_io))
-    return -(-geo.block_bytes // groups // 4096) * 4096
+    return direct_aligned(-(-geo.block_bytes // groups))

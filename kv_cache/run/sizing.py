@@ -7,6 +7,7 @@ import os
 
 import psutil
 
+from kv_cache.buffers import direct_aligned
 from kv_cache.config import Settings, replace
 from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.donors import store_bytes
@@ -115,7 +116,7 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
     built (its lanes' pinned staging is host memory)."""
     fake = s.tiers.null_io
     cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
-    each = -(-geo.io_bytes // 4096) * 4096
+    each = direct_aligned(geo.io_bytes)
     arena = batch_depth(s, geo.io_bytes) * each  # the in-flight blocks' buffers
     scratch = max(buffer_bytes(geo.io_bytes), demotion_depth(s, geo.io_bytes, gpu is not None) * each)
     staging = 0 if fake else workers(s) * (buffer_bytes(geo.io_bytes) + scratch + arena)
