@@ -2,7 +2,6 @@
 
 import os
 import threading
-import time
 
 import numpy as np
 from found import ENGINES
@@ -24,14 +23,19 @@ def test_a_batch_keeps_pool_threads_in_flight_with_a_task_a_thread_not_an_io(tmp
     for i, d in enumerate(data):
         d[:] = np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8)
     engine = ENGINES["direct"]
-    inside, most, lock = [0], [0], threading.Lock()
+    inside, most, calls, lock = [0], [0], [0], threading.Lock()
     write = engine.write
+
+    first = threading.Barrier(POOL_THREADS, timeout=60)
 
     def counted(*args):
         with lock:
+            calls[0] += 1
             inside[0] += 1
             most[0] = max(most[0], inside[0])
-        time.sleep(0.01)  # long enough for every pool thread to hold one
+            waits = calls[0] <= POOL_THREADS
+        if waits:
+            first.wait()  # the first I/Os meet: every pool thread holds one at once, however busy the machine
         try:
             write(*args)
         finally:
