@@ -8,10 +8,11 @@ placed changes the cache's state at once, as serial mode's would (the block is i
 parent's counts follow: every later block of the batch meets the cache serial mode left), and is *landing*: its
 bytes still in the tier above. ``land`` then moves them, deepest tier first (a tier's moves out free the slots its
 moves in take), each tier's as one batch: HBM into the CPU tier's slots as one D2H batch (``move_many_to``), the
-CPU tier's slots straight into a batching tier's ``put_many``, HBM with no CPU tier below it through the worker's
-scratch, a window at a time (a D2H batch into it, a write batch out of it); elsewhere one after another through
-the worker's buffer, as serial mode does. Each block's demote latency runs from its batch's submission to its own
-completion, the batch as a whole beside it (op ``demotions``, with its depth).
+CPU tier's slots straight into a batching tier's ``put_many``, HBM with no CPU tier below it and the NVMe tier over
+a remote one through the worker's scratch, a window at a time (a read batch into it, a write batch out of it);
+elsewhere one after another through the worker's buffer, as serial mode does. Each block's demote latency runs
+from its batch's submission to its own completion, the batch as a whole beside it (op ``demotions``, with its
+depth).
 
 A landing block is no reader's hit until it lands (readers wait, as for a move). Should a later block of the same
 batch pick it as a victim again, or need room its bytes still hold, this thread's landing blocks land first.
@@ -142,7 +143,7 @@ class Landing:
 
     def _together(self, src, dst, moves: list[Move], scratch) -> list | None:
         """Each move's completion ns (or exception), the tier's moves in flight together; None where they cannot
-        be (neither HBM into host slots, nor host slots or, through scratch, HBM into a batching tier)."""
+        be (neither HBM into host slots, nor host slots or, through scratch, another tier into a batching tier)."""
         items = [(mv.entry.key, mv.entry.nbytes) for mv in moves]
         done = src.move_many_to(items, dst)
         if done is not None or BATCHES not in dst.flags:
@@ -154,9 +155,9 @@ class Landing:
 
     @staticmethod
     def _through(src, dst, items: list[tuple[int, int]], scratch) -> list | None:
-        """Moves whose source holds no host copy (HBM with no CPU tier below) through the worker's scratch, as many
-        blocks at a time as it holds: one read batch into it, then one write batch out of it. None where it holds
-        one block (run/sizing.demotion_depth): one by one then."""
+        """Moves whose source holds no host copy (HBM with no CPU tier below, the NVMe tier over a remote one) through
+        the worker's scratch, as many blocks at a time as it holds: one read batch into it, then one write batch out
+        of it. None where it holds one block (run/sizing.demotion_depth): one by one then."""
         each = direct_aligned(max(n for _, n in items))
         room = len(scratch) // each
         if room < 2:

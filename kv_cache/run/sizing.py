@@ -18,7 +18,7 @@ from kv_cache.model import GiB
 from kv_cache.run.budget import ACCESS_LOG_BYTES, ACCESS_LOG_FIXED_BYTES, BOOKKEEPING_BYTES, MemoryBudget, fits
 from kv_cache.run.geometry import Geometry
 from kv_cache.run.handoff import nixl_region_bytes
-from kv_cache.tiers.base import PINS_HOST, moves_real_bytes
+from kv_cache.tiers.base import BATCHES, HOST_SLOTS, PINS_HOST, moves_real_bytes
 from kv_cache.tiers.probe import concurrency
 
 AUTO_MAX = 16  # --workers 0 (auto): the most the rule gives, halved until the machine's memory holds them
@@ -44,12 +44,25 @@ def batch_depth(s: Settings, io_bytes: int) -> int:
 
 
 def demotion_depth(s: Settings, io_bytes: int, gpu_tier: bool) -> int:
-    """The blocks a worker's scratch buffer holds (1: one). A batch's demotions out of HBM with no CPU tier below it
-    (whose page-locked slots take them straight) land in the next tier through it, up to a batch at a time: one
-    D2H batch into it, then one write batch out of it, as an engine offloads through its pinned bounce buffers."""
-    if not gpu_tier or s.tiers.cpu_mem_gb > 0 or s.tiers.null_io:
+    """The blocks a worker's scratch buffer holds (1: one). A batch's demotions out of a tier that holds no host copy
+    of a block into a batching tier below it land through it, up to a batch at a time: one read batch into it, then
+    one write batch out of it, as an engine offloads through its bounce buffers. Two stacks have such a pair: HBM
+    with no CPU tier below it (whose page-locked slots take a D2H batch straight), and the NVMe tier over a remote
+    tier."""
+    if s.tiers.null_io:
         return 1
-    return max(1, batch_depth(s, io_bytes))
+    hbm_over_storage = gpu_tier and s.tiers.cpu_mem_gb <= 0
+    disk_over_remote = s.tiers.nvme == "on" and bool(s.tiers.remote_url)
+    return max(1, batch_depth(s, io_bytes)) if hbm_over_storage or disk_over_remote else 1
+
+
+def through_scratch(tiers: list) -> list[tuple[str, str]]:
+    """(from, into) of each pair of tiers whose demotions land through the workers' scratch: the upper holds no host
+    copy (not the CPU tier's slots) and neither copies straight into the lower's host slots (HBM into the CPU tier),
+    and the lower takes batches."""
+    return [(a.name, b.name) for a, b in zip(tiers, tiers[1:])
+            if HOST_SLOTS not in a.flags and not (PINS_HOST in a.flags and HOST_SLOTS in b.flags)
+            and BATCHES in b.flags]
 
 
 def io_shape(s: Settings, tiers: list, n: int, io_bytes: int) -> str:
@@ -60,10 +73,12 @@ def io_shape(s: Settings, tiers: list, n: int, io_bytes: int) -> str:
                "--request-io serial: the MLPerf reference's way; batched moves a request's blocks together")
         return f"request I/O: serial, one block at a time per worker ({why})"
     paths = "; ".join(f"{t.name}: {t.batch_path()}" for t in tiers)
-    moves = demotion_depth(s, io_bytes, bool(tiers) and PINS_HOST in tiers[0].flags)
-    if moves > 1 and len(tiers) > 1:
-        paths += (f"; demotions out of {tiers[0].name} (no CPU tier below it) land in {tiers[1].name} through each "
-                  f"worker's pinned scratch, {moves} at a time")
+    gpu = bool(tiers) and PINS_HOST in tiers[0].flags
+    moves = demotion_depth(s, io_bytes, gpu)
+    if moves > 1:
+        scratch = "pinned scratch" if gpu else "scratch"
+        paths += "".join(f"; demotions out of {a} land in {b} through each worker's {scratch}, {moves} at a time"
+                         for a, b in through_scratch(tiers))
     bound = (f"--max-inflight {s.schedule.max_inflight} bounded by {BATCH_ARENA_BYTES >> 20} MiB of batch buffers "
              f"a worker" if depth < s.schedule.max_inflight else "--max-inflight sets it")
     return (f"request I/O: batched, up to {depth} blocks of a request in flight per worker ({n} workers: up to "

@@ -89,6 +89,29 @@ def test_hbm_straight_over_nvme_demotes_its_batches_together_in_serial_mode_s_or
     assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
 
 
+@pytest.mark.slow  # two runs over a real Valkey server: make test-all (CI)
+def test_nvme_over_a_remote_tier_demotes_its_batches_together_in_serial_mode_s_order(small_run, tmp_path,
+                                                                                     valkey_server):
+    """The NVMe tier of 20 blocks over a Valkey tier: a batch's demotions out of NVMe went one by one (the disk holds
+    no host copy to write from). They land through each worker's scratch, a window at a time (one read batch off the
+    disk into it, one pipeline out of it), making serial mode's decisions."""
+    runs = {}
+    for mode in ("serial", "batched"):
+        trace = tmp_path / f"{mode}.csv"
+        r = run_cli(small_run(mode, *SEQUENCE, "--cpu-mem-gb", "0.02", "--nvme-gb", "0.04", "--max-inflight", "8",
+                              "--remote-url", valkey_server.url, "--remote-gb", "0.25", "--request-io", mode,
+                              "--io-trace", str(trace), quiet=False))
+        assert r.returncode == 0, r.stderr
+        runs[mode] = (small_run.results(mode), _ops(trace), " ".join(r.stdout.split()))
+    (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
+    assert "demotions out of nvme land in valkey through each worker's scratch, 8 at a time" in said
+    assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
+    assert ("demote", "valkey") in _moves(b_ops)
+    assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    assert batched["queue_depth"]["valkey"]["demotions"]["max"] > 1
+    assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
+
+
 @pytest.mark.slow  # two runs on the fake device: make test-all (CI)
 def test_a_batch_s_demotions_land_together_in_serial_mode_s_order(small_run, tmp_path):
     """HBM of 5 blocks over a CPU tier of 10 and an NVMe tier, on the fake device as typed: each batch's new blocks

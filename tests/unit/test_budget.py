@@ -153,8 +153,9 @@ def test_the_references_object_per_request_streams_through_buffers_of_one_part()
 
 
 def test_hbm_straight_over_a_lower_tier_budgets_each_workers_demotion_window():
-    """Issue 48: with no CPU tier below HBM a batch's demotions land through each worker's scratch, a window of
-    --max-inflight blocks (run/sizing.demotion_depth): the budget counts it, and only there."""
+    """Issue 48: with no CPU tier below HBM, or the NVMe tier over a remote one, a batch's demotions land through
+    each worker's scratch, a window of --max-inflight blocks (run/sizing.demotion_depth): the budget counts it, and
+    only there."""
     from kv_cache.lifecycle.worker import buffer_bytes
     from kv_cache.tiers.devices import FakeDevice
 
@@ -168,6 +169,14 @@ def test_hbm_straight_over_a_lower_tier_budgets_each_workers_demotion_window():
                for name, s, gpu in (("over", over, FakeDevice()), ("under", under, FakeDevice()), ("none", over, None))}
     assert staging["over"] - staging["under"] == 4 * (8 * each - buffer_bytes(geo.io_bytes)) > 0
     assert staging["none"] == staging["under"]  # no GPU tier: a scratch of one block
+    remote = {"tiers.remote_url": "valkey://127.0.0.1:6379/0", "schedule.workers": "4", "schedule.max_inflight": "8",
+              "model.block_tokens": "16"}
+    disk = resolve(None, [], remote, media_sections=SECTIONS)  # the NVMe tier over a remote one: its window too
+    no_disk = resolve(None, [], {**remote, "tiers.nvme": "off"}, media_sections=SECTIONS)
+    staging = {name: memory_budget(s, geometry(s), REGISTRY).staging_bytes
+               for name, s in (("disk", disk), ("no disk", no_disk))}
+    each = -(-geometry(disk).io_bytes // 4096) * 4096
+    assert staging["disk"] - staging["no disk"] == 4 * (8 * each - buffer_bytes(geometry(disk).io_bytes)) > 0
 
 
 def test_an_open_loops_backlog_is_a_part_of_its_budget_and_a_closed_loops_is_not():
