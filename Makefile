@@ -43,8 +43,9 @@ test-gpu:  ## The real-GPU tests (CuPy tier, NVML); they skip cleanly without a 
 test-mpi:  ## The 2-rank end-to-end tests alone (make test-all runs them too; make test does not)
 	$(PYTHON) -m pytest -q tests/mpi
 
-bench:  ## Ratios against fio, numpy memcpy and the null tier; the remote tiers against redis-benchmark and plain S3 loops; the NIXL handoff against a plain NIXL READ loop; the fleet's own speed
+bench:  ## Ratios against fio, numpy memcpy and the null tier; batched request I/O against serial and fio at depth; the remote tiers against redis-benchmark and plain S3 loops; the NIXL handoff against a plain NIXL READ loop; the fleet's own speed
 	$(PYTHON) bench/run_bench.py $(ARGS)
+	$(PYTHON) bench/batch_bench.py
 	$(PYTHON) bench/remote_bench.py $(REMOTE_ARGS)
 	$(PYTHON) bench/handoff_bench.py
 	$(PYTHON) bench/fleet_bench.py --requests 5000 --models stack
