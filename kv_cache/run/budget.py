@@ -76,6 +76,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         return
     gib = 2**30
     over = budget.total_bytes - limit
+    per_worker = budget.staging_bytes / max(workers, 1)  # its block's buffer, its scratch, its batch's arena
     fixes = [  # the largest part's fix: it is what the user has to change most
         (budget.cpu_tier_bytes, "lower --cpu-mem-gb" + (f" to {(budget.cpu_tier_bytes - over) / gib:.1f}"
                                                         if budget.cpu_tier_bytes > over else "")),
@@ -83,8 +84,9 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         (budget.bookkeeping_bytes, "lower the tiers' capacity (--gpu-mem-gb, --nvme-gb) or raise --block-tokens: "
                                    "fewer, larger blocks"),
         (budget.handoff_bytes, "lower --disagg-handoff-gb (the prefill node's registered region for NIXL)"),
-        (budget.staging_bytes, f"lower --workers (each needs {2 * object_bytes / gib:.2f} GiB of staging) or use "
-                               f"a smaller --block-tokens"),
+        (budget.staging_bytes, f"lower --workers (each holds {per_worker / gib:.2f} GiB of buffers: its block's, "
+                               f"its scratch and its batch in flight, up to --max-inflight blocks) or use a smaller "
+                               f"--block-tokens"),
         (budget.access_log_bytes, "lower --capacity-log-accesses (the capacity curve's log: a SHARDS sample past it)"),
         (budget.backlog_bytes, "lower --max-backlog-gb (the requests issued and not yet done)"),
         (budget.gpu_staging_bytes, f"lower --workers (each GPU lane pins {object_bytes / gib:.2f} GiB of host "
@@ -93,7 +95,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
     suggestion = max(fixes, key=lambda f: f[0])[1]
     raise UserError(
         f"memory budget {budget.total_bytes / gib:.2f} GiB (CPU tier {budget.cpu_tier_bytes / gib:.2f} + staging "
-        f"{workers} workers x 2 x {object_bytes / 2**20:.1f} MiB = {budget.staging_bytes / gib:.2f} + payload pool "
+        f"{workers} workers x {per_worker / 2**20:,.1f} MiB = {budget.staging_bytes / gib:.2f} + payload pool "
         f"{budget.payload_pool_bytes / gib:.2f} + donor store {budget.donor_store_bytes / gib:.2f} + bookkeeping "
         f"{budget.bookkeeping_bytes / gib:.2f} ({budget.bookkeeping_bytes // BOOKKEEPING_BYTES:,} blocks the tiers "
         f"can hold x {BOOKKEEPING_BYTES / 1024:.1f} KiB)"

@@ -48,9 +48,13 @@ def test_refusal_names_the_numbers_and_a_fix():
     assert "CPU tier 20.00" in text and "16.00 GiB available" in text and "lower --cpu-mem-gb" in text
 
 
-def test_staging_heavy_budget_suggests_fewer_workers():
-    with pytest.raises(UserError, match="lower --workers"):
+def test_staging_heavy_budget_suggests_fewer_workers_with_what_each_holds():
+    """The staging each worker holds is the budget's (a block's buffer, a scratch and a batch in flight), not the 2
+    blocks a worker held before batched I/O: the sentence's sum must add up."""
+    with pytest.raises(UserError, match="lower --workers") as e:
         check_fits(MemoryBudget(0, 30 * GiB, 128 << 20), 16, 1 * GiB, available=16 * GiB)
+    text = " ".join(str(e.value).split())
+    assert "staging 16 workers x 1,920.0 MiB = 30.00" in text and "each holds 1.88 GiB of buffers" in text
 
 
 def test_default_run_fits_a_24_gib_machine():
