@@ -87,8 +87,8 @@ class NvmeTier(SlottedTier):
         self.slabs: list[_Slab] = []
         if layout == "slab":
             self._make_slabs()
-            if not io_unit_bytes:  # a batch's I/Os go to the engine together (--io-unit layer times each block's)
-                self.flags = self.flags | {BATCHES}
+        if not io_unit_bytes:  # a batch's I/Os go to the engine together (--io-unit layer times each block's)
+            self.flags = self.flags | {BATCHES}
         note = f" ({engine_note})" if engine_note else ""
         unit = f", one I/O per {io_unit_bytes / 2**10:,.0f} KiB (layer group)" if io_unit_bytes else ""
         self.description = (f"{engine}{note}, {layout} in {directory}{' (shared by every rank)' if shared else ''}, "
@@ -114,8 +114,17 @@ class NvmeTier(SlottedTier):
         return os.path.join(self.directory, f"{key:016x}.kv")
 
     def _file_write(self, key: int, data: np.ndarray) -> None:
+        t = self._create(key)
+        try:
+            self.ops.write(t, 0, data, self.unit, self._times())
+        finally:
+            os.close(t.fd)
+        self._publish(key, t)
+
+    def _create(self, key: int) -> Target:
+        """key's file opened for writing: under a private name in a shared folder (renamed once written, so a
+        reader in another process never sees half a block)."""
         final = self._file(key)
-        # Written under a private name and renamed: a reader in another process never sees half a block.
         path = f"{final}.{self.writer}-{threading.get_ident()}.tmp" if SHARED in self.flags else final
         try:
             # never through a link: a shared folder (the handoff's) is others' to write in too
@@ -123,23 +132,44 @@ class NvmeTier(SlottedTier):
         except OSError as e:
             raise RunFault(f"cannot create {path}: {e.strerror}"
                            f"{' (a link planted there?)' if e.errno == errno.ELOOP else ''}.") from None
-        try:
-            self.ops.write(Target(path, fd), 0, data, self.unit, self._times())
-        finally:
-            os.close(fd)
-        if path != final:
-            os.rename(path, final)
+        return Target(path, fd)
 
-    def _file_read(self, key: int, out: np.ndarray) -> None:
+    def _publish(self, key: int, t: Target) -> None:
+        """A written file under its block's name (a private one renamed)."""
+        if t.path != self._file(key):
+            os.rename(t.path, self._file(key))
+
+    def _open(self, key: int) -> Target:
         path = self._file(key)
         try:
-            fd = os.open(path, os.O_RDONLY | self.ops.open_flags)
+            return Target(path, os.open(path, os.O_RDONLY | self.ops.open_flags))
         except FileNotFoundError:
             raise BlockVanished(key) from None
+
+    def _file_read(self, key: int, out: np.ndarray) -> None:
+        t = self._open(key)
         try:
-            self.ops.read(Target(path, fd), 0, out, self.unit, self._times())
+            self.ops.read(t, 0, out, self.unit, self._times())
         finally:
-            os.close(fd)
+            os.close(t.fd)
+
+    def _files_many(self, items: list, opener, verb, out: list) -> list:
+        """A batch in file-per-block layout: each (n, key, buffer)'s file opened (opener), every I/O handed to the
+        engine at once (verb: its write_many or read_many), each file closed; out[n] each one's result."""
+        opened = []
+        for n, key, buf in items:
+            try:
+                opened.append((n, key, buf, opener(key)))
+            except Exception as e:  # noqa: BLE001 - this block's result (its file gone, or not creatable)
+                out[n] = e
+        try:
+            done = verb([(t, 0, buf) for _, _, buf, t in opened], self.unit) if opened else []
+        finally:
+            for *_, t in opened:
+                os.close(t.fd)
+        for (n, *_), res in zip(opened, done):
+            out[n] = res
+        return [(n, key, t) for (n, key, _, t), res in zip(opened, done) if not isinstance(res, BaseException)]
 
     # ---------------------------------------------------------------- tier protocol
 
@@ -170,12 +200,14 @@ class NvmeTier(SlottedTier):
 
     def batch_path(self) -> str:
         if BATCHES in self.flags:
-            return f"the {self.engine} engine's: {self.ops.batch}"
-        why = "--io-unit layer times each block's I/Os" if self.unit else "one file per block"
-        return f"one block after another ({why})"
+            files = ", each block's file opened before the batch and closed after it" \
+                if self.layout == "file-per-block" else ""
+            return f"the {self.engine} engine's: {self.ops.batch}{files}"
+        return "one block after another (--io-unit layer times each block's I/Os)"
 
     def put_many(self, items: list[tuple[int, np.ndarray]]) -> list:
-        """A batch of blocks into their slabs, every block's I/Os handed to the engine at once (its batch path)."""
+        """A batch of blocks into their slabs or files, every block's I/Os handed to the engine at once (its batch
+        path)."""
         if BATCHES not in self.flags:
             return super().put_many(items)
         taken, out = [], [None] * len(items)
@@ -184,9 +216,17 @@ class NvmeTier(SlottedTier):
                 taken.append((n, self.slots.alloc(key, buf.size)))
             except Exception as e:  # noqa: BLE001 - this block's result (no room, a key twice)
                 out[n] = e
-        ios, owner = self._ios_of([(items[n][1], slots, items[n][1].size) for n, slots in taken])
-        done = self.ops.write_many(ios, self.unit)
-        self._gather(done, owner, [n for n, _ in taken], out)
+        if self.layout == "file-per-block":
+            written = self._files_many([(n, items[n][0], items[n][1]) for n, _ in taken], self._create,
+                                       self.ops.write_many, out)
+            for n, key, t in written:
+                try:
+                    self._publish(key, t)
+                except OSError as e:
+                    out[n] = RunFault(f"cannot rename {t.path} to {self._file(key)}: {e.strerror}.")
+        else:
+            ios, owner = self._ios_of([(items[n][1], slots, items[n][1].size) for n, slots in taken])
+            self._gather(self.ops.write_many(ios, self.unit), owner, [n for n, _ in taken], out)
         for n, res in enumerate(out):
             if isinstance(res, BaseException) and n in dict(taken):
                 self.slots.release(items[n][0])
@@ -202,9 +242,12 @@ class NvmeTier(SlottedTier):
                 found.append((n, (buf, slots, nbytes)))
             except Exception as e:  # noqa: BLE001 - this block's result
                 out[n] = e
+        if self.layout == "file-per-block":
+            self._files_many([(n, items[n][0], buf[:nbytes]) for n, (buf, _, nbytes) in found], self._open,
+                             self.ops.read_many, out)
+            return out
         ios, owner = self._ios_of([b for _, b in found])
-        done = self.ops.read_many(ios, self.unit)
-        self._gather(done, owner, [n for n, _ in found], out)
+        self._gather(self.ops.read_many(ios, self.unit), owner, [n for n, _ in found], out)
         return out
 
     def _ios_of(self, blocks: list) -> tuple[list, list[int]]:

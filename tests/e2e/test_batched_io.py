@@ -28,6 +28,18 @@ def _ops(path) -> list[tuple[str, str, str]]:
         return [(r["op"], r["tier"], r["key"]) for r in csv.DictReader(f)]
 
 
+def _both_ways(small_run, tmp_path, *args: str, env: dict | None = None) -> dict:
+    """The same seeded run serial and batched: each mode's (results, its I/O trace's ops, its summary in one line)."""
+    runs = {}
+    for mode in ("serial", "batched"):
+        trace = tmp_path / f"{mode}.csv"
+        r = run_cli(small_run(mode, *SEQUENCE, *args, "--request-io", mode, "--io-trace", str(trace), quiet=False),
+                    extra_env=env)
+        assert r.returncode == 0, r.stderr
+        runs[mode] = (small_run.results(mode), _ops(trace), " ".join(r.stdout.split()))
+    return runs
+
+
 TIGHT = ["--cpu-mem-gb", "0.012", "--nvme-gb", "0.024", "--max-inflight", "4", "--max-requests", "60"]
 
 
@@ -71,14 +83,8 @@ def test_hbm_straight_over_nvme_demotes_its_batches_together_in_serial_mode_s_or
     """HBM of 5 blocks straight over the NVMe tier (no CPU tier), on the fake device as typed: a batch's demotions
     out of HBM went one by one (no host slots to take them). They land through the worker's scratch, a window at a
     time (one D2H batch into it, one write batch out of it), making serial mode's decisions."""
-    runs = {}
-    for mode in ("serial", "batched"):
-        trace = tmp_path / f"{mode}.csv"
-        r = run_cli(small_run(mode, *SEQUENCE, "--gpu", "real", "--gpu-mem-gb", "0.01", "--cpu-mem-gb", "0",
-                              "--max-inflight", "8", "--request-io", mode, "--io-trace", str(trace), quiet=False),
-                    extra_env={"KVBENCH_FAKE_GPU": "1:2"})
-        assert r.returncode == 0, r.stderr
-        runs[mode] = (small_run.results(mode), _ops(trace), " ".join(r.stdout.split()))
+    runs = _both_ways(small_run, tmp_path, "--gpu", "real", "--gpu-mem-gb", "0.01", "--cpu-mem-gb", "0",
+                      "--max-inflight", "8", env={"KVBENCH_FAKE_GPU": "1:2"})
     (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
     assert "land in nvme through each worker's pinned scratch, 8 at a time" in said
     assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
@@ -89,20 +95,29 @@ def test_hbm_straight_over_nvme_demotes_its_batches_together_in_serial_mode_s_or
     assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
 
 
+@pytest.mark.slow  # two runs: make test-all (CI)
+def test_one_file_a_block_moves_its_batches_together_in_serial_mode_s_order(small_run, tmp_path):
+    """--nvme-layout file-per-block (LMCache's local disk and the MLPerf reference: a file a block): a batch went one
+    block after another. Each block's file is opened, every I/O handed to the engine at once, each file closed:
+    the NVMe tier's loads, stores and demotions go deeper than one, making serial mode's decisions."""
+    runs = _both_ways(small_run, tmp_path, "--nvme-layout", "file-per-block", "--max-inflight", "8")
+    (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
+    assert "nvme: the direct engine's: a pool of 8 threads per worker, each block's file opened before" in said
+    assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
+    assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    depth = batched["queue_depth"]["nvme"]
+    assert depth["load"]["max"] > 1 and depth["demotions"]["max"] > 1
+    assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
+
+
 @pytest.mark.slow  # two runs over a real Valkey server: make test-all (CI)
 def test_nvme_over_a_remote_tier_demotes_its_batches_together_in_serial_mode_s_order(small_run, tmp_path,
                                                                                      valkey_server):
     """The NVMe tier of 20 blocks over a Valkey tier: a batch's demotions out of NVMe went one by one (the disk holds
     no host copy to write from). They land through each worker's scratch, a window at a time (one read batch off the
     disk into it, one pipeline out of it), making serial mode's decisions."""
-    runs = {}
-    for mode in ("serial", "batched"):
-        trace = tmp_path / f"{mode}.csv"
-        r = run_cli(small_run(mode, *SEQUENCE, "--cpu-mem-gb", "0.02", "--nvme-gb", "0.04", "--max-inflight", "8",
-                              "--remote-url", valkey_server.url, "--remote-gb", "0.25", "--request-io", mode,
-                              "--io-trace", str(trace), quiet=False))
-        assert r.returncode == 0, r.stderr
-        runs[mode] = (small_run.results(mode), _ops(trace), " ".join(r.stdout.split()))
+    runs = _both_ways(small_run, tmp_path, "--cpu-mem-gb", "0.02", "--nvme-gb", "0.04", "--max-inflight", "8",
+                      "--remote-url", valkey_server.url, "--remote-gb", "0.25")
     (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
     assert "demotions out of nvme land in valkey through each worker's scratch, 8 at a time" in said
     assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
@@ -119,15 +134,9 @@ def test_a_batch_s_demotions_land_together_in_serial_mode_s_order(small_run, tmp
     batch, the CPU tier's slots into the NVMe engine's batch), deeper than one, and still makes serial mode's
     decisions: the same demotions, evictions and promotions into each tier in the same order, the same hits. The
     blocks a read window promotes go up together too."""
-    runs = {}
-    for mode in ("serial", "batched"):
-        trace = tmp_path / f"{mode}.csv"
-        r = run_cli(small_run(mode, *SEQUENCE, "--gpu", "real", "--gpu-mem-gb", "0.01", "--cpu-mem-gb", "0.02",
-                              "--max-inflight", "8", "--request-io", mode, "--io-trace", str(trace)),
-                    extra_env={"KVBENCH_FAKE_GPU": "1:2"})
-        assert r.returncode == 0, r.stderr
-        runs[mode] = (small_run.results(mode), _ops(trace))
-    (serial, s_ops), (batched, b_ops) = runs["serial"], runs["batched"]
+    runs = _both_ways(small_run, tmp_path, "--gpu", "real", "--gpu-mem-gb", "0.01", "--cpu-mem-gb", "0.02",
+                      "--max-inflight", "8", env={"KVBENCH_FAKE_GPU": "1:2"})
+    (serial, s_ops, _), (batched, b_ops, _) = runs["serial"], runs["batched"]
     assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
     assert {("demote", "cpu"), ("demote", "nvme")} <= set(_moves(b_ops))
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
