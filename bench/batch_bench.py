@@ -3,12 +3,13 @@
 against fio at the same queue depth.
 
 On a RAM-backed loop device (ext4 on losetup over a file in /dev/shm, made and removed here as root; elsewhere the
-folder given with --dir): the NVMe tier (slab layout) holds 64 blocks; a prefix load of those 64 blocks is timed
-one block at a time (get, the serial path) and as batches of --max-inflight (get_many, the batched path), with the
-io_uring and the direct engine. Beside it, fio's io_uring engine reads the same number of blocks of the same size at
-iodepth = --max-inflight (one job, direct=1, randread): GB/s and CPU seconds per GiB (fio's usr + sys; ours: this
-process's CPU time over the batched loads), and at iodepth 1: fio's own time at depth over its time one at a time is
-what a deeper queue can buy on this device at all, the bound beside ours (batched / serial). Each figure is the
+folder given with --dir): the NVMe tier (slab layout, then a file a block) holds 64 blocks; a prefix load of those
+64 blocks is timed one block at a time (get, the serial path) and as batches of --max-inflight (get_many, the
+batched path), with the io_uring and the direct engine. Beside it, fio's io_uring engine reads the same number of
+blocks of the same size at iodepth = --max-inflight (one job, direct=1, randread): GB/s and CPU seconds per GiB
+(fio's usr + sys; ours: this process's CPU time over the batched loads), and at iodepth 1: fio's own time at depth
+over its time one at a time is what a deeper queue can buy on this device at all, the bound beside ours (batched /
+serial). Each figure is the
 median of --rounds rounds. This times the tier and its engine, the path a batch takes below the cache; the whole
 program's own cost is e2e_bench's.
 
@@ -23,6 +24,7 @@ out of it).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -53,11 +55,11 @@ BLOCKS = 64
 SIZES = (512 << 10, 2 << 20)
 
 
-def ours(engine, where: str, size: int, depth: int) -> dict:
+def ours(engine, where: str, size: int, depth: int, layout: str = "slab") -> dict:
     """Serial and batched load times of BLOCKS blocks (s), and the batched loads' GB/s and CPU s per GiB."""
-    folder = os.path.join(where, f"tier-{engine.name}")
+    folder = os.path.join(where, f"tier-{engine.name}-{layout}")
     os.makedirs(folder, exist_ok=True)
-    tier = NvmeTier(folder, BLOCKS * size, size, engine, slab_file_bytes=BLOCKS * size)
+    tier = NvmeTier(folder, BLOCKS * size, size, engine, slab_file_bytes=BLOCKS * size, layout=layout)
     try:
         bufs = [aligned_buffer(size) for _ in range(BLOCKS)]
         for k, b in enumerate(bufs):
@@ -161,22 +163,23 @@ def main() -> None:
         where = a.dir or (loop_dir(stack) if os.geteuid() == 0 else "/tmp")
         print(f"Batched request I/O on {where}: a load of {BLOCKS} blocks, batches of {a.max_inflight} (median of "
               f"{a.rounds} rounds)")
-        print(f"  {'block':>7} {'engine':>9} {'serial ms':>10} {'batched ms':>11} {'batched/serial':>15} "
-              f"{'fio QD' + str(a.max_inflight) + '/QD1':>14} {'GB/s':>6} {'fio GB/s':>9} {'ours/fio':>9} "
-              f"{'CPU s/GiB ours/fio':>19}")
+        print(f"  {'block':>7} {'engine':>9} {'layout':>14} {'serial ms':>10} {'batched ms':>11} "
+              f"{'batched/serial':>15} {'fio QD' + str(a.max_inflight) + '/QD1':>14} {'GB/s':>6} {'fio GB/s':>9} "
+              f"{'ours/fio':>9} {'CPU s/GiB ours/fio':>19}")
         for size in SIZES:
             f = [fio(where, size, a.max_inflight) for _ in range(a.rounds)]
             fio_gbps, fio_cpu = np.median([x["gbps"] for x in f]), np.median([x["cpu_per_gib"] for x in f])
             fio_gain = float(np.median([x["gbps_qd1"] / x["gbps"] for x in f]))  # its time at depth / one by one
-            for name in ("io_uring", "direct"):
+            for name, layout in itertools.product(("io_uring", "direct"), ("slab", "file-per-block")):
                 if engines[name].unavailable():
                     print(f"  {name}: skipped: {engines[name].unavailable()}")
                     continue
-                r = [ours(engines[name], where, size, a.max_inflight) for _ in range(a.rounds)]
+                r = [ours(engines[name], where, size, a.max_inflight, layout) for _ in range(a.rounds)]
                 m = {k: float(np.median([x[k] for x in r])) for k in r[0]}
-                print(f"  {size / 2**20:6.2f}M {name:>9} {m['serial'] * 1e3:10.2f} {m['batched'] * 1e3:11.2f} "
-                      f"{m['batched'] / m['serial']:15.2f} {fio_gain:14.2f} {m['gbps']:6.2f} {fio_gbps:9.2f} "
-                      f"{m['gbps'] / fio_gbps:9.2f} {m['cpu_per_gib']:9.3f}/{fio_cpu:<9.3f}")
+                print(f"  {size / 2**20:6.2f}M {name:>9} {layout:>14} {m['serial'] * 1e3:10.2f} "
+                      f"{m['batched'] * 1e3:11.2f} {m['batched'] / m['serial']:15.2f} {fio_gain:14.2f} "
+                      f"{m['gbps']:6.2f} {fio_gbps:9.2f} {m['gbps'] / fio_gbps:9.2f} "
+                      f"{m['cpu_per_gib']:9.3f}/{fio_cpu:<9.3f}")
             os.unlink(os.path.join(where, "fio.bin"))
         print(f"A batch's demotions through the cache: {BLOCKS} new blocks into a full upper tier of {BLOCKS}, each "
               f"demoting one (batches of {a.max_inflight})")
