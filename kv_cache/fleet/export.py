@@ -24,6 +24,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from kv_cache.config import Settings
@@ -155,11 +156,18 @@ def export_point(folder: str, sim: Simulated, stream: Stream, trace: TraceSet, s
     write_file(out / "run.sh", _script(point, [e for e in engines if e["requests"]]), FLAG)
     fleet = {"router": sim.router, "engines": sim.engines, "tiers": list(TIERS), "hit_rate": figures["hit_rate"],
              "shared_read_blocks": shared["read_blocks"], "shared_write_blocks": shared["write_blocks"],
-             "slot_bytes": stream.slot_bytes, "trace_format": trace.fmt, "speedup": s.trace.speedup}
+             "slot_bytes": stream.slot_bytes, "trace_format": trace.fmt, "speedup": s.trace.speedup,
+             "arrival_gap_ms": arrival_gap_ms(stream.requests.at_s)}
     write_file(out / EXPORT_FILE, json.dumps({"fleet": fleet, "engines": engines,
                                                  "run": f"sh {shlex.quote(str(out / 'run.sh'))} URL"}, indent=1),
                FLAG)
     return out
+
+
+def arrival_gap_ms(at_s) -> float | None:
+    """The median time between two of the fleet's arrivals, ms (over --trace-speedup): a request that waited longer
+    for its engine's worker may have reached the shared tier after the next one (compare POINT says so)."""
+    return float(np.median(np.diff(np.sort(np.asarray(at_s, dtype=float))))) * 1e3 if len(at_s) > 1 else None
 
 
 def read_export(point: Path) -> dict:

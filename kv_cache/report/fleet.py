@@ -128,4 +128,25 @@ def export_comparison(sim: dict, runs: list, where: str) -> list[str]:
     return ([f"Fleet point {sim['router']} over {sim['engines']} engines against {len(runs)} real runs", f"  ({where})",
              "Prompt tokens served, by tier"] + format_table(rows, 2, "  ")
             + ["", "The shared tier's bytes"] + format_table(demand, 2, "  ")
-            + [f"  {adopted:,} blocks one engine read from another's writes in the shared tier"])
+            + [f"  {adopted:,} blocks one engine read from another's writes in the shared tier", kept_up(sim, runs)])
+
+
+def kept_up(sim: dict, runs: list) -> str:
+    """Whether the engines kept up with the trace: the simulation serves each request before the next arrives, so
+    a request that waited for its engine's worker longer than the fleet's arrivals are apart may have read or
+    written the shared tier after a later one (another order than the simulation's: its figures may differ)."""
+    waits = [q.max for r in runs if (q := r.request_latency_ms.get("queue")) is not None and q.max is not None]
+    if not waits:
+        return "  Kept up with the trace: - (no request's queue wait was recorded)"
+    gap, worst = sim.get("arrival_gap_ms"), max(waits)
+    behind = sum(r.load is not None and r.load.kind == "queue" for r in runs)
+    apart = "-" if gap is None else f"{gap:,.1f} ms"
+    if behind or (gap is not None and worst > gap):
+        return (f"  Behind the trace: the longest a request waited for its engine's worker was {worst:,.1f} ms, the "
+                f"fleet's arrivals {apart} apart at the median ({behind} of {len(runs)} runs' load verdict: queue); "
+                f"the engines may have served the shared tier in another order than the simulation, which serves "
+                f"each request before the next arrives, and the differences above may come from it: export the point "
+                f"again at a lower --trace-speedup (the requests further apart), or use faster storage")
+    return (f"  Kept up with the trace: the longest a request waited for its engine's worker was {worst:,.1f} ms, the "
+            f"fleet's arrivals {apart} apart at the median: the engines served the requests in the simulation's "
+            f"order")

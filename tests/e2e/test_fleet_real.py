@@ -79,6 +79,8 @@ def test_real_engines_sharing_a_remote_tier_serve_what_the_fleet_simulated(reque
     logs = "".join(p.read_text()[-3000:] for p in sorted(point.glob("engine-*.log")))
     assert ran.returncode == 0, ran.stdout + logs
     assert "against" in ran.stdout and "Prompt tokens served, by tier" in ran.stdout  # run.sh's compare POINT
+    assert "Kept up with the trace" in ran.stdout, ran.stdout  # each request done before the next arrived
+    assert sim["arrival_gap_ms"] > 0
     rate, read, written, adopted, runs = summed(point)
     assert runs == busy >= 2
     for tier in ("hbm", "cpu", "shared"):
