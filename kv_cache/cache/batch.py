@@ -25,15 +25,24 @@ from kv_cache.cache.chains import LANDING, PLACING, READY, Entry
 from kv_cache.tiers.base import IO_UNITS, device_begin
 
 
+def batch_units(tier, start: int, n: int) -> list:
+    """Each of a batch's n items' --io-unit layer I/Os as (ns from start, bytes), from the tier's last batch on this
+    thread; None each where the tier does not cut blocks into units."""
+    if IO_UNITS not in tier.flags:
+        return [None] * n
+    got = tier.batch_io_times()
+    return [[(c - start, b) for c, b in u] for u in got] if len(got) == n else [[] for _ in range(n)]
+
+
 class Batches:
     """read_batch, place_writes and commit_batch of a BlockCache."""
 
     def _batchable(self, e: Entry) -> bool:
-        """A block the batch path moves: one I/O (no parts, no --io-unit layer units to time apart), not another
-        rank's (read by name), not one GDS lands in HBM; the others take the serial path inside the batch."""
+        """A block the batch path moves: one object (no parts), not another rank's (read by name), not one GDS lands
+        in HBM; the others take the serial path inside the batch."""
         tier = self.tiers[e.tier]
         gds = self._gds_whole(e) and self.gds.lands(tier)
-        return not (e.remote or gds or IO_UNITS in tier.flags or self.parts.many(e.nbytes))
+        return not (e.remote or gds or self.parts.many(e.nbytes))
 
     def read_batch(self, entries: list[Entry], outs: list[np.ndarray], phase: str, op: str = "read") -> list:
         """Read pinned entries into outs, one get_many per tier (chain order within it); per entry the tier index
@@ -58,12 +67,14 @@ class Batches:
 
     def _record_batch(self, t: int, kind: str, phase: str, op: str, start: int, entries: list[Entry],
                       done: list) -> None:
-        """Each block's op from the batch's submission to its completion, and the batch as a whole."""
+        """Each block's op from the batch's submission to its completion (its --io-unit layer I/Os each too), and
+        the batch as a whole."""
         last = start
-        for e, d in zip(entries, done):
+        units = batch_units(self.tiers[t], start, len(entries))
+        for e, d, u in zip(entries, done, units):
             if not isinstance(d, BaseException):
                 last = max(last, d)
-                self._timed(t, e, op, phase, start, [(d - start, e.nbytes)])
+                self._timed(t, e, op, phase, start, [(d - start, e.nbytes)], units=u)
         self.recorder.batch(self.names[t], kind, phase, start, last - start, len(entries))
 
     def place_writes(self, wants: list[tuple[int, int, str, int | None]], make, phase: str,

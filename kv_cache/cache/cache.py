@@ -156,16 +156,18 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
             self._drop(e)
 
     def _timed(self, t: int, e: Entry, op: str, phase: str, start: int, times: list[tuple[int, int]],
-               split: bool = False) -> None:
+               split: bool = False, units: list[tuple[int, int]] | None = None) -> None:
         """One block operation: an object of parts takes the sum of its parts' I/O times, each beside it (as a tier's
         own --io-unit layer I/Os are). split: device_begin() was called just before it, on this thread: its device
-        and host parts are recorded too (one operation at a time: a batch's I/Os run on other threads)."""
+        and host parts are recorded too (one operation at a time: a batch's I/Os run on other threads). units: its
+        --io-unit layer I/Os' (ns, bytes) in a batch, each from the batch's submission (else the tier's own)."""
         total = sum(ns for ns, _ in times)
         self.recorder.op(self.names[t], op, phase, start, total, e.nbytes, e.key)
         device = min(device_ns(), total) if split and SPLITS in self.tiers[t].flags else 0
         if device:  # the reference's device / host split (none through GDS, which no engine times)
             self.recorder.split(self.names[t], op, start, device, total - device)
-        units = times if len(times) > 1 else self.tiers[t].io_times() if IO_UNITS in self.tiers[t].flags else []
+        if units is None:
+            units = times if len(times) > 1 else self.tiers[t].io_times() if IO_UNITS in self.tiers[t].flags else []
         if units:
             self.recorder.io_units(self.names[t], op, phase, start, units)
 

@@ -53,7 +53,7 @@ class Landing:
         """A demotion the batch path moves: one I/O between two tiers of this process, not through GDS."""
         e, src, dst = mv.entry, self.tiers[mv.src], self.tiers[mv.dst]
         gds = self._gds_whole(e) and self.gds.links(src, dst)
-        return not (e.remote or gds or self.parts.many(e.nbytes) or IO_UNITS in src.flags | dst.flags)
+        return not (e.remote or gds or self.parts.many(e.nbytes))
 
     def _defer(self, mv: Move, scratch) -> bool:
         """Make a demotion's state change now (as run_moves would once its bytes moved); its bytes land later.
@@ -88,6 +88,7 @@ class Landing:
         one; then each block is READY where it was placed. Returns the first failure."""
         src, dst = self.tiers[moves[0].src], self.tiers[moves[0].dst]
         start = now_ns()
+        units: list = [None] * len(moves)  # each move's --io-unit layer writes into dst, when a batch made them
         try:
             done = self._together(src, dst, moves, scratch)
         except BaseException as ex:  # the batch call itself raised (a server gone): each fails with it, dropped
@@ -95,11 +96,15 @@ class Landing:
         if done is None:
             done = [self._one(src, dst, mv, scratch) for mv in moves]
         else:
+            done, got = done if isinstance(done, tuple) else (done, None)
+            if got and len(got) == len(moves):
+                units = [[(c - start, b) for c, b in u] for u in got]
             ends = [d for d in done if not isinstance(d, BaseException)]
             if ends:
                 self.recorder.batch(dst.name, C.DEMOTE_BATCH, "evict", start, max(ends) - start, len(moves))
             done = [(start, d) for d in done]
-        return self._settle([partial(self._landed, mv, src, dst, began, d) for mv, (began, d) in zip(moves, done)])
+        return self._settle([partial(self._landed, mv, src, dst, began, d, u)
+                             for mv, (began, d), u in zip(moves, done, units)])
 
     def _settle(self, ends: list) -> BaseException | None:
         """Run each block's end whatever another's raised (a reader waits on any left landing), then empty the
@@ -112,9 +117,10 @@ class Landing:
                 error = error or ex
         return error
 
-    def _landed(self, mv: Move, src, dst, began: int, d) -> None:
-        """One landing demotion's end: its source copy deleted, timed, READY where it was placed; or (d an
-        exception, or the delete failing) dropped, and the failure raised."""
+    def _landed(self, mv: Move, src, dst, began: int, d, units: list | None = None) -> None:
+        """One landing demotion's end: its source copy deleted, timed (units: its --io-unit layer writes, from a
+        batch), READY where it was placed; or (d an exception, or the delete failing) dropped, and the failure
+        raised."""
         e = mv.entry
         if not isinstance(d, BaseException):
             try:
@@ -126,7 +132,7 @@ class Landing:
             raise d
         if self.index.get(e.key) is not e:  # another thread's trash freed it ahead of its bytes: they go too
             self.parts.delete(dst, e.key, e.nbytes, present_only=True)
-        self._timed(mv.dst, e, "demote", "evict", began, [(d - began, e.nbytes)])
+        self._timed(mv.dst, e, "demote", "evict", began, [(d - began, e.nbytes)], units=units)
         self.recorder.add_bytes(src.name, "read", began, e.nbytes)
         with self._lock:
             self.leaving[mv.src] -= mv.leaving_slots  # its slots are physically free now
@@ -141,9 +147,10 @@ class Landing:
                 self._drop_now(e)
         self._wake()
 
-    def _together(self, src, dst, moves: list[Move], scratch) -> list | None:
-        """Each move's completion ns (or exception), the tier's moves in flight together; None where they cannot
-        be (neither HBM into host slots, nor host slots or, through scratch, another tier into a batching tier)."""
+    def _together(self, src, dst, moves: list[Move], scratch) -> list | tuple | None:
+        """Each move's completion ns (or exception), the tier's moves in flight together (with dst's --io-unit layer
+        I/Os of each: (done, units)); None where they cannot be (neither HBM into host slots, nor host slots or,
+        through scratch, another tier into a batching tier)."""
         items = [(mv.entry.key, mv.entry.nbytes) for mv in moves]
         done = src.move_many_to(items, dst)
         if done is not None or BATCHES not in dst.flags:
@@ -151,27 +158,34 @@ class Landing:
         views = [src.held_view(k) for k, _ in items]
         if any(v is None for v in views):
             return self._through(src, dst, items, scratch)
-        return dst.put_many([(k, v) for (k, _), v in zip(items, views)])
+        done = dst.put_many([(k, v) for (k, _), v in zip(items, views)])
+        return (done, dst.batch_io_times()) if IO_UNITS in dst.flags else done
 
     @staticmethod
-    def _through(src, dst, items: list[tuple[int, int]], scratch) -> list | None:
+    def _through(src, dst, items: list[tuple[int, int]], scratch) -> tuple | None:
         """Moves whose source holds no host copy (HBM with no CPU tier below, the NVMe tier over a remote one) through
         the worker's scratch, as many blocks at a time as it holds: one read batch into it, then one write batch out
-        of it. None where it holds one block (run/sizing.demotion_depth): one by one then."""
+        of it: (each one's completion or exception, its --io-unit layer writes). None where it holds one block
+        (run/sizing.demotion_depth): one by one then."""
         each = direct_aligned(max(n for _, n in items))
         room = len(scratch) // each
         if room < 2:
             return None
         done: list = []
+        units: list[list] = []
         for w in range(0, len(items), room):
             window = [(k, scratch[i * each:i * each + n]) for i, (k, n) in enumerate(items[w:w + room])]
             got = src.get_many(window)
             ok = [n for n, g in enumerate(got) if not isinstance(g, BaseException)]
             put = dst.put_many([window[n] for n in ok]) if ok else []
-            for n, p in zip(ok, put):
+            wrote = dst.batch_io_times() if IO_UNITS in dst.flags and ok else []
+            mine: list[list] = [[] for _ in got]
+            for i, (n, p) in enumerate(zip(ok, put)):
                 got[n] = p
+                mine[n] = wrote[i] if len(wrote) == len(ok) else []
             done += got
-        return done
+            units += mine
+        return done, units if IO_UNITS in dst.flags else None
 
     def _one(self, src, dst, mv: Move, scratch) -> tuple[int, object]:
         """(its start, its completion ns or exception) of one move, alone, as serial mode makes it."""

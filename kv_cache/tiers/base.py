@@ -162,6 +162,11 @@ class SlottedTier:
         """IO_UNITS: (ns, bytes) of each I/O of this thread's last put or get; none elsewhere."""
         return []
 
+    def batch_io_times(self) -> list[list[tuple[int, int]]]:
+        """IO_UNITS: for each item of this thread's last put_many or get_many, (completion ns, bytes) of each of its
+        I/Os (none for an item that failed); none elsewhere."""
+        return []
+
     def adopt(self, key: int) -> int | None:
         """SHARED: take over a block another process published here (its bytes), or None."""
         return None

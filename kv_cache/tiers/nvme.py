@@ -87,8 +87,7 @@ class NvmeTier(SlottedTier):
         self.slabs: list[_Slab] = []
         if layout == "slab":
             self._make_slabs()
-        if not io_unit_bytes:  # a batch's I/Os go to the engine together (--io-unit layer times each block's)
-            self.flags = self.flags | {BATCHES}
+        self.flags = self.flags | {BATCHES}  # a batch's I/Os go to the engine together (--io-unit layer: each unit)
         note = f" ({engine_note})" if engine_note else ""
         unit = f", one I/O per {io_unit_bytes / 2**10:,.0f} KiB (layer group)" if io_unit_bytes else ""
         self.description = (f"{engine}{note}, {layout} in {directory}{' (shared by every rank)' if shared else ''}, "
@@ -155,21 +154,32 @@ class NvmeTier(SlottedTier):
 
     def _files_many(self, items: list, opener, verb, out: list) -> list:
         """A batch in file-per-block layout: each (n, key, buffer)'s file opened (opener), every I/O handed to the
-        engine at once (verb: its write_many or read_many), each file closed; out[n] each one's result."""
+        engine at once (verb: its write_many or read_many), each file closed; out[n] each one's result. Returns
+        (n, key, target) of each block written whole."""
         opened = []
         for n, key, buf in items:
             try:
                 opened.append((n, key, buf, opener(key)))
             except Exception as e:  # noqa: BLE001 - this block's result (its file gone, or not creatable)
                 out[n] = e
+        ios, owner = [], []
+        for b, (_, _, buf, t) in enumerate(opened):
+            for io in self._pieces(t, 0, buf):
+                ios.append(io)
+                owner.append(b)
         try:
-            done = verb([(t, 0, buf) for _, _, buf, t in opened], self.unit) if opened else []
+            self._moved(verb(ios, self.unit) if ios else [], ios, owner, [n for n, *_ in opened], out)
         finally:
             for *_, t in opened:
                 os.close(t.fd)
-        for (n, *_), res in zip(opened, done):
-            out[n] = res
-        return [(n, key, t) for (n, key, _, t), res in zip(opened, done) if not isinstance(res, BaseException)]
+        return [(n, key, t) for n, key, _, t in opened if not isinstance(out[n], BaseException)]
+
+    def _pieces(self, target, off: int, view: np.ndarray) -> list:
+        """(target, offset, view) of one run of a block's bytes: whole, or with --io-unit layer cut into its units
+        (each one I/O of the batch, timed apart as a serial put or get times them)."""
+        if IO_UNITS not in self.flags:
+            return [(target, off, view)]
+        return [(target, off + o, view[o:o + self.unit]) for o in range(0, view.size, self.unit)]
 
     # ---------------------------------------------------------------- tier protocol
 
@@ -199,11 +209,10 @@ class NvmeTier(SlottedTier):
             raise
 
     def batch_path(self) -> str:
-        if BATCHES in self.flags:
-            files = ", each block's file opened before the batch and closed after it" \
-                if self.layout == "file-per-block" else ""
-            return f"the {self.engine} engine's: {self.ops.batch}{files}"
-        return "one block after another (--io-unit layer times each block's I/Os)"
+        files = ", each block's file opened before the batch and closed after it" \
+            if self.layout == "file-per-block" else ""
+        units = ", every layer group's I/O of every block in it, each timed" if IO_UNITS in self.flags else ""
+        return f"the {self.engine} engine's: {self.ops.batch}{files}{units}"
 
     def put_many(self, items: list[tuple[int, np.ndarray]]) -> list:
         """A batch of blocks into their slabs or files, every block's I/Os handed to the engine at once (its batch
@@ -226,7 +235,7 @@ class NvmeTier(SlottedTier):
                     out[n] = RunFault(f"cannot rename {t.path} to {self._file(key)}: {e.strerror}.")
         else:
             ios, owner = self._ios_of([(items[n][1], slots, items[n][1].size) for n, slots in taken])
-            self._gather(self.ops.write_many(ios, self.unit), owner, [n for n, _ in taken], out)
+            self._moved(self.ops.write_many(ios, self.unit), ios, owner, [n for n, _ in taken], out)
         for n, res in enumerate(out):
             if isinstance(res, BaseException) and n in dict(taken):
                 self.slots.release(items[n][0])
@@ -247,27 +256,37 @@ class NvmeTier(SlottedTier):
                              self.ops.read_many, out)
             return out
         ios, owner = self._ios_of([b for _, b in found])
-        self._gather(self.ops.read_many(ios, self.unit), owner, [n for n, _ in found], out)
+        self._moved(self.ops.read_many(ios, self.unit), ios, owner, [n for n, _ in found], out)
         return out
 
     def _ios_of(self, blocks: list) -> tuple[list, list[int]]:
-        """(slab, offset, view) of each run of each (buffer, slots, nbytes), and the block each belongs to."""
+        """(slab, offset, view) of each run (or unit) of each (buffer, slots, nbytes), and the block each belongs
+        to."""
         ios, owner = [], []
         for b, (buf, slots, nbytes) in enumerate(blocks):
             for first, pos, length in runs(slots, nbytes, self.slot_bytes, self.per_file):
                 slab, off = self._slab_at(first)
-                ios.append((slab, off, buf[pos:pos + length]))
-                owner.append(b)
+                for io in self._pieces(slab, off, buf[pos:pos + length]):
+                    ios.append(io)
+                    owner.append(b)
         return ios, owner
 
-    @staticmethod
-    def _gather(done: list, owner: list[int], index: list[int], out: list) -> None:
-        """A block's result: its last I/O's completion, or the first exception among its I/Os."""
-        for res, b in zip(done, owner):
+    def _moved(self, done: list, ios: list, owner: list[int], index: list[int], out: list) -> None:
+        """A block's result: its last I/O's completion, or the first exception among its I/Os; with --io-unit
+        layer each of its I/Os' completion too (batch_io_times)."""
+        units: list[list[tuple[int, int]]] = [[] for _ in out]
+        for res, (_, _, view), b in zip(done, ios, owner):
             n = index[b]
             if isinstance(out[n], BaseException):
                 continue
             out[n] = res if isinstance(res, BaseException) else max(out[n] or 0, res)
+            if not isinstance(res, BaseException):
+                units[n].append((res, view.size))
+        if IO_UNITS in self.flags:
+            self._ios.batch = [[] if isinstance(r, BaseException) else u for r, u in zip(out, units)]
+
+    def batch_io_times(self) -> list[list[tuple[int, int]]]:
+        return getattr(self._ios, "batch", [])
 
     def adopt(self, key: int) -> int | None:
         """Size of a block another process published in this shared tier, or None."""

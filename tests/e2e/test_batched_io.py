@@ -110,6 +110,25 @@ def test_one_file_a_block_moves_its_batches_together_in_serial_mode_s_order(smal
     assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
 
 
+@pytest.mark.slow  # two runs: make test-all (CI)
+def test_layer_units_move_in_batches_each_timed_as_serial_mode_times_them(small_run, tmp_path):
+    """--io-unit layer (a block as one I/O per layer group, each timed): a batch went one block after another. Every
+    unit of every block of a batch goes to the engine at once; each unit's latency runs from the batch's submission
+    (as a block's does), and the units counted per operation are serial mode's, with its decisions."""
+    runs = _both_ways(small_run, tmp_path, "--io-unit", "layer", "--max-inflight", "8")
+    (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
+    assert "every layer group's I/O of every block in it, each timed" in said
+    assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
+    assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    units = {mode: {op: v["count"] for op, v in r["latency_ms"]["nvme"].items() if op.endswith("_io")}
+             for mode, (r, *_) in runs.items()}
+    assert units["serial"] == units["batched"] and units["batched"]["read_io"] > batched["latency_ms"]["nvme"][
+        "read"]["count"]  # each block's reads cut into layer groups
+    assert {"read_io", "demote_io"} <= set(units["batched"])
+    depth = batched["queue_depth"]["nvme"]
+    assert depth["load"]["max"] > 1 and depth["demotions"]["max"] > 1
+
+
 @pytest.mark.slow  # two runs over a real Valkey server: make test-all (CI)
 def test_nvme_over_a_remote_tier_demotes_its_batches_together_in_serial_mode_s_order(small_run, tmp_path,
                                                                                      valkey_server):

@@ -196,6 +196,32 @@ def test_io_unit_layer_moves_a_block_as_timed_layer_ios(tmp_path, direct_ok, eng
     whole.close()
 
 
+@pytest.mark.parametrize("engine, layout", [("direct", "slab"), ("io_uring", "slab"), ("direct", "file-per-block")])
+def test_io_unit_layer_batches_hand_every_unit_to_the_engine_each_timed(tmp_path, direct_ok, engine, layout):
+    """--io-unit layer in a batch: every unit of every block goes to the engine at once, and the batch says when each
+    of a block's units completed (its bytes the unit's); a missing block fails alone with no units."""
+    if ENGINES[engine].unavailable():
+        pytest.skip(f"{engine}: {ENGINES[engine].unavailable()}")
+    unit = 64 << 10
+    tier = NvmeTier(str(tmp_path), 8 * SLOT, SLOT, ENGINES[engine], layout, io_unit_bytes=unit)
+    pool = PayloadPool(seed=3)
+    datas = [aligned_buffer(n) for n in (SLOT, SLOT + SLOT // 2, unit)]
+    for k, d in enumerate(datas):
+        pool.fill(k, d)
+    assert all(isinstance(t, int) for t in tier.put_many(list(enumerate(datas))))
+    wrote = tier.batch_io_times()
+    assert [len(u) for u in wrote] == [d.size // unit for d in datas]
+    assert all(n == unit and c > 0 for u in wrote for c, n in u)
+    outs = [aligned_buffer(d.size) for d in datas] + [aligned_buffer(unit)]
+    done = tier.get_many([*enumerate(outs[:3]), (99, outs[3])])
+    assert isinstance(done[3], KeyError) and all(isinstance(t, int) for t in done[:3])
+    read = tier.batch_io_times()
+    assert [len(u) for u in read] == [d.size // unit for d in datas] + [0]
+    assert all((o == d).all() for o, d in zip(outs, datas))
+    assert all(max(c for c, _ in u) == t for u, t in zip(read, done[:3]))  # a block ends with its last unit
+    tier.close()
+
+
 def test_io_unit_bytes_follow_the_model_layers():
     from found import SECTIONS
 
