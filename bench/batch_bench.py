@@ -3,9 +3,10 @@
 against fio at the same queue depth.
 
 On a RAM-backed loop device (ext4 on losetup over a file in /dev/shm, made and removed here as root; elsewhere the
-folder given with --dir): the NVMe tier (slab layout, then a file a block) holds 64 blocks; a prefix load of those
-64 blocks is timed one block at a time (get, the serial path) and as batches of --max-inflight (get_many, the
-batched path), with the io_uring and the direct engine. Beside it, fio's io_uring engine reads the same number of
+folder given with --dir): the NVMe tier (slab layout, a file a block, and the slab with --io-unit layer's 32 layer
+groups a block, llama3.1-8b's layers) holds 64 blocks; a prefix load of those 64 blocks is timed one block at a time
+(get, the serial path) and as batches of --max-inflight (get_many, the batched path), with the io_uring and the
+direct engine. Beside it, fio's io_uring engine reads the same number of
 blocks of the same size at iodepth = --max-inflight (one job, direct=1, randread): GB/s and CPU seconds per GiB
 (fio's usr + sys; ours: this process's CPU time over the batched loads), and at iodepth 1: fio's own time at depth
 over its time one at a time is what a deeper queue can buy on this device at all, the bound beside ours (batched /
@@ -55,11 +56,15 @@ BLOCKS = 64
 SIZES = (512 << 10, 2 << 20)
 
 
-def ours(engine, where: str, size: int, depth: int, layout: str = "slab") -> dict:
+LAYOUTS = (("slab", 0), ("file-per-block", 0), ("slab", 32))  # (layout, layer-group I/Os a block: --io-unit layer)
+
+
+def ours(engine, where: str, size: int, depth: int, layout: str = "slab", units: int = 0) -> dict:
     """Serial and batched load times of BLOCKS blocks (s), and the batched loads' GB/s and CPU s per GiB."""
-    folder = os.path.join(where, f"tier-{engine.name}-{layout}")
+    folder = os.path.join(where, f"tier-{engine.name}-{layout}-{units}")
     os.makedirs(folder, exist_ok=True)
-    tier = NvmeTier(folder, BLOCKS * size, size, engine, slab_file_bytes=BLOCKS * size, layout=layout)
+    tier = NvmeTier(folder, BLOCKS * size, size, engine, slab_file_bytes=BLOCKS * size, layout=layout,
+                    io_unit_bytes=size // units if units else 0)
     try:
         bufs = [aligned_buffer(size) for _ in range(BLOCKS)]
         for k, b in enumerate(bufs):
@@ -170,13 +175,14 @@ def main() -> None:
             f = [fio(where, size, a.max_inflight) for _ in range(a.rounds)]
             fio_gbps, fio_cpu = np.median([x["gbps"] for x in f]), np.median([x["cpu_per_gib"] for x in f])
             fio_gain = float(np.median([x["gbps_qd1"] / x["gbps"] for x in f]))  # its time at depth / one by one
-            for name, layout in itertools.product(("io_uring", "direct"), ("slab", "file-per-block")):
+            for name, (layout, units) in itertools.product(("io_uring", "direct"), LAYOUTS):
                 if engines[name].unavailable():
                     print(f"  {name}: skipped: {engines[name].unavailable()}")
                     continue
-                r = [ours(engines[name], where, size, a.max_inflight, layout) for _ in range(a.rounds)]
+                r = [ours(engines[name], where, size, a.max_inflight, layout, units) for _ in range(a.rounds)]
                 m = {k: float(np.median([x[k] for x in r])) for k in r[0]}
-                print(f"  {size / 2**20:6.2f}M {name:>9} {layout:>14} {m['serial'] * 1e3:10.2f} "
+                shape = f"{layout}, {units} units" if units else layout
+                print(f"  {size / 2**20:6.2f}M {name:>9} {shape:>14} {m['serial'] * 1e3:10.2f} "
                       f"{m['batched'] * 1e3:11.2f} {m['batched'] / m['serial']:15.2f} {fio_gain:14.2f} "
                       f"{m['gbps']:6.2f} {fio_gbps:9.2f} {m['gbps'] / fio_gbps:9.2f} "
                       f"{m['cpu_per_gib']:9.3f}/{fio_cpu:<9.3f}")

@@ -16,7 +16,6 @@ one file per block); *engine* is how bytes move, one entry of an ops table
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import shutil
@@ -26,11 +25,12 @@ import time
 import numpy as np
 
 from kv_cache.buffers import aligned_buffer
-from kv_cache.errors import BlockVanished, RunFault, UserError
+from kv_cache.errors import RunFault, UserError
 from kv_cache.tiers.base import BATCHES, IO_UNITS, PRECONDITIONS, SHARED, SPLITS, STORAGE, SlottedTier
 from kv_cache.tiers.engines import Engine, Target
 from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of
 from kv_cache.tiers.null import NullTier
+from kv_cache.tiers.nvme_files import BlockFiles
 from kv_cache.tiers.nvme_size import NVME_AUTO_MAX, _agree, _most_bytes, _resolved, capacity
 from kv_cache.tiers.posix_io import CHUNK, pwrite_all
 from kv_cache.tiers.slots import runs
@@ -61,7 +61,7 @@ class _Slab(Target):
         os.close(self.fd)
 
 
-class NvmeTier(SlottedTier):
+class NvmeTier(BlockFiles, SlottedTier):
     """Storage tier in a directory; see the module docstring for layouts and engines."""
 
     name = "nvme"
@@ -106,73 +106,6 @@ class NvmeTier(SlottedTier):
     def _slab_at(self, slot: int) -> tuple[_Slab, int]:
         return self.slabs[slot // self.per_file], (slot % self.per_file) * self.slot_bytes
 
-
-    # ---------------------------------------------------------------- file-per-block layout
-
-    def _file(self, key: int) -> str:
-        return os.path.join(self.directory, f"{key:016x}.kv")
-
-    def _file_write(self, key: int, data: np.ndarray) -> None:
-        t = self._create(key)
-        try:
-            self.ops.write(t, 0, data, self.unit, self._times())
-        finally:
-            os.close(t.fd)
-        self._publish(key, t)
-
-    def _create(self, key: int) -> Target:
-        """key's file opened for writing: under a private name in a shared folder (renamed once written, so a
-        reader in another process never sees half a block)."""
-        final = self._file(key)
-        path = f"{final}.{self.writer}-{threading.get_ident()}.tmp" if SHARED in self.flags else final
-        try:
-            # never through a link: a shared folder (the handoff's) is others' to write in too
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | self.ops.open_flags, 0o600)
-        except OSError as e:
-            raise RunFault(f"cannot create {path}: {e.strerror}"
-                           f"{' (a link planted there?)' if e.errno == errno.ELOOP else ''}.") from None
-        return Target(path, fd)
-
-    def _publish(self, key: int, t: Target) -> None:
-        """A written file under its block's name (a private one renamed)."""
-        if t.path != self._file(key):
-            os.rename(t.path, self._file(key))
-
-    def _open(self, key: int) -> Target:
-        path = self._file(key)
-        try:
-            return Target(path, os.open(path, os.O_RDONLY | self.ops.open_flags))
-        except FileNotFoundError:
-            raise BlockVanished(key) from None
-
-    def _file_read(self, key: int, out: np.ndarray) -> None:
-        t = self._open(key)
-        try:
-            self.ops.read(t, 0, out, self.unit, self._times())
-        finally:
-            os.close(t.fd)
-
-    def _files_many(self, items: list, opener, verb, out: list) -> list:
-        """A batch in file-per-block layout: each (n, key, buffer)'s file opened (opener), every I/O handed to the
-        engine at once (verb: its write_many or read_many), each file closed; out[n] each one's result. Returns
-        (n, key, target) of each block written whole."""
-        opened = []
-        for n, key, buf in items:
-            try:
-                opened.append((n, key, buf, opener(key)))
-            except Exception as e:  # noqa: BLE001 - this block's result (its file gone, or not creatable)
-                out[n] = e
-        ios, owner = [], []
-        for b, (_, _, buf, t) in enumerate(opened):
-            for io in self._pieces(t, 0, buf):
-                ios.append(io)
-                owner.append(b)
-        try:
-            self._moved(verb(ios, self.unit) if ios else [], ios, owner, [n for n, *_ in opened], out)
-        finally:
-            for *_, t in opened:
-                os.close(t.fd)
-        return [(n, key, t) for n, key, _, t in opened if not isinstance(out[n], BaseException)]
 
     def _pieces(self, target, off: int, view: np.ndarray) -> list:
         """(target, offset, view) of one run of a block's bytes: whole, or with --io-unit layer cut into its units
