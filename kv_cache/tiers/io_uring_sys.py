@@ -134,6 +134,35 @@ class Ring:
             done += self._reap(results, completed)
         return results
 
+    def stream(self, ops: list[tuple[int, int, int, int, int]], completed: list) -> list[int]:
+        """ops, any number of them, with the ring kept full: up to `entries` in flight, each one reaped as it
+        completes (its monotonic ns into completed[i]) and the next submitted in its place (fio's iodepth, where
+        submit() waits for a whole round before the next). Returns each op's result, in the order given."""
+        n, results = len(ops), [0] * len(ops)
+        sent = done = pending = 0  # pending: entries in the submission ring the kernel has not taken yet
+        while done < n:
+            tail, k = self._sq_tail.value, 0
+            while sent < n and sent - done < self.entries:
+                opcode, fd, off, addr, length = ops[sent]
+                idx = (tail + k) & self._sq_mask
+                sqe = self._sqes[idx]
+                ctypes.memset(ctypes.addressof(sqe), 0, SQE_BYTES)
+                sqe.opcode, sqe.fd, sqe.off, sqe.addr, sqe.len, sqe.user_data = opcode, fd, off, addr, length, sent
+                self._sq_array[idx] = idx
+                sent, k = sent + 1, k + 1
+            self._sq_tail.value = (tail + k) & 0xFFFFFFFF
+            pending += k
+            got = _libc.syscall(SYS_ENTER, ctypes.c_uint(self.fd), ctypes.c_uint(pending), ctypes.c_uint(1),
+                                ctypes.c_uint(ENTER_GETEVENTS), None, ctypes.c_size_t(0))
+            if got < 0:
+                err = ctypes.get_errno()
+                if err == 4:  # EINTR: nothing taken (the run's Ctrl-C handler runs between calls): again
+                    continue
+                raise OSError(err, f"io_uring_enter: {os.strerror(err)}")
+            pending -= min(got, pending)  # io_uring_enter answers how many it took
+            done += self._reap(results, completed)
+        return results
+
     def _reap(self, results: list[int], completed: list | None = None) -> int:
         head, tail, seen = self._cq_head.value, self._cq_tail.value, 0
         now = time.monotonic_ns() if completed is not None else 0

@@ -54,7 +54,7 @@ class UringEngine(Engine):
         self._batch(OP_READ, t, off, out, unit, times)
         device_call(start)
 
-    batch = "one io_uring submission per batch, each I/O reaped as it completes"
+    batch = "one io_uring per worker kept full (64 I/Os in flight), each I/O reaped as it completes"
 
     def write_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int) -> list:
         return self._many(OP_WRITE, ios, unit)
@@ -63,7 +63,7 @@ class UringEngine(Engine):
         return self._many(OP_READ, ios, unit)
 
     def _many(self, op: int, ios: list, unit: int) -> list:
-        """Every unit of every I/O submitted together (DEPTH at a time); an I/O's completion is its last unit's.
+        """Every unit of every I/O through the ring, DEPTH in flight; an I/O's completion is its last unit's.
         A unit that fails or comes back short leaves its I/O to the one-by-one path, which finishes or fails it
         (a sentence either way)."""
         step = min(unit or CHUNK, CHUNK)
@@ -71,18 +71,15 @@ class UringEngine(Engine):
                  for i, (t, off, buf) in enumerate(ios) for o in range(0, buf.nbytes, step)]
         ring, out = self._ring(), [0] * len(ios)
         redo: set[int] = set()
-        for first in range(0, len(units), DEPTH):
-            part = units[first:first + DEPTH]
-            when = [0] * len(part)
-            try:
-                got = ring.submit([(op, ios[i][0].fd, at, addr, n) for i, at, addr, n in part], when)
-            except OSError:
-                redo.update(i for i, *_ in part)
-                continue
-            for (i, _, _, n), res, t in zip(part, got, when):
-                if res != n:
-                    redo.add(i)
-                out[i] = max(out[i], t)
+        when = [0] * len(units)
+        try:  # the ring kept full: DEPTH units in flight, the next submitted as each completes
+            got = ring.stream([(op, ios[i][0].fd, at, addr, n) for i, at, addr, n in units], when)
+        except OSError:
+            got = [-1] * len(units)
+        for (i, _, _, n), res, t in zip(units, got, when):
+            if res != n:
+                redo.add(i)
+            out[i] = max(out[i], t)
         verb = self.write if op == OP_WRITE else self.read
         for i in redo:
             t, off, buf = ios[i]
@@ -115,15 +112,16 @@ class UringEngine(Engine):
         while done < total:
             pieces = [(o, min(step, total - o)) for o in range(done, total, step)][:DEPTH]
             start = time.monotonic_ns() if times is not None else 0
+            when = [0] * len(pieces) if times is not None else None  # --io-unit layer: each unit's completion
             try:
-                got = ring.submit([(op, t.fd, off + o, base + o, n) for o, n in pieces])
+                got = ring.submit([(op, t.fd, off + o, base + o, n) for o, n in pieces], when)
             except OSError as e:
                 raise RunFault(f"io_uring {what} of {t.path} failed: {e.strerror or e}.") from None
             bad = next((r for r in got if r < 0), None)
             if bad is not None:
                 raise RunFault(f"io_uring {what} of {t.path} failed: {os.strerror(-bad)} (errno {-bad}).")
-            if times is not None:
-                times.append((time.monotonic_ns() - start, sum(got)))
+            if when is not None:  # each unit timed from the submission, as a batch's units are
+                times.extend((w - start, n) for w, n in zip(when, got))
             whole = next((k for k, (_, n) in enumerate(pieces) if got[k] < n), len(pieces))
             if whole == 0 and got[0] == 0:
                 raise RunFault(f"io_uring {what} of {t.path} moved no byte at {off + done}.")

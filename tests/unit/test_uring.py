@@ -31,6 +31,29 @@ def test_a_block_in_several_units_goes_through_one_batch_and_comes_back_whole(tm
     os.close(fd)
 
 
+def test_a_batch_of_more_units_than_the_ring_holds_keeps_it_full_and_comes_back_whole(tmp_path):
+    """150 I/Os through a ring of 8 entries (submit() takes at most 8): each submitted as a slot frees, each one's
+    result and completion time its own, the bytes whole either way."""
+    from kv_cache.tiers.io_uring_sys import OP_READ, OP_WRITE, Ring
+
+    path = str(tmp_path / "slab")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    os.posix_fallocate(fd, 0, 150 * 4096)
+    data = aligned_buffer(150 * 4096)
+    data[:] = np.random.default_rng(5).integers(0, 256, data.size, dtype=np.uint8)
+    ring = Ring(8)
+    try:
+        when = [0] * 150
+        got = ring.stream([(OP_WRITE, fd, k * 4096, data.ctypes.data + k * 4096, 4096) for k in range(150)], when)
+        assert got == [4096] * 150 and min(when) > 0
+        out = aligned_buffer(data.size)
+        got = ring.stream([(OP_READ, fd, k * 4096, out.ctypes.data + k * 4096, 4096) for k in range(150)], when)
+        assert got == [4096] * 150 and np.array_equal(out, data)
+    finally:
+        ring.close()
+        os.close(fd)
+
+
 def test_the_table_is_the_one_source(small_run, tmp_path):
     """A run with --io-engine io_uring: the choices and --help name it, its fio job is fio's io_uring engine, and the
     submission rules take it as an O_DIRECT engine."""
