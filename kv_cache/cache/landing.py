@@ -92,11 +92,11 @@ class Landing:
         try:
             done = self._together(src, dst, moves, scratch)
         except BaseException as ex:  # the batch call itself raised (a server gone): each fails with it, dropped
-            done = [ex] * len(moves)  # (nobody may wait on a landing block for ever)
+            done = [ex] * len(moves), None  # (nobody may wait on a landing block for ever)
         if done is None:
             done = [self._one(src, dst, mv, scratch) for mv in moves]
         else:
-            done, got = done if isinstance(done, tuple) else (done, None)
+            done, got = done
             if got and len(got) == len(moves):
                 units = [[(c - start, b) for c, b in u] for u in got]
             ends = [d for d in done if not isinstance(d, BaseException)]
@@ -147,19 +147,21 @@ class Landing:
                 self._drop_now(e)
         self._wake()
 
-    def _together(self, src, dst, moves: list[Move], scratch) -> list | tuple | None:
-        """Each move's completion ns (or exception), the tier's moves in flight together (with dst's --io-unit layer
-        I/Os of each: (done, units)); None where they cannot be (neither HBM into host slots, nor host slots or,
-        through scratch, another tier into a batching tier)."""
+    def _together(self, src, dst, moves: list[Move], scratch) -> tuple | None:
+        """(each move's completion ns or exception, dst's --io-unit layer I/Os of each or None), the tier's moves in
+        flight together; None where they cannot be (neither HBM into host slots, nor host slots or, through
+        scratch, another tier into a batching tier)."""
         items = [(mv.entry.key, mv.entry.nbytes) for mv in moves]
         done = src.move_many_to(items, dst)
-        if done is not None or BATCHES not in dst.flags:
-            return done
+        if done is not None:
+            return done, None
+        if BATCHES not in dst.flags:
+            return None
         views = [src.held_view(k) for k, _ in items]
         if any(v is None for v in views):
             return self._through(src, dst, items, scratch)
         done = dst.put_many([(k, v) for (k, _), v in zip(items, views)])
-        return (done, dst.batch_io_times()) if IO_UNITS in dst.flags else done
+        return done, dst.batch_io_times() if IO_UNITS in dst.flags else None
 
     @staticmethod
     def _through(src, dst, items: list[tuple[int, int]], scratch) -> tuple | None:

@@ -113,12 +113,8 @@ class Ring:
         if not 0 < n <= self.entries:
             raise ValueError(f"a batch of {n} operations on a ring of {self.entries}")
         tail = self._sq_tail.value
-        for k, (opcode, fd, off, addr, length) in enumerate(ops):
-            idx = (tail + k) & self._sq_mask
-            sqe = self._sqes[idx]
-            ctypes.memset(ctypes.addressof(sqe), 0, SQE_BYTES)
-            sqe.opcode, sqe.fd, sqe.off, sqe.addr, sqe.len, sqe.user_data = opcode, fd, off, addr, length, k
-            self._sq_array[idx] = idx
+        for k, op in enumerate(ops):
+            self._queue(tail + k, op, k)
         self._sq_tail.value = (tail + n) & 0xFFFFFFFF  # the entries are written before the kernel sees the tail
         done = 0
         results = [0] * n
@@ -143,12 +139,7 @@ class Ring:
         while done < n:
             tail, k = self._sq_tail.value, 0
             while sent < n and sent - done < self.entries:
-                opcode, fd, off, addr, length = ops[sent]
-                idx = (tail + k) & self._sq_mask
-                sqe = self._sqes[idx]
-                ctypes.memset(ctypes.addressof(sqe), 0, SQE_BYTES)
-                sqe.opcode, sqe.fd, sqe.off, sqe.addr, sqe.len, sqe.user_data = opcode, fd, off, addr, length, sent
-                self._sq_array[idx] = idx
+                self._queue(tail + k, ops[sent], sent)
                 sent, k = sent + 1, k + 1
             self._sq_tail.value = (tail + k) & 0xFFFFFFFF
             pending += k
@@ -162,6 +153,16 @@ class Ring:
             pending -= min(got, pending)  # io_uring_enter answers how many it took
             done += self._reap(results, completed)
         return results
+
+    def _queue(self, at: int, op: tuple[int, int, int, int, int], user_data: int) -> None:
+        """One (opcode, fd, file offset, buffer address, length) into the submission slot at position at; its
+        completion comes back under user_data (its index in the caller's list)."""
+        opcode, fd, off, addr, length = op
+        idx = at & self._sq_mask
+        sqe = self._sqes[idx]
+        ctypes.memset(ctypes.addressof(sqe), 0, SQE_BYTES)
+        sqe.opcode, sqe.fd, sqe.off, sqe.addr, sqe.len, sqe.user_data = opcode, fd, off, addr, length, user_data
+        self._sq_array[idx] = idx
 
     def _reap(self, results: list[int], completed: list | None = None) -> int:
         head, tail, seen = self._cq_head.value, self._cq_tail.value, 0
