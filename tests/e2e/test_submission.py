@@ -24,6 +24,16 @@ def test_trials_report_median_and_spread(small_run):
         assert trial["workload"]["theoretical_hit_rate"] == res["workload"]["theoretical_hit_rate"]  # one schedule
 
 
+def test_a_trial_frees_its_memory_before_the_next_allocates_its_own(small_run):
+    """--submission smoke's second trial peaked at 9.6 GiB resident against a 5.6 GiB budget: the first trial's CPU
+    tier and buffers, held in reference cycles, were still resident when the second allocated its own."""
+    r = run_cli(small_run("m", "--trials", "2", "--cpu-mem-gb", "1", *bounded(3)))
+    assert r.returncode == 0, r.stderr
+    for k in (1, 2):
+        memory = json.loads((small_run.out / "m" / f"trial-{k}" / "results.json").read_text())["memory"]
+        assert memory["peak_rss_bytes"] <= memory["budget_bytes"], (k, memory)
+
+
 def test_trials_choose_their_workers_once(small_run):
     """Issue 39, item 3: --workers 0 re-ran the probe in each trial (8 workers in trial 1, 4 in trial 2) under
     "same seed, same schedule". The probe runs in trial 1; every later trial keeps its choice."""
