@@ -50,9 +50,10 @@ class Landing:
                                                            self.promoting.get(e.key)))
 
     def _deferrable(self, mv: Move) -> bool:
-        """A demotion the batch path moves: one I/O between two tiers of this process, not through GDS."""
+        """A demotion the batch path moves: one I/O between two tiers of this process (through GDS where its link
+        takes batches)."""
         e, src, dst = mv.entry, self.tiers[mv.src], self.tiers[mv.dst]
-        gds = self._gds_whole(e) and self.gds.links(src, dst)
+        gds = self._gds_whole(e) and self.gds.links(src, dst) and not self.gds.batches()
         return not (e.remote or gds or self.parts.many(e.nbytes))
 
     def _defer(self, mv: Move, scratch) -> bool:
@@ -152,6 +153,8 @@ class Landing:
         flight together; None where they cannot be (neither HBM into host slots, nor host slots or, through
         scratch, another tier into a batching tier)."""
         items = [(mv.entry.key, mv.entry.nbytes) for mv in moves]
+        if self.gds is not None and self.gds.links(src, dst):  # HBM straight into the slab files, no host bounce
+            return self.gds.demote_many([k for k, _ in items]), None
         done = src.move_many_to(items, dst)
         if done is not None:
             return done, None

@@ -51,7 +51,7 @@ def demotion_depth(s: Settings, io_bytes: int, gpu_tier: bool) -> int:
     tier."""
     if s.tiers.null_io:
         return 1
-    hbm_over_storage = gpu_tier and s.tiers.cpu_mem_gb <= 0
+    hbm_over_storage = gpu_tier and s.tiers.cpu_mem_gb <= 0 and not s.tiers.gds  # --gds: its own link (gds.py)
     disk_over_remote = s.tiers.nvme == "on" and bool(s.tiers.remote_url)
     return max(1, batch_depth(s, io_bytes)) if hbm_over_storage or disk_over_remote else 1
 
@@ -79,6 +79,13 @@ def io_shape(s: Settings, tiers: list, n: int, io_bytes: int) -> str:
         scratch = "pinned scratch" if gpu else "scratch"
         paths += "".join(f"; demotions out of {a} land in {b} through each worker's {scratch}, {moves} at a time"
                          for a, b in through_scratch(tiers))
+    if s.tiers.gds and gpu:
+        paged = getattr(tiers[0], "hbm", None) is not None
+        how = (f"{depth} blocks' cuFile writes at a time, each block gathered into a device buffer of its own first"
+               if paged else "every block's cuFile writes submitted together") if depth > 1 or not paged else \
+            "one block at a time (a paged block is gathered into the lane's one landing buffer)"
+        paths += (f"; GDS: demotions out of {tiers[0].name} into {tiers[-1].name}'s slab files, {how}; reads of "
+                  f"{tiers[-1].name} land in HBM one block at a time")
     bound = (f"--max-inflight {s.schedule.max_inflight} bounded by {BATCH_ARENA_BYTES >> 20} MiB of batch buffers "
              f"a worker" if depth < s.schedule.max_inflight else "--max-inflight sets it")
     return (f"request I/O: batched, up to {depth} blocks of a request in flight per worker ({n} workers: up to "

@@ -13,7 +13,7 @@ from kv_cache.lifecycle.worker import WorkerBuffers
 from kv_cache.model import GiB
 from kv_cache.run.budget import MemoryBudget
 from kv_cache.run.geometry import Geometry, io_unit_bytes
-from kv_cache.run.sizing import workers
+from kv_cache.run.sizing import batch_depth, workers
 from kv_cache.tiers import paged
 from kv_cache.tiers.base import PINS_HOST, REMOTE, STORAGE, SlottedTier
 from kv_cache.tiers.devices import FAKE_GPU_ENV, open_cupy
@@ -71,7 +71,7 @@ def gds_link(s: Settings, tiers: list, backend, geo: Geometry) -> GdsLink | None
     """The NVMe <-> HBM path of --gds, between the real GPU tier and the NVMe tier."""
     if not s.tiers.gds:
         return None
-    return open_link(tiers, backend, workers(s) + 1, geo.io_bytes)
+    return open_link(tiers, backend, workers(s) + 1, geo.io_bytes, batch_depth(s, geo.io_bytes))
 
 
 def pin_host_memory(tiers: list, payloads) -> None:

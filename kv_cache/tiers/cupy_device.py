@@ -4,6 +4,7 @@ GDS through kvikio), with the interface of devices.py's fake device."""
 from __future__ import annotations
 
 import contextlib
+from time import monotonic_ns as now_ns
 
 import numpy as np
 
@@ -254,6 +255,27 @@ class CupyDevice:
 
     def file_read(self, handle, dev, dev_offset: int, nbytes: int, file_offset: int) -> None:
         handle.pread(dev[dev_offset:dev_offset + nbytes], nbytes, file_offset).get()
+
+    def file_write_many(self, items: list[tuple]) -> list:
+        """Each (handle, dev, dev_offset, nbytes, file_offset) submitted at once (kvikio's futures: its thread pool
+        runs them together, as gdsio's threads do), then each waited for in order: its completion ns (when its wait
+        returned: never before it completed) or its exception."""
+        futures: list = []
+        for handle, dev, off, n, file_off in items:
+            try:
+                futures.append(handle.pwrite(dev[off:off + n], n, file_off))
+            except Exception as e:  # noqa: BLE001 - this write's failure, judged with the others
+                futures.append(e)
+        done: list = []
+        for f in futures:
+            if not isinstance(f, BaseException):
+                try:
+                    f.get()
+                    f = now_ns()
+                except Exception as e:  # noqa: BLE001 - as above
+                    f = e
+            done.append(f)
+        return done
 
     def close_file(self, handle) -> None:
         handle.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from time import monotonic_ns as now_ns
 
 import numpy as np
 
@@ -183,6 +184,18 @@ class FakeDevice:
 
     def file_read(self, fd: int, dev, dev_offset: int, nbytes: int, file_offset: int) -> None:
         pread_all(fd, dev[dev_offset:dev_offset + nbytes], file_offset, "gds")
+
+    def file_write_many(self, items: list[tuple]) -> list:
+        """Each (fd, dev, dev_offset, nbytes, file_offset) written: its completion ns or its exception (one after
+        another here; kvikio's futures run them together on a GPU)."""
+        done: list = []
+        for fd, dev, off, n, file_off in items:
+            try:
+                self.file_write(fd, dev, off, n, file_off)
+                done.append(now_ns())
+            except OSError as e:
+                done.append(e)
+        return done
 
     def close_file(self, fd: int) -> None:
         os.close(fd)

@@ -32,7 +32,8 @@ from kv_cache.tiers.devices import D2H
 class GdsLink:
     """The NVMe <-> HBM path of one GPU tier and one NVMe tier, with a device landing buffer per lane."""
 
-    def __init__(self, backend, gpu, nvme, lanes: int, max_bytes: int):
+    def __init__(self, backend, gpu, nvme, lanes: int, max_bytes: int, window: int = 1):
+        """window: the most demotions of a batch written together (--request-io batched's depth; 1: serial)."""
         if nvme.layout != "slab" or not nvme.ops.direct:
             raise UserError(f"--gds moves blocks between HBM and the NVMe tier's slab files with O_DIRECT; use "
                             f"--io-engine direct and --nvme-layout slab (not {nvme.engine}, {nvme.layout}).")
@@ -43,6 +44,12 @@ class GdsLink:
         self.handles = [backend.open_file(slab.path) for slab in nvme.slabs]
         self.landing = PerThread((backend.alloc_device(gpu.devices[0], max_bytes) for _ in range(lanes)),
                                  "GDS landing buffers")
+        # a batch's demotions in the paged layout gather into buffers of their own, a window at a time (the landing
+        # buffer keeps the block a read left there for its promotion)
+        self.window = max(1, window)
+        self.gathers = None if gpu.hbm is None or self.window < 2 else PerThread(
+            ([backend.alloc_device(gpu.devices[0], max_bytes) for _ in range(self.window)] for _ in range(lanes)),
+            "GDS gather buffers")
         self._local = threading.local()  # which block this thread's landing buffer holds
         self.demoted = self.loaded = 0
 
@@ -84,6 +91,51 @@ class GdsLink:
             raise
         self.demoted += 1
 
+    def batches(self) -> bool:
+        """Demotions go together: from contiguous slots, or through gather buffers (paged, a batch deeper than 1)."""
+        return self.gpu.hbm is None or self.gathers is not None
+
+    def demote_many(self, keys: list[int]) -> list:
+        """A batch's demotions (as demote, each): every block's cuFile writes submitted together, a window of
+        blocks at a time in the paged layout (each gathered into a buffer of its own first), all at once from the
+        contiguous slots. Each block's completion ns or its exception (its new NVMe slots then released)."""
+        done: list = []
+        step = self.window if self.gathers is not None else len(keys) or 1
+        for w in range(0, len(keys), step):
+            done += self._demote_window(keys[w:w + step])
+        self.demoted += sum(not isinstance(d, BaseException) for d in done)
+        return done
+
+    def _demote_window(self, keys: list[int]) -> list:
+        done: list = [0] * len(keys)
+        items, owner, allocated = [], [], []
+        for j, key in enumerate(keys):
+            try:
+                gpu_slots, nbytes = self.gpu.slots.lookup(key)
+                nvme_slots = self.nvme.slots.alloc(key, nbytes)
+                allocated.append(j)
+                pieces = self._gathered(key, self.gathers.mine()[j], nvme_slots, nbytes) \
+                    if self.gathers is not None else self._pieces(gpu_slots, nvme_slots, nbytes)
+                for d, off, handle, file_off, length in pieces:
+                    items.append((handle, d if self.gathers is not None else self.gpu.slabs[d], off, length, file_off))
+                    owner.append(j)
+            except Exception as e:  # noqa: BLE001 - this block's failure; the others go on
+                done[j] = e
+        for j, d in zip(owner, self.backend.file_write_many(items)):
+            if not isinstance(done[j], BaseException):
+                done[j] = d if isinstance(d, BaseException) else max(done[j], d)
+        for j in allocated:
+            if isinstance(done[j], BaseException):
+                self.nvme.slots.release(keys[j])
+        return done
+
+    def _gathered(self, key: int, buf, nvme_slots: list[int], nbytes: int):
+        """A paged block's pieces gathered into buf: (buf, offset in it, file handle, file offset, length) of each
+        NVMe slot."""
+        self.gpu.gather_to_device(key, buf)
+        slot = self.nvme.slot_bytes
+        return [(buf, i * slot, *self._at(n), min(slot, nbytes - i * slot)) for i, n in enumerate(nvme_slots)]
+
     def _write_gathered(self, key: int, nvme_slots: list[int], nbytes: int) -> None:
         land, slot = self.landing.mine(), self.nvme.slot_bytes
         self._local.landed = None  # the landing buffer no longer holds the block this thread last loaded
@@ -123,7 +175,7 @@ class GdsLink:
         self.handles = []
 
 
-def open_link(tiers: list, backend, lanes: int, max_bytes: int) -> GdsLink:
+def open_link(tiers: list, backend, lanes: int, max_bytes: int, window: int = 1) -> GdsLink:
     """The --gds path between the stack's real GPU tier and its NVMe bottom tier, or one sentence why not."""
     from kv_cache.tiers.gpu import GpuTier
     from kv_cache.tiers.nvme import NvmeTier
@@ -134,4 +186,4 @@ def open_link(tiers: list, backend, lanes: int, max_bytes: int) -> GdsLink:
                         "GPU tier (CuPy found no device, or --gpu is not auto/real); drop --gds.")
     if not isinstance(tiers[-1], NvmeTier):
         raise UserError("--gds needs the NVMe tier (a --cache-dir on a real device); drop --null-io.")
-    return GdsLink(backend, gpu, tiers[-1], lanes, max_bytes)
+    return GdsLink(backend, gpu, tiers[-1], lanes, max_bytes, window)

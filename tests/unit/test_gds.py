@@ -60,6 +60,33 @@ def test_demotions_skip_host_memory_and_reads_land_in_device_memory(tiers):
     link.close()
 
 
+def test_a_batch_of_demotions_fails_block_by_block_and_keeps_no_slot_of_a_failed_one(tiers):
+    """demote_many: a block the GPU tier does not hold fails alone; a write that fails releases its new NVMe slots;
+    the others are written, byte-exact, each with its own completion time."""
+    dev, gpu, nvme = tiers
+    pool = PayloadPool(seed=5, span_bytes=1 << 20)
+    link = GdsLink(dev, gpu, nvme, lanes=2, max_bytes=2 * SLOT)
+    for k in (1, 2, 3):
+        buf = aligned_buffer(SLOT)
+        pool.fill(k, buf)
+        gpu.put(k, buf)
+    real = dev.file_write_many
+
+    def third_fails(items):
+        done = real(items)
+        return [*done[:2], OSError(5, "Input/output error")]
+    dev.file_write_many = third_fails
+    done = link.demote_many([1, 99, 2, 3])
+    assert isinstance(done[1], KeyError) and isinstance(done[3], OSError)
+    assert done[0] <= done[2] and 1 in nvme.slots and 2 in nvme.slots and 3 not in nvme.slots
+    assert link.demoted == 2 and len(nvme.slots) == 2
+    out = aligned_buffer(SLOT)
+    for k in (1, 2):
+        nvme.get(k, out)
+        assert pool.check(k, out, "full"), k
+    link.close()
+
+
 def test_gds_refuses_what_it_cannot_do(tiers, tmp_path):
     dev, gpu, _ = tiers
     other = tmp_path / "files"
