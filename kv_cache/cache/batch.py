@@ -38,10 +38,10 @@ class Batches:
     """read_batch, place_writes and commit_batch of a BlockCache."""
 
     def _batchable(self, e: Entry) -> bool:
-        """A block the batch path moves: one object (no parts), not another rank's (read by name), not one GDS lands
-        in HBM; the others take the serial path inside the batch."""
+        """A block the batch path moves: one object (no parts), not another rank's (read by name), one GDS lands in
+        HBM only where its reads take batches; the others take the serial path inside the batch."""
         tier = self.tiers[e.tier]
-        gds = self._gds_whole(e) and self.gds.lands(tier)
+        gds = self._gds_whole(e) and self.gds.lands(tier) and not self.gds.loads_batch()
         return not (e.remote or gds or self.parts.many(e.nbytes))
 
     def read_batch(self, entries: list[Entry], outs: list[np.ndarray], phase: str, op: str = "read") -> list:
@@ -58,11 +58,15 @@ class Batches:
                 except Exception as ex:  # noqa: BLE001 - judged by the caller, as a serial read's would be
                     result[i] = ex
         for t, idx in by_tier.items():
+            gds = self.gds is not None and self.gds.lands(self.tiers[t])
             start = now_ns()
-            done = self.tiers[t].get_many([(entries[i].key, outs[i][:entries[i].nbytes]) for i in idx])
+            done = self.gds.load_many([entries[i].key for i in idx]) if gds else \
+                self.tiers[t].get_many([(entries[i].key, outs[i][:entries[i].nbytes]) for i in idx])
             self._record_batch(t, C.LOAD_BATCH, phase, op, start, [entries[i] for i in idx], done)
             for i, d in zip(idx, done):
                 result[i] = d if isinstance(d, BaseException) else t
+                if gds and not isinstance(d, BaseException):  # untimed: only to verify the stamps
+                    self.gds.to_host(self.gds.landed(entries[i].key), outs[i][:entries[i].nbytes])
         return result
 
     def _record_batch(self, t: int, kind: str, phase: str, op: str, start: int, entries: list[Entry],

@@ -260,11 +260,19 @@ class CupyDevice:
         """Each (handle, dev, dev_offset, nbytes, file_offset) submitted at once (kvikio's futures: its thread pool
         runs them together, as gdsio's threads do), then each waited for in order: its completion ns (when its wait
         returned: never before it completed) or its exception."""
+        return self._together("pwrite", items)
+
+    def file_read_many(self, items: list[tuple]) -> list:
+        """As file_write_many, each read."""
+        return self._together("pread", items)
+
+    @staticmethod
+    def _together(op: str, items: list[tuple]) -> list:
         futures: list = []
         for handle, dev, off, n, file_off in items:
             try:
-                futures.append(handle.pwrite(dev[off:off + n], n, file_off))
-            except Exception as e:  # noqa: BLE001 - this write's failure, judged with the others
+                futures.append(getattr(handle, op)(dev[off:off + n], n, file_off))
+            except Exception as e:  # noqa: BLE001 - this I/O's failure, judged with the others
                 futures.append(e)
         done: list = []
         for f in futures:

@@ -188,10 +188,18 @@ class FakeDevice:
     def file_write_many(self, items: list[tuple]) -> list:
         """Each (fd, dev, dev_offset, nbytes, file_offset) written: its completion ns or its exception (one after
         another here; kvikio's futures run them together on a GPU)."""
+        return self._each(self.file_write, items)
+
+    def file_read_many(self, items: list[tuple]) -> list:
+        """As file_write_many, each read."""
+        return self._each(self.file_read, items)
+
+    @staticmethod
+    def _each(io, items: list[tuple]) -> list:
         done: list = []
-        for fd, dev, off, n, file_off in items:
+        for item in items:
             try:
-                self.file_write(fd, dev, off, n, file_off)
+                io(*item)
                 done.append(now_ns())
             except OSError as e:
                 done.append(e)

@@ -50,7 +50,12 @@ class GdsLink:
         self.gathers = None if gpu.hbm is None or self.window < 2 else PerThread(
             ([backend.alloc_device(gpu.devices[0], max_bytes) for _ in range(self.window)] for _ in range(lanes)),
             "GDS gather buffers")
-        self._local = threading.local()  # which block this thread's landing buffer holds
+        # a batch's reads land in buffers of their own, one a block of the window, kept until the window's promotions
+        self.arrivals = None if self.window < 2 else PerThread(
+            ([backend.alloc_device(gpu.devices[0], max_bytes) for _ in range(self.window)] for _ in range(lanes)),
+            "GDS batch landing buffers")
+        self._local = threading.local()  # which block each of this thread's landing buffers holds (_held)
+        self.buffer_bytes = buffer_bytes(gpu, lanes, max_bytes, window)  # HBM, said in the banner
         self.demoted = self.loaded = 0
 
     def links(self, src, dst) -> bool:
@@ -138,29 +143,87 @@ class GdsLink:
 
     def _write_gathered(self, key: int, nvme_slots: list[int], nbytes: int) -> None:
         land, slot = self.landing.mine(), self.nvme.slot_bytes
-        self._local.landed = None  # the landing buffer no longer holds the block this thread last loaded
+        self._hold(None, land)  # the landing buffer no longer holds the block this thread last loaded
         self.gpu.gather_to_device(key, land)
         for i, n in enumerate(nvme_slots):
             handle, file_off = self._at(n)
             self.backend.file_write(handle, land, i * slot, min(slot, nbytes - i * slot), file_off)
 
-    def load(self, key: int):
-        """Read a block from its NVMe slots into this thread's device landing buffer; return the buffer."""
+    def _held(self) -> dict:
+        """This thread's landed blocks: key -> the device buffer holding it."""
+        held = getattr(self._local, "held", None)
+        if held is None:
+            held = self._local.held = {}
+        return held
+
+    def _hold(self, key: int | None, buf) -> None:
+        """buf now holds key (None: nothing): whatever it held before is gone."""
+        held = self._held()
+        for k in [k for k, b in held.items() if b is buf]:
+            del held[k]
+        if key is not None:
+            held[key] = buf
+
+    def _reads(self, key: int, buf) -> list[tuple]:
+        """(file handle, buf, offset in it, length, file offset) of each NVMe slot of a block, read into buf."""
         nvme_slots, nbytes = self.nvme.slots.lookup(key)
-        land, slot = self.landing.mine(), self.nvme.slot_bytes
+        slot, out = self.nvme.slot_bytes, []
         for i, n in enumerate(nvme_slots):
             handle, file_off = self._at(n)
-            self.backend.file_read(handle, land, i * slot, min(slot, nbytes - i * slot), file_off)
+            out.append((handle, buf, i * slot, min(slot, nbytes - i * slot), file_off))
+        return out
+
+    def load(self, key: int):
+        """Read a block from its NVMe slots into this thread's device landing buffer; return the buffer."""
+        land = self.landing.mine()
+        self._hold(None, land)
+        for item in self._reads(key, land):
+            self.backend.file_read(*item)
         self.loaded += 1
-        self._local.landed = key
+        self._hold(key, land)
         return land
+
+    def loads_batch(self) -> bool:
+        """A batch's reads land together (a batch deeper than one: buffers of their own)."""
+        return self.arrivals is not None
+
+    def load_many(self, keys: list[int]) -> list:
+        """A window's reads (at most --max-inflight blocks, as load each) into this thread's batch landing buffers,
+        every cuFile read submitted together: each block's completion ns or its exception. A block read stays in
+        its buffer (landed) until this thread's next batch, for its promotion."""
+        bufs = self.arrivals.mine()
+        if len(keys) > len(bufs):
+            raise ValueError(f"a GDS read batch of {len(keys)} blocks, over its {len(bufs)} landing buffers")
+        done: list = [0] * len(keys)
+        items, owner = [], []
+        for j, key in enumerate(keys):
+            self._hold(None, bufs[j])
+            try:
+                for item in self._reads(key, bufs[j]):
+                    items.append(item)
+                    owner.append(j)
+            except Exception as e:  # noqa: BLE001 - this block's failure; the others go on
+                done[j] = e
+        for j, d in zip(owner, self.backend.file_read_many(items)):
+            if not isinstance(done[j], BaseException):
+                done[j] = d if isinstance(d, BaseException) else max(done[j], d)
+        for j, (key, d) in enumerate(zip(keys, done)):
+            if not isinstance(d, BaseException):
+                self._hold(key, bufs[j])
+                self.loaded += 1
+        return done
+
+    def landed(self, key: int):
+        """The device buffer this thread's last read of key landed in, or None."""
+        return self._held().get(key)
 
     def promote(self, key: int, nbytes: int) -> bool:
         """Move a block this thread just loaded from its landing buffer into GPU slots (device to device);
-        False when the landing buffer holds another block (the caller copies from host memory then)."""
-        if getattr(self._local, "landed", None) != key:
+        False when no buffer of this thread holds it any more (the caller copies from host memory then)."""
+        land = self.landed(key)
+        if land is None:
             return False
-        self.gpu.put_from_device(key, self.landing.mine(), nbytes)
+        self.gpu.put_from_device(key, land, nbytes)
         return True
 
     def to_host(self, land, out) -> None:
@@ -175,6 +238,13 @@ class GdsLink:
         self.handles = []
 
 
+def buffer_bytes(gpu, lanes: int, max_bytes: int, window: int) -> int:
+    """The HBM a link's buffers take: per lane one landing buffer, and with batches (window > 1) a landing buffer a
+    block of the window, and as many gather buffers in the paged layout."""
+    batched = window if window > 1 else 0
+    return lanes * max_bytes * (1 + batched + (batched if gpu.hbm is not None else 0))
+
+
 def open_link(tiers: list, backend, lanes: int, max_bytes: int, window: int = 1) -> GdsLink:
     """The --gds path between the stack's real GPU tier and its NVMe bottom tier, or one sentence why not."""
     from kv_cache.tiers.gpu import GpuTier
@@ -186,4 +256,11 @@ def open_link(tiers: list, backend, lanes: int, max_bytes: int, window: int = 1)
                         "GPU tier (CuPy found no device, or --gpu is not auto/real); drop --gds.")
     if not isinstance(tiers[-1], NvmeTier):
         raise UserError("--gds needs the NVMe tier (a --cache-dir on a real device); drop --null-io.")
+    need, d = buffer_bytes(gpu, lanes, max_bytes, window), gpu.devices[0]
+    if need > backend.free_bytes(d):
+        raise UserError(f"--gds needs {need / 2**20:,.0f} MiB of HBM on GPU {d} for its landing and gather buffers "
+                        f"({lanes} lanes x {need // lanes // max_bytes} buffers of {max_bytes / 2**20:,.1f} MiB: "
+                        f"--max-inflight {window} blocks in flight), beyond the GPU tier, and "
+                        f"{backend.free_bytes(d) / 2**20:,.0f} MiB of it is free; lower --max-inflight or "
+                        f"--gpu-mem-gb.")
     return GdsLink(backend, gpu, tiers[-1], lanes, max_bytes, window)

@@ -168,11 +168,12 @@ def test_a_batch_s_demotions_land_together_in_serial_mode_s_order(small_run, tmp
 
 @pytest.mark.slow  # two runs on the fake device per layout: make test-all (CI)
 @pytest.mark.parametrize("layout", ["paged", "contiguous"])
-def test_gds_demotions_land_together_in_serial_mode_s_order(small_run, tmp_path, layout):
-    """--gds, HBM of 5 blocks straight over the NVMe tier, on the fake device as typed: a batch's demotions went one
-    cuFile write after another. They go as one batch of writes (the paged layout's blocks each gathered into a buffer
-    of their own first), deeper than one, and the cache still makes serial mode's decisions: the same demotions,
-    evictions and promotions in the same order, the same hits, every block read back verified."""
+def test_gds_demotions_and_reads_go_together_in_serial_mode_s_order(small_run, tmp_path, layout):
+    """--gds, HBM of 5 blocks straight over the NVMe tier, on the fake device as typed: a batch's demotions and reads
+    went one cuFile I/O after another. They go as batches (the paged layout's demotions each gathered into a buffer
+    of their own first; the reads each into a landing buffer of their own, promoted from it), deeper than one, and
+    the cache still makes serial mode's decisions: the same demotions, evictions and promotions in the same order,
+    the same hits, every block read back verified."""
     runs = _both_ways(small_run, tmp_path, "--gpu", "real", "--gds", "--gpu-layout", layout, "--gpu-mem-gb", "0.01",
                       "--cpu-mem-gb", "0", "--max-inflight", "8", env={"KVBENCH_FAKE_GPU": "1:2"})
     (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
@@ -180,10 +181,13 @@ def test_gds_demotions_land_together_in_serial_mode_s_order(small_run, tmp_path,
     assert ("demote", "nvme") in _moves(b_ops)
     assert "GDS: demotions out of gpu into nvme's slab files, " + (
         "8 blocks' cuFile writes at a time" if layout == "paged" else "every block's cuFile writes") in said
+    assert "reads of nvme land in HBM 8 blocks' cuFile reads at a time" in said
     assert "through each worker's pinned scratch" not in said  # it said so, and it never was: GDS moves them
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
     assert serial["run"]["gds"]["demoted_blocks"] == batched["run"]["gds"]["demoted_blocks"] > 0
-    assert batched["queue_depth"]["nvme"]["demotions"]["max"] > 1
+    assert serial["run"]["gds"]["loaded_blocks"] == batched["run"]["gds"]["loaded_blocks"] > 0
+    depth = batched["queue_depth"]["nvme"]
+    assert depth["demotions"]["max"] > 1 and depth["load"]["max"] > 1  # both ways, a batch at a time
     assert batched["run"]["tiers"]["gpu"]["hbm_layout"]["kind"] == layout
     assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
 

@@ -87,6 +87,31 @@ def test_a_batch_of_demotions_fails_block_by_block_and_keeps_no_slot_of_a_failed
     link.close()
 
 
+def test_a_batch_of_reads_lands_each_block_in_its_own_buffer_and_promotes_from_it(tiers):
+    """load_many: each block of the window in a landing buffer of its own (a block the NVMe tier lacks fails alone),
+    byte-exact, each promoted device to device from its buffer; a later read batch replaces them."""
+    dev, gpu, nvme = tiers
+    pool = PayloadPool(seed=5, span_bytes=1 << 20)
+    link = GdsLink(dev, gpu, nvme, lanes=2, max_bytes=2 * SLOT, window=4)
+    buf = aligned_buffer(SLOT)
+    for k in (1, 2, 3):
+        pool.fill(k, buf)
+        nvme.put(k, buf)
+    done = link.demote_many([]) + link.load_many([1, 99, 3])
+    assert isinstance(done[1], KeyError) and done[0] > 0 and done[2] > 0 and link.loaded == 2
+    out = aligned_buffer(SLOT)
+    for k in (1, 3):
+        link.to_host(link.landed(k), out)
+        assert pool.check(k, out, "full"), k
+    assert link.landed(1) is not link.landed(3) and link.landed(99) is None
+    assert link.promote(1, SLOT) and link.promote(3, SLOT)
+    gpu.get(3, out)
+    assert pool.check(3, out, "full")
+    link.load_many([2])  # the window's first buffer now holds block 2: block 1 is no longer landed there
+    assert link.landed(1) is None and link.landed(3) is not None and not link.promote(1, SLOT)
+    link.close()
+
+
 def test_gds_refuses_what_it_cannot_do(tiers, tmp_path):
     dev, gpu, _ = tiers
     other = tmp_path / "files"

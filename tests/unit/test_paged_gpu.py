@@ -116,6 +116,9 @@ def test_gds_gathers_the_pieces_into_its_landing_buffer_and_scatters_them_back(s
     (["--gpu", "simulated", "--gpu-copy", "batch"], "1:2", "--gpu-copy acts only with a real GPU tier"),
     (["--gpu", "real", "--gpu-copy", "batch", "--gpu-kernel-path", "hbm"], "1:2",
      "--gpu-kernel-path acts only with the paged layout's kernel"),
+    # a batch of --gds I/O holds two device buffers a block in flight (a read's landing, a paged demotion's gather)
+    (["--gpu", "real", "--gds", "--cpu-mem-gb", "0", "--max-inflight", "8", "--workers", "1"], "1:0.05",
+     "--gds needs 68 MiB of HBM on GPU 0 for its landing and gather buffers"),
 ])
 def test_a_layout_or_copy_that_cannot_be_is_one_sentence(small_run, args, env, words):
     r = run_cli(small_run("bad", *args, "--gpu-mem-gb", "0.01", "--max-requests", "4"), extra_env=_env(env))
