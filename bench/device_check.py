@@ -11,7 +11,7 @@
    under them, one block at a time (--request-io serial), paged (zero-copy kernel), paged with the kernel through
    HBM staging, and contiguous: every block verified, no staged transfer, GPU write p50 and GPU -> CPU demote p50
    within 1.2x of a 32 MiB block over the raw copy bandwidth step 2 measured;
-4. a `--gds` run (no CPU tier: demotions cross the link), saying which path ran;
+4. a `--gds` run (no CPU tier: demotions cross the link), saying which path ran and how deep its batches went;
 5. the MLPerf reference's line with a GPU tier (`--model llama3.1-8b --num-users 20 --gpu-mem-gb 16
    --cpu-mem-gb 8`): it runs, or is refused with numbers (exit 2), never killed;
 6. the NIXL handoff with the prefill node's region in GPU memory (`--disagg-handoff-memory gpu`, NIXL VRAM, its
@@ -160,9 +160,12 @@ def _gds_run(rows: list, out: Path, work: Path) -> None:
         rows.append(("--gds run", "FAIL", f"exit {rc}: {_tail(text)}", "exit 0"))
         return
     gds, ver = res["run"]["gds"], res["verification"]
-    ok = gds["demoted_blocks"] > 0 and gds["loaded_blocks"] > 0 and not ver["failures"]
+    nvme = res.get("queue_depth", {}).get("nvme", {})  # batched request I/O: GDS's cuFile batches, each way
+    deep = {op: nvme.get(op, {}).get("max", 0) for op in ("demotions", "load")}
+    ok = gds["demoted_blocks"] > 0 and gds["loaded_blocks"] > 0 and not ver["failures"] and min(deep.values()) > 1
     rows.append(("--gds run", "ok" if ok else "FAIL", f"{gds['mode'][:60]}; {gds['demoted_blocks']} demoted, "
-                 f"{gds['loaded_blocks']} loaded, {ver['failures']} failed", "verified"))
+                 f"{gds['loaded_blocks']} loaded, {ver['failures']} failed; batches up to {deep['demotions']} "
+                 f"demotions, {deep['load']} reads deep", "verified, batches > 1 deep"))
 
 
 def _rss_row(rows: list, name: str, res: dict | None) -> None:
