@@ -112,42 +112,60 @@ class GdsLink:
         return done
 
     def _demote_window(self, keys: list[int]) -> list:
-        done: list = [0] * len(keys)
-        items, owner, allocated = [], [], []
-        for j, key in enumerate(keys):
-            try:
-                gpu_slots, nbytes = self.gpu.slots.lookup(key)
-                nvme_slots = self.nvme.slots.alloc(key, nbytes)
-                allocated.append(j)
-                pieces = self._gathered(key, self.gathers.mine()[j], nvme_slots, nbytes) \
-                    if self.gathers is not None else self._pieces(gpu_slots, nvme_slots, nbytes)
-                for d, off, handle, file_off, length in pieces:
-                    items.append((handle, d if self.gathers is not None else self.gpu.slabs[d], off, length, file_off))
-                    owner.append(j)
-            except Exception as e:  # noqa: BLE001 - this block's failure; the others go on
-                done[j] = e
-        for j, d in zip(owner, self.backend.file_write_many(items)):
-            if not isinstance(done[j], BaseException):
-                done[j] = d if isinstance(d, BaseException) else max(done[j], d)
+        allocated: list[int] = []
+
+        def writes(j: int, key: int) -> list[tuple]:
+            gpu_slots, nbytes = self.gpu.slots.lookup(key)
+            nvme_slots = self.nvme.slots.alloc(key, nbytes)
+            allocated.append(j)
+            if self.gathers is not None:
+                return self._gathered(key, self.gathers.mine()[j], nvme_slots, nbytes)
+            return [(h, self.gpu.slabs[d], off, n, file_off)
+                    for d, off, h, file_off, n in self._pieces(gpu_slots, nvme_slots, nbytes)]
+        done = self._together(keys, writes, self.backend.file_write_many)
         for j in allocated:
             if isinstance(done[j], BaseException):
                 self.nvme.slots.release(keys[j])
         return done
 
-    def _gathered(self, key: int, buf, nvme_slots: list[int], nbytes: int):
-        """A paged block's pieces gathered into buf: (buf, offset in it, file handle, file offset, length) of each
-        NVMe slot."""
-        self.gpu.gather_to_device(key, buf)
-        slot = self.nvme.slot_bytes
-        return [(buf, i * slot, *self._at(n), min(slot, nbytes - i * slot)) for i, n in enumerate(nvme_slots)]
+    @staticmethod
+    def _together(keys: list[int], ios_of, submit) -> list:
+        """Every block's I/Os (ios_of(j, key): a list of (handle, buffer, offset, length, file offset), or it
+        raises) handed to submit at once: each block's completion (its last I/O's) or its first exception."""
+        done: list = [0] * len(keys)
+        items, owner = [], []
+        for j, key in enumerate(keys):
+            try:
+                mine = ios_of(j, key)
+            except Exception as e:  # noqa: BLE001 - this block's failure; the others go on
+                done[j] = e
+                continue
+            items += mine
+            owner += [j] * len(mine)
+        for j, d in zip(owner, submit(items)):
+            if not isinstance(done[j], BaseException):
+                done[j] = d if isinstance(d, BaseException) else max(done[j], d)
+        return done
 
-    def _write_gathered(self, key: int, nvme_slots: list[int], nbytes: int) -> None:
-        land, slot = self.landing.mine(), self.nvme.slot_bytes
-        self._hold(None, land)  # the landing buffer no longer holds the block this thread last loaded
-        self.gpu.gather_to_device(key, land)
+    def _gathered(self, key: int, buf, nvme_slots: list[int], nbytes: int):
+        """A paged block's pieces gathered into buf: (file handle, buf, offset in it, length, file offset) of each
+        NVMe slot's write."""
+        self.gpu.gather_to_device(key, buf)
+        return self._slot_ios(nvme_slots, nbytes, buf)
+
+    def _slot_ios(self, nvme_slots: list[int], nbytes: int, buf) -> list[tuple]:
+        """(file handle, buf, offset in it, length, file offset) of each NVMe slot of a block held in buf."""
+        slot, out = self.nvme.slot_bytes, []
         for i, n in enumerate(nvme_slots):
             handle, file_off = self._at(n)
-            self.backend.file_write(handle, land, i * slot, min(slot, nbytes - i * slot), file_off)
+            out.append((handle, buf, i * slot, min(slot, nbytes - i * slot), file_off))
+        return out
+
+    def _write_gathered(self, key: int, nvme_slots: list[int], nbytes: int) -> None:
+        land = self.landing.mine()
+        self._hold(None, land)  # the landing buffer no longer holds the block this thread last loaded
+        for item in self._gathered(key, land, nvme_slots, nbytes):
+            self.backend.file_write(*item)
 
     def _held(self) -> dict:
         """This thread's landed blocks: key -> the device buffer holding it."""
@@ -166,12 +184,7 @@ class GdsLink:
 
     def _reads(self, key: int, buf) -> list[tuple]:
         """(file handle, buf, offset in it, length, file offset) of each NVMe slot of a block, read into buf."""
-        nvme_slots, nbytes = self.nvme.slots.lookup(key)
-        slot, out = self.nvme.slot_bytes, []
-        for i, n in enumerate(nvme_slots):
-            handle, file_off = self._at(n)
-            out.append((handle, buf, i * slot, min(slot, nbytes - i * slot), file_off))
-        return out
+        return self._slot_ios(*self.nvme.slots.lookup(key), buf)
 
     def load(self, key: int):
         """Read a block from its NVMe slots into this thread's device landing buffer; return the buffer."""
@@ -194,19 +207,9 @@ class GdsLink:
         bufs = self.arrivals.mine()
         if len(keys) > len(bufs):
             raise ValueError(f"a GDS read batch of {len(keys)} blocks, over its {len(bufs)} landing buffers")
-        done: list = [0] * len(keys)
-        items, owner = [], []
-        for j, key in enumerate(keys):
-            self._hold(None, bufs[j])
-            try:
-                for item in self._reads(key, bufs[j]):
-                    items.append(item)
-                    owner.append(j)
-            except Exception as e:  # noqa: BLE001 - this block's failure; the others go on
-                done[j] = e
-        for j, d in zip(owner, self.backend.file_read_many(items)):
-            if not isinstance(done[j], BaseException):
-                done[j] = d if isinstance(d, BaseException) else max(done[j], d)
+        for buf in bufs[:len(keys)]:
+            self._hold(None, buf)  # overwritten now
+        done = self._together(keys, lambda j, key: self._reads(key, bufs[j]), self.backend.file_read_many)
         for j, (key, d) in enumerate(zip(keys, done)):
             if not isinstance(d, BaseException):
                 self._hold(key, bufs[j])
