@@ -1,7 +1,11 @@
 """Issue 41: the capacity curve from one run, checked against real runs at three capacities; `capacity` over one
 run and several (a shared tier); `compare` overlays curves."""
 
+import io
 import json
+import struct
+import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -92,23 +96,39 @@ def test_another_policy_is_replayed_and_predicts_a_real_run(small_run):
     assert abs(predicted - real["hit_rate"]["tokens"]) <= 0.01, (predicted, real["hit_rate"])
 
 
+def _zeros_zip(member: str, nbytes: int, chunk: int = 1 << 24) -> bytes:
+    """A zip whose one member inflates to nbytes of zeros, built as zip bombs are: one chunk deflated and flushed
+    to a byte boundary with an empty dictionary, repeated (zipfile deflated the 12 GiB itself: 35 s of CI)."""
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    piece = c.compress(bytes(chunk)) + c.flush(zlib.Z_FULL_FLUSH)
+    data = piece * (nbytes // chunk) + b"\x03\x00"  # the final, empty, fixed-Huffman block
+    crc, block = 0, bytes(chunk)
+    for _ in range(nbytes // chunk):
+        crc = zlib.crc32(block, crc)
+    name, sizes = member.encode(), struct.pack("<HHQQ", 1, 16, nbytes // chunk * chunk, len(data))  # zip64 extra
+    local = struct.pack("<IHHHHHIIIHH", 0x04034B50, 45, 0, 8, 0, 0x21, crc, 0xFFFFFFFF, 0xFFFFFFFF, len(name),
+                        len(sizes)) + name + sizes
+    central = struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 45, 45, 0, 8, 0, 0x21, crc, 0xFFFFFFFF, 0xFFFFFFFF,
+                          len(name), len(sizes), 0, 0, 0, 0, 0) + name + sizes
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 1, 1, len(central), len(local) + len(data), 0)
+    return local + data + central + end
+
+
+def test_the_zip_bomb_is_one():
+    """The bomb's construction, on a small one: zipfile reads it whole, every byte zero, its CRC checked."""
+    with zipfile.ZipFile(io.BytesIO(_zeros_zip("x", 3 << 24))) as z:
+        assert z.infolist()[0].file_size == 3 << 24 and z.read("x") == bytes(3 << 24)
+
+
 def _damage(folder, how: str) -> None:
     """Issue 52, item 4's damaged inputs of `capacity`: each was a traceback (exit 1)."""
-    import io
-    import zipfile
-
     npz, res = folder / "capacity_access.npz", folder / "results.json"
     if how == "truncated":
         npz.write_bytes(npz.read_bytes()[:200])
     elif how == "not-zip":
         npz.write_bytes(b"\x93NUMPY garbage")
-    elif how == "bomb":  # a zip whose one member unpacks to 12 GiB of zeros (written as a sparse stream)
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z, z.open("keys.npy", "w", force_zip64=True) as f:
-            block = bytes(1 << 24)
-            for _ in range(12 * 64):
-                f.write(block)
-        npz.write_bytes(buf.getvalue())
+    elif how == "bomb":  # a zip whose one member unpacks to 12 GiB of zeros
+        npz.write_bytes(_zeros_zip("keys.npy", 12 << 30))
     elif how in ("index", "meta", "slot", "rate", "looked", "counts"):
         with np.load(npz, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
