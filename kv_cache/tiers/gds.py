@@ -13,6 +13,12 @@ With ``--gds`` the cache uses this link for the two moves that cross it:
   buffer only so that their stamps can be verified; a promotion then moves
   the landed block into GPU slots device to device.
 
+Under ``--request-io batched`` both go a batch at a time (``demote_many``,
+``load_many``): every block's cuFile I/Os submitted together (kvikio's
+futures, then each waited for), each block of the window in a device
+buffer of its own (a read's landing buffer, kept for its promotion; a
+paged demotion's gather buffer), each block's completion its own.
+
 The backend does the file I/O (devices.py: kvikio's CuFile on a real GPU,
 O_DIRECT from host memory on the fake device of the tests) and says which
 path really ran: cuFile, or kvikio's compatibility mode (POSIX I/O through
@@ -30,10 +36,10 @@ from kv_cache.tiers.devices import D2H
 
 
 class GdsLink:
-    """The NVMe <-> HBM path of one GPU tier and one NVMe tier, with a device landing buffer per lane."""
+    """The NVMe <-> HBM path of one GPU tier and one NVMe tier, with device buffers per lane (buffer_bytes)."""
 
     def __init__(self, backend, gpu, nvme, lanes: int, max_bytes: int, window: int = 1):
-        """window: the most demotions of a batch written together (--request-io batched's depth; 1: serial)."""
+        """window: the most blocks of a batch read or written together (--request-io batched's depth; 1: serial)."""
         if nvme.layout != "slab" or not nvme.ops.direct:
             raise UserError(f"--gds moves blocks between HBM and the NVMe tier's slab files with O_DIRECT; use "
                             f"--io-engine direct and --nvme-layout slab (not {nvme.engine}, {nvme.layout}).")
