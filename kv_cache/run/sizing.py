@@ -79,15 +79,6 @@ def io_shape(s: Settings, tiers: list, n: int, io_bytes: int) -> str:
         scratch = "pinned scratch" if gpu else "scratch"
         paths += "".join(f"; demotions out of {a} land in {b} through each worker's {scratch}, {moves} at a time"
                          for a, b in through_scratch(tiers))
-    if s.tiers.gds and gpu:
-        paged = getattr(tiers[0], "hbm", None) is not None
-        how = (f"{depth} blocks' cuFile writes at a time, each block gathered into a device buffer of its own first"
-               if paged else "every block's cuFile writes submitted together") if depth > 1 or not paged else \
-            "one block at a time (a paged block is gathered into the lane's one landing buffer)"
-        reads = (f"{depth} blocks' cuFile reads at a time, each block into a device buffer of its own" if depth > 1
-                 else "one block at a time")
-        paths += (f"; GDS: demotions out of {tiers[0].name} into {tiers[-1].name}'s slab files, {how}; reads of "
-                  f"{tiers[-1].name} land in HBM {reads}, promoted from there device to device")
     bound = (f"--max-inflight {s.schedule.max_inflight} bounded by {BATCH_ARENA_BYTES >> 20} MiB of batch buffers "
              f"a worker" if depth < s.schedule.max_inflight else "--max-inflight sets it")
     return (f"request I/O: batched, up to {depth} blocks of a request in flight per worker ({n} workers: up to "

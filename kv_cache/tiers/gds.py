@@ -106,6 +106,20 @@ class GdsLink:
         """Demotions go together: from contiguous slots, or through gather buffers (paged, a batch deeper than 1)."""
         return self.gpu.hbm is None or self.gathers is not None
 
+    def batch_path(self) -> str:
+        """How a batch crosses the link each way, from the buffers it holds (the banner's line)."""
+        if self.gpu.hbm is None:
+            writes = "every block's cuFile writes submitted together"
+        elif self.gathers is not None:
+            writes = (f"{self.window} blocks' cuFile writes at a time, each block gathered into a device buffer of "
+                      f"its own first")
+        else:
+            writes = "one block at a time (a paged block is gathered into the lane's one landing buffer)"
+        reads = (f"{self.window} blocks' cuFile reads at a time, each block into a device buffer of its own"
+                 if self.loads_batch() else "one block at a time")
+        return (f"demotions out of {self.gpu.name} into {self.nvme.name}'s slab files, {writes}; reads of "
+                f"{self.nvme.name} land in HBM {reads}, promoted from there device to device")
+
     def demote_many(self, keys: list[int]) -> list:
         """A batch's demotions (as demote, each): every block's cuFile writes submitted together, a window of
         blocks at a time in the paged layout (each gathered into a buffer of its own first), all at once from the
