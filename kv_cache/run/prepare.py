@@ -59,7 +59,7 @@ def build(s: Settings, reg, run_id: str, payloads: PayloadPool | None, *, rank: 
         raise
     gds_note = f"GDS path: {gds.mode}; its landing and gather buffers take {gds.buffer_bytes / 2**20:,.0f} MiB of " \
         f"HBM beside the GPU tier. GDS: {gds.batch_path()}" if gds else ""
-    notes += [io_shape(sized, tiers, n, geo.io_bytes)]
+    notes += [io_shape(sized, tiers, n, geo.io_bytes, gds)]
     notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_size_note, handoff_note,
                           probe_note) if x]
     return RunContext(geo, site, tiers, notes, budget, n, handoff, probe=steps, gds=gds,

@@ -47,26 +47,29 @@ def demotion_depth(s: Settings, io_bytes: int, gpu_tier: bool) -> int:
     """The blocks a worker's scratch buffer holds (1: one). A batch's demotions out of a tier that holds no host copy
     of a block into a batching tier below it land through it, up to a batch at a time: one read batch into it, then
     one write batch out of it, as an engine offloads through its bounce buffers. Two stacks have such a pair: HBM
-    with no CPU tier below it (whose page-locked slots take a D2H batch straight), and the NVMe tier over a remote
-    tier."""
+    (real, gpu_tier, or simulated) with no CPU tier below it (whose page-locked slots take a D2H batch straight), and
+    the NVMe tier over a remote tier. The settings' prediction, before any tier exists (the memory budget needs it),
+    of what through_scratch finds in the built stack: tests/unit/test_budget.py holds the two to one answer."""
     if s.tiers.null_io:
         return 1
-    hbm_over_storage = gpu_tier and s.tiers.cpu_mem_gb <= 0 and not s.tiers.gds  # --gds: its own link (gds.py)
+    hbm = gpu_tier or (s.tiers.gpu == "simulated" and s.tiers.gpu_mem_gb > 0)
+    hbm_over_storage = hbm and s.tiers.cpu_mem_gb <= 0 and not s.tiers.gds  # --gds: its own link (gds.py)
     disk_over_remote = s.tiers.nvme == "on" and bool(s.tiers.remote_url)
     return max(1, batch_depth(s, io_bytes)) if hbm_over_storage or disk_over_remote else 1
 
 
-def through_scratch(tiers: list) -> list[tuple[str, str]]:
+def through_scratch(tiers: list, gds=None) -> list[tuple[str, str]]:
     """(from, into) of each pair of tiers whose demotions land through the workers' scratch: the upper holds no host
     copy (not the CPU tier's slots) and neither copies straight into the lower's host slots (HBM into the CPU tier),
-    and the lower takes batches."""
+    nor does the GDS link carry them (gds: the run's, or None), and the lower takes batches."""
     return [(a.name, b.name) for a, b in zip(tiers, tiers[1:])
             if HOST_SLOTS not in a.flags and not (PINS_HOST in a.flags and HOST_SLOTS in b.flags)
-            and BATCHES in b.flags]
+            and not (gds is not None and gds.links(a, b)) and BATCHES in b.flags]
 
 
-def io_shape(s: Settings, tiers: list, n: int, io_bytes: int) -> str:
-    """The request I/O's shape in one line: batched or serial, how deep, and how each tier takes a batch."""
+def io_shape(s: Settings, tiers: list, n: int, io_bytes: int, gds=None) -> str:
+    """The request I/O's shape in one line: batched or serial, how deep, and how each tier takes a batch (gds: the
+    run's GDS link, or None)."""
     depth = batch_depth(s, io_bytes)
     if not depth:
         why = ("whole-request objects (--block-tokens 0): one object a request" if not s.model.block_tokens else
@@ -78,7 +81,7 @@ def io_shape(s: Settings, tiers: list, n: int, io_bytes: int) -> str:
     if moves > 1:
         scratch = "pinned scratch" if gpu else "scratch"
         paths += "".join(f"; demotions out of {a} land in {b} through each worker's {scratch}, {moves} at a time"
-                         for a, b in through_scratch(tiers))
+                         for a, b in through_scratch(tiers, gds))
     bound = (f"--max-inflight {s.schedule.max_inflight} bounded by {BATCH_ARENA_BYTES >> 20} MiB of batch buffers "
              f"a worker" if depth < s.schedule.max_inflight else "--max-inflight sets it")
     return (f"request I/O: batched, up to {depth} blocks of a request in flight per worker ({n} workers: up to "

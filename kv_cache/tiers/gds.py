@@ -277,7 +277,8 @@ def open_link(tiers: list, backend, lanes: int, max_bytes: int, window: int = 1)
     if gpu is None:
         raise UserError("--gds moves blocks between a real GPU tier and the NVMe tier, and this run has no real "
                         "GPU tier (CuPy found no device, or --gpu is not auto/real); drop --gds.")
-    if not isinstance(tiers[-1], NvmeTier):
+    nvme = next((t for t in tiers if isinstance(t, NvmeTier)), None)  # the bottom, or over a remote tier
+    if nvme is None:
         raise UserError("--gds needs the NVMe tier (a --cache-dir on a real device); drop --null-io.")
     need, d = buffer_bytes(gpu, lanes, max_bytes, window), gpu.devices[0]
     if need > backend.free_bytes(d):
@@ -286,4 +287,4 @@ def open_link(tiers: list, backend, lanes: int, max_bytes: int, window: int = 1)
                         f"--max-inflight {window} blocks in flight), beyond the GPU tier, and "
                         f"{backend.free_bytes(d) / 2**20:,.0f} MiB of it is free; lower --max-inflight or "
                         f"--gpu-mem-gb.")
-    return GdsLink(backend, gpu, tiers[-1], lanes, max_bytes, window)
+    return GdsLink(backend, gpu, nvme, lanes, max_bytes, window)

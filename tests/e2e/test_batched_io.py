@@ -192,6 +192,23 @@ def test_gds_demotions_and_reads_go_together_in_serial_mode_s_order(small_run, t
     assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
 
 
+@pytest.mark.slow  # one run on the fake device over a real Valkey server: make test-all (CI)
+def test_gds_over_a_remote_tier_runs_as_typed(small_run, valkey_server):
+    """--gds with the NVMe tier over a Valkey tier was refused with "drop --null-io" (not given): the link looked
+    for the NVMe tier at the bottom only. GDS takes HBM's demotions into the disk and its reads back, the disk's
+    own demotions land in Valkey through each worker's scratch, and the shape line says each once."""
+    r = run_cli(small_run("g", *SEQUENCE, "--gpu", "real", "--gds", "--gpu-mem-gb", "0.01", "--cpu-mem-gb", "0",
+                          "--nvme-gb", "0.04", "--max-inflight", "8", "--remote-url", valkey_server.url,
+                          "--remote-gb", "0.25", quiet=False), extra_env={"KVBENCH_FAKE_GPU": "1:2"})
+    assert r.returncode == 0, r.stderr
+    said, res = " ".join(r.stdout.split()), small_run.results("g")
+    assert "demotions out of nvme land in valkey through each worker's pinned scratch, 8 at a time" in said
+    assert "demotions out of gpu land in nvme through" not in said  # GDS moves those
+    assert res["run"]["gds"]["demoted_blocks"] > 0 and res["run"]["gds"]["loaded_blocks"] > 0
+    assert res["queue_depth"]["valkey"]["demotions"]["max"] > 1
+    assert res["verification"]["blocks_checked"] > 0 and res["verification"]["failures"] == 0
+
+
 @pytest.mark.slow
 def test_a_window_of_max_inflight_bounds_the_depth(small_run):
     r = run_cli(small_run("w", *SEQUENCE, "--max-inflight", "2"))

@@ -191,3 +191,51 @@ def test_an_open_loops_backlog_is_a_part_of_its_budget_and_a_closed_loops_is_not
         s = resolve(None, [], {"schedule.arrival": arrival, "trace.path": trace, "schedule.max_backlog_gb": "0.5"},
                     media_sections=SECTIONS)
         assert memory_budget(s, geometry(s), REGISTRY).backlog_bytes == (2**29 if counted else 0), arrival
+
+
+def test_the_budget_s_demotion_window_is_the_one_the_built_stack_lands_through(tmp_path, valkey_server):
+    """Issue 48: which demotions land through a worker's scratch is said twice, from the settings for the memory
+    budget before any tier exists (demotion_depth) and from the built stack for the landing and the shape line
+    (through_scratch): every stack must get one answer. A simulated GPU tier straight over the NVMe tier was a pair
+    in the stack and not in the budget (its scratch held one block: its demotions went one by one); --gds over a
+    remote tier was refused with a sentence about --null-io, which was not given."""
+    from kv_cache.run.site import storage_site
+    from kv_cache.run.sizing import demotion_depth, through_scratch
+    from kv_cache.run.stack import build_tiers, gds_link
+    from kv_cache.tiers.devices import FakeDevice
+
+    answers = {}
+    for gpu in ("off", "simulated", "real"):
+        for cpu in ("0", "0.05"):
+            for below in ("nvme", "nvme+remote", "remote"):
+                for gds in (False, True) if gpu == "real" and "nvme" in below else (False,):
+                    name = f"{gpu} gpu, cpu {cpu}, {below}{', gds' if gds else ''}"
+                    case = tmp_path / str(len(answers))
+                    case.mkdir()
+                    keys = {"tiers.gpu": gpu, "tiers.gpu_mem_gb": "0.01", "tiers.cpu_mem_gb": cpu,
+                            "tiers.nvme": "on" if "nvme" in below else "off", "schedule.workers": "1",
+                            "schedule.max_inflight": "8", "model.name": "llama8b", "model.block_tokens": "16",
+                            "tiers.gds": str(gds).lower()}
+                    if "nvme" in below:
+                        keys |= {"tiers.nvme_gb": "0.05", "tiers.cache_dir": str(case)}
+                    if "remote" in below:
+                        keys |= {"tiers.remote_url": valkey_server.url, "tiers.remote_gb": "0.1"}
+                    if gpu == "off":
+                        del keys["tiers.gpu_mem_gb"]
+                    s = resolve(None, [], keys, media_sections=SECTIONS)
+                    geo, device = geometry(s), FakeDevice() if gpu == "real" else None
+                    site = storage_site(s, "agree", REGISTRY.engines) if "nvme" in below else None
+                    tiers, _ = build_tiers(s, geo, site, REGISTRY, gpu=device, run_id=f"agree{len(answers)}")
+                    link = gds_link(s, tiers, device, geo)
+                    try:
+                        predicted = demotion_depth(s, geo.io_bytes, device is not None) > 1
+                        assert predicted == bool(through_scratch(tiers, link)), name
+                        answers[name] = predicted
+                    finally:
+                        if link is not None:
+                            link.close()
+                        for t in tiers:
+                            t.close()
+    assert answers["simulated gpu, cpu 0, nvme"] and answers["real gpu, cpu 0, nvme"]
+    assert not answers["real gpu, cpu 0, nvme, gds"] and answers["real gpu, cpu 0, nvme+remote, gds"]
+    assert not answers["off gpu, cpu 0.05, nvme"]
