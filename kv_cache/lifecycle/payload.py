@@ -1,8 +1,10 @@
 """Block payloads: incompressible bytes, unique per 4 KiB page, verifiable on read.
 
 Vocabulary: the *pool* is random bytes prepared before the clock starts; a
-block's payload is a pool slice chosen by its key, whose every 4 KiB *page*
-then gets a 16-byte *stamp* (block key, page index and a magic tag). Stamps
+block's payload is a pool slice at one of the *places* its key chooses
+(the first whose pool pages no other payload in flight holds; fill() makes
+the first), whose every 4 KiB *page* then gets a 16-byte *stamp* (block
+key, page index and a magic tag that names the place). Stamps
 make every page of every block unique, so storage-side dedup finds nothing
 and a wrong, torn or stale block is detected on read. The random pool makes
 the bytes incompressible within any compression window that a storage
@@ -16,8 +18,10 @@ Verification modes (``--verify``):
   family). XXH3 runs at 30+ GB/s per core from memory and releases the GIL;
   it replaced CRC32C (~16 GB/s), whose cost at write and at read was the
   largest single share of the generator's CPU with small blocks (issue 16). A block written by another
-  process (shared storage, hand-off) has no recorded checksum: it is compared
-  byte for byte against its regenerated payload instead.
+  process (shared storage, hand-off) has no recorded checksum, and one that
+  another process wrote again over ours (from another of the key's places)
+  has another: either is compared byte for byte against its regenerated
+  payload instead.
 - ``full``: every byte compared against the regenerated payload (slower, exact).
 - ``stamps``: only the 16-byte stamp of each 4 KiB page: catches a misplaced,
   stale or torn page, not bytes corrupted inside a page (0.4 % of the block).
@@ -39,6 +43,12 @@ MAGIC = np.uint64(0x4B56_4243_0000_0000)  # "KVBC" in the high half; page index 
 POOL_SPAN_BYTES = 64 << 20                # distinct start offsets: 16,384 pages
 SEGMENT_BYTES = 64 << 20                  # a larger block is filled segment by segment
 REGION_BYTES = 256 << 10                  # one lock per 256 KiB of pool: a payload lent in place holds those it spans
+# NOTE: a block's payload may lie at any of PLACES places in the pool, the one taken said in its stamps' tag
+# ("KVBC" + place: "KVBC" to "KVBJ"). With one place, a batch of writes found the pool pages of 45 % of its
+# payloads held by another payload in flight (4 workers x 32 blocks of 512 KiB over a 64 MiB pool) and copied
+# each of those into its buffer: 21 % of the workers' CPU (issue 48). A lend tries the places in turn (3.5 %
+# copied with 8 of them); fill() makes place 0.
+PLACES = 8
 
 
 class PayloadPool:
@@ -63,21 +73,24 @@ class PayloadPool:
     def nbytes(self) -> int:
         return self.pool.size
 
-    def _offset(self, key: int, segment: int) -> int:
-        """Pool offset of a segment of key's payload."""
-        mixed = ((int(key) + segment * 0x632BE59BD9B4E019) * 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF
-        return (mixed >> 40) % self.num_offsets * PAGE
+    def _offset(self, key: int, segment: int, place: int = 0, nbytes: int = SEGMENT_BYTES) -> int:
+        """Pool offset of a segment of key's payload at one of its places. Place 0 starts in the span; another
+        place of a payload of nbytes anywhere it fits in the whole pool (twice the span's room for a lend)."""
+        mixed = ((int(key) + segment * 0x632BE59BD9B4E019 + place * 0xD6E8FEB86659FD93) * 0x9E3779B97F4A7C15
+                 ) & 0xFFFF_FFFF_FFFF_FFFF
+        starts = (self.pool.size - nbytes) // PAGE + 1 if place else self.num_offsets
+        return (mixed >> 40) % starts * PAGE
 
-    def _segments(self, key: int, nbytes: int, offset: int = 0) -> list[tuple[int, int, int]]:
+    def _segments(self, key: int, nbytes: int, offset: int = 0, place: int = 0) -> list[tuple[int, int, int]]:
         """(start in the range, pool offset, length) of each segment of key's payload over the range of nbytes
         from offset in the object (a part of a larger one, --io-chunk-mb)."""
         if not offset and nbytes <= SEGMENT_BYTES:  # one segment: the hot path of every block written
-            return [(0, self._offset(key, 0), nbytes)]
+            return [(0, self._offset(key, 0, place, nbytes), nbytes)]
         out, at = [], offset
         while at < offset + nbytes:
             i, within = divmod(at, SEGMENT_BYTES)
             n = min(SEGMENT_BYTES - within, offset + nbytes - at)
-            out.append((at - offset, self._offset(key, i) + within, n))
+            out.append((at - offset, self._offset(key, i, place) + within, n))
             at += n
         return out
 
@@ -99,33 +112,40 @@ class PayloadPool:
         """What the stamp templates hold: 24 bytes per page of the largest payload built or checked so far."""
         return self._page_tags.nbytes + self._page_stamps.nbytes
 
-    def fill(self, key: int, out: np.ndarray, offset: int = 0) -> None:
+    def fill(self, key: int, out: np.ndarray, offset: int = 0, place: int = 0) -> None:
         """Write key's payload into out (length a multiple of 4 KiB); offset: out is the part of the object that
-        starts there (a multiple of 4 KiB), the same bytes as that range of the whole payload."""
-        for at, off, n in self._segments(key, out.size, offset):
+        starts there (a multiple of 4 KiB), the same bytes as that range of the whole payload; place: which of
+        its places in the pool (place_of() of the payload as written)."""
+        for at, off, n in self._segments(key, out.size, offset, place):
             np.copyto(out[at:at + n], self.pool[off:off + n])
-        self._stamp(key, out, offset // PAGE)
+        self._stamp(key, out, offset // PAGE, place)
 
     def lend(self, key: int, out: np.ndarray) -> tuple[np.ndarray, range]:
         """key's payload to write from, without copying it where it can be: (the payload, the pool regions held).
 
-        A one-segment payload is the pool slice itself, stamped in place and locked until give_back(held):
-        the same bytes as fill(key), without its copy (at 512 KiB blocks on a fast device, the copy of every
-        block written was ~15 % of the generator's CPU; issue 16). Only the stamp words change in the pool,
-        and nothing reads them there: fill() overwrites them and the full check skips them. Where a region it
-        spans is held (another payload lent from the same pool pages, by this thread's batch or another's), or
-        the payload is larger (its segments lie apart in the pool), it is filled into out, which is returned
-        with no region held: a lend never waits, so a batch may hold many payloads while others lend theirs.
+        A one-segment payload is a pool slice itself, stamped in place and locked until give_back(held): the
+        same bytes as fill(key, place=v) for the first of its places v whose regions are free, without its copy
+        (at 512 KiB blocks on a fast device, the copy of every block written was ~15 % of the generator's CPU;
+        issue 16). Only the stamp words change in the pool, and nothing reads them there: fill() overwrites them
+        and the full check skips them. Where every place has a region held (other payloads lent from the same
+        pool pages, by this thread's batch or another's), or the payload is larger (its segments lie apart in the
+        pool), it is filled into out at place 0, which is returned with no region held: a lend never waits, so a
+        batch may hold many payloads while others lend theirs.
         """
         if out.size <= SEGMENT_BYTES:
-            off = self._offset(key, 0)
-            held = range(off // REGION_BYTES, (off + out.size - 1) // REGION_BYTES + 1)
-            if self._take(held):
-                view = self.pool[off:off + out.size]
-                self._stamp(key, view)
-                return view, held
+            for place in range(PLACES):
+                off = self._offset(key, 0, place, out.size)
+                held = range(off // REGION_BYTES, (off + out.size - 1) // REGION_BYTES + 1)
+                if self._take(held):
+                    view = self.pool[off:off + out.size]
+                    self._stamp(key, view, 0, place)
+                    return view, held
         self.fill(key, out)
         return out, range(0)
+
+    @staticmethod
+    def place_of(data: np.ndarray) -> int:
+        return place_of(data)
 
     def _take(self, held: range) -> bool:
         """Every region of held taken now, or none (a region already held: each taken one is let go)."""
@@ -140,11 +160,13 @@ class PayloadPool:
         for r in held:
             self._regions[r].release()
 
-    def _stamp(self, key: int, out: np.ndarray, first_page: int = 0) -> None:
+    def _stamp(self, key: int, out: np.ndarray, first_page: int = 0, place: int = 0) -> None:
         words = out.view(np.uint64).reshape(-1, WORDS_PER_PAGE)
         pages = words.shape[0]
         stamps = self._stamps(first_page + pages)[first_page:].copy()  # (key, tag) rows, one strided pass
         stamps[:, 0] = key
+        if place:
+            stamps[:, 1] += np.uint64(place << 32)
         words[:, :2] = stamps
 
     def check(self, key: int, data: np.ndarray, mode: str, digest: int | None = None, offset: int = 0) -> bool:
@@ -154,25 +176,41 @@ class PayloadPool:
         if mode == "off":
             return True
         if mode == "checksum":
-            if digest is not None:
-                return block_digest(data) == digest
-            mode = "full"  # written elsewhere (another rank, a prefill node): compare every byte
+            if digest is not None and block_digest(data) == digest:
+                return True
+            # No digest: written elsewhere (another rank, a prefill node). Another digest: the same key written
+            # again over ours in shared storage, from another of its places (the two writers' payloads differ).
+            # Either way every byte is compared: a block damaged anywhere still fails.
+            mode = "full"
         words = data.view(np.uint64).reshape(-1, WORDS_PER_PAGE)
-        first = offset // PAGE
+        first, place = offset // PAGE, place_of(data)
+        if place < 0:
+            return False
+        tags = self._tags(first + words.shape[0])[first:]
         if not (np.array_equal(words[:, 0], np.full(words.shape[0], int(key), dtype=np.uint64))
-                and np.array_equal(words[:, 1], self._tags(first + words.shape[0])[first:])):
+                and np.array_equal(words[:, 1], tags + np.uint64(place << 32) if place else tags)):
             return False
         if mode == "stamps":
             return True
-        return self._same_as_pool(key, data, words, offset)
+        return self._same_as_pool(key, data, words, offset, place)
 
-    def _same_as_pool(self, key: int, data: np.ndarray, words: np.ndarray, offset: int = 0) -> bool:
-        for at, off, n in self._segments(key, data.size, offset):
+    def _same_as_pool(self, key: int, data: np.ndarray, words: np.ndarray, offset: int = 0,
+                      place: int = 0) -> bool:
+        for at, off, n in self._segments(key, data.size, offset, place):
             got = words[at // PAGE:(at + n) // PAGE, 2:]
             expected = self.pool[off:off + n].view(np.uint64).reshape(-1, WORDS_PER_PAGE)[:, 2:]
             if not np.array_equal(got, expected):
                 return False
         return True
+
+
+def place_of(data: np.ndarray) -> int:
+    """Which of its places in the pool a payload (or a part of one) was made from, as its first page's tag says;
+    -1 when that word is no payload's tag."""
+    if data.size < PAGE:
+        return -1
+    place = (int(data[:16].view(np.uint64)[1]) - int(MAGIC)) >> 32
+    return place if 0 <= place < PLACES else -1
 
 
 def stamped_with(key: int, data: np.ndarray) -> bool:

@@ -45,7 +45,7 @@ def build(s: Settings, reg, run_id: str, payloads: PayloadPool | None, *, rank: 
     tiers, site = [], None
     try:
         site = None if s.tiers.null_io or s.tiers.nvme == "off" else storage_site(s, run_id, reg.engines, join)
-        tiers, notes = build_tiers(sized, geo, site, reg, fill, f"r{rank}", gpu, run_id)
+        tiers, notes = build_tiers(sized, geo, site, reg, payloads, f"r{rank}", gpu, run_id)
         pin_host_memory(tiers, payloads)
         gds = gds_link(sized, tiers, gpu, geo)
         handoff, handoff_note = open_handoff(s, reg, geo.model.name, geo.slot_bytes, link, gpu)

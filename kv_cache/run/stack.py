@@ -105,15 +105,15 @@ def worker_state(tiers: list, max_object_bytes: int, fake_io: bool, batch: int =
     return make
 
 
-def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, reg, fill=None,
+def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, reg, payloads=None,
                 writer: str = "r0", gpu=None, run_id: str = "") -> tuple[list, list[str]]:
     """The ordered tier list (fastest first) and lines saying what is off and why.
 
-    fill(key, out) rebuilds a block's payload; a simulated tier uses it to hand back real bytes.
+    payloads: the payload pool; a simulated tier rebuilds the bytes it hands back with it.
     gpu: the device backend of a real GPU tier (see open_gpu), or None. run_id: a remote tier's namespace.
     """
     paging, paging_note = paged.plan(s.tiers, geo.model, s.model.block_tokens, geo.bytes_per_token)
-    ctx = StackContext(s.tiers, geo.slot_bytes, geo.max_object_bytes, workers(s) + 1, site, fill, writer, gpu,
+    ctx = StackContext(s.tiers, geo.slot_bytes, geo.max_object_bytes, workers(s) + 1, site, payloads, writer, gpu,
                        io_unit_bytes(s, geo), s.tiers.null_io, run_id, s.media, geo.io_bytes, reg.engines, paging,
                        paging_note)
     tiers, notes = reg.media.build_stack(ctx)

@@ -371,7 +371,7 @@ def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
                 if s.gpus != 1 else "")
         if ctx.null_io:
             return NullTier("gpu", want, slot), note
-        return SimulatedTier("gpu", want, slot, s.gpu_sim_gbps, ctx.fill), note
+        return SimulatedTier("gpu", want, slot, s.gpu_sim_gbps, ctx.payloads), note
     if ctx.gpu is None:
         return None, ""
     if not want:

@@ -43,7 +43,7 @@ class StackContext:
     max_object_bytes: int       # the largest object a worker stages
     lanes: int                  # threads that may move bytes at once (workers + the demoter)
     site: StorageSite | None    # the cache directory of a local disk tier (None: --null-io, or no disk tier)
-    fill: Callable | None = None  # fill(key, out) rebuilds a payload (a simulated tier hands back real bytes)
+    payloads: object = None     # the payload pool (simulated.Payloads): a simulated tier rebuilds what it hands back
     writer: str = "r0"          # this process's name in a shared namespace
     gpu: object = None          # the device backend of a real GPU tier, or None
     io_unit_bytes: int = 0      # --io-unit layer: the most one I/O of the bottom tier moves (0: a whole block)

@@ -209,6 +209,21 @@ def test_gds_over_a_remote_tier_runs_as_typed(small_run, valkey_server):
     assert res["verification"]["blocks_checked"] > 0 and res["verification"]["failures"] == 0
 
 
+@pytest.mark.slow  # one run of 2 MiB blocks, 32 of them in flight: make test-all (CI)
+def test_a_simulated_gpu_tier_hands_back_the_bytes_its_write_lent(small_run):
+    """A batch's writes lend their payloads from whichever of their places in the payload pool is free (32 blocks
+    of 2 MiB in flight over a 64 MiB pool take many). A simulated GPU tier holds no bytes: it rebuilt a block it
+    demoted at its first place, which the checksum taken at the block's write did not match (31 of 451 blocks read
+    back wrong). It rebuilds the place the write came from: every block read back verifies."""
+    r = run_cli(small_run("s", "--model", "llama8b", "--block-tokens", "16", "--gpu", "simulated", "--gpu-mem-gb",
+                          "0.05", "--cpu-mem-gb", "0", "--nvme-gb", "0.5", "--max-inflight", "16", "--workers", "2",
+                          "--users", "4", "--max-requests", "40"))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("s")
+    assert res["ops"]["nvme"]["demote"] > 0 and res["ops"]["nvme"]["read"] > 0
+    assert res["verification"]["blocks_checked"] > 0 and res["verification"]["failures"] == 0
+
+
 @pytest.mark.slow
 def test_a_window_of_max_inflight_bounds_the_depth(small_run):
     r = run_cli(small_run("w", *SEQUENCE, "--max-inflight", "2"))

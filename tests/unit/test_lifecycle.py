@@ -13,7 +13,7 @@ from kv_cache.cache.hashing import chain_root
 from kv_cache.cache.policies.lru import LRUPolicy
 from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions
 from kv_cache.lifecycle.handoff.folder import FolderLoader, FolderPublisher
-from kv_cache.lifecycle.payload import PayloadPool, block_digest
+from kv_cache.lifecycle.payload import PAGE, PayloadPool, block_digest
 from kv_cache.lifecycle.worker import WorkerBuffers
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.tiers.cpu import CpuTier
@@ -163,7 +163,7 @@ def test_checksum_mode_keeps_each_written_blocks_checksum_and_catches_a_change(r
         pool.fill(e.key, expected)
         assert e.digest == block_digest(expected)
     victim = entries[0]
-    victim.digest ^= 1  # as if its bytes had changed since the write
+    cache.tiers[victim.tier].held_view(victim.key)[PAGE + 100] ^= 1  # its bytes changed since the write
     lc.execute(request(tokens(64, 5), tokens(1, 7), ((64, USER),), seq=2), bufs)
     assert rec.counters()["verification.failures"] == 1
 
@@ -199,8 +199,9 @@ def test_chained_blocks_count_hits_by_source_and_the_system_prompt_found(rig):
 def test_a_decode_node_checks_handed_over_blocks_against_the_digests_its_prefill_node_published(rig, tmp_path):
     """The prefill node takes each block's XXH3-64 as it publishes it, and the manifest line carries them; the
     decode node's checksum verification compares what it read with those, not with a payload it regenerates
-    (a quarter of the CPU per block). A digest the bytes do not match fails the block though they are the
-    payload; a line without digests (0) falls back to comparing every byte."""
+    (a quarter of the CPU per block). A line without digests (0) falls back to comparing every byte, and so does a
+    digest the bytes do not match (the key published again from another of its places in the payload pool is a
+    whole payload and passes); a byte changed in the published file fails either way."""
     _, cache, rec, bufs = rig
     pool = PayloadPool(seed=1, span_bytes=1 << 20)
     opts = LifecycleOptions(BT, BPT, chain_root("test"), "checksum")
@@ -215,7 +216,15 @@ def test_a_decode_node_checks_handed_over_blocks_against_the_digests_its_prefill
         pool.fill(k, e)
     assert len(h.keys) == 2 and h.digests == tuple(block_digest(e) for e in expected)
     dec = FolderLoader(str(folder), SHARED("buffered", BLOCK))
-    for digests, failures in ((h.digests, 0), ((h.digests[0] ^ 1, h.digests[1]), 1), ((0, 0), 0)):
+    other = (h.digests[0] ^ 1, h.digests[1])
+    for digests, failures, damage in ((h.digests, 0, False), (other, 0, False), ((0, 0), 0, False),
+                                      (h.digests, 1, True), ((0, 0), 1, False)):
+        if damage:  # one byte of the first block's published file
+            with open(next((folder / "kvbench-handoff" / "blocks").glob(f"{h.keys[0]:016x}*")), "r+b") as f:
+                f.seek(PAGE + 100)
+                byte = f.read(1)[0]
+                f.seek(PAGE + 100)
+                f.write(bytes([byte ^ 1]))
         drec = Recorder()
         drec.start_measuring(1)
         cache = BlockCache([CpuTier(8 * BLOCK, BLOCK)], LRUPolicy, True, drec)
