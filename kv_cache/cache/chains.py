@@ -83,19 +83,32 @@ class PrefixStructure:
         so is one of this thread's batch placed ahead of its bytes (batch.py: serial mode would have written it
         already; its bytes are written, then deleted, by _empty_trash); one being read is marked CORRUPT (never
         served again, freed by its last reader); one being moved or written is dropped when that finishes (see
-        _orphaned)."""
+        _orphaned).
+
+        The walk is a loop with a stack of its own, not a call a level: a chain of 4-token blocks is thousands
+        deep, past Python's recursion limit. The order is the recursion's: each child in turn, a dropped block
+        trashed after its descendants."""
         self._child_moved(e, e.tier, None)
-        for c in list(e.children or ()):
-            c.parent = None  # e is gone: c no longer counts in anyone's children
+        walk = [(e, list(e.children or ())[::-1])]  # each list reversed: pop() takes the next child
+        while walk:
+            parent, kids = walk[-1]
+            if not kids:
+                walk.pop()
+                if walk:  # a dropped descendant, its own descendants handled: its bytes go
+                    self._trash.append(parent)
+                continue
+            c = kids.pop()
+            c.parent = None  # its parent is gone: c no longer counts in anyone's children
             if self.index.get(c.key) is not c or (c.state != READY and not self._flushable(c)):
-                c.parent = e  # MOVING / WRITING: _orphaned() sees the dead parent when it lands
+                c.parent = parent  # MOVING / WRITING: _orphaned() sees the dead parent when it lands
                 continue
             self.recorder.count(C.CASCADE_DROPS)
             self._unplaced(c)
             if c.pins:
                 c.state = CORRUPT  # a reader holds it: never served again, dropped by its last reader
             else:
-                self._drop(c)
+                c.state = DROPPING  # as _drop(c): its descendants go with it (c has no parent left to tell)
+                walk.append((c, list(c.children or ())[::-1]))
 
     def _drop(self, e: Entry) -> None:
         """e leaves the cache: a miss at once (state DROPPING), its descendants go with it, and its bytes

@@ -153,3 +153,24 @@ def cache_write(cache, key, parent):
     res = cache.reserve_write(key, SLOT, "user", parent)
     if res is not None:
         cache.commit_write(res, BUF, "prefill", BUF)
+
+
+def test_a_parent_evicted_below_a_chain_thousands_long_drops_it_without_recursing():
+    """4-token blocks make chains of thousands (a 12,000-token prompt: 3,000 blocks). A chain's head evicted from
+    the bottom tier while its descendants sat in the tier above dropped them one call deeper each: the run stopped
+    with "internal error in a worker: RecursionError" (`--block-tokens 4 --cpu-mem-gb 0.2`, 200 users)."""
+    length = 1500
+    cache = make("lru", length, length + 1)
+    for k in ["a0"] + [f"f{i}" for i in range(length)] + [f"a{i}" for i in range(1, length + 1)] + ["z"]:
+        names.setdefault(hash(k), k)
+    write(cache, "a0")
+    for i in range(length):  # a0 goes down to the bottom tier to make room for the last of these
+        write(cache, f"f{i}")
+    assert tier_of(cache, "a0") == "nvme"
+    chain(cache, *(f"a{i}" for i in range(1, length + 1)), after="a0")  # the fillers go down, the chain stays up
+    assert tier_of(cache, "a1") == tier_of(cache, f"a{length}") == "cpu"
+    evicted = write(cache, "z")  # its room: the chain's tail goes down, and a0 leaves the bottom tier
+    assert "a0" in evicted
+    assert hits(cache, *(f"a{i}" for i in range(length + 1))) == 0
+    assert cache.recorder.counters()["cache.cascade_drops"] >= length - 1
+    assert_cache_consistent(cache)
