@@ -49,6 +49,16 @@ REGION_BYTES = 256 << 10                  # one lock per 256 KiB of pool: a payl
 # each of those into its buffer: 21 % of the workers' CPU (issue 48). A lend tries the places in turn (3.5 %
 # copied with 8 of them); fill() makes place 0.
 PLACES = 8
+PLACE_SHIFT = 32  # a place is added to the tag's high half: "KVBC" + place
+
+
+def place_of(data: np.ndarray) -> int:
+    """Which of its places in the pool a payload (or a part of one) was made from, as its first page's tag says;
+    -1 when that word is no payload's tag."""
+    if data.size < PAGE:
+        return -1
+    place = (int(data[:16].view(np.uint64)[1]) - int(MAGIC)) >> PLACE_SHIFT
+    return place if 0 <= place < PLACES else -1
 
 
 class PayloadPool:
@@ -143,9 +153,7 @@ class PayloadPool:
         self.fill(key, out)
         return out, range(0)
 
-    @staticmethod
-    def place_of(data: np.ndarray) -> int:
-        return place_of(data)
+    place_of = staticmethod(place_of)  # what a simulated tier asks of a block it keeps no bytes of
 
     def _take(self, held: range) -> bool:
         """Every region of held taken now, or none (a region already held: each taken one is let go)."""
@@ -166,7 +174,7 @@ class PayloadPool:
         stamps = self._stamps(first_page + pages)[first_page:].copy()  # (key, tag) rows, one strided pass
         stamps[:, 0] = key
         if place:
-            stamps[:, 1] += np.uint64(place << 32)
+            stamps[:, 1] += np.uint64(place << PLACE_SHIFT)
         words[:, :2] = stamps
 
     def check(self, key: int, data: np.ndarray, mode: str, digest: int | None = None, offset: int = 0) -> bool:
@@ -188,7 +196,7 @@ class PayloadPool:
             return False
         tags = self._tags(first + words.shape[0])[first:]
         if not (np.array_equal(words[:, 0], np.full(words.shape[0], int(key), dtype=np.uint64))
-                and np.array_equal(words[:, 1], tags + np.uint64(place << 32) if place else tags)):
+                and np.array_equal(words[:, 1], tags + np.uint64(place << PLACE_SHIFT) if place else tags)):
             return False
         if mode == "stamps":
             return True
@@ -202,15 +210,6 @@ class PayloadPool:
             if not np.array_equal(got, expected):
                 return False
         return True
-
-
-def place_of(data: np.ndarray) -> int:
-    """Which of its places in the pool a payload (or a part of one) was made from, as its first page's tag says;
-    -1 when that word is no payload's tag."""
-    if data.size < PAGE:
-        return -1
-    place = (int(data[:16].view(np.uint64)[1]) - int(MAGIC)) >> 32
-    return place if 0 <= place < PLACES else -1
 
 
 def stamped_with(key: int, data: np.ndarray) -> bool:
