@@ -1,6 +1,11 @@
 # kv-cache-bench: make install | run | test | bench | lint | clean
 PYTHON ?= python3
 ARGS ?=
+# NOTE: two pytest processes whatever the cores (a 2-core CI machine as a 16-core one): much of a test is waiting on
+# a child run, a server or fresh memory, so two overlap it; more would multiply the servers and memory held at once.
+# TEST_JOBS=0 runs the suite in this one process.
+TEST_JOBS ?= 2
+PYTEST_JOBS = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist worksteal)
 
 .PHONY: install run test test-all test-gpu test-mpi bench device-check lint clean
 
@@ -32,10 +37,10 @@ run:  ## The main job on the embedded defaults
 	$(PYTHON) kv_cache_benchmark.py --model llama70b --users 200 $(ARGS)
 
 test:  ## The fast suite (under 3 minutes on 2 cores): unit, property, contract, scenario, a few end-to-end runs; no GPU, MPI or slow tests
-	$(PYTHON) -m pytest -q -m "not gpu and not mpi and not slow" tests
+	$(PYTHON) -m pytest -q $(PYTEST_JOBS) -m "not gpu and not mpi and not slow" tests
 
 test-all:  ## Everything CI runs: the fast suite + the slow end-to-end, fault and MPI tests (GPU tests skip)
-	$(PYTHON) -m pytest -q -m "not gpu" tests
+	$(PYTHON) -m pytest -q $(PYTEST_JOBS) -m "not gpu" tests
 
 test-gpu:  ## The real-GPU tests (CuPy tier, NVML); they skip cleanly without a device
 	$(PYTHON) -m pytest -q -m gpu tests

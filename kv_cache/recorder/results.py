@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from kv_cache import counters as C
 from kv_cache.config import QOS_CLASSES
-from kv_cache.recorder.histogram import at_ms, merged, summary_ms
+from kv_cache.recorder.histogram import at_ms, mean_value, merged, summary_ms, value_at
 from kv_cache.recorder.results_schema import SCHEMA_VERSION, Results
 from kv_cache.recorder.semantic_metrics import semantic_section
 from kv_cache.recorder.slas import judge, overall
@@ -194,8 +194,9 @@ def queue_depths(snap: Snapshot) -> dict:
     out: dict = defaultdict(dict)
     for key, h in snap.hists.items():
         if key[0] == "depth" and h.get_total_count():
-            out[key[1]][key[2]] = {"batches": h.get_total_count(), "mean": round(h.get_mean_value(), 3),
-                                   "p95": h.get_value_at_percentile(95.0), "max": h.get_max_value()}
+            # NOTE: mean_value and value_at, not hdrh's own: those walk its 33,792 counters in Python (1.2 s a run)
+            out[key[1]][key[2]] = {"batches": h.get_total_count(), "mean": round(mean_value(h), 3),
+                                   "p95": value_at(h, 95.0), "max": h.get_max_value()}
     return dict(out)
 
 
