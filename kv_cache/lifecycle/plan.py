@@ -83,16 +83,33 @@ class KVPlan:
                 return None if independent or i == first else self.keys[i - 1]
         return self.keys[i - 1]
 
-    def lookup(self, present) -> list[int]:
-        """Indices of the prompt blocks that hit, given present(key) -> bool."""
+    def lookup(self, present, monotone: bool = False) -> list[int]:
+        """Indices of the prompt blocks that hit, given present(key) -> bool. monotone: present() never holds a
+        chained block without its parent (a cache that never evicts and adds whole plans: the ceiling), so a
+        prefix group's first miss is found by bisection, a dozen lookups instead of one per block."""
         hits: list[int] = []
         for first, end, independent in self.groups:
+            if monotone and self.chained and not independent:
+                hits.extend(range(first, _first_miss(self.keys, first, end, present)))
+                continue
             for i in range(first, end):
                 if present(self.keys[i]):
                     hits.append(i)
                 elif not independent:
                     break
         return hits
+
+
+def _first_miss(keys, first: int, end: int, present) -> int:
+    """The first i in [first, end) whose key present() lacks (end if none), present() holding a prefix of them."""
+    lo, hi = first, end
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if present(keys[mid]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 class Planner:
@@ -111,7 +128,7 @@ class Planner:
         bt = self.block_tokens
         keys = block_keys(seq, bt, self.root)
         n_prompt = req.num_prompt_tokens // bt
-        labels = tuple(req.label_at((i + 1) * bt - 1) if i < n_prompt else GENERATED for i in range(len(keys)))
+        labels = tuple(req.labels_at(np.arange(1, n_prompt + 1) * bt - 1)) + (GENERATED,) * (len(keys) - n_prompt)
         return KVPlan(tuple(keys), (bt,) * len(keys), n_prompt, labels, ((0, n_prompt, False),))
 
     def _whole(self, req: Request, seq: np.ndarray) -> KVPlan:
@@ -132,7 +149,7 @@ class Planner:
         bt, plen = self.block_tokens, req.num_prompt_tokens
         digests = block_digests(seq[: req.docs[0][0]], bt, self.root)
         keys = [to_key(d) for d in digests]
-        labels = [req.label_at((i + 1) * bt - 1) for i in range(len(keys))]
+        labels = req.labels_at(np.arange(1, len(keys) + 1) * bt - 1)
         groups = [(0, len(keys), False)]
         chained = digests[-1] if digests else self.root
         for start, end, _doc in req.docs:

@@ -1,0 +1,80 @@
+"""A plan's labels and the ceiling's bisected lookups give exactly what one call per block gives.
+
+Both are shortcuts taken for speed (a request of 4-token blocks has thousands of blocks, planned on every request and
+for the pre-run analysis): labels_at() searches the spans' ends once for every block, and the ceiling finds a chained
+prefix's first miss by bisection, which holds only because a chained key is never present without its parent."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kv_cache.cache.hashing import chain_root
+from kv_cache.lifecycle.ceiling import Ceiling
+from kv_cache.lifecycle.plan import Planner
+from kv_cache.types import HISTORY, SYSTEM, USER, Request
+
+LABELS = (SYSTEM, HISTORY, USER)
+
+
+def _spans(rng, n: int) -> tuple[tuple[int, str], ...]:
+    ends = sorted(set(rng.integers(0, n + 1, size=int(rng.integers(0, 4))).tolist()) | {n})
+    return tuple((end, LABELS[i % 3]) for i, end in enumerate(ends))
+
+
+def _requests(seed: int, count: int) -> list[Request]:
+    """Requests that share prefixes of a few conversations (cut anywhere, not only at block edges), some with
+    retrieved documents (RAG chunks, looked up one by one), some with nothing in common."""
+    rng = np.random.default_rng(seed)
+    bases = [rng.integers(0, 50, size=400, dtype=np.int32) for _ in range(3)]
+    docs = [rng.integers(0, 50, size=64, dtype=np.int32) for _ in range(2)]
+    out = []
+    for i in range(count):
+        base = bases[int(rng.integers(0, 3))]
+        head = base[: int(rng.integers(0, base.size))]
+        tail = rng.integers(0, 50, size=int(rng.integers(0, 40)), dtype=np.int32)
+        placed = []
+        if rng.random() < 0.3:  # a document in the middle: [head][doc][tail]
+            d = int(rng.integers(0, 2))
+            placed = [(head.size, head.size + docs[d].size, d)]
+            head = np.concatenate([head, docs[d]])
+        prompt = np.concatenate([head, tail])
+        out.append(Request(0, i, 1, prompt, rng.integers(0, 50, size=int(rng.integers(0, 20)), dtype=np.int32),
+                           _spans(rng, prompt.size), docs=tuple(placed)))
+    return out
+
+
+def _linear(plan, seen: set) -> list[int]:
+    """The lookup of every block in turn: a prefix group up to its first miss, an independent block alone."""
+    hits = []
+    for first, end, independent in plan.groups:
+        for i in range(first, end):
+            if plan.keys[i] in seen:
+                hits.append(i)
+            elif not independent:
+                break
+    return hits
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), block_tokens=st.sampled_from([1, 4, 16]), rag=st.booleans())
+def test_the_ceiling_s_bisected_lookup_hits_what_a_lookup_of_every_block_hits(seed, block_tokens, rag):
+    planner = Planner(block_tokens, chain_root("m"), rag_chunk=rag)
+    ceiling, seen = Ceiling(), set()
+    hit_any = False
+    for req in _requests(seed, 30):
+        plan = planner.plan(req)
+        assert ceiling.hits(plan) == _linear(plan, seen)
+        hit_any = hit_any or bool(_linear(plan, seen))
+        seen.update(plan.keys)
+    assert hit_any  # the traffic shares prefixes: the comparison saw hits, not only misses
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 300))
+def test_labels_at_is_label_at_of_every_index(seed, n):
+    rng = np.random.default_rng(seed)
+    req = Request(0, 0, 1, np.zeros(n, np.int32), np.zeros(0, np.int32), _spans(rng, n) if n else ())
+    indices = np.arange(0, n + 40)  # past the last span too: its label, as label_at says
+    assert req.labels_at(indices) == [req.label_at(int(i)) for i in indices]
