@@ -109,10 +109,10 @@ class Request:
         pre-run analysis)."""
         if not self.spans:
             return [USER] * len(token_indices)
-        names = [label for _, label in self.spans]
+        names = np.array([label for _, label in self.spans], dtype=object)
         at = np.searchsorted(np.fromiter((end for end, _ in self.spans), np.int64, len(self.spans)),
                              token_indices, side="right")
-        return [names[i] for i in np.minimum(at, len(names) - 1).tolist()]
+        return names[np.minimum(at, names.size - 1)].tolist()
 
 
 @dataclass(slots=True)

@@ -9,6 +9,8 @@ Python's ``hash()`` is salted per process.
 from __future__ import annotations
 
 import hashlib
+import random
+import threading
 
 import numpy as np
 
@@ -40,9 +42,70 @@ def to_key(digest: bytes) -> BlockKey:
 
 def block_keys(tokens: np.ndarray, block_tokens: int, root: bytes) -> list[BlockKey]:
     """Keys of every full block of tokens (see block_digests): each digest's first 8 bytes, little-endian."""
-    digests = block_digests(tokens, block_tokens, root)
     # NOTE: one numpy pass instead of a to_key() call per block: planning a request runs on every request.
-    return np.frombuffer(b"".join(digests), dtype="<u8")[::DIGEST_BYTES // 8].tolist() if digests else []
+    return _keys_of(b"".join(block_digests(tokens, block_tokens, root)))
+
+
+def _keys_of(joined: bytes) -> list[BlockKey]:
+    """The keys of concatenated digests: each one's first 8 bytes, little-endian, in one numpy pass."""
+    return np.frombuffer(joined, dtype="<u8")[::DIGEST_BYTES // 8].tolist() if joined else []
+
+
+# NOTE: what the memo may hold: each owner's last sequence (4 B a token) and its digests (16 B a block); 200 users
+# of 15,000-token conversations in 4-token blocks take about 20 MiB. Counted in the memory budget's fixed allowance.
+MEMO_BYTES = 32 << 20
+
+
+class ChainMemo:
+    """Each owner's (a user's) last sequence and its blocks' digests: a follow-up request repeats its conversation's
+    history, so its chain is the memo's up to the first token that differs and hashed on from there, instead of
+    from the root (a request of 4-token blocks has thousands; hashing them all was most of its plan). The keys are
+    exactly block_keys(tokens): a digest is reused only where every token up to its block's end is the same.
+    Thread-safe; bounded by max_bytes: when full, a new owner's sequence replaces a random other's (a least recently
+    used one would be the next one asked for under round-robin users: a memo slightly too small would never hit)."""
+
+    def __init__(self, root: bytes, block_tokens: int, max_bytes: int = MEMO_BYTES):
+        self.root, self.block_tokens, self.max_bytes = root, block_tokens, max_bytes
+        self._last: dict[int, tuple[np.ndarray, bytes]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._evict = random.Random(0)
+
+    def keys(self, owner: int, tokens: np.ndarray) -> list[BlockKey]:
+        """block_keys(tokens, block_tokens, root); tokens are kept as owner's last sequence."""
+        block_tokens, data = self.block_tokens, np.ascontiguousarray(tokens, dtype=np.int32)
+        with self._lock:
+            last = self._last.get(owner)
+        reused = b""
+        if last is not None:
+            old, joined = last
+            n = min(old.size, data.size)
+            differ = np.flatnonzero(old[:n] != data[:n])
+            same = int(differ[0]) if differ.size else n
+            reused = joined[: min(same // block_tokens, len(joined) // DIGEST_BYTES) * DIGEST_BYTES]
+        done = len(reused) // DIGEST_BYTES
+        parent = reused[-DIGEST_BYTES:] if reused else self.root
+        joined = reused + b"".join(block_digests(data[done * block_tokens:], block_tokens, parent))
+        self._keep(owner, data.copy(), joined)  # a copy: the caller's array is its own to change
+        return _keys_of(joined)
+
+    def _keep(self, owner: int, data: np.ndarray, joined: bytes) -> None:
+        size = data.nbytes + len(joined)
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._last.pop(owner, None)
+            if old is not None:
+                self._bytes -= old[0].nbytes + len(old[1])
+            while self._bytes + size > self.max_bytes and self._last:
+                gone = self._last.pop(self._evict.choice(list(self._last)))
+                self._bytes -= gone[0].nbytes + len(gone[1])
+            self._last[owner] = (data, joined)
+            self._bytes += size
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
 
 
 def prefix_key(tokens: np.ndarray, root: bytes) -> BlockKey:

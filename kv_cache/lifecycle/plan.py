@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kv_cache.cache.hashing import DIGEST_BYTES, block_digests, block_keys, prefix_key, to_key
+from kv_cache.cache.hashing import DIGEST_BYTES, ChainMemo, block_digests, prefix_key, to_key
 from kv_cache.types import GENERATED, HISTORY, RAG_CHUNK, BlockKey, Request
 
 
@@ -117,6 +117,7 @@ class Planner:
 
     def __init__(self, block_tokens: int, root: bytes, rag_chunk: bool = False, decode: bool = True):
         self.block_tokens, self.root, self.rag_chunk, self.decode = block_tokens, root, rag_chunk, decode
+        self.chains = ChainMemo(root, block_tokens)  # a follow-up hashes only what its history lacks
 
     def plan(self, req: Request) -> KVPlan:
         # decode off (a prefill-only node): the plan holds the prompt's blocks only, nothing is appended
@@ -126,7 +127,7 @@ class Planner:
         if self.rag_chunk and req.docs:
             return self._chunked(req, seq)
         bt = self.block_tokens
-        keys = block_keys(seq, bt, self.root)
+        keys = self.chains.keys(req.user_id, seq)
         n_prompt = req.num_prompt_tokens // bt
         labels = tuple(req.labels_at(np.arange(1, n_prompt + 1) * bt - 1)) + (GENERATED,) * (len(keys) - n_prompt)
         return KVPlan(tuple(keys), (bt,) * len(keys), n_prompt, labels, ((0, n_prompt, False),))

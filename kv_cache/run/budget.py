@@ -5,7 +5,8 @@ block, one for waterfall moves; and the batch arena of batched request I/O) + a 
 pinned buffer of the largest object per lane: workers + 1, and the CUDA runtime's own memory) + payload pool and
 its stamp templates + the donor store when --semantic is on (its bound: every donor at the longest prompt) + the
 bookkeeping of every block the tiers can hold (index entry, policy entry, slot: BOOKKEEPING_BYTES each) + a fixed
-allowance for the interpreter, histograms and queues.
+allowance for the interpreter, histograms, queues and the planner's chain memo (at most 32 MiB:
+cache/hashing.py's MEMO_BYTES).
 """
 
 from __future__ import annotations

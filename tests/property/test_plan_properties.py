@@ -1,8 +1,9 @@
-"""A plan's labels and the ceiling's bisected lookups give exactly what one call per block gives.
+"""A plan's keys and labels and the ceiling's lookups are exactly what one call per block gives.
 
-Both are shortcuts taken for speed (a request of 4-token blocks has thousands of blocks, planned on every request and
-for the pre-run analysis): labels_at() searches the spans' ends once for every block, and the ceiling finds a chained
-prefix's first miss by bisection, which holds only because a chained key is never present without its parent."""
+Each is a shortcut taken for speed (a request of 4-token blocks has thousands of blocks, planned on every request and
+for the pre-run analysis): the chain memo hashes only what a user's last sequence lacks, labels_at() searches the
+spans' ends once for every block, and the ceiling finds a chained prefix's first miss by bisection, which holds only
+because a chained key is never present without its parent."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kv_cache.cache.hashing import chain_root
+from kv_cache.cache.hashing import ChainMemo, block_keys, chain_root
 from kv_cache.lifecycle.ceiling import Ceiling
 from kv_cache.lifecycle.plan import Planner
 from kv_cache.types import HISTORY, SYSTEM, USER, Request
@@ -78,3 +79,31 @@ def test_labels_at_is_label_at_of_every_index(seed, n):
     req = Request(0, 0, 1, np.zeros(n, np.int32), np.zeros(0, np.int32), _spans(rng, n) if n else ())
     indices = np.arange(0, n + 40)  # past the last span too: its label, as label_at says
     assert req.labels_at(indices) == [req.label_at(int(i)) for i in indices]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), block_tokens=st.sampled_from([1, 3, 16]),
+       room=st.sampled_from([0, 4_000, 1 << 30]))
+def test_the_chain_memo_s_keys_are_the_chain_s_keys_hashed_from_the_root(seed, block_tokens, room):
+    """Users' follow-ups extend or cut their last sequence anywhere (within a block too), or start over, one user's
+    sequence follows another's; a memo too small for every user evicts (room 4,000 B), or holds nothing (0)."""
+    rng = np.random.default_rng(seed)
+    root = chain_root("m")
+    memo = ChainMemo(root, block_tokens, max_bytes=room)
+    last: dict[int, np.ndarray] = {}
+    for _ in range(60):
+        user = int(rng.integers(0, 4))
+        seq = last.get(user, np.zeros(0, np.int32))
+        move = rng.random()
+        if move < 0.5:  # a follow-up: the history and a new turn
+            seq = np.concatenate([seq, rng.integers(0, 9, size=int(rng.integers(0, 50)), dtype=np.int32)])
+        elif move < 0.7 and seq.size:  # the history changed at one token (an edited turn), in the array it was in
+            seq[int(rng.integers(0, seq.size))] += 1
+        elif move < 0.85:  # another user's sequence, cut anywhere
+            other = last.get(int(rng.integers(0, 4)), seq)
+            seq = other[: int(rng.integers(0, other.size + 1))]
+        else:  # a new conversation
+            seq = rng.integers(0, 9, size=int(rng.integers(0, 80)), dtype=np.int32)
+        assert memo.keys(user, seq) == block_keys(seq, block_tokens, root)
+        assert memo.nbytes <= room
+        last[user] = seq
