@@ -59,7 +59,7 @@ def summed(folder) -> tuple[dict, int, int, int, int]:
 def test_real_engines_sharing_a_remote_tier_serve_what_the_fleet_simulated(request, tmp_path, engines, router,
                                                                             medium):
     server = request.getfixturevalue(f"{medium}_server")
-    trace, export = tmp_path / "conv.jsonl", tmp_path / "export"
+    trace = tmp_path / "conv.jsonl"
     conversations(trace)
     # the simulation serves each request before the next arrives; a real engine does only while it keeps up. On
     # the S3 gateway a request took 120-360 ms on CI's two cores, past the 100 ms between arrivals at speedup 3: the
@@ -67,20 +67,19 @@ def test_real_engines_sharing_a_remote_tier_serve_what_the_fleet_simulated(reque
     # shared tier before the other read it), and the hit rates left the simulation's (shared 47.5 % against 52.3).
     # At speedup 0.5 (600 ms between arrivals) a request is done before the next one, on either engine, arrives.
     # Its trace is shorter (7 conversations of 4 turns: 28 requests, 17 s at that pace, against 39 s for 65).
-    speed = ["--trace-speedup", "0.5"] if medium == "s3" else []
+    speeds = ["0.5", "0.125"] if medium == "s3" else ["3", "0.75"]
     if medium == "s3":
         conversations(trace, convs=7, turns=4)
-    r = run_cli(["fleet", "--trace", str(trace), *FLEET, *speed, "--engines", str(engines), "--router", router,
-                 "--export-assignment", str(export), "--output-dir", str(tmp_path / "rep"), "--run-id", "f"])
-    assert r.returncode == 0, r.stderr
-    point = export / f"{router}-{engines}"
-    exported = json.loads((point / "engines.json").read_text())
+    # NOTE: a machine busy with other work (CI's two cores running two tests at once) can hold a request past the
+    # next arrival (151 ms against 100 at speedup 3 on Valkey): compare says so and to export the point again at a
+    # lower --trace-speedup, which is what a user does, and what this test does, once
+    for speed in speeds:
+        export = tmp_path / f"export-{speed}"
+        point, exported, ran = _export_and_run(trace, export, speed, engines, router, server)
+        if "Kept up with the trace" in ran.stdout:
+            break
     sim, busy = exported["fleet"], sum(1 for e in exported["engines"] if e["requests"])  # run.sh runs those
     assert sim["hit_rate"]["shared"] > 0.3  # the check means something: most hits cross engines
-    ran = subprocess.run(["sh", str(point / "run.sh"), server.url, str(4 + LEAD_S * engines)], capture_output=True,
-                         text=True, timeout=300, cwd=REPO, env=dict(os.environ, PYTHON=sys.executable, **server.env))
-    logs = "".join(p.read_text()[-3000:] for p in sorted(point.glob("engine-*.log")))
-    assert ran.returncode == 0, ran.stdout + logs
     assert "against" in ran.stdout and "Prompt tokens served, by tier" in ran.stdout  # run.sh's compare POINT
     assert "Kept up with the trace" in ran.stdout, ran.stdout  # each request done before the next arrived
     assert sim["arrival_gap_ms"] > 0
@@ -94,6 +93,23 @@ def test_real_engines_sharing_a_remote_tier_serve_what_the_fleet_simulated(reque
     assert adopted > 0  # blocks another engine wrote were read
     left = valkey_keys(server.url, "kvbench-shared-*") if medium == "valkey" else s3_objects(server, "")
     assert not [n for n in left if "kvbench-shared-" in n]  # the last run out removed the namespace
+
+
+def _export_and_run(trace, export, speed: str, engines: int, router: str, server):
+    """The fleet's point exported at this --trace-speedup, and its run.sh run against the server: (the point's folder,
+    its engines.json, run.sh's outcome)."""
+    # --trace-speedup after FLEET's: the last one given holds
+    r = run_cli(["fleet", "--trace", str(trace), *FLEET, "--trace-speedup", speed, "--engines", str(engines),
+                 "--router", router, "--export-assignment", str(export), "--output-dir", str(export.parent / "rep"),
+                 "--run-id", f"f{speed}"])
+    assert r.returncode == 0, r.stderr
+    point = export / f"{router}-{engines}"
+    exported = json.loads((point / "engines.json").read_text())
+    ran = subprocess.run(["sh", str(point / "run.sh"), server.url, str(4 + LEAD_S * engines)], capture_output=True,
+                         text=True, timeout=300, cwd=REPO, env=dict(os.environ, PYTHON=sys.executable, **server.env))
+    logs = "".join(p.read_text()[-3000:] for p in sorted(point.glob("engine-*.log")))
+    assert ran.returncode == 0, ran.stdout + logs
+    return point, exported, ran
 
 
 @pytest.mark.parametrize("extra,fragments", [
