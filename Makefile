@@ -3,9 +3,9 @@ PYTHON ?= python3
 ARGS ?=
 # NOTE: two pytest processes whatever the cores (a 2-core CI machine as a 16-core one): much of a test is waiting on
 # a child run, a server or fresh memory, so two overlap it; more would multiply the servers and memory held at once.
-# TEST_JOBS=0 runs the suite in this one process.
+# TEST_JOBS=0 runs the suite in this one process (as does a Python without pytest-xdist: make install adds it).
 TEST_JOBS ?= 2
-PYTEST_JOBS = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist worksteal)
+PYTEST_JOBS = $(if $(filter 0,$(TEST_JOBS)),,$(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo --numprocesses $(TEST_JOBS) --dist worksteal))
 
 .PHONY: install run test test-all test-gpu test-mpi bench device-check lint clean
 
