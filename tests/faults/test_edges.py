@@ -342,7 +342,7 @@ def test_a_reference_run_that_measured_nothing_is_never_a_pass(tmp_path):
              "r.Recorder.request = lambda self, *a, **k: None")  # no request is ever recorded as completed
     out = tmp_path / "ref.json"
     r = run_patched(patch, ["--num-users", "2", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.1", "--output", str(out),
-                            "--cache-dir", str(tmp_path), *bounded(3)])
+                            "--cache-dir", str(tmp_path), "--output-dir", str(tmp_path / "reports"), *bounded(3)])
     assert "MLPerf reference assessment: PASS" not in r.stdout and "nothing was measured" in r.stderr
     health = json.loads(out.read_text())["summary"]["cache_stats"]["storage_health"] if out.exists() else None
     assert health is None or (health["overall_status"].startswith("NOT JUDGED") and not health["criteria"])
