@@ -96,17 +96,11 @@ class Request:
             lo = max(lo, span_end)
         return out
 
-    def label_at(self, token_index: int) -> str:
-        """Source label of the token at token_index (the span it falls in)."""
-        for end, label in self.spans:
-            if token_index < end:
-                return label
-        return self.spans[-1][1] if self.spans else USER
-
     def labels_at(self, token_indices: np.ndarray) -> list[str]:
-        """label_at() of each token index, in one search over the spans' ends: a plan labels every block by its
-        last token, thousands of blocks a request with small blocks (a loop of label_at calls was a sixth of the
-        pre-run analysis)."""
+        """The source label of the token at each index: the span it falls in (past the last span, the last one's;
+        without spans, USER). One search over the spans' ends: a plan labels every block by its last token,
+        thousands of blocks a request with small blocks (a loop over the spans a block was a sixth of the pre-run
+        analysis)."""
         if not self.spans:
             return [USER] * len(token_indices)
         names = np.array([label for _, label in self.spans], dtype=object)

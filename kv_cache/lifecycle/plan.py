@@ -163,10 +163,11 @@ class Planner:
             groups.append((first, len(keys), True))
         tail_at = req.docs[-1][1]
         first = len(keys)
-        for i, d in enumerate(block_digests(seq[tail_at:], bt, chained)):
-            end = tail_at + (i + 1) * bt
-            keys.append(to_key(d))
-            labels.append(req.label_at(end - 1) if end <= plen else GENERATED)
-        n_prompt = first + max(0, (plen - tail_at) // bt)
+        tail = block_digests(seq[tail_at:], bt, chained)
+        keys.extend(to_key(d) for d in tail)
+        in_prompt = max(0, (plen - tail_at) // bt)  # the tail's blocks that end within the prompt
+        labels.extend(req.labels_at(tail_at + np.arange(1, in_prompt + 1) * bt - 1))
+        labels.extend([GENERATED] * (len(tail) - in_prompt))
+        n_prompt = first + in_prompt
         groups.append((first, n_prompt, False))
         return KVPlan(tuple(keys), (bt,) * len(keys), n_prompt, tuple(labels), tuple(groups))
