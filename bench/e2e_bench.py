@@ -15,6 +15,12 @@ that the issue's target names). Reported side by side:
   (loads and stores weighted by their batches), fio's as set;
 - CPU seconds per GiB moved: the run's process CPU time in its window (every thread) against
   fio's usr + sys time of its jobs. Kernel threads (a loop device's worker) are in neither.
+- with --verify checksum (the program's default), a second CPU ratio against fio's CPU plus the check's own:
+  fio moves bytes and checks none, where the run hashes every byte it moves once (XXH3 at write, again at read),
+  so no program that checks them can reach fio's CPU. The check's CPU per GiB is measured in the same round:
+  the program's own block_digest over a buffer larger than the caches, in blocks of the run's size (the bytes a
+  worker hashes come from memory, not from its cache). The limit fio + check is the least CPU per GiB any
+  generator checking every byte could spend; the ratio against it is the generator's own cost.
 
 Point it at the device under test with --dir. To see the generator's own ceiling, use a fast and
 steady device: a RAM-backed loop device (as root):
@@ -37,9 +43,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from kv_cache.lifecycle.payload import block_digest  # noqa: E402
 from kv_cache.recorder.telemetry import disk_of  # noqa: E402
 
 GiB = 2**30
@@ -85,7 +94,29 @@ def ours(args, label: str, out: Path, repo: Path = REPO) -> dict:
             "read": {k: lat.get("read", {}).get(k) for k in ("p50", "p95", "p99")},
             "write": {k: lat.get("write", {}).get(k) for k in ("p50", "p95", "p99")},
             "cpu_s_per_gib": r["cpu"]["process_s"] / (dev or moved) * GiB if (dev or moved) else None,
-            "workers": r["run"]["workers"], "ranks": r["run"]["ranks"]}
+            "workers": r["run"]["workers"], "ranks": r["run"]["ranks"],
+            "verify": (r.get("verification") or {}).get("mode")}
+
+
+COLD_BYTES = 1 << 30  # larger than any cache a worker's hash could find its bytes in
+
+
+def check_cost(block: int, passes: int = 2) -> float | None:
+    """CPU seconds per GiB of the program's own block checksum (block_digest, XXH3-64) over blocks of this size
+    in memory no cache holds: a 1 GiB buffer hashed block by block, the quickest of a few passes (the first also
+    pays for nothing else: the buffer is touched before). None where 1 GiB cannot be had."""
+    try:
+        buf = np.full(COLD_BYTES // block * block, 0x5A, dtype=np.uint8)
+    except MemoryError:
+        return None
+    best = None
+    for _ in range(passes):
+        t0 = time.thread_time()
+        for at in range(0, buf.size, block):
+            block_digest(buf[at:at + block])
+        took = time.thread_time() - t0
+        best = took if best is None else min(best, took)
+    return best / (buf.size / GiB)
 
 
 def fio_shape(o: dict) -> tuple[str, int]:
@@ -140,8 +171,9 @@ def table(rows: list[dict]) -> str:
     """One line per block size: the round with the median bandwidth ratio, and the ratios' range over rounds."""
     head = ("| block | I/O, workers x depth: ours (mean) / fio | ours GB/s | fio GB/s | ratio | "
             "read p95 ours / fio ms | write p95 ours / fio ms | "
-            "p95 ratio (worse) | CPU-s/GiB ours / fio | CPU ratio | rounds: ratio, p95 ratio, CPU ratio |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|")
+            "p95 ratio (worse) | CPU-s/GiB ours / fio | CPU ratio | CPU-s/GiB of the check | "
+            "CPU ratio to fio + check | rounds: ratio, p95 ratio, CPU ratio, to fio + check |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         o, f = r["ours"], r["fio"] or {}
@@ -150,8 +182,8 @@ def table(rows: list[dict]) -> str:
                      f"{o['read']['p95'] or 0:.2f} / {f.get('read', {}).get('p95', 0):.2f} | "
                      f"{o['write']['p95'] or 0:.2f} / {f.get('write', {}).get('p95', 0):.2f} | "
                      f"{shown(p95_ratio(r))} | {o['cpu_s_per_gib'] or 0:.3f} / "
-                     f"{f.get('cpu_s_per_gib') or 0:.3f} | {shown(cpu_ratio(r))} | "
-                     f"{spread(r.get('rounds') or [r])} |")
+                     f"{f.get('cpu_s_per_gib') or 0:.3f} | {shown(cpu_ratio(r))} | {check_shown(r)} | "
+                     f"{shown(checked_cpu_ratio(r))} | {spread(r.get('rounds') or [r])} |")
     return "\n".join(lines)
 
 
@@ -178,10 +210,22 @@ def cpu_ratio(r: dict) -> float | None:
     return o / f if o and f else None
 
 
+def checked_cpu_ratio(r: dict) -> float | None:
+    """Ours against fio's CPU plus the check's, per GiB: only where the run checksummed every byte it moved."""
+    o, f, c = r["ours"]["cpu_s_per_gib"], (r["fio"] or {}).get("cpu_s_per_gib"), r.get("check_s_per_gib")
+    return o / (f + c) if o and f and c and r["ours"].get("verify") == "checksum" else None
+
+
+def check_shown(r: dict) -> str:
+    if r["ours"].get("verify") != "checksum":
+        return f"- (--verify {r['ours'].get('verify') or '?'}: no checksum)"
+    return "- (not measured: no 1 GiB to hash)" if r.get("check_s_per_gib") is None else f"{r['check_s_per_gib']:.3f}"
+
+
 def spread(rounds: list[dict]) -> str:
     """min-max of each ratio over the rounds (a single round: its value)."""
     parts = []
-    for fn in (bandwidth_ratio, p95_ratio, cpu_ratio):
+    for fn in (bandwidth_ratio, p95_ratio, cpu_ratio, checked_cpu_ratio):
         got = [v for v in map(fn, rounds) if v is not None]
         parts.append("-" if not got else f"{min(got):.2f}" if len(got) == 1 else f"{min(got):.2f}-{max(got):.2f}")
     return f"{len(rounds)}: " + ", ".join(parts)
@@ -223,7 +267,8 @@ def e2e_round(args) -> list[dict]:
         for _ in range(max(1, args.rounds)):
             o = ours(args, label, out / "e2e-runs")
             rounds.append({"ours": o, "fio": fio(args, label, o["read_fraction"], o["workers"] * o["ranks"],
-                                                 fio_shape(o))})
+                                                 fio_shape(o)),
+                           "check_s_per_gib": check_cost(SIZES[label][2]) if o["verify"] == "checksum" else None})
             shutil.rmtree(out / "e2e-runs", ignore_errors=True)  # the report folders: only the figures are kept
         # the median round is a real round, not a mix of rounds' figures
         median = sorted(rounds, key=lambda r: bandwidth_ratio(r) or 0.0)[(len(rounds) - 1) // 2]

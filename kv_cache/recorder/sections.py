@@ -235,7 +235,7 @@ class BudgetParts:
     handoff: int  # a NIXL prefill node's registered region
     total: int
     gpu_staging: int = 0  # a real GPU tier's lanes: one pinned buffer of the largest object each
-    payload_stamps: int = 0  # the payload pool's stamp template, 16 bytes per 4 KiB page of the largest object
+    payload_stamps: int = 0  # the payload pool's stamp tags and the workers' check rows (payload.stamp_bytes)
     access_log: int = 0  # --capacity-curve's access log at its bound and the curve computed from it after the run
     request_backlog: int = 0  # --max-backlog-gb: the requests issued and not yet done
 

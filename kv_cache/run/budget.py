@@ -3,7 +3,7 @@
 budget = CPU tier + staging (workers x 2 buffers x largest object, at least 2 MiB each: one for the request's
 block, one for waterfall moves; and the batch arena of batched request I/O) + a real GPU tier's staging (one
 pinned buffer of the largest object per lane: workers + 1, and the CUDA runtime's own memory) + payload pool and
-its stamp templates + the donor store when --semantic is on (its bound: every donor at the longest prompt) + the
+its stamp tags + the donor store when --semantic is on (its bound: every donor at the longest prompt) + the
 bookkeeping of every block the tiers can hold (index entry, policy entry, slot: BOOKKEEPING_BYTES each) + a fixed
 allowance for the interpreter, histograms, queues and the planner's chain memo (at most 32 MiB:
 cache/hashing.py's MEMO_BYTES).
@@ -43,7 +43,7 @@ class MemoryBudget:
     handoff_bytes: int = 0  # a NIXL prefill node's registered region (--disagg-handoff-gb)
     gpu_staging_bytes: int = 0  # a real GPU tier's lanes: a pinned (page-locked) buffer of the largest object each,
     # and the CUDA runtime's own host memory (the backend's runtime_bytes)
-    payload_stamps_bytes: int = 0  # the payload pool's stamp templates and the workers' stamp rows
+    payload_stamps_bytes: int = 0  # the payload pool's stamp tags and the workers' check rows
     access_log_bytes: int = 0  # --capacity-curve: its log at its bound, and the curve computed from it after the run
     backlog_bytes: int = 0  # --max-backlog-gb: the requests issued and not yet done
 

@@ -11,7 +11,7 @@ from kv_cache.buffers import direct_aligned
 from kv_cache.config import Settings, replace
 from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.donors import store_bytes
-from kv_cache.lifecycle.payload import PAGE, POOL_SPAN_BYTES, SEGMENT_BYTES
+from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES, stamp_bytes
 from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.lifecycle.worker import buffer_bytes
 from kv_cache.model import GiB
@@ -141,9 +141,8 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
     # the GPU tier's lanes (StackContext.lanes) and the CUDA runtime's own host memory
     lanes = 0 if gpu is None else (workers(s) + 1) * geo.io_bytes + getattr(gpu, "runtime_bytes", 0)
     pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
-    # the pool's templates (24 bytes a page of the largest object, one set) and each worker's stamp rows and key
-    # column in flight (24 bytes a page of one I/O)
-    stamps = 0 if fake else (geo.max_object_bytes + geo.io_bytes * workers(s)) // PAGE * 24
+    # the pool's tags (for the largest object, and each place's) and each worker's check rows in flight (one I/O)
+    stamps = 0 if fake else stamp_bytes(geo.max_object_bytes, geo.io_bytes * workers(s))
     return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s),
                         bookkeeping_bytes=reg.media.most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES,
                         handoff_bytes=nixl_region_bytes(s, reg.transports), gpu_staging_bytes=lanes,

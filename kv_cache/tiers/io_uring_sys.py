@@ -15,6 +15,7 @@ import ctypes
 import mmap
 import os
 import platform
+import struct
 import time
 
 SYS_SETUP, SYS_ENTER = 425, 426  # x86-64 system call numbers
@@ -54,6 +55,11 @@ class _Cqe(ctypes.Structure):
 
 
 assert ctypes.sizeof(_Params) == 120 and ctypes.sizeof(_Sqe) == SQE_BYTES and ctypes.sizeof(_Cqe) == CQE_BYTES
+# An entry written whole in one call, its unused fields zero: a third of the time of a memset and six ctypes field
+# stores (0.33 against 1.0 us an entry; the ring's Python cost per I/O, issue 48). _Sqe/_Cqe above are the layout
+# these formats must match (a test holds them equal).
+SQE_FORMAT = struct.Struct("<BBHiQQIIQ24x")  # opcode, flags, ioprio, fd, off, addr, len, rw_flags, user_data
+CQE_FORMAT = struct.Struct("<QiI")            # user_data, res, flags
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -91,12 +97,15 @@ class Ring:
             raise
         self._sq_tail = _u32.from_buffer(sq, p.sq_off.tail)
         self._sq_mask = _u32.from_buffer(sq, p.sq_off.ring_mask).value
-        self._sq_array = (_u32 * p.sq_entries).from_buffer(sq, p.sq_off.array)
-        self._sqes = (_Sqe * p.sq_entries).from_buffer(sqes)
+        # slot i of the submission ring always names entry i: set once here, as liburing does, not per entry
+        sq_array = (_u32 * p.sq_entries).from_buffer(sq, p.sq_off.array)
+        sq_array[:] = range(p.sq_entries)
+        del sq_array  # a view would pin the map
+        self._sqes = sqes
         self._cq_head = _u32.from_buffer(cq, p.cq_off.head)
         self._cq_tail = _u32.from_buffer(cq, p.cq_off.tail)
         self._cq_mask = _u32.from_buffer(cq, p.cq_off.ring_mask).value
-        self._cqes = (_Cqe * p.cq_entries).from_buffer(cq, p.cq_off.cqes)
+        self._cq, self._cqes_at = cq, p.cq_off.cqes
 
     def _map(self, length: int, offset: int) -> mmap.mmap:
         m = mmap.mmap(self.fd, length, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
@@ -158,27 +167,25 @@ class Ring:
         """One (opcode, fd, file offset, buffer address, length) into the submission slot at position at; its
         completion comes back under user_data (its index in the caller's list)."""
         opcode, fd, off, addr, length = op
-        idx = at & self._sq_mask
-        sqe = self._sqes[idx]
-        ctypes.memset(ctypes.addressof(sqe), 0, SQE_BYTES)
-        sqe.opcode, sqe.fd, sqe.off, sqe.addr, sqe.len, sqe.user_data = opcode, fd, off, addr, length, user_data
-        self._sq_array[idx] = idx
+        SQE_FORMAT.pack_into(self._sqes, (at & self._sq_mask) * SQE_BYTES, opcode, 0, 0, fd, off, addr, length, 0,
+                             user_data)
 
     def _reap(self, results: list[int], completed: list | None = None) -> int:
         head, tail, seen = self._cq_head.value, self._cq_tail.value, 0
         now = time.monotonic_ns() if completed is not None else 0
+        cq, at, mask, unpack = self._cq, self._cqes_at, self._cq_mask, CQE_FORMAT.unpack_from
         while head != tail:
-            cqe = self._cqes[head & self._cq_mask]
-            results[cqe.user_data] = cqe.res
+            user_data, res, _ = unpack(cq, at + (head & mask) * CQE_BYTES)
+            results[user_data] = res
             if completed is not None:
-                completed[cqe.user_data] = now
+                completed[user_data] = now
             head = (head + 1) & 0xFFFFFFFF
             seen += 1
         self._cq_head.value = head
         return seen
 
     def close(self) -> None:
-        for name in ("_sq_tail", "_sq_array", "_sqes", "_cq_head", "_cq_tail", "_cqes"):
+        for name in ("_sq_tail", "_sqes", "_cq_head", "_cq_tail", "_cq"):
             self.__dict__.pop(name, None)  # ctypes views pin their map: released before it is closed
         for m in self._maps:
             m.close()

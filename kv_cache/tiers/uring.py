@@ -67,17 +67,21 @@ class UringEngine(Engine):
         A unit that fails or comes back short leaves its I/O to the one-by-one path, which finishes or fails it
         (a sentence either way)."""
         step = min(unit or CHUNK, CHUNK)
-        units = [(i, off + o, buf.ctypes.data + o, min(step, buf.nbytes - o))
-                 for i, (t, off, buf) in enumerate(ios) for o in range(0, buf.nbytes, step)]
+        units, owner = [], []  # (opcode, fd, offset, address, length) of each unit; the I/O it is a part of
+        for i, (t, off, buf) in enumerate(ios):
+            addr, size = buf.ctypes.data, buf.nbytes
+            for o in range(0, size, step):
+                units.append((op, t.fd, off + o, addr + o, min(step, size - o)))
+                owner.append(i)
         ring, out = self._ring(), [0] * len(ios)
         redo: set[int] = set()
         when = [0] * len(units)
         try:  # the ring kept full: DEPTH units in flight, the next submitted as each completes
-            got = ring.stream([(op, ios[i][0].fd, at, addr, n) for i, at, addr, n in units], when)
+            got = ring.stream(units, when)
         except OSError:
             got = [-1] * len(units)
-        for (i, _, _, n), res, t in zip(units, got, when):
-            if res != n:
+        for i, u, res, t in zip(owner, units, got, when):
+            if res != u[4]:
                 redo.add(i)
             out[i] = max(out[i], t)
         verb = self.write if op == OP_WRITE else self.read

@@ -237,8 +237,24 @@ def test_a_payload_with_no_payload_tag_has_no_place():
     assert not PayloadPool(seed=6, span_bytes=1 << 20).check(0, np.zeros(PAGE, np.uint8), "full")
 
 
+@pytest.mark.parametrize("place", [0, 1, 7])
+@pytest.mark.parametrize("first_page", [0, SEGMENT_BYTES // PAGE - 4, SEGMENT_BYTES // PAGE + 4])
+def test_every_page_s_stamp_names_its_key_its_index_and_its_place(pool, place, first_page):
+    """Each place's tags are kept for the pages of a segment and made past it: either way page i of the object
+    (a part of it from first_page on too) carries (key, "KVBC" + place, i)."""
+    from kv_cache.lifecycle.payload import MAGIC, PLACE_SHIFT, WORDS_PER_PAGE
+
+    out = aligned_buffer(8 * PAGE)
+    pool.fill(0xABC, out, offset=first_page * PAGE, place=place)
+    words = out.view(np.uint64).reshape(-1, WORDS_PER_PAGE)
+    assert (words[:, 0] == 0xABC).all()
+    pages = np.arange(first_page, first_page + 8, dtype=np.uint64)
+    assert np.array_equal(words[:, 1], (MAGIC | pages) + np.uint64(place << PLACE_SHIFT))
+    assert place_of(out) == place and pool.check(0xABC, out, "full", offset=first_page * PAGE)
+
+
 def test_stamp_templates_stay_one_set_whatever_the_number_of_object_sizes():
-    """Whole-request mode gives nearly every object a size of its own: the stamp templates are one set for the
+    """Whole-request mode gives nearly every object a size of its own: the stamps' tags are one set for the
     most pages seen (a template per size grew without bound: 24 MiB per distinct 4 GiB object)."""
     import tracemalloc
 
@@ -257,4 +273,5 @@ def test_stamp_templates_stay_one_set_whatever_the_number_of_object_sizes():
     finally:
         tracemalloc.stop()
     largest = 1020
-    assert held <= 24 * largest * 2 + 64 * 1024, held  # one set (and the one it replaced), not one per size
+    # one set (and the one it replaced), not one per size: 8 bytes a page and each of 8 places' 8
+    assert held <= 72 * largest * 2 + 64 * 1024, held

@@ -54,6 +54,21 @@ def test_a_batch_of_more_units_than_the_ring_holds_keeps_it_full_and_comes_back_
         os.close(fd)
 
 
+def test_an_entry_packed_in_one_call_is_the_kernel_s_layout_field_by_field():
+    """The entries are written and read with struct formats (one call each); the ctypes structures spell the
+    kernel's layout (include/uapi/linux/io_uring.h) field by field: the two must agree on every field's place."""
+    from kv_cache.tiers.io_uring_sys import CQE_FORMAT, SQE_FORMAT, _Cqe, _Sqe
+
+    sqe_values = dict(opcode=0x17, flags=0x2, ioprio=0x3344, fd=-7, off=0x1122334455667788,
+                      addr=0x7F00AABBCCDD0000, len=0x80000, rw_flags=0x55, user_data=0x0102030405060708)
+    raw = bytearray(b"\xff" * SQE_FORMAT.size)  # padding left over from an earlier entry: written zero again
+    SQE_FORMAT.pack_into(raw, 0, *sqe_values.values())
+    sqe = _Sqe.from_buffer_copy(raw)
+    assert {k: getattr(sqe, k) for k in sqe_values} == sqe_values and list(sqe.pad) == [0, 0, 0]
+    cqe = _Cqe(user_data=0x0A0B0C0D0E0F1011, res=-5, flags=9)
+    assert CQE_FORMAT.unpack_from(bytes(cqe)) == (cqe.user_data, -5, 9)
+
+
 def test_the_table_is_the_one_source(small_run, tmp_path):
     """A run with --io-engine io_uring: the choices and --help name it, its fio job is fio's io_uring engine, and the
     submission rules take it as an O_DIRECT engine."""
