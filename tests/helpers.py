@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import subprocess
 import threading
+from pathlib import Path
 
 
 def assert_cache_consistent(cache) -> None:
@@ -75,3 +78,27 @@ def assert_held_until_loaded(p: dict, d: dict) -> None:
     assert d["role"]["missing_blocks"] == 0 and d["verification"]["failures"] == 0
     assert d["requests"]["completed"] == p["requests"]["completed"] + p["warmup"]["requests"] > 0
     assert p["latency_ms"]["handoff"]["wait"]["count"] > 0  # 128 slots for 40 requests: it waited, and said so
+
+
+@contextlib.contextmanager
+def loop_filesystem(image: Path, point: Path, size: str, *mkfs: str):
+    """ext4 (made with mkfs's options) on a loop device over a sparse file of size at image, mounted at point, as
+    root: yields the device's name, or (None, why) where no loop device can be had (a container). The image is
+    removed either way: what a run wrote through it, up to size of the disk, is not kept with a test's folder."""
+    try:
+        subprocess.run(["truncate", "-s", size, str(image)], check=True)
+        loop = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True)
+        if loop.returncode != 0:
+            yield None, loop.stderr.strip()
+            return
+        dev = loop.stdout.strip()
+        point.mkdir()
+        try:
+            subprocess.run(["mkfs.ext4", "-q", *mkfs, dev], check=True)
+            subprocess.run(["mount", dev, str(point)], check=True)
+            yield Path(dev).name, ""
+        finally:
+            subprocess.run(["umount", str(point)], capture_output=True)
+            subprocess.run(["losetup", "-d", dev], capture_output=True)
+    finally:
+        Path(image).unlink(missing_ok=True)

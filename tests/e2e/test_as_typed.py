@@ -9,12 +9,12 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 
 import psutil
 import pytest
 import yaml
 from conftest import run_cli
+from helpers import loop_filesystem
 
 pytestmark = pytest.mark.slow
 
@@ -114,19 +114,5 @@ def _own_filesystem(tmp_path):
     if os.geteuid() != 0 or not (shutil.which("losetup") and shutil.which("mkfs.ext4")):
         yield tmp_path
         return
-    image, point = tmp_path / "fs.img", tmp_path / "fs"
-    subprocess.run(["truncate", "-s", "8G", str(image)], check=True)
-    loop = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True)
-    if loop.returncode != 0:  # no loop device here (a container)
-        yield tmp_path
-        return
-    dev = loop.stdout.strip()
-    point.mkdir()
-    try:
-        subprocess.run(["mkfs.ext4", "-q", "-T", "largefile4", dev], check=True)
-        subprocess.run(["mount", dev, str(point)], check=True)
-        yield point
-    finally:
-        subprocess.run(["umount", str(point)], capture_output=True)
-        subprocess.run(["losetup", "-d", dev], capture_output=True)
-        image.unlink()  # what the runs wrote through it: gigabytes of the disk, not kept with the test's folder
+    with loop_filesystem(tmp_path / "fs.img", tmp_path / "fs", "8G", "-T", "largefile4") as (dev, _):
+        yield tmp_path / "fs" if dev else tmp_path

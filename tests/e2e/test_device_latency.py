@@ -6,9 +6,11 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import SMALL, bounded, run_cli
+from helpers import loop_filesystem
 
 from kv_cache.report.mlperf.output import write_output
 
@@ -24,22 +26,11 @@ def loop_disk(tmp_path):
                            capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
         pytest.skip(f"bpftrace cannot attach to the block tracepoints here: {probe.stderr.strip()[-200:]}")
-    image = f"/dev/shm/kvbench-devlat-{os.getpid()}.img"
-    subprocess.run(["truncate", "-s", "512M", image], check=True)
-    loop = subprocess.run(["losetup", "-f", "--show", image], capture_output=True, text=True)
-    if loop.returncode != 0:
-        os.unlink(image)
-        pytest.skip(f"no loop device here ({loop.stderr.strip()})")
-    dev, mnt = loop.stdout.strip(), tmp_path / "mnt"
-    mnt.mkdir()
-    try:
-        subprocess.run(["mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev], check=True)
-        subprocess.run(["mount", dev, str(mnt)], check=True)
-        yield mnt, os.path.basename(dev)
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
-        subprocess.run(["losetup", "-d", dev], capture_output=True)
-        os.unlink(image)
+    image = Path(f"/dev/shm/kvbench-devlat-{os.getpid()}.img")
+    with loop_filesystem(image, tmp_path / "mnt", "512M", "-E", "lazy_itable_init=0,lazy_journal_init=0") as (dev, why):
+        if dev is None:
+            pytest.skip(f"no loop device here ({why})")
+        yield tmp_path / "mnt", dev
 
 
 def test_the_device_latency_is_the_block_layers_and_below_the_per_block_latency(loop_disk, tmp_path):
