@@ -8,10 +8,10 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import queue
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -74,6 +74,43 @@ class Engine:
 _POOLS = threading.local()
 
 
+class IoPool:
+    """A worker's POOL_THREADS I/O threads: run(task, n) hands task to n of them and returns once each has run it.
+    Two SimpleQueues, not a ThreadPoolExecutor: its submit() takes a lock that every executor of the process
+    shares (the workers' pools all contended for it) and makes a future a task; with 4 workers of 8 threads, at
+    512 KiB, submit() was 18 % of the interpreter's time (py-spy --gil, issue 48)."""
+
+    def __init__(self, threads: int):
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._serve, name=f"kvbench-io-{i}", daemon=True)
+                         for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def _serve(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            try:
+                task()
+            except BaseException as e:  # noqa: BLE001 - handed to the worker that waits for it
+                self._done.put(e)
+            else:
+                self._done.put(None)
+
+    def run(self, task, n: int) -> None:
+        """task on n of the pool's threads at once (n <= its threads); the first exception one raised, raised."""
+        for _ in range(n):
+            self._tasks.put(task)
+        failed = [e for e in (self._done.get() for _ in range(n)) if e is not None]
+        if failed:
+            raise failed[0]
+
+    def close(self) -> None:
+        """Its threads end once the tasks handed to them are done (a sentinel each)."""
+        for _ in self._threads:
+            self._tasks.put(None)
+
+
 def _pooled(verb, ios: list, unit: int) -> list:
     """ios over this thread's pool (made on its first batch; it goes with the thread): each of up to POOL_THREADS
     of its threads takes the batch's next I/O as it finishes one, so the device sees that many at once and a batch
@@ -82,8 +119,8 @@ def _pooled(verb, ios: list, unit: int) -> list:
         return [_one(verb, *ios[0], unit)]
     pool = getattr(_POOLS, "pool", None)
     if pool is None:
-        pool = _POOLS.pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="kvbench-io")
-        weakref.finalize(threading.current_thread(), pool.shutdown, wait=False)
+        pool = _POOLS.pool = IoPool(POOL_THREADS)
+        weakref.finalize(threading.current_thread(), pool.close)
     out: list = [None] * len(ios)
     turns = itertools.count()  # next() on it is atomic under the GIL: each I/O is taken once
 
@@ -92,8 +129,7 @@ def _pooled(verb, ios: list, unit: int) -> list:
             t, off, buf = ios[i]
             out[i] = _one(verb, t, off, buf, unit)
 
-    for f in [pool.submit(drain) for _ in range(min(POOL_THREADS, len(ios)))]:
-        f.result()
+    pool.run(drain, min(POOL_THREADS, len(ios)))
     return out
 
 

@@ -2,6 +2,7 @@
 
 import os
 import threading
+import time
 
 import numpy as np
 from found import ENGINES
@@ -43,13 +44,66 @@ def test_a_batch_keeps_pool_threads_in_flight_with_a_task_a_thread_not_an_io(tmp
                 inside[0] -= 1
 
     tasks = []
-    submit = engines.ThreadPoolExecutor.submit
-    monkeypatch.setattr(engines.ThreadPoolExecutor, "submit", lambda pool, *a: tasks.append(a) or submit(pool, *a))
+    run = engines.IoPool.run
+    monkeypatch.setattr(engines.IoPool, "run", lambda pool, task, n: tasks.append(n) or run(pool, task, n))
     monkeypatch.setattr(engine, "write", counted)
     done = engine.write_many([(t, i * size, d) for i, d in enumerate(data)], size)
     assert all(isinstance(x, int) for x in done), done[:2]
-    assert most[0] == POOL_THREADS and len(tasks) == POOL_THREADS
+    assert most[0] == POOL_THREADS and tasks == [POOL_THREADS]
     outs = [aligned_buffer(size) for _ in range(n)]
     got = engine.read_many([(t, i * size, o) for i, o in enumerate(outs)], size)
     assert all(isinstance(x, int) for x in got) and all(np.array_equal(o, d) for o, d in zip(outs, data))
     os.close(fd)
+
+
+def test_a_worker_s_pool_threads_end_with_it_and_a_failure_inside_reaches_it(tmp_path):
+    """The pool goes with the worker thread that made it (a run's trials start new workers: pools must not pile
+    up), and an error the pool's task raised (not an I/O's own, which is that I/O's result) is raised in the worker,
+    which never waits for a thread that died."""
+    import gc
+
+    def pool_threads() -> set:
+        return {t for t in threading.enumerate() if t.name.startswith("kvbench-io")}
+
+    before = pool_threads()
+    path = str(tmp_path / "slab")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.posix_fallocate(fd, 0, 1 << 20)
+    bufs = [np.zeros(4096, np.uint8) for _ in range(4)]
+    seen: list = []
+
+    def worker() -> None:
+        seen.append(ENGINES["buffered"].write_many([(Target(path, fd), i * 4096, b) for i, b in enumerate(bufs)],
+                                                   4096))
+        seen.append(pool_threads() - before)
+
+    w = threading.Thread(target=worker)
+    w.start()
+    w.join(60)
+    assert all(isinstance(x, int) for x in seen[0]) and len(seen[1]) == POOL_THREADS
+    del w
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while pool_threads() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pool_threads() - before
+
+    pool = engines.IoPool(2)
+    got: list = []
+
+    def broken() -> None:
+        raise MemoryError("a task that failed outside its I/Os")
+
+    def batches() -> None:
+        try:
+            pool.run(broken, 2)
+        except MemoryError as e:
+            got.append(e)
+        pool.run(lambda: got.append(1), 2)  # its threads still serve
+
+    b = threading.Thread(target=batches, daemon=True)  # a pool that lost its threads would hold it for ever
+    b.start()
+    b.join(30)
+    pool.close()
+    os.close(fd)
+    assert not b.is_alive() and isinstance(got[0], MemoryError) and got[1:] == [1, 1], got
