@@ -131,14 +131,21 @@ class Recorder:
 
     def op(self, tier: str, op: str, phase: str, start_ns: int, dur_ns: int, nbytes: int, key: int = 0) -> None:
         """One timed block operation on a tier."""
+        self.ops(tier, op, phase, start_ns, [(dur_ns, nbytes, key)])
+
+    def ops(self, tier: str, op: str, phase: str, start_ns: int, done: list[tuple[int, int, int]]) -> None:
+        """Timed block operations on a tier that all started at start_ns (a batch's submission), (ns, bytes, key)
+        each: one window decision, one lock and one count for all (a call a block was about 3 us of a batch's)."""
         shard = self._shard()
         sec = self._second(start_ns)
         if self.io_trace is not None:  # the trace's "measured" is this very decision, not a later one
-            self.io_trace.op(getattr(self._request, "intended_ns", start_ns), start_ns, op, tier, nbytes, key,
-                             dur_ns, phase, sec is not None)
+            intended = getattr(self._request, "intended_ns", start_ns)
+            for dur_ns, nbytes, key in done:
+                self.io_trace.op(intended, start_ns, op, tier, nbytes, key, dur_ns, phase, sec is not None)
         names = _OP_NAMES.get((tier, op)) or _op_names(tier, op)
+        n, nbytes = len(done), sum(b for _, b, _ in done)
         if sec is None:
-            shard.counters[C.WARMUP_OPS] += 1
+            shard.counters[C.WARMUP_OPS] += n
             if names[3]:  # what the run wrote and read outside the window too (results.bytes_whole_run)
                 shard.counters[names[3]] += nbytes
             return
@@ -146,16 +153,16 @@ class Recorder:
             waiting = shard.pending.get((tier, op, phase, sec))
             if waiting is None:
                 waiting = shard.pending[(tier, op, phase, sec)] = []
-            waiting.append(dur_ns)
-            shard.npending += 1
+            waiting.extend(d for d, _, _ in done)
+            shard.npending += n
             if shard.npending >= FOLD_AT:
                 self._fold(shard)
-        shard.counters[names[0]] += 1
+        shard.counters[names[0]] += n
         if names[1]:
             shard.counters[names[1]] += nbytes
-            shard.counters[names[2]] += 1
+            shard.counters[names[2]] += n
             shard.series[(sec, names[1])] += nbytes
-        shard.series[(sec, "ops")] += 1
+        shard.series[(sec, "ops")] += n
 
     def _fold(self, shard: _Shard) -> None:
         """shard.lock held: its pending latencies into its histograms and the per-second read / write ones

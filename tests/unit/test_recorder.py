@@ -22,6 +22,38 @@ def test_warmup_operations_are_counted_apart():
     assert snap.series[1]["bytes.cpu.write"] == 4096
 
 
+def test_a_batch_s_blocks_recorded_together_are_recorded_as_one_at_a_time():
+    """ops() (a batch's blocks, one call) leaves what op() a block leaves, in the window and in warm-up: every
+    counter, series and latency; with an I/O trace, a line a block in order."""
+    from kv_cache.recorder.histogram import value_at
+
+    class Trace:
+        def __init__(self):
+            self.lines = []
+
+        def op(self, *args):
+            self.lines.append(args)
+
+    batch = [(1_000 + 7 * i, 4096 * (1 + i % 3), i) for i in range(40)]
+    got = []
+    for together in (False, True):
+        r = Recorder()
+        r.io_trace = Trace()
+        r.start_measuring(10 * S)
+        for start in (9 * S, 11 * S, 12 * S + 5):  # a batch in warm-up, two in the window
+            if together:
+                r.ops("nvme", "read", "load", start, batch)
+            else:
+                for dur, nbytes, key in batch:
+                    r.op("nvme", "read", "load", start, dur, nbytes, key)
+        snap = r.snapshot()
+        h = snap.hists[("nvme", "read", "load")]
+        got.append((dict(snap.counters), {k: dict(v) for k, v in snap.series.items()}, h.get_total_count(),
+                    [value_at(h, q) for q in (50, 95, 99)], r.io_trace.lines))
+    assert got[0] == got[1]
+    assert got[1][0]["ops.nvme.read"] == 80 and got[1][0]["warmup.ops"] == 40 and len(got[1][4]) == 120
+
+
 def test_requests_count_when_they_complete_in_the_window():
     r = Recorder()
     r.start_measuring(10 * S)
