@@ -196,7 +196,9 @@ class Ring:
 
 
 def probe() -> str:
-    """Why this host cannot run io_uring ("" when it can): a ring is made and a no-op completes."""
+    """Why this host cannot run io_uring ("" when it can): a ring is made, a no-op completes, and a write then a read
+    of a few bytes through it come back whole (rings came with Linux 5.1, their read and write operations with 5.6:
+    a kernel between has rings that refuse every I/O the engine would submit)."""
     try:
         ring = Ring(2)
     except OSError as e:
@@ -204,8 +206,23 @@ def probe() -> str:
     try:
         if ring.submit([(OP_NOP, -1, 0, 0, 0)]) != [0]:
             return "the kernel's io_uring did not complete a no-op"
+        return _moves_bytes(ring)
     except OSError as e:
         return f"io_uring is refused here ({e.strerror or e})"
     finally:
         ring.close()
+
+
+def _moves_bytes(ring: Ring) -> str:
+    """"" when a write and a read through ring move their bytes (a temporary file, buffered: any filesystem)."""
+    import tempfile
+
+    sent, got = ctypes.create_string_buffer(b"kvbench!", 8), ctypes.create_string_buffer(8)
+    with tempfile.TemporaryFile() as f:
+        wrote = ring.submit([(OP_WRITE, f.fileno(), 0, ctypes.addressof(sent), 8)])
+        read = ring.submit([(OP_READ, f.fileno(), 0, ctypes.addressof(got), 8)])
+    if wrote != [8] or read != [8] or got.raw != sent.raw:
+        res = wrote[0] if wrote != [8] else read[0]
+        why = os.strerror(-res) if res < 0 else f"{res} of 8 bytes, {got.raw!r}"
+        return f"the kernel's io_uring does not read and write files ({why}: Linux 5.6 or later has them)"
     return ""

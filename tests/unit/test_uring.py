@@ -69,6 +69,17 @@ def test_an_entry_packed_in_one_call_is_the_kernel_s_layout_field_by_field():
     assert CQE_FORMAT.unpack_from(bytes(cqe)) == (cqe.user_data, -5, 9)
 
 
+def test_a_kernel_whose_rings_move_no_bytes_makes_the_engine_unavailable(monkeypatch):
+    """Linux 5.1-5.5 have rings and no read or write operation: a no-op completes, every I/O is refused. The probe
+    moves bytes through the ring too; here an opcode no kernel knows stands for the missing one."""
+    from kv_cache.tiers import io_uring_sys
+
+    assert io_uring_sys.probe() == ""
+    monkeypatch.setattr(io_uring_sys, "OP_READ", 250)
+    why = io_uring_sys.probe()
+    assert why.startswith("the kernel's io_uring does not read and write files (") and "5.6" in why, why
+
+
 def test_the_table_is_the_one_source(small_run, tmp_path):
     """A run with --io-engine io_uring: the choices and --help name it, its fio job is fio's io_uring engine, and the
     submission rules take it as an O_DIRECT engine."""
