@@ -103,8 +103,8 @@ COLD_BYTES = 1 << 30  # larger than any cache a worker's hash could find its byt
 
 def check_cost(block: int, passes: int = 2) -> float | None:
     """CPU seconds per GiB of the program's own block checksum (block_digest, XXH3-64) over blocks of this size
-    in memory no cache holds: a 1 GiB buffer hashed block by block, the quickest of a few passes (the first also
-    pays for nothing else: the buffer is touched before). None where 1 GiB cannot be had."""
+    in memory no cache holds: a 1 GiB buffer (touched by its fill first) hashed block by block, the quickest of
+    `passes` passes, on this thread's CPU clock. None where 1 GiB cannot be had."""
     try:
         buf = np.full(COLD_BYTES // block * block, 0x5A, dtype=np.uint8)
     except MemoryError:
