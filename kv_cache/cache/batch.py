@@ -73,15 +73,14 @@ class Batches:
                       done: list) -> None:
         """Each block's op from the batch's submission to its completion (its --io-unit layer I/Os each too), and
         the batch as a whole."""
-        ok = [(e, d) for e, d in zip(entries, done) if not isinstance(d, BaseException)]
-        last = max([start, *(d for _, d in ok)])
+        units = batch_units(self.tiers[t], start, len(entries))
+        ok = [(e, d, u) for e, d, u in zip(entries, done, units) if not isinstance(d, BaseException)]
+        last = max([start, *(d for _, d, _ in ok)])
         if IO_UNITS in self.tiers[t].flags:  # each block's units beside it
-            units = batch_units(self.tiers[t], start, len(entries))
-            for e, d, u in zip(entries, done, units):
-                if not isinstance(d, BaseException):
-                    self._timed(t, e, op, phase, start, [(d - start, e.nbytes)], units=u)
+            for e, d, u in ok:
+                self._timed(t, e, op, phase, start, [(d - start, e.nbytes)], units=u)
         else:  # no units, no split (a batch's I/Os ran elsewhere): the blocks' ops recorded together
-            self.recorder.ops(self.names[t], op, phase, start, [(d - start, e.nbytes, e.key) for e, d in ok])
+            self.recorder.ops(self.names[t], op, phase, start, [(d - start, e.nbytes, e.key) for e, d, _ in ok])
         self.recorder.batch(self.names[t], kind, phase, start, last - start, len(entries))
 
     def place_writes(self, wants: list[tuple[int, int, str, int | None]], make, phase: str,
