@@ -83,8 +83,9 @@ def assert_held_until_loaded(p: dict, d: dict) -> None:
 @contextlib.contextmanager
 def loop_filesystem(image: Path, point: Path, size: str, *mkfs: str):
     """ext4 (made with mkfs's options) on a loop device over a sparse file of size at image, mounted at point, as
-    root: yields the device's name, or (None, why) where no loop device can be had (a container). The image is
-    removed either way: what a run wrote through it, up to size of the disk, is not kept with a test's folder."""
+    root: yields (the device's name, ""), or (None, why) where no loop device can be had (a container). The loop
+    device is let go and the image removed whatever fails: what a run wrote through it, up to size of the disk, is
+    not kept with a test's folder."""
     try:
         subprocess.run(["truncate", "-s", size, str(image)], check=True)
         loop = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True)
@@ -92,8 +93,8 @@ def loop_filesystem(image: Path, point: Path, size: str, *mkfs: str):
             yield None, loop.stderr.strip()
             return
         dev = loop.stdout.strip()
-        point.mkdir()
         try:
+            point.mkdir()
             subprocess.run(["mkfs.ext4", "-q", *mkfs, dev], check=True)
             subprocess.run(["mount", dev, str(point)], check=True)
             yield Path(dev).name, ""
