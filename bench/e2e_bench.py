@@ -4,15 +4,16 @@
 For each block size, one run of kv_cache_benchmark.py (cache tier off, so every block goes to the
 storage tier) and one fio job with the same block size, the run's read/write mix, the same
 concurrency (numjobs = workers x processes) and the same I/O shape, O_DIRECT, time-based: psync when the run
-moves a request's blocks one at a time (--request-io serial), io_uring at iodepth = the run's --max-inflight
-when it moves them in batches (the default in block mode: the same total queue depth, max-inflight x workers,
-that the issue's target names). Reported side by side:
+moves a request's blocks one at a time (--request-io serial), io_uring at iodepth = the most I/Os the run's engine
+keeps in flight per worker when it moves them in batches (the default in block mode: --max-inflight, or fewer where
+the engine holds fewer: the direct engine's pool of 8 threads; the same total queue depth, that x workers, that the
+issue's target names). Reported side by side:
 
 - device GB/s as the block layer saw it (/proc/diskstats of the directory's device; the run's
   telemetry for ours, a diskstats delta around fio's timed part for fio);
 - per-block p50 / p95 / p99 of reads and writes (ours) against fio's completion latency (clat);
 - the I/O shape, workers (fio: jobs) x depth: ours with the mean depth its storage tier's batches achieved
-  (loads and stores weighted by their batches), fio's as set;
+  (the I/Os its engine had in flight, measured; loads and stores weighted by their batches), fio's as set;
 - CPU seconds per GiB moved: the run's process CPU time in its window (every thread) against
   fio's usr + sys time of its jobs. Kernel threads (a loop device's worker) are in neither.
 - with --verify checksum (the program's default), a second CPU ratio against fio's CPU plus the check's own:
@@ -50,6 +51,9 @@ sys.path.insert(0, str(REPO))
 
 from kv_cache.lifecycle.payload import block_digest  # noqa: E402
 from kv_cache.recorder.telemetry import disk_of  # noqa: E402
+from kv_cache.run.registry import discover  # noqa: E402
+
+ENGINES = discover().engines
 
 GiB = 2**30
 # (label, model, block tokens): 80 MiB (llama70b, 256 tokens), 2 MiB (llama8b, 16), 512 KiB (llama8b, 4)
@@ -89,13 +93,22 @@ def ours(args, label: str, out: Path, repo: Path = REPO) -> dict:
     batches = sum(d["batches"] for d in depths.values())
     return {"gbps": (dev or moved) / window / 1e9, "device_observed": bool(dev),
             "request_io": r["run"].get("request_io", "serial"), "max_inflight": r["run"].get("max_inflight", 1),
-            "depth": sum(d["mean"] * d["batches"] for d in depths.values()) / batches if batches else 1.0,
+            "engine": r["run"]["io_engine"], "depth": achieved(depths, batches),
             "read_fraction": r["bytes"][bottom]["read"] / moved if moved else 0.0,
             "read": {k: lat.get("read", {}).get(k) for k in ("p50", "p95", "p99")},
             "write": {k: lat.get("write", {}).get(k) for k in ("p50", "p95", "p99")},
             "cpu_s_per_gib": r["cpu"]["process_s"] / (dev or moved) * GiB if (dev or moved) else None,
             "workers": r["run"]["workers"], "ranks": r["run"]["ranks"],
             "verify": (r.get("verification") or {}).get("mode")}
+
+
+def achieved(depths: dict, batches: int) -> float:
+    """The mean queue depth the storage tier's batches gave it, weighted by their count: the I/Os its engine had in
+    flight where it measured them (a pool of threads keeps fewer than a batch's blocks), else the blocks a batch."""
+    if not batches:
+        return 1.0
+    return sum((d["in_flight_mean"] if d.get("in_flight_mean") is not None else d["mean"]) * d["batches"]
+               for d in depths.values()) / batches
 
 
 COLD_BYTES = 1 << 30  # larger than any cache a worker's hash could find its bytes in
@@ -120,8 +133,11 @@ def check_cost(block: int, passes: int = 2) -> float | None:
 
 
 def fio_shape(o: dict) -> tuple[str, int]:
-    """fio's engine and per-job depth for the I/O shape of run o: io_uring at its --max-inflight when it batched."""
-    return ("io_uring", o["max_inflight"]) if o["request_io"] == "batched" else ("psync", 1)
+    """fio's engine and per-job depth for the I/O shape of run o: io_uring at the most I/Os its engine keeps in flight
+    per worker when it batched (--max-inflight, or fewer: a pool of 8 threads keeps 8)."""
+    if o["request_io"] != "batched":
+        return "psync", 1
+    return "io_uring", max(1, min(o["max_inflight"], ENGINES[o["engine"]].depth))
 
 
 def fio(args, label: str, read_fraction: float, jobs: int, shape: tuple[str, int] = ("psync", 1)) -> dict | None:

@@ -105,8 +105,18 @@ BATCH_KINDS = LOAD_BATCH, STORE_BATCH, DEMOTE_BATCH, PROMOTE_BATCH = ("load", "s
 
 
 def depth_hist(tier: str, kind: str) -> tuple[str, str, str]:
-    """The blocks of each batch of kind (BATCH_KINDS) on tier: the queue depth one worker gave it."""
+    """The blocks of each batch of kind (BATCH_KINDS) on tier: the queue depth one worker asked of it."""
     return ("depth", tier, kind)
+
+
+IN_FLIGHT_SCALE = 100  # in_flight_hist holds hundredths of an I/O (a histogram holds integers)
+
+
+def in_flight_hist(tier: str, kind: str) -> tuple[str, str, str]:
+    """The I/Os each batch of kind on tier had in flight, on average over its time (Little's law: their time in
+    flight summed over the batch's), in 1 / IN_FLIGHT_SCALE: the queue depth the medium was given (a pool of
+    threads or a ring may hold fewer than the batch's blocks, a block in layer units more)."""
+    return ("in_flight_ios", tier, kind)
 
 
 def io_op(op: str) -> str:

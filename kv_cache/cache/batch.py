@@ -22,7 +22,7 @@ import numpy as np
 
 from kv_cache import counters as C
 from kv_cache.cache.chains import LANDING, PLACING, READY, Entry
-from kv_cache.tiers.base import IO_UNITS, device_begin
+from kv_cache.tiers.base import IO_UNITS, device_begin, in_flight_take
 
 
 def batch_units(tier, start: int, n: int) -> list:
@@ -59,10 +59,11 @@ class Batches:
                     result[i] = ex
         for t, idx in by_tier.items():
             gds = self.gds is not None and self.gds.lands(self.tiers[t])
+            in_flight_take()  # what an earlier call left is not this batch's
             start = now_ns()
             done = self.gds.load_many([entries[i].key for i in idx]) if gds else \
                 self.tiers[t].get_many([(entries[i].key, outs[i][:entries[i].nbytes]) for i in idx])
-            self._record_batch(t, C.LOAD_BATCH, phase, op, start, [entries[i] for i in idx], done)
+            self._record_batch(t, C.LOAD_BATCH, phase, op, start, [entries[i] for i in idx], done, in_flight_take())
             for i, d in zip(idx, done):
                 result[i] = d if isinstance(d, BaseException) else t
                 if gds and not isinstance(d, BaseException):  # untimed: only to verify the stamps
@@ -70,9 +71,9 @@ class Batches:
         return result
 
     def _record_batch(self, t: int, kind: str, phase: str, op: str, start: int, entries: list[Entry],
-                      done: list) -> None:
+                      done: list, busy: int | None) -> None:
         """Each block's op from the batch's submission to its completion (its --io-unit layer I/Os each too), and
-        the batch as a whole."""
+        the batch as a whole (busy: its I/Os' time in flight, where the tier's engine timed them)."""
         units = batch_units(self.tiers[t], start, len(entries))
         ok = [(e, d, u) for e, d, u in zip(entries, done, units) if not isinstance(d, BaseException)]
         last = max([start, *(d for _, d, _ in ok)])
@@ -81,7 +82,7 @@ class Batches:
                 self._timed(t, e, op, phase, start, [(d - start, e.nbytes)], units=u)
         else:  # no units, no split (a batch's I/Os ran elsewhere): the blocks' ops recorded together
             self.recorder.ops(self.names[t], op, phase, start, [(d - start, e.nbytes, e.key) for e, d, _ in ok])
-        self.recorder.batch(self.names[t], kind, phase, start, last - start, len(entries))
+        self.recorder.batch(self.names[t], kind, phase, start, last - start, len(entries), busy)
 
     def place_writes(self, wants: list[tuple[int, int, str, int | None]], make, phase: str,
                      scratch: np.ndarray) -> list:
@@ -176,9 +177,10 @@ class Batches:
             self.land()  # the demotions that made their room, together
             for t, idx in by_tier.items():
                 entries = [reservations[i].entry for i in idx]
+                in_flight_take()
                 start = now_ns()
                 done = self.tiers[t].put_many([(e.key, datas[i][:e.nbytes]) for e, i in zip(entries, idx)])
-                self._record_batch(t, C.STORE_BATCH, phase, "write", start, entries, done)
+                self._record_batch(t, C.STORE_BATCH, phase, "write", start, entries, done, in_flight_take())
                 failed.update({i: d for i, d in zip(idx, done) if isinstance(d, BaseException)})
         except BaseException:
             self.give_back([reservations[i] for i in todo])

@@ -35,7 +35,7 @@ from kv_cache import counters as C
 from kv_cache.buffers import direct_aligned
 from kv_cache.cache.chains import LANDING, READY
 from kv_cache.cache.room import Move
-from kv_cache.tiers.base import BATCHES, IO_UNITS
+from kv_cache.tiers.base import BATCHES, IO_UNITS, in_flight, in_flight_take
 
 
 class Landing:
@@ -88,6 +88,7 @@ class Landing:
         """One tier's landing demotions (all from the tier above): together where the two tiers can, else one by
         one; then each block is READY where it was placed. Returns the first failure."""
         src, dst = self.tiers[moves[0].src], self.tiers[moves[0].dst]
+        in_flight_take()
         start = now_ns()
         units: list = [None] * len(moves)  # each move's --io-unit layer writes into dst, when a batch made them
         try:
@@ -102,7 +103,8 @@ class Landing:
                 units = [[(c - start, b) for c, b in u] for u in got]
             ends = [d for d in done if not isinstance(d, BaseException)]
             if ends:
-                self.recorder.batch(dst.name, C.DEMOTE_BATCH, "evict", start, max(ends) - start, len(moves))
+                self.recorder.batch(dst.name, C.DEMOTE_BATCH, "evict", start, max(ends) - start, len(moves),
+                                    in_flight_take())
             done = [(start, d) for d in done]
         return self._settle([partial(self._landed, mv, src, dst, began, d, u)
                              for mv, (began, d), u in zip(moves, done, units)])
@@ -178,11 +180,15 @@ class Landing:
             return None
         done: list = []
         units: list[list] = []
+        spent = None  # the writes' time in flight (the source's reads are not the depth dst was given)
         for w in range(0, len(items), room):
             window = [(k, scratch[i * each:i * each + n]) for i, (k, n) in enumerate(items[w:w + room])]
             got = src.get_many(window)
+            in_flight_take()
             ok = [n for n, g in enumerate(got) if not isinstance(g, BaseException)]
             put = dst.put_many([window[n] for n in ok]) if ok else []
+            wrote_ns = in_flight_take()
+            spent = spent if wrote_ns is None else (spent or 0) + wrote_ns
             wrote = dst.batch_io_times() if IO_UNITS in dst.flags and ok else []
             mine: list[list] = [[] for _ in got]
             for i, (n, p) in enumerate(zip(ok, put)):
@@ -190,6 +196,8 @@ class Landing:
                 mine[n] = wrote[i] if len(wrote) == len(ok) else []
             done += got
             units += mine
+        if spent is not None:
+            in_flight(spent)
         return done, units if IO_UNITS in dst.flags else None
 
     def _one(self, src, dst, mv: Move, scratch) -> tuple[int, object]:
@@ -269,6 +277,7 @@ class Landing:
         if not mine:
             return
         top = self.tiers[0]
+        in_flight_take()
         start = now_ns()
         try:
             done = top.put_many([(e.key, data[:e.nbytes]) for e, data, _ in mine])
@@ -276,7 +285,8 @@ class Landing:
             done = [ex] * len(mine)
         ends = [d for d in done if not isinstance(d, BaseException)]
         if ends:
-            self.recorder.batch(top.name, C.PROMOTE_BATCH, "load", start, max(ends) - start, len(mine))
+            self.recorder.batch(top.name, C.PROMOTE_BATCH, "load", start, max(ends) - start, len(mine),
+                                in_flight_take())
         error = self._settle([partial(self._promoted, e, src, start, d) for (e, _, src), d in zip(mine, done)])
         if error is not None:
             raise error

@@ -27,6 +27,9 @@ MLPERF_OPS = {"write": ("Write", "Prefill"), "read": ("Read", "Decode"), "donor_
               "demote": ("Write", "Evict"), "promote": ("Write", "Decode")}  # evict (a delete) moves no bytes
 
 
+SYNC_ENGINES = ("psync", "sync", "pvsync", "pvsync2", "mmap")  # fio's engines with one I/O a job in flight
+
+
 def mlperf_tier(tier: str, storage_tier: str) -> str:
     """Its three tiers: Tier-0 GPU, Tier-1 CPU, Tier-2 the storage (ours: the bottom tier)."""
     return {"gpu": "Tier-0", "cpu": "Tier-1"}.get(tier, "Tier-2" if tier == storage_tier else tier)
@@ -124,10 +127,12 @@ class IOTraceWriter:
             self.failed = self.failed or f"{e.strerror or e} at its last {self.rows:,} rows' flush"
 
     def fio_job(self, directory: str, fio: tuple[str, int, bool], workers: int, runtime_s: float,
-                capacity_bytes: int) -> Path:
+                capacity_bytes: int, depth: int = 1) -> Path:
         """A fio job file beside the trace that approximates the NVMe tier's measured mix; fio: the engine's
-        (ioengine, direct, fsync after each write), from its table."""
+        (ioengine, direct, fsync after each write), from its table; depth: the most I/Os a worker kept in flight
+        (its batches on its engine: a synchronous engine's pool threads are as many fio jobs, a ring its iodepth)."""
         ioengine, direct, fsync = fio
+        jobs, iodepth = (workers * depth, 1) if ioengine in SYNC_ENGINES else (workers, depth)
         reads = sum(n * b for (kind, b), n in self.sizes.items() if kind == "read")
         writes = sum(n * b for (kind, b), n in self.sizes.items() if kind == "write")
         bs = max(self.sizes, key=self.sizes.get)[1] if self.sizes else 4096
@@ -136,11 +141,12 @@ class IOTraceWriter:
         write_file(path,
             f"; fio job approximating the NVMe I/O mix kv-cache-bench measured ({self.rows:,} operations traced)\n"
             f"; read {reads:,} B, written {writes:,} B (demotions included); most common block size {bs:,} B\n"
+            f"; {workers} workers x {depth} I/Os in flight each: {jobs} jobs at iodepth {iodepth}\n"
             f"; run: fio {path.name}\n"
             "[global]\n"
             f"directory={directory}\nioengine={ioengine}\ndirect={direct}\n"
             f"rw=randrw\nrwmixread={mix}\nbs={bs}\nsize={max(capacity_bytes // max(workers, 1), bs)}\n"
-            f"numjobs={workers}\niodepth=1\ntime_based\nruntime={max(int(runtime_s), 1)}\ngroup_reporting\n"
+            f"numjobs={jobs}\niodepth={iodepth}\ntime_based\nruntime={max(int(runtime_s), 1)}\ngroup_reporting\n"
             + ("fsync=1\n" if fsync else "")
             + "\n[kv-cache-mix]\n")
         return path

@@ -195,14 +195,20 @@ class Recorder:
             return
         record_many(self._shard().hist((tier, C.io_op(op), phase)), [ns for ns, _nbytes in times])
 
-    def batch(self, tier: str, kind: str, phase: str, start_ns: int, dur_ns: int, blocks: int) -> None:
+    def batch(self, tier: str, kind: str, phase: str, start_ns: int, dur_ns: int, blocks: int,
+              in_flight_ns: int | None = None) -> None:
         """One batch of blocks on a tier as a whole (kind: load or store): its time from submission to its last
-        completion, as op <kind> beside the blocks' own, and how many blocks it held (the depth it gave)."""
+        completion, as op <kind> beside the blocks' own, how many blocks it held (the depth it asked for) and, where
+        the tier's engine timed its I/Os (in_flight_ns: their time in flight, summed), the depth the medium was
+        given: that time over the batch's (Little's law), in hundredths."""
         if self._second(start_ns) is None:
             return
         shard = self._shard()
-        record(shard.hist((tier, kind, phase)), max(dur_ns, 1))
+        dur_ns = max(dur_ns, 1)
+        record(shard.hist((tier, kind, phase)), dur_ns)
         record(shard.hist(C.depth_hist(tier, kind)), blocks)
+        if in_flight_ns is not None:
+            record(shard.hist(C.in_flight_hist(tier, kind)), round(C.IN_FLIGHT_SCALE * in_flight_ns / dur_ns))
 
     def add_bytes(self, tier: str, direction: str, start_ns: int, nbytes: int) -> None:
         """One block's bytes moved as part of another op (the source side of a demotion): its bytes and the block

@@ -190,13 +190,19 @@ def _verification(c: dict, mode: str) -> dict:
 
 
 def queue_depths(snap: Snapshot) -> dict:
-    """tier -> load / store -> the depth of its batches (counts, not times: read from the histogram's values)."""
+    """tier -> load / store -> the depth of its batches: blocks asked, I/Os in flight where measured (counts, not
+    times: read from the histograms' values)."""
     out: dict = defaultdict(dict)
     for key, h in snap.hists.items():
         if key[0] == "depth" and h.get_total_count():
             # NOTE: mean_value and value_at, not hdrh's own: those walk its 33,792 counters in Python (1.2 s a run)
+            flying = snap.hists.get(C.in_flight_hist(key[1], key[2]))
+            measured = flying is not None and flying.get_total_count()
             out[key[1]][key[2]] = {"batches": h.get_total_count(), "mean": round(mean_value(h), 3),
-                                   "p95": value_at(h, 95.0), "max": h.get_max_value()}
+                                   "p95": value_at(h, 95.0), "max": h.get_max_value(),
+                                   "in_flight_mean": round(mean_value(flying) / C.IN_FLIGHT_SCALE, 2) if measured
+                                   else None,
+                                   "in_flight_p95": value_at(flying, 95.0) / C.IN_FLIGHT_SCALE if measured else None}
     return dict(out)
 
 

@@ -49,7 +49,8 @@ from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 12  # 12: memory.budget.request_backlog (--max-backlog-gb) and requests.backlog_bytes_at_stop
+SCHEMA_VERSION = 13  # 13: queue_depth.*.*.in_flight_mean / in_flight_p95 (the depth the medium was given, measured)
+# (12: memory.budget.request_backlog (--max-backlog-gb) and requests.backlog_bytes_at_stop)
 # (11: memory.budget.access_log (--capacity-curve's log, bounded by --capacity-log-accesses))
 # (10: run.tiers.*.hbm_layout (a real GPU tier's HBM: contiguous, or paged and its copy method))
 # (9: capacity_curve.demand_model; a point's bottom share, reads and writes null where not replayed;
@@ -97,12 +98,17 @@ class Transfers:
 
 @dataclass
 class QueueDepth:
-    """The blocks one worker had in flight together on a tier (--request-io batched): per batch of its kind."""
+    """A tier's batches of one kind (--request-io batched), per batch: the blocks one worker handed it together
+    (mean, p95, max), and the I/Os its medium had in flight on average over the batch's time (in_flight_*: Little's
+    law over each I/O's time from its submission to its completion; null where the medium's batch path does not
+    time its I/Os). A pool of threads or a ring holds at most its own depth of a batch's blocks at once."""
 
     batches: int
     mean: float
     p95: float
     max: int
+    in_flight_mean: float | None = None
+    in_flight_p95: float | None = None
 
 
 @dataclass

@@ -114,7 +114,22 @@ def bandwidth_section(results: Results) -> list[str]:
     layers = results.settings.get("tiers", {}).get("io_unit") == "layer"
     unit = "blocks per second, each moved as one I/O" if not layers else "blocks per second (each several I/Os)"
     return (["", f"Bandwidth over the {window:.1f} s window (demotions included; IOPS: {unit}; GB = 10^9 B, "
-                 f"GiB = 2^30 B)"] + _table(rows) + _whole_run(results))
+                 f"GiB = 2^30 B)"] + _table(rows) + _whole_run(results) + _depths(results))
+
+
+def _depths(results: Results) -> list[str]:
+    """Per tier and batch kind (--request-io batched): the blocks a worker's batches asked for, and the I/Os its
+    medium had in flight, measured ('-' where the medium does not time a batch's I/Os)."""
+    parts = []
+    for tier, kinds in results.queue_depth.items():
+        for kind, q in kinds.items():
+            flying = (f"{q.in_flight_mean:.1f} I/Os in flight (p95 {q.in_flight_p95:g})"
+                      if q.in_flight_mean is not None else "I/Os in flight -")
+            parts.append(f"{tier_label(results, tier)} {kind} {q.mean:.1f} blocks a batch (p95 {q.p95:g}), {flying}")
+    if not parts:
+        return []
+    return ["  queue depth per worker, mean over its batches ('-': the medium does not time a batch's I/Os): "
+            + "; ".join(parts)]
 
 
 def _whole_run(results: Results) -> list[str]:

@@ -84,8 +84,9 @@ def io_shape(s: Settings, tiers: list, n: int, io_bytes: int, gds=None) -> str:
                          for a, b in through_scratch(tiers, gds))
     bound = (f"--max-inflight {s.schedule.max_inflight} bounded by {BATCH_ARENA_BYTES >> 20} MiB of batch buffers "
              f"a worker" if depth < s.schedule.max_inflight else "--max-inflight sets it")
-    return (f"request I/O: batched, up to {depth} blocks of a request in flight per worker ({n} workers: up to "
-            f"{n * depth}; {bound}); {paths}")
+    return (f"request I/O: batched, up to {depth} blocks of a request handed to a tier together per worker ({n} "
+            f"workers: up to {n * depth}; {bound}; how many each medium keeps in flight: its path here, measured "
+            f"in the summary's queue depth); {paths}")
 
 
 def workers(s: Settings) -> int:

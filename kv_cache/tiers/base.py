@@ -53,6 +53,25 @@ def device_call(start_ns: int) -> None:
     _DEVICE.ns = getattr(_DEVICE, "ns", 0) + time.monotonic_ns() - start_ns
 
 
+# The queue depth a batch achieved (results' queue_depth.*.in_flight_*), by Little's law: the time its I/Os spent in
+# flight, each from the call that submitted it to the moment the engine saw it complete, summed, over the batch's
+# own time. An engine that times its batch's I/Os (the NVMe engines: a pool's threads, a ring) adds their sum to the
+# worker's count; the cache takes it around one tier's batch call. A medium that does not time them adds nothing,
+# and its depth is not measured (a Valkey pipeline, S3's requests, the GPU's queued copies: in flight is theirs).
+_IN_FLIGHT = threading.local()
+
+
+def in_flight(ns: int) -> None:
+    """A batch's I/Os spent ns in flight in all (added up by the engine that moved them)."""
+    _IN_FLIGHT.ns = (getattr(_IN_FLIGHT, "ns", None) or 0) + ns
+
+
+def in_flight_take() -> int | None:
+    """This thread's I/O time in flight since the last take (None: no engine timed any), and a fresh count."""
+    ns, _IN_FLIGHT.ns = getattr(_IN_FLIGHT, "ns", None), None
+    return ns
+
+
 def moves_real_bytes(tier) -> bool:
     """Bytes really go to a device and come back (neither the null tier nor a simulated one): its reads can be
     verified and its speed probed."""

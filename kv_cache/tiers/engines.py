@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from kv_cache.tiers.base import device_call
+from kv_cache.tiers.base import device_call, in_flight
 from kv_cache.tiers.posix_io import drop_cached, pread_all, pwrite_all
 
 
@@ -40,6 +40,7 @@ class Engine:
     open_flags = 0           # added to os.open's flags
     maps = False             # moves bytes through a mapping of the whole file (slab layout only)
     fio = ("psync", 0, False)  # what fio runs for it: (ioengine, direct, fsync after each write)
+    depth = POOL_THREADS     # the most of a batch's I/Os it keeps in flight per worker
     summary = ""             # one line for --help
 
     @property
@@ -61,7 +62,8 @@ class Engine:
         pread_all(t.fd, out, off, t.path, unit, times)
         device_call(start)
 
-    batch = f"a pool of {POOL_THREADS} threads per worker"  # how a batch reaches the device (the summary says it)
+    # how a batch reaches the device (the summary says it)
+    batch = f"a pool of {POOL_THREADS} threads per worker (at most {POOL_THREADS} of its I/Os in flight)"
 
     def write_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int) -> list:
         """Each I/O's completion time (monotonic ns), or the exception it raised."""
@@ -116,21 +118,36 @@ def _pooled(verb, ios: list, unit: int) -> list:
     of its threads takes the batch's next I/O as it finishes one, so the device sees that many at once and a batch
     costs a task a thread, not one an I/O (at 512 KiB a future per I/O was a tenth of a block's CPU)."""
     if len(ios) == 1:
-        return [_one(verb, *ios[0], unit)]
+        return in_turn(verb, ios, unit)
     pool = getattr(_POOLS, "pool", None)
     if pool is None:
         pool = _POOLS.pool = IoPool(POOL_THREADS)
         weakref.finalize(threading.current_thread(), pool.close)
     out: list = [None] * len(ios)
     turns = itertools.count()  # next() on it is atomic under the GIL: each I/O is taken once
-
-    def drain() -> None:
-        while (i := next(turns)) < len(ios):
-            t, off, buf = ios[i]
-            out[i] = _one(verb, t, off, buf, unit)
-
-    pool.run(drain, min(POOL_THREADS, len(ios)))
+    spent: list[int] = []  # each pool thread's I/Os' time in flight (list.append is atomic under the GIL)
+    pool.run(lambda: spent.append(_drain(verb, ios, unit, out, turns)), min(POOL_THREADS, len(ios)))
+    in_flight(sum(spent))
     return out
+
+
+def in_turn(verb, ios: list, unit: int) -> list:
+    """ios one after another on this thread (one in flight at a time)."""
+    out: list = [None] * len(ios)
+    in_flight(_drain(verb, ios, unit, out, itertools.count()))
+    return out
+
+
+def _drain(verb, ios: list, unit: int, out: list, turns) -> int:
+    """Take the next I/O from turns and run it until none is left: each one's result into out; returns the time they
+    were in flight, from each one's call to its completion (or failure)."""
+    spent = 0
+    while (i := next(turns)) < len(ios):
+        t, off, buf = ios[i]
+        start = time.monotonic_ns()
+        out[i] = done = _one(verb, t, off, buf, unit)
+        spent += (done if done.__class__ is int else time.monotonic_ns()) - start
+    return spent
 
 
 def _one(verb, t: Target, off: int, buf: np.ndarray, unit: int):
@@ -165,7 +182,7 @@ class BufferedEngine(Engine):
 
 
 class MmapEngine(Engine):
-    name, maps = "mmap", True
+    name, maps, depth = "mmap", True, 1
     batch = "one copy after another (a mapping: no device queue to fill)"
     fio, summary = ("mmap", 0, False), "a mapping of the slab, msync after writes"
 
@@ -183,10 +200,10 @@ class MmapEngine(Engine):
         device_call(start)
 
     def write_many(self, ios: list, unit: int) -> list:
-        return [_one(self.write, t, off, buf, unit) for t, off, buf in ios]
+        return in_turn(self.write, ios, unit)
 
     def read_many(self, ios: list, unit: int) -> list:
-        return [_one(self.read, t, off, buf, unit) for t, off, buf in ios]
+        return in_turn(self.read, ios, unit)
 
 
 ENGINES = (DirectEngine(), BufferedEngine(), MmapEngine())  # this module's engines (catalog.find_media reads it)

@@ -139,12 +139,13 @@ class Ring:
             done += self._reap(results, completed)
         return results
 
-    def stream(self, ops: list[tuple[int, int, int, int, int]], completed: list) -> list[int]:
+    def stream(self, ops: list[tuple[int, int, int, int, int]], completed: list) -> tuple[list[int], int]:
         """ops, any number of them, with the ring kept full: up to `entries` in flight, each one reaped as it
         completes (its monotonic ns into completed[i]) and the next submitted in its place (fio's iodepth, where
-        submit() waits for a whole round before the next). Returns each op's result, in the order given."""
+        submit() waits for a whole round before the next). Returns each op's result, in the order given, and the sum
+        of their submission times (monotonic ns: each op's is the system call that handed it to the kernel)."""
         n, results = len(ops), [0] * len(ops)
-        sent = done = pending = 0  # pending: entries in the submission ring the kernel has not taken yet
+        sent = done = pending = submitted = 0  # pending: entries in the submission ring the kernel has not taken yet
         while done < n:
             tail, k = self._sq_tail.value, 0
             while sent < n and sent - done < self.entries:
@@ -152,6 +153,7 @@ class Ring:
                 sent, k = sent + 1, k + 1
             self._sq_tail.value = (tail + k) & 0xFFFFFFFF
             pending += k
+            submitted += k * time.monotonic_ns()
             got = _libc.syscall(SYS_ENTER, ctypes.c_uint(self.fd), ctypes.c_uint(pending), ctypes.c_uint(1),
                                 ctypes.c_uint(ENTER_GETEVENTS), None, ctypes.c_size_t(0))
             if got < 0:
@@ -161,7 +163,7 @@ class Ring:
                 raise OSError(err, f"io_uring_enter: {os.strerror(err)}")
             pending -= min(got, pending)  # io_uring_enter answers how many it took
             done += self._reap(results, completed)
-        return results
+        return results, submitted
 
     def _queue(self, at: int, op: tuple[int, int, int, int, int], user_data: int) -> None:
         """One (opcode, fd, file offset, buffer address, length) into the submission slot at position at; its

@@ -20,8 +20,8 @@ import weakref
 import numpy as np
 
 from kv_cache.errors import RunFault
-from kv_cache.tiers.base import device_call
-from kv_cache.tiers.engines import Engine, Target
+from kv_cache.tiers.base import device_call, in_flight
+from kv_cache.tiers.engines import Engine, Target, in_turn
 from kv_cache.tiers.io_uring_sys import OP_READ, OP_WRITE, Ring, probe
 from kv_cache.tiers.native import child_main, probe_in_child
 from kv_cache.tiers.posix_io import CHUNK
@@ -33,6 +33,7 @@ MODULE = "kv_cache.tiers.uring"
 class UringEngine(Engine):
     name, open_flags = "io_uring", os.O_DIRECT
     fio, summary = ("io_uring", 1, False), "O_DIRECT through an io_uring, a block's I/O units in one batch"
+    depth = DEPTH
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -77,7 +78,8 @@ class UringEngine(Engine):
         redo: set[int] = set()
         when = [0] * len(units)
         try:  # the ring kept full: DEPTH units in flight, the next submitted as each completes
-            got = ring.stream(units, when)
+            got, submitted = ring.stream(units, when)
+            in_flight(sum(when) - submitted)
         except OSError:
             got = [-1] * len(units)
         for i, u, res, t in zip(owner, units, got, when):
@@ -85,13 +87,9 @@ class UringEngine(Engine):
                 redo.add(i)
             out[i] = max(out[i], t)
         verb = self.write if op == OP_WRITE else self.read
-        for i in redo:
-            t, off, buf = ios[i]
-            try:
-                verb(t, off, buf, unit, None)
-                out[i] = time.monotonic_ns()
-            except Exception as e:  # noqa: BLE001 - this I/O's result
-                out[i] = e
+        fix = sorted(redo)  # one after another, each timed in flight as the direct engine's are
+        for i, res in zip(fix, in_turn(verb, [ios[i] for i in fix], unit) if fix else []):
+            out[i] = res
         return out
 
     def _ring(self) -> Ring:

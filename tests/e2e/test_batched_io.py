@@ -69,6 +69,23 @@ def test_batched_makes_serial_mode_s_cache_decisions_at_depth(small_run, tmp_pat
     assert batched["run"]["tiers"]["nvme"]["batches"].startswith("the direct engine's")
 
 
+def test_the_depth_the_device_was_given_is_measured_beside_the_blocks_a_batch_asked_for(small_run):
+    """Batched, as typed (the direct engine, --max-inflight 32), one worker over the NVMe tier alone: a request's hit
+    prefix of up to 32 blocks goes to the worker's pool of 8 threads, so the device holds at most 8 of them at once.
+    results.json gave the batch's blocks as its queue depth (21 on average here). The depth the medium was given is
+    measured beside it (each I/O's time in flight, summed, over the batch's time: Little's law), in results.json
+    and in the summary."""
+    r = run_cli(small_run("q", *SEQUENCE, "--cpu-mem-gb", "0", quiet=False))
+    assert r.returncode == 0, r.stderr
+    load = small_run.results("q")["queue_depth"]["nvme"]["load"]
+    assert load["max"] > 8 and load["mean"] > load["in_flight_mean"] > 1  # a batch asked for more than 8
+    assert load["in_flight_p95"] <= 8 and small_run.results("q")["run"]["io_engine"] == "direct"
+    said = " ".join(r.stdout.split())
+    assert f"nvme load {load['mean']:.1f} blocks a batch (p95 {load['p95']:g}), {load['in_flight_mean']:.1f} I/Os " \
+           f"in flight (p95 {load['in_flight_p95']:g})" in said
+    assert "a pool of 8 threads per worker (at most 8 of its I/Os in flight)" in said
+
+
 def _moves(ops: list[tuple[str, str, str]]) -> dict[tuple[str, str], list[str]]:
     """Each (op, tier)'s keys in order, of the cache's moves: its eviction order into each tier."""
     out: dict = {}
@@ -102,7 +119,8 @@ def test_one_file_a_block_moves_its_batches_together_in_serial_mode_s_order(smal
     the NVMe tier's loads, stores and demotions go deeper than one, making serial mode's decisions."""
     runs = _both_ways(small_run, tmp_path, "--nvme-layout", "file-per-block", "--max-inflight", "8")
     (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
-    assert "nvme: the direct engine's: a pool of 8 threads per worker, each block's file opened before" in said
+    assert ("nvme: the direct engine's: a pool of 8 threads per worker (at most 8 of its I/Os in flight), "
+            "each block's file opened before") in said
     assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
     depth = batched["queue_depth"]["nvme"]

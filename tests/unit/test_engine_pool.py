@@ -9,6 +9,7 @@ from found import ENGINES
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.tiers import engines
+from kv_cache.tiers.base import in_flight_take
 from kv_cache.tiers.engines import POOL_THREADS, Target
 
 
@@ -107,3 +108,25 @@ def test_a_worker_s_pool_threads_end_with_it_and_a_failure_inside_reaches_it(tmp
     pool.close()
     os.close(fd)
     assert not b.is_alive() and isinstance(got[0], MemoryError) and got[1:] == [1, 1], got
+
+
+def test_a_batch_s_depth_is_its_ios_time_in_flight_over_its_own(monkeypatch):
+    """The queue depth results.json gives (queue_depth.*.in_flight_*) is Little's law over what the engine timed:
+    24 I/Os of 50 ms each over a pool of 8 threads spent 1.2 s in flight in all, over a batch of about 150 ms:
+    between one and the pool's 8 in flight, never the batch's 24 blocks (what results.json called its depth). One
+    after another (the mmap engine's turn), at most one."""
+    engine = ENGINES["direct"]
+
+    def slow(t, off, buf, unit, times):
+        time.sleep(0.05)
+
+    monkeypatch.setattr(engine, "write", slow)
+    in_flight_take()  # nothing an earlier test left
+    start = time.monotonic_ns()
+    done = engine.write_many([(None, 0, None)] * 24, 0)
+    busy = in_flight_take()
+    assert busy >= 24 * 50_000_000 and in_flight_take() is None  # taken once
+    assert 2 < busy / (max(done) - start) <= POOL_THREADS
+    start = time.monotonic_ns()
+    done = engines.in_turn(slow, [(None, 0, None)] * 3, 0)
+    assert 0.9 < in_flight_take() / (max(done) - start) <= 1

@@ -3,6 +3,7 @@ it declares itself in its module's ENGINES; the registry finds it, and the setti
 the contract cases and the submission rules read it from there."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -44,10 +45,15 @@ def test_a_batch_of_more_units_than_the_ring_holds_keeps_it_full_and_comes_back_
     ring = Ring(8)
     try:
         when = [0] * 150
-        got = ring.stream([(OP_WRITE, fd, k * 4096, data.ctypes.data + k * 4096, 4096) for k in range(150)], when)
+        start = time.monotonic_ns()
+        got, submitted = ring.stream([(OP_WRITE, fd, k * 4096, data.ctypes.data + k * 4096, 4096)
+                                      for k in range(150)], when)
         assert got == [4096] * 150 and min(when) > 0
+        # the time its ops were in flight, over its window, is the depth the ring kept: never above its 8 entries
+        depth = (sum(when) - submitted) / (max(when) - start)
+        assert 0 < depth <= 8, depth
         out = aligned_buffer(data.size)
-        got = ring.stream([(OP_READ, fd, k * 4096, out.ctypes.data + k * 4096, 4096) for k in range(150)], when)
+        got, _ = ring.stream([(OP_READ, fd, k * 4096, out.ctypes.data + k * 4096, 4096) for k in range(150)], when)
         assert got == [4096] * 150 and np.array_equal(out, data)
     finally:
         ring.close()
