@@ -37,7 +37,7 @@ from kv_cache.run.handoff import finish_role
 from kv_cache.run.prepare import Prepared, RunSpec, close, prepare
 from kv_cache.run.progress import Progress
 from kv_cache.run.serving import autoscaler, qos_policy, semantic_reuse
-from kv_cache.run.site import depth_of, fio_of
+from kv_cache.run.site import fio_of
 from kv_cache.run.sizing import batch_depth, demotion_depth
 from kv_cache.run.stack import RunContext, agreed_settings_of, device_latency_mode, resolved, worker_state
 from kv_cache.run.submission import RULES, rule_violations, validate, with_rule_defaults, write_package
@@ -225,8 +225,7 @@ def _close_io_trace(run: RunSpec, b: RunContext, st: Stages) -> None:
     try:
         if REMOTE not in b.tiers[-1].flags:
             job = trace.fio_job(b.site.cache_dir if b.site else ".", fio_of(b.site, run.reg.engines), b.workers,
-                                run.s.run.duration_s, b.tiers[-1].capacity_bytes,
-                                depth_of(b.site, run.reg.engines, batch_depth(run.s, b.geo.io_bytes)))
+                                run.s.run.duration_s, b.tiers[-1].capacity_bytes, getattr(b.tiers[-1], "io_depth", 1))
     except UserError as e:
         job = f"not written ({e})"
     run.say(f"  I/O trace: {trace.rows:,} operations in {trace.path}; fio job: {job}")

@@ -93,7 +93,3 @@ def fio_of(site, engines: dict) -> tuple[str, int, bool]:
     """What fio runs for the site's engine (its table's entry); fio's null engine without a site."""
     return engines[site.engine].fio if site else ("null", 0, False)
 
-
-def depth_of(site, engines: dict, batch: int) -> int:
-    """The most I/Os a worker's batches of up to `batch` blocks keep in flight on the site's engine (1: serial)."""
-    return max(1, min(batch, engines[site.engine].depth)) if site and batch else 1

@@ -115,7 +115,7 @@ def build_tiers(s: Settings, geo: Geometry, site: StorageSite | None, reg, paylo
     paging, paging_note = paged.plan(s.tiers, geo.model, s.model.block_tokens, geo.bytes_per_token)
     ctx = StackContext(s.tiers, geo.slot_bytes, geo.max_object_bytes, workers(s) + 1, site, payloads, writer, gpu,
                        io_unit_bytes(s, geo), s.tiers.null_io, run_id, s.media, geo.io_bytes, reg.engines, paging,
-                       paging_note)
+                       paging_note, batch_depth(s, geo.io_bytes))
     tiers, notes = reg.media.build_stack(ctx)
     if not s.tiers.null_io and (not tiers or STORAGE not in tiers[-1].flags):
         for t in tiers:

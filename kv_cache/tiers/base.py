@@ -55,9 +55,10 @@ def device_call(start_ns: int) -> None:
 
 # The queue depth a batch achieved (results' queue_depth.*.in_flight_*), by Little's law: the time its I/Os spent in
 # flight, each from the call that submitted it to the moment the engine saw it complete, summed, over the batch's
-# own time. An engine that times its batch's I/Os (the NVMe engines: a pool's threads, a ring) adds their sum to the
-# worker's count; the cache takes it around one tier's batch call. A medium that does not time them adds nothing,
-# and its depth is not measured (a Valkey pipeline, S3's requests, the GPU's queued copies: in flight is theirs).
+# own time. A medium that times its batch's I/Os adds their sum to the worker's count (the NVMe engines: a pool's
+# threads, a ring; a Valkey pipeline: each request outstanding from the send until its reply is read; S3: each request
+# from its thread's start to its reply); the cache takes it around one tier's batch call. One that does not adds
+# nothing, and its depth is not measured (the GPU's copies, queued on a stream that runs them in order; the CPU tier).
 _IN_FLIGHT = threading.local()
 
 

@@ -28,19 +28,24 @@ class Target:
         self.view: np.ndarray | None = None
 
 
-POOL_THREADS = 8  # a worker's own I/O threads for a batch on a synchronous engine: the depth the device sees from it
+POOL_THREADS = 8  # a pool's threads where no batch depth was given (a handoff folder's files, the contract tests)
+POOL_MOST = 64    # a worker's pool threads at most (io_uring's ring holds as many I/Os)
+POOL_ALL = 1024   # the prepared pools' threads in all at most (about 15 KiB each: within the budget's overhead),
+# so 200 workers get POOL_THREADS each, not 64
 
 
 class Engine:
     """How bytes move between a buffer and a file (fio's ioengine): the ops every layout calls. A batch (read_many,
-    write_many: (target, offset, buffer) each) goes over a small pool of this worker's own threads, so the device
-    sees up to POOL_THREADS of its I/Os at once; an engine with a native batch (io_uring) overrides them."""
+    write_many: (target, offset, buffer) each) goes over the calling worker's pool of threads (pools: the tier's
+    Pools), one thread for each I/O its batches hold (POOL_MOST at most), so the device sees the batch's depth; an
+    engine with a native batch (io_uring) overrides them."""
 
     name = ""
     open_flags = 0           # added to os.open's flags
     maps = False             # moves bytes through a mapping of the whole file (slab layout only)
     fio = ("psync", 0, False)  # what fio runs for it: (ioengine, direct, fsync after each write)
-    depth = POOL_THREADS     # the most of a batch's I/Os it keeps in flight per worker
+    depth = POOL_MOST        # the most of a batch's I/Os it keeps in flight per worker
+    pooled = True            # a batch goes over a worker's pool of threads (the tier makes them: Pools)
     summary = ""             # one line for --help
 
     @property
@@ -62,27 +67,25 @@ class Engine:
         pread_all(t.fd, out, off, t.path, unit, times)
         device_call(start)
 
-    # how a batch reaches the device (the summary says it)
-    batch = f"a pool of {POOL_THREADS} threads per worker (at most {POOL_THREADS} of its I/Os in flight)"
+    batch = "a pool of threads per worker, one for each I/O of its batch"  # how a batch reaches the device
 
-    def write_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int) -> list:
-        """Each I/O's completion time (monotonic ns), or the exception it raised."""
-        return _pooled(self.write, ios, unit)
+    def write_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int, pools: Pools | None = None) -> list:
+        """Each I/O's completion time (monotonic ns), or the exception it raised (pools: the tier's; without them,
+        one after another)."""
+        return _pooled(self.write, ios, unit, pools)
 
-    def read_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int) -> list:
-        return _pooled(self.read, ios, unit)
-
-
-_POOLS = threading.local()
+    def read_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int, pools: Pools | None = None) -> list:
+        return _pooled(self.read, ios, unit, pools)
 
 
 class IoPool:
-    """A worker's POOL_THREADS I/O threads: run(task, n) hands task to n of them and returns once each has run it.
+    """A worker's I/O threads: run(task, n) hands task to n of them and returns once each has run it.
     Two SimpleQueues, not a ThreadPoolExecutor: its submit() takes a lock that every executor of the process
     shares (the workers' pools all contended for it) and makes a future a task; with 4 workers of 8 threads, at
     512 KiB, submit() was 18 % of the interpreter's time (py-spy --gil, issue 48)."""
 
     def __init__(self, threads: int):
+        self.size = threads
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._serve, name=f"kvbench-io-{i}", daemon=True)
@@ -113,20 +116,49 @@ class IoPool:
             self._tasks.put(None)
 
 
-def _pooled(verb, ios: list, unit: int) -> list:
-    """ios over this thread's pool (made on its first batch; it goes with the thread): each of up to POOL_THREADS
-    of its threads takes the batch's next I/O as it finishes one, so the device sees that many at once and a batch
-    costs a task a thread, not one an I/O (at 512 KiB a future per I/O was a tenth of a block's CPU)."""
-    if len(ios) == 1:
+class Pools:
+    """A tier's I/O pools, one for each thread that moves a batch, of `threads` threads each: `prepared` of them
+    started when the tier is made (before the clock: the workers and the demoter), a thread's own taken on its first
+    batch; a pool whose thread ended goes to the next thread that asks (a trial's new workers), one made then only
+    past them."""
+
+    def __init__(self, threads: int, prepared: int = 0):
+        self.threads = threads
+        self._free = [IoPool(threads) for _ in range(prepared)]
+        self._made = list(self._free)
+        self._mine = threading.local()
+        self._lock = threading.Lock()
+
+    def mine(self) -> IoPool:
+        pool = getattr(self._mine, "pool", None)
+        if pool is None:
+            with self._lock:
+                pool = self._free.pop() if self._free else None
+                if pool is None:
+                    pool = IoPool(self.threads)
+                    self._made.append(pool)
+            self._mine.pool = pool
+            weakref.finalize(threading.current_thread(), self._free.append, pool)  # list.append: atomic
+        return pool
+
+    def close(self) -> None:
+        """Every pool's threads end once the tasks handed to them are done."""
+        for pool in self._made:
+            pool.close()
+        self._made, self._free = [], []
+
+
+def _pooled(verb, ios: list, unit: int, pools: Pools | None) -> list:
+    """ios over this thread's pool: each of up to its threads takes the batch's next I/O as it finishes one, so the
+    device sees that many at once and a batch costs a task a thread, not one an I/O (at 512 KiB a future per I/O was
+    a tenth of a block's CPU)."""
+    if pools is None or len(ios) == 1:
         return in_turn(verb, ios, unit)
-    pool = getattr(_POOLS, "pool", None)
-    if pool is None:
-        pool = _POOLS.pool = IoPool(POOL_THREADS)
-        weakref.finalize(threading.current_thread(), pool.close)
+    pool = pools.mine()
     out: list = [None] * len(ios)
     turns = itertools.count()  # next() on it is atomic under the GIL: each I/O is taken once
     spent: list[int] = []  # each pool thread's I/Os' time in flight (list.append is atomic under the GIL)
-    pool.run(lambda: spent.append(_drain(verb, ios, unit, out, turns)), min(POOL_THREADS, len(ios)))
+    pool.run(lambda: spent.append(_drain(verb, ios, unit, out, turns)), min(pool.size, len(ios)))
     in_flight(sum(spent))
     return out
 
@@ -182,7 +214,7 @@ class BufferedEngine(Engine):
 
 
 class MmapEngine(Engine):
-    name, maps, depth = "mmap", True, 1
+    name, maps, depth, pooled = "mmap", True, 1, False
     batch = "one copy after another (a mapping: no device queue to fill)"
     fio, summary = ("mmap", 0, False), "a mapping of the slab, msync after writes"
 
@@ -199,10 +231,10 @@ class MmapEngine(Engine):
         np.copyto(out, t.view[off:off + out.size])  # each page faulted in from the device
         device_call(start)
 
-    def write_many(self, ios: list, unit: int) -> list:
+    def write_many(self, ios: list, unit: int, pools: Pools | None = None) -> list:
         return in_turn(self.write, ios, unit)
 
-    def read_many(self, ios: list, unit: int) -> list:
+    def read_many(self, ios: list, unit: int, pools: Pools | None = None) -> list:
         return in_turn(self.read, ios, unit)
 
 

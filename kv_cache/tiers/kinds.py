@@ -54,6 +54,7 @@ class StackContext:
     engines: dict = field(default_factory=dict)  # the disk engines found (catalog.Media.engines), by name
     paging: object = None       # a real GPU tier's paged geometry (paged.Paging), or None: contiguous slots
     paging_note: str = ""       # why --gpu-layout auto kept contiguous slots
+    batch: int = 0              # the blocks one worker's batch holds (run/sizing.batch_depth; 0: one at a time)
 
     def section(self, kind: TierKind):
         """The settings section a medium declared (its defaults when the settings hold none)."""

@@ -27,7 +27,7 @@ import numpy as np
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import RunFault, UserError
 from kv_cache.tiers.base import BATCHES, IO_UNITS, PRECONDITIONS, SHARED, SPLITS, STORAGE, SlottedTier
-from kv_cache.tiers.engines import Engine, Target
+from kv_cache.tiers.engines import POOL_ALL, POOL_MOST, POOL_THREADS, Engine, Pools, Target
 from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of
 from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.nvme_files import BlockFiles
@@ -68,7 +68,9 @@ class NvmeTier(BlockFiles, SlottedTier):
 
     def __init__(self, directory: str, capacity_bytes: int, slot_bytes: int, engine: Engine,
                  layout: str = "slab", slab_file_bytes: int = 4 << 30, engine_note: str = "", shared: bool = False,
-                 writer: str = "0", io_unit_bytes: int = 0):
+                 writer: str = "0", io_unit_bytes: int = 0, batch: int = 0, lanes: int = 0):
+        """batch: the blocks one worker's batch holds (0: none given); lanes: the threads that move batches (the
+        workers and the demoter), whose pools are started here, before the clock."""
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
         if shared:
             layout = "file-per-block"  # other processes must find blocks by name
@@ -84,6 +86,12 @@ class NvmeTier(BlockFiles, SlottedTier):
         if io_unit_bytes:
             self.flags = self.flags | {IO_UNITS}
         self._ios = threading.local()
+        # a synchronous engine's pools: a thread for each I/O a worker's batch holds (with layer units, each unit)
+        ios = batch * -(-slot_bytes // self.unit)
+        threads = min(ios, POOL_MOST, max(POOL_THREADS, POOL_ALL // max(lanes, 1)))
+        self.pools = Pools(threads if batch else POOL_THREADS, lanes if batch else 0) if self.ops.pooled else None
+        # the most I/Os a worker's batch keeps in flight here (1: one at a time): the --io-trace fio job's depth
+        self.io_depth = max(1, min(ios, threads if self.ops.pooled else self.ops.depth))
         self.slabs: list[_Slab] = []
         if layout == "slab":
             self._make_slabs()
@@ -145,7 +153,8 @@ class NvmeTier(BlockFiles, SlottedTier):
         files = ", each block's file opened before the batch and closed after it" \
             if self.layout == "file-per-block" else ""
         units = ", every layer group's I/O of every block in it, each timed" if IO_UNITS in self.flags else ""
-        return f"the {self.engine} engine's: {self.ops.batch}{files}{units}"
+        pool = f" ({self.pools.threads} threads: as many I/Os in flight)" if self.pools is not None else ""
+        return f"the {self.engine} engine's: {self.ops.batch}{pool}{files}{units}"
 
     def put_many(self, items: list[tuple[int, np.ndarray]]) -> list:
         """A batch of blocks into their slabs or files, every block's I/Os handed to the engine at once (its batch
@@ -168,7 +177,7 @@ class NvmeTier(BlockFiles, SlottedTier):
                     out[n] = RunFault(f"cannot rename {t.path} to {self._file(key)}: {e.strerror}.")
         else:
             ios, owner = self._ios_of([(items[n][1], slots, items[n][1].size) for n, slots in taken])
-            self._moved(self.ops.write_many(ios, self.unit), ios, owner, [n for n, _ in taken], out)
+            self._moved(self.ops.write_many(ios, self.unit, self.pools), ios, owner, [n for n, _ in taken], out)
         for n, res in enumerate(out):
             if isinstance(res, BaseException) and n in dict(taken):
                 self.slots.release(items[n][0])
@@ -189,7 +198,7 @@ class NvmeTier(BlockFiles, SlottedTier):
                              self.ops.read_many, out)
             return out
         ios, owner = self._ios_of([b for _, b in found])
-        self._moved(self.ops.read_many(ios, self.unit), ios, owner, [n for n, _ in found], out)
+        self._moved(self.ops.read_many(ios, self.unit, self.pools), ios, owner, [n for n, _ in found], out)
         return out
 
     def _ios_of(self, blocks: list) -> tuple[list, list[int]]:
@@ -296,6 +305,8 @@ class NvmeTier(BlockFiles, SlottedTier):
         return written
 
     def close(self, remove: bool = True) -> None:
+        if self.pools is not None:
+            self.pools.close()
         for slab in self.slabs:
             slab.close()
         self.slabs = []
@@ -332,7 +343,7 @@ def build(ctx: StackContext) -> tuple[SlottedTier | None, str]:
     note = "" if s.nvme_gb else (f"nvme tier size chosen: {cap / GiB:.2f} GiB = {said}; --nvme-gb fixes it "
                                  f"(settings.yaml records it)")
     return NvmeTier(site.data_dir, cap, slot, ctx.engines[site.engine], s.nvme_layout, int(s.slab_file_gb * GiB),
-                    site.engine_note, s.shared_storage, ctx.writer, ctx.io_unit_bytes), note
+                    site.engine_note, s.shared_storage, ctx.writer, ctx.io_unit_bytes, ctx.batch, ctx.lanes), note
 
 
 

@@ -33,7 +33,7 @@ MODULE = "kv_cache.tiers.uring"
 class UringEngine(Engine):
     name, open_flags = "io_uring", os.O_DIRECT
     fio, summary = ("io_uring", 1, False), "O_DIRECT through an io_uring, a block's I/O units in one batch"
-    depth = DEPTH
+    depth, pooled = DEPTH, False
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -57,10 +57,10 @@ class UringEngine(Engine):
 
     batch = "one io_uring per worker kept full (64 I/Os in flight), each I/O reaped as it completes"
 
-    def write_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int) -> list:
+    def write_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int, pools=None) -> list:
         return self._many(OP_WRITE, ios, unit)
 
-    def read_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int) -> list:
+    def read_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int, pools=None) -> list:
         return self._many(OP_READ, ios, unit)
 
     def _many(self, op: int, ios: list, unit: int) -> list:

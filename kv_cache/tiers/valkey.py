@@ -28,6 +28,7 @@ import numpy as np
 from kv_cache.config.keys import key
 from kv_cache.config.media import section
 from kv_cache.errors import RunFault, ServerDown, UserError
+from kv_cache.tiers.base import in_flight
 from kv_cache.tiers.kinds import GiB
 from kv_cache.tiers.localserver import HOST, LocalServer, certificates, free_port, spawn
 from kv_cache.tiers.remote import (
@@ -227,11 +228,13 @@ class ValkeyStore(Names):
             for k, off, length in self._parts(name, data.size):
                 pipe.set(k, view[off:off + length])
                 owner.append(n)
+        sent = time.monotonic_ns()
         try:
             replies = pipe.execute(raise_on_error=False)
         except self.errors.ValkeyError as e:
             raise self._fault(f"writing {len(items)} blocks", e) from None
         done, out = time.monotonic_ns(), [0] * len(items)
+        in_flight(len(owner) * (done - sent))  # every SET outstanding until the replies are read, together
         for n, r in zip(owner, replies):
             if isinstance(r, Exception) and not isinstance(out[n], BaseException):
                 out[n] = self._fault(f"writing {items[n][0]}", r)
@@ -244,13 +247,16 @@ class ValkeyStore(Names):
         block's result is its last reply's arrival."""
         parts = [(n, k, out[off:off + length]) for n, (name, out) in enumerate(items)
                  for k, off, length in self._parts(name, out.size)]
-        conn, done = None, [0] * len(items)
+        conn, done, spent = None, [0] * len(items), 0
         try:
             conn = self.pool.get_connection("GET")
+            sent = time.monotonic_ns()
             conn.send_packed_command(conn.pack_commands([("GET", k) for _, k, _ in parts]))
             for n, k, view in parts:
                 bulk_into(conn._sock, k, view, self.url, self.policy)
                 done[n] = time.monotonic_ns()
+                spent += done[n] - sent  # each GET outstanding from the send until its reply is read
+            in_flight(spent)
         except BaseException as e:
             if conn is not None:
                 conn.disconnect()  # replies read halfway: the connection is out of step, a new one replaces it

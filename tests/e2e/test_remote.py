@@ -193,10 +193,11 @@ def test_an_s3_batch_has_its_requests_in_flight_together(s3_server, client):
     for a second one to be in flight, so that a busy machine's scheduling cannot make a concurrent batch look
     serial."""
     import threading
+    import time
 
     import numpy as np
 
-    from kv_cache.tiers.base import BATCHES
+    from kv_cache.tiers.base import BATCHES, in_flight_take
     from kv_cache.tiers.s3 import make_for_test
 
     tier = make_for_test(client, "", 16 << 20, 1 << 20, server=s3_server)
@@ -224,8 +225,12 @@ def test_an_s3_batch_has_its_requests_in_flight_together(s3_server, client):
     try:
         assert BATCHES in tier.flags and "in flight together" in tier.batch_path()
         blocks = [np.full(1 << 20, k, np.uint8) for k in range(8)]
+        in_flight_take()
+        start = time.monotonic_ns()
         done = tier.put_many(list(zip(range(8), blocks)))
         assert all(isinstance(d, int) for d in done), done
+        # the depth results.json gives: the requests' time in flight over the batch's, at most the store's threads
+        assert 0 < in_flight_take() / (max(done) - start) <= tier.store.threads
         wrote, most[0], calls[0] = most[0], 0, 0
         two.clear()
         outs = [np.zeros(1 << 20, np.uint8) for _ in range(8)]

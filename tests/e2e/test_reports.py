@@ -76,8 +76,8 @@ def test_io_trace_rows_and_fio_job(small_run, tmp_path):
     assert all(float(row["intended_start_s"]) <= float(row["start_s"]) + 1e-6 for row in rows)
     job = (tmp_path / "ops.fio").read_text()
     assert "rw=randrw" in job and "bs=2097152" in job and f"directory={small_run.cache}" in job
-    # batched (the default) on the direct engine: each of the 2 workers kept up to its pool's 8 I/Os in flight
-    assert "ioengine=psync" in job and "numjobs=16" in job and "iodepth=1" in job
+    # batched (the default) on the direct engine: each of the 2 workers kept up to its pool's 32 I/Os in flight
+    assert "ioengine=psync" in job and "numjobs=64" in job and "iodepth=1" in job
 
 
 class _Stream(io.StringIO):

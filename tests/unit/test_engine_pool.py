@@ -10,7 +10,7 @@ from found import ENGINES
 from kv_cache.buffers import aligned_buffer
 from kv_cache.tiers import engines
 from kv_cache.tiers.base import in_flight_take
-from kv_cache.tiers.engines import POOL_THREADS, Target
+from kv_cache.tiers.engines import POOL_THREADS, Pools, Target
 
 
 def test_a_batch_keeps_pool_threads_in_flight_with_a_task_a_thread_not_an_io(tmp_path, monkeypatch):
@@ -48,19 +48,22 @@ def test_a_batch_keeps_pool_threads_in_flight_with_a_task_a_thread_not_an_io(tmp
     run = engines.IoPool.run
     monkeypatch.setattr(engines.IoPool, "run", lambda pool, task, n: tasks.append(n) or run(pool, task, n))
     monkeypatch.setattr(engine, "write", counted)
-    done = engine.write_many([(t, i * size, d) for i, d in enumerate(data)], size)
+    pools = Pools(POOL_THREADS)
+    done = engine.write_many([(t, i * size, d) for i, d in enumerate(data)], size, pools)
     assert all(isinstance(x, int) for x in done), done[:2]
     assert most[0] == POOL_THREADS and tasks == [POOL_THREADS]
     outs = [aligned_buffer(size) for _ in range(n)]
-    got = engine.read_many([(t, i * size, o) for i, o in enumerate(outs)], size)
+    got = engine.read_many([(t, i * size, o) for i, o in enumerate(outs)], size, pools)
     assert all(isinstance(x, int) for x in got) and all(np.array_equal(o, d) for o, d in zip(outs, data))
+    pools.close()
     os.close(fd)
 
 
-def test_a_worker_s_pool_threads_end_with_it_and_a_failure_inside_reaches_it(tmp_path):
-    """The pool goes with the worker thread that made it (a run's trials start new workers: pools must not pile
-    up), and an error the pool's task raised (not an I/O's own, which is that I/O's result) is raised in the worker,
-    which never waits for a thread that died."""
+def test_the_pools_start_before_the_clock_pass_from_an_ended_thread_and_end_with_the_tier(tmp_path):
+    """A tier's pools: those of its lanes started when it is made (no thread started inside a timed batch), one
+    for each thread that moves a batch; a thread that ended hands its pool to the next (a run's trials start new
+    workers: pools must not pile up); every pool thread ends with the tier. An error the pool's task raised (not
+    an I/O's own, which is that I/O's result) is raised in the worker, which never waits for a thread that died."""
     import gc
 
     def pool_threads() -> set:
@@ -71,19 +74,24 @@ def test_a_worker_s_pool_threads_end_with_it_and_a_failure_inside_reaches_it(tmp
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     os.posix_fallocate(fd, 0, 1 << 20)
     bufs = [np.zeros(4096, np.uint8) for _ in range(4)]
+    pools = Pools(3, prepared=2)
+    assert len(pool_threads() - before) == 6  # started with the tier, before any batch
     seen: list = []
 
     def worker() -> None:
         seen.append(ENGINES["buffered"].write_many([(Target(path, fd), i * 4096, b) for i, b in enumerate(bufs)],
-                                                   4096))
-        seen.append(pool_threads() - before)
+                                                   4096, pools))
+        seen.append(pools.mine())
 
-    w = threading.Thread(target=worker)
-    w.start()
-    w.join(60)
-    assert all(isinstance(x, int) for x in seen[0]) and len(seen[1]) == POOL_THREADS
-    del w
-    gc.collect()
+    for _ in range(3):  # one trial's worker after another's
+        w = threading.Thread(target=worker)
+        w.start()
+        w.join(60)
+        del w
+        gc.collect()
+    assert all(isinstance(x, int) for x in seen[0]) and seen[1] is seen[3] is seen[5]  # passed on, not piled up
+    assert len(pool_threads() - before) == 6
+    pools.close()
     deadline = time.monotonic() + 30
     while pool_threads() - before and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -123,7 +131,9 @@ def test_a_batch_s_depth_is_its_ios_time_in_flight_over_its_own(monkeypatch):
     monkeypatch.setattr(engine, "write", slow)
     in_flight_take()  # nothing an earlier test left
     start = time.monotonic_ns()
-    done = engine.write_many([(None, 0, None)] * 24, 0)
+    pools = Pools(POOL_THREADS)
+    done = engine.write_many([(None, 0, None)] * 24, 0, pools)
+    pools.close()
     busy = in_flight_take()
     assert busy >= 24 * 50_000_000 and in_flight_take() is None  # taken once
     assert 2 < busy / (max(done) - start) <= POOL_THREADS

@@ -31,6 +31,7 @@ from kv_cache.config.keys import key
 from kv_cache.config.media import section
 from kv_cache.errors import RunFault, ServerDown, UserError
 from kv_cache.safefiles import write_file
+from kv_cache.tiers.base import in_flight
 from kv_cache.tiers.kinds import GiB
 from kv_cache.tiers.localserver import HOST, LocalServer, certificates, free_port, spawn
 from kv_cache.tiers.remote import (
@@ -163,7 +164,9 @@ class S3ObjectStore(Names):
     def _together(self, op, items: list) -> list:
         """Each item's request issued at once on the pool; its result its completion time or its error. The server
         stopped answering: the batch raises (the tier stops calling it), as one request would."""
-        out = [f.result() for f in [self._pool().submit(_completed, op, name, arr) for name, arr in items]]
+        got = [f.result() for f in [self._pool().submit(_completed, op, name, arr) for name, arr in items]]
+        in_flight(sum(spent for _, spent in got))  # each request from its thread's start to its reply, summed
+        out = [res for res, _ in got]
         down = next((o for o in out if isinstance(o, ServerDown)), None)
         if down is not None:
             raise down
@@ -253,12 +256,15 @@ class S3ObjectStore(Names):
             self._threads = None
 
 
-def _completed(op, name: str, arr: np.ndarray):
+def _completed(op, name: str, arr: np.ndarray) -> tuple:
+    """(its completion time, or its error; its time in flight) of one request."""
+    start = time.monotonic_ns()
     try:
         op(name, arr)
     except Exception as e:  # noqa: BLE001 - this item's result
-        return e
-    return time.monotonic_ns()
+        return e, time.monotonic_ns() - start
+    done = time.monotonic_ns()
+    return done, done - start
 
 
 def open_store(url: str, settings: S3Settings, lanes: int = 4, env=None) -> S3ObjectStore:
