@@ -6,8 +6,8 @@ storage tier) and one fio job with the same block size, the run's read/write mix
 concurrency (numjobs = workers x processes) and the same I/O shape, O_DIRECT, time-based: psync when the run
 moves a request's blocks one at a time (--request-io serial), io_uring at iodepth = the most I/Os the run's engine
 keeps in flight per worker when it moves them in batches (the default in block mode: --max-inflight, or fewer where
-the engine holds fewer: the direct engine's pool of 8 threads; the same total queue depth, that x workers, that the
-issue's target names). Reported side by side:
+the engine holds fewer: io_uring's ring holds 64, a pool 64 threads; the same total queue depth, that x workers,
+that the issue's target names). Reported side by side:
 
 - device GB/s as the block layer saw it (/proc/diskstats of the directory's device; the run's
   telemetry for ours, a diskstats delta around fio's timed part for fio);
@@ -134,7 +134,7 @@ def check_cost(block: int, passes: int = 2) -> float | None:
 
 def fio_shape(o: dict) -> tuple[str, int]:
     """fio's engine and per-job depth for the I/O shape of run o: io_uring at the most I/Os its engine keeps in flight
-    per worker when it batched (--max-inflight, or fewer: a pool of 8 threads keeps 8)."""
+    per worker when it batched (--max-inflight, or fewer: a ring or a pool holds 64 at most)."""
     if o["request_io"] != "batched":
         return "psync", 1
     return "io_uring", max(1, min(o["max_inflight"], ENGINES[o["engine"]].depth))

@@ -78,37 +78,50 @@ class Engine:
         return _pooled(self.read, ios, unit, pools)
 
 
+class _Run:
+    """One run() of a pool: its task, how many threads run it, and the lock the last of them releases."""
+
+    __slots__ = ("task", "n", "ended", "done", "failed")
+
+    def __init__(self, task, n: int):
+        self.task, self.n, self.failed = task, n, None
+        self.ended = itertools.count(1)  # next() on it is atomic under the GIL: exactly one thread sees n
+        self.done = threading.Lock()
+        self.done.acquire()
+
+
 class IoPool:
     """A worker's I/O threads: run(task, n) hands task to n of them and returns once each has run it.
-    Two SimpleQueues, not a ThreadPoolExecutor: its submit() takes a lock that every executor of the process
-    shares (the workers' pools all contended for it) and makes a future a task; with 4 workers of 8 threads, at
-    512 KiB, submit() was 18 % of the interpreter's time (py-spy --gil, issue 48)."""
+    A SimpleQueue, not a ThreadPoolExecutor: its submit() takes a lock that every executor of the process shares
+    (the workers' pools all contended for it) and makes a future a task; with 4 workers of 8 threads, at 512 KiB,
+    submit() was 18 % of the interpreter's time (py-spy --gil, issue 48). The worker is woken once, by the last
+    thread to finish, not by each (a wake is a system call, and on a VM an interrupt to another CPU)."""
 
     def __init__(self, threads: int):
         self.size = threads
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._serve, name=f"kvbench-io-{i}", daemon=True)
                          for i in range(threads)]
         for t in self._threads:
             t.start()
 
     def _serve(self) -> None:
-        while (task := self._tasks.get()) is not None:
+        while (run := self._tasks.get()) is not None:
             try:
-                task()
+                run.task()
             except BaseException as e:  # noqa: BLE001 - handed to the worker that waits for it
-                self._done.put(e)
-            else:
-                self._done.put(None)
+                run.failed = run.failed or e
+            if next(run.ended) == run.n:
+                run.done.release()
 
     def run(self, task, n: int) -> None:
         """task on n of the pool's threads at once (n <= its threads); the first exception one raised, raised."""
+        run = _Run(task, n)
         for _ in range(n):
-            self._tasks.put(task)
-        failed = [e for e in (self._done.get() for _ in range(n)) if e is not None]
-        if failed:
-            raise failed[0]
+            self._tasks.put(run)
+        run.done.acquire()
+        if run.failed is not None:
+            raise run.failed
 
     def close(self) -> None:
         """Its threads end once the tasks handed to them are done (a sentinel each)."""
