@@ -64,7 +64,7 @@ def ours(engine, where: str, size: int, depth: int, layout: str = "slab", units:
     folder = os.path.join(where, f"tier-{engine.name}-{layout}-{units}")
     os.makedirs(folder, exist_ok=True)
     tier = NvmeTier(folder, BLOCKS * size, size, engine, slab_file_bytes=BLOCKS * size, layout=layout,
-                    io_unit_bytes=size // units if units else 0)
+                    io_unit_bytes=size // units if units else 0, batch=depth, lanes=1)  # a run's pool: batch deep
     try:
         bufs = [aligned_buffer(size) for _ in range(BLOCKS)]
         for k, b in enumerate(bufs):
@@ -105,19 +105,19 @@ def demotions(upper, lower, size: int, depth: int, batched: bool) -> float:
     return time.perf_counter() - start
 
 
-def nvme(engine, where: str, name: str, size: int, blocks: int) -> NvmeTier:
+def nvme(engine, where: str, name: str, size: int, blocks: int, depth: int) -> NvmeTier:
     """An NVMe tier of blocks slots in a folder of its own, its extents written once (no file system allocation
-    inside the timing)."""
+    inside the timing); a synchronous engine's pool as a run's, a thread for each block of a batch of depth."""
     folder = os.path.join(where, f"{name}-{engine.name}")
     os.makedirs(folder, exist_ok=True)
-    tier = NvmeTier(folder, blocks * size, size, engine, slab_file_bytes=blocks * size)
+    tier = NvmeTier(folder, blocks * size, size, engine, slab_file_bytes=blocks * size, batch=depth, lanes=1)
     tier.precondition(1)
     return tier
 
 
 def cpu_over_nvme(engine, where: str, size: int, depth: int, batched: bool) -> float:
     """The CPU tier's slots into the engine's batch."""
-    lower = nvme(engine, where, "demote", size, 2 * BLOCKS)
+    lower = nvme(engine, where, "demote", size, 2 * BLOCKS, depth)
     try:
         return demotions(CpuTier(BLOCKS * size, size), lower, size, depth, batched)
     finally:
@@ -128,7 +128,7 @@ def nvme_over_valkey(url: str, engine, where: str, size: int, depth: int, batche
     """The disk's blocks into one pipeline through the scratch (a read batch into it, a write batch out of it)."""
     store = valkey_medium.open_store(url, valkey_medium.ValkeySettings(), 1)
     store.check()  # the server's value limit read, as a run does before its clock
-    upper, lower = nvme(engine, where, "over", size, BLOCKS), None
+    upper, lower = nvme(engine, where, "over", size, BLOCKS, depth), None
     try:
         lower = RemoteTier("valkey", store, f"bench-{os.getpid()}", 2 * BLOCKS * size, size, "bench")
         return demotions(upper, lower, size, depth, batched)
