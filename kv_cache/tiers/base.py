@@ -57,8 +57,9 @@ def device_call(start_ns: int) -> None:
 # flight, each from the call that submitted it to the moment the engine saw it complete, summed, over the batch's
 # own time. A medium that times its batch's I/Os adds their sum to the worker's count (the NVMe engines: a pool's
 # threads, a ring; a Valkey pipeline: each request outstanding from the send until its reply is read; S3: each request
-# from its thread's start to its reply); the cache takes it around one tier's batch call. One that does not adds
-# nothing, and its depth is not measured (the GPU's copies, queued on a stream that runs them in order; the CPU tier).
+# from its thread's start to its reply; GDS: each cuFile I/O from its submission to its wait's return); the cache
+# takes it around one tier's batch call. One that does not adds nothing, and its depth is not measured (the GPU's
+# copies, queued on a stream that runs them in order; the CPU tier).
 _IN_FLIGHT = threading.local()
 
 

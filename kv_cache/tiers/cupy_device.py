@@ -9,6 +9,7 @@ from time import monotonic_ns as now_ns
 import numpy as np
 
 from kv_cache.errors import UserError
+from kv_cache.tiers.base import in_flight
 from kv_cache.tiers.device_api import D2D, DEFAULT, H2D, PageTable, Scratch, batch_why_not
 
 CAN_USE_HOST_POINTER = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
@@ -268,8 +269,12 @@ class CupyDevice:
 
     @staticmethod
     def _together(op: str, items: list[tuple]) -> list:
+        """The I/Os' time in flight (in_flight) runs from each one's submission to its wait's return: an I/O waited
+        for behind a slower one counts until then, so the depth it gives may read above the device's."""
         futures: list = []
+        submitted = 0
         for handle, dev, off, n, file_off in items:
+            submitted += now_ns()
             try:
                 futures.append(getattr(handle, op)(dev[off:off + n], n, file_off))
             except Exception as e:  # noqa: BLE001 - this I/O's failure, judged with the others
@@ -283,6 +288,8 @@ class CupyDevice:
                 except Exception as e:  # noqa: BLE001 - as above
                     f = e
             done.append(f)
+        ended = sum(d if isinstance(d, int) else now_ns() for d in done)
+        in_flight(ended - submitted)
         return done
 
     def close_file(self, handle) -> None:

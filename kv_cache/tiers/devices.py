@@ -26,6 +26,7 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import UserError
+from kv_cache.tiers.base import in_flight
 from kv_cache.tiers.device_api import D2D, D2H, DEFAULT, H2D, PageTable, Scratch, batch_why_not
 from kv_cache.tiers.posix_io import pread_all, pwrite_all
 
@@ -197,12 +198,16 @@ class FakeDevice:
     @staticmethod
     def _each(io, items: list[tuple]) -> list:
         done: list = []
+        spent = 0
         for item in items:
+            start = now_ns()
             try:
                 io(*item)
                 done.append(now_ns())
             except OSError as e:
                 done.append(e)
+            spent += now_ns() - start
+        in_flight(spent)  # one at a time
         return done
 
     def close_file(self, fd: int) -> None:

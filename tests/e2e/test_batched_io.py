@@ -212,6 +212,8 @@ def test_gds_demotions_and_reads_go_together_in_serial_mode_s_order(small_run, t
     assert serial["run"]["gds"]["loaded_blocks"] == batched["run"]["gds"]["loaded_blocks"] > 0
     depth = batched["queue_depth"]["nvme"]
     assert depth["demotions"]["max"] > 1 and depth["load"]["max"] > 1  # both ways, a batch at a time
+    # the cuFile I/Os timed: the fake device runs them one after another, so at most one in flight
+    assert 0 < depth["demotions"]["in_flight_mean"] <= 1 and 0 < depth["load"]["in_flight_mean"] <= 1
     assert batched["run"]["tiers"]["gpu"]["hbm_layout"]["kind"] == layout
     assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
 
