@@ -81,7 +81,7 @@ def test_the_depth_the_device_was_given_is_measured_and_is_the_batch_s(small_run
     load = res["queue_depth"]["nvme"]["load"]
     assert res["run"]["io_engine"] == "direct" and load["max"] > 8  # a batch asked for more than 8 blocks
     # measured, and never more than a batch's blocks at once: the time average of each batch is at most its blocks
-    assert 1 < load["in_flight_mean"] <= load["mean"] + 0.01 and load["in_flight_p95"] <= 32
+    assert 1 < load["in_flight_mean"] <= load["mean"] + 0.05 and load["in_flight_p95"] <= 32  # (+ a bucket's width)
     said = " ".join(r.stdout.split())
     assert "nvme: the direct engine's: a pool of threads per worker, one for each I/O of its batch (32 threads: " \
            "as many I/Os in flight)" in said

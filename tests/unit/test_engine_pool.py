@@ -139,4 +139,4 @@ def test_a_batch_s_depth_is_its_ios_time_in_flight_over_its_own(monkeypatch):
     assert 2 < busy / (max(done) - start) <= POOL_THREADS
     start = time.monotonic_ns()
     done = engines.in_turn(slow, [(None, 0, None)] * 3, 0)
-    assert 0.9 < in_flight_take() / (max(done) - start) <= 1
+    assert 0.5 < in_flight_take() / (max(done) - start) <= 1  # counted from the batch's start each, it would be 2
