@@ -86,15 +86,18 @@ class NvmeTier(BlockFiles, SlottedTier):
         if io_unit_bytes:
             self.flags = self.flags | {IO_UNITS}
         self._ios = threading.local()
-        # a synchronous engine's pools: a thread for each I/O a worker's batch holds (with layer units, each unit)
-        ios = batch * -(-slot_bytes // self.unit)
-        threads = min(ios, POOL_MOST, max(POOL_THREADS, POOL_ALL // max(lanes, 1)))
-        self.pools = Pools(threads if batch else POOL_THREADS, lanes if batch else 0) if self.ops.pooled else None
-        # the most I/Os a worker's batch keeps in flight here (1: one at a time): the --io-trace fio job's depth
-        self.io_depth = max(1, min(ios, threads if self.ops.pooled else self.ops.depth))
+        self.pools: Pools | None = None
         self.slabs: list[_Slab] = []
         if layout == "slab":
             self._make_slabs()
+        # a synchronous engine's pools (made once the slabs are, so a refused slab starts no thread): a thread for each
+        # I/O a worker's batch holds (with layer units, each unit)
+        ios = batch * -(-slot_bytes // self.unit)
+        threads = min(ios, POOL_MOST, max(POOL_THREADS, POOL_ALL // max(lanes, 1)))
+        if self.ops.pooled:
+            self.pools = Pools(threads if batch else POOL_THREADS, lanes if batch else 0)
+        # the most I/Os a worker's batch keeps in flight here (1: one at a time): the --io-trace fio job's depth
+        self.io_depth = max(1, min(ios, threads if self.ops.pooled else self.ops.depth))
         self.flags = self.flags | {BATCHES}  # a batch's I/Os go to the engine together (--io-unit layer: each unit)
         note = f" ({engine_note})" if engine_note else ""
         unit = f", one I/O per {io_unit_bytes / 2**10:,.0f} KiB (layer group)" if io_unit_bytes else ""
