@@ -92,4 +92,3 @@ def _engine(engine, data_dir: str, cache_dir: str, fs_type: str, warnings: list[
 def fio_of(site, engines: dict) -> tuple[str, int, bool]:
     """What fio runs for the site's engine (its table's entry); fio's null engine without a site."""
     return engines[site.engine].fio if site else ("null", 0, False)
-
