@@ -51,9 +51,6 @@ sys.path.insert(0, str(REPO))
 
 from kv_cache.lifecycle.payload import block_digest  # noqa: E402
 from kv_cache.recorder.telemetry import disk_of  # noqa: E402
-from kv_cache.run.registry import discover  # noqa: E402
-
-ENGINES = discover().engines
 
 GiB = 2**30
 # (label, model, block tokens): 80 MiB (llama70b, 256 tokens), 2 MiB (llama8b, 16), 512 KiB (llama8b, 4)
@@ -82,7 +79,11 @@ def ours(args, label: str, out: Path, repo: Path = REPO) -> dict:
            "--users", str(args.users), "--output-dir", str(out), "--run-id", run_id, "--quiet",
            *(["--processes", str(args.processes)] if args.processes > 1 else []), *args.extra]
     subprocess.run(cmd, check=True)
-    r = json.loads((out / run_id / "results.json").read_text())
+    return figures(json.loads((out / run_id / "results.json").read_text()))
+
+
+def figures(r: dict) -> dict:
+    """A run's figures for the table, read from its results.json (r): its storage tier's."""
     bottom = r["run"]["bottom_tier"]
     lat = r["latency_ms"].get(bottom, {})
     disk = (r.get("telemetry") or {}).get("disk") or {}
@@ -94,6 +95,9 @@ def ours(args, label: str, out: Path, repo: Path = REPO) -> dict:
     return {"gbps": (dev or moved) / window / 1e9, "device_observed": bool(dev),
             "request_io": r["run"].get("request_io", "serial"), "max_inflight": r["run"].get("max_inflight", 1),
             "engine": r["run"]["io_engine"], "depth": achieved(depths, batches),
+            # the most I/Os a worker's batch keeps in flight on the storage tier, as the tier set it up (null: an
+            # older checkout's results, or a medium with no queue of its own)
+            "io_depth": (r["run"]["tiers"].get(bottom) or {}).get("io_depth"),
             "read_fraction": r["bytes"][bottom]["read"] / moved if moved else 0.0,
             "read": {k: lat.get("read", {}).get(k) for k in ("p50", "p95", "p99")},
             "write": {k: lat.get("write", {}).get(k) for k in ("p50", "p95", "p99")},
@@ -133,11 +137,12 @@ def check_cost(block: int, passes: int = 2) -> float | None:
 
 
 def fio_shape(o: dict) -> tuple[str, int]:
-    """fio's engine and per-job depth for the I/O shape of run o: io_uring at the most I/Os its engine keeps in flight
-    per worker when it batched (--max-inflight, or fewer: a ring or a pool holds 64 at most)."""
+    """fio's engine and per-job depth for the I/O shape of run o: io_uring at the most I/Os its storage tier keeps in
+    flight per worker when it batched (results' run.tiers.<tier>.io_depth: --max-inflight blocks or their layer units,
+    fewer where the engine's ring or pool holds fewer)."""
     if o["request_io"] != "batched":
         return "psync", 1
-    return "io_uring", max(1, min(o["max_inflight"], ENGINES[o["engine"]].depth))
+    return "io_uring", max(1, o["io_depth"] or 1)
 
 
 def fio(args, label: str, read_fraction: float, jobs: int, shape: tuple[str, int] = ("psync", 1)) -> dict | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
 import subprocess
 import threading
@@ -21,6 +22,15 @@ def assert_cache_consistent(cache) -> None:
         offered = set(cache.policies[i].candidates())
         assert offered == {e.key for e in in_tier if not e.held}, cache.names[i]
         assert all(e.pins >= 0 for e in in_tier)
+
+
+def bench_module(name: str):
+    """A script of bench/ as a module (bench/ is not a package; its scripts import each other by name)."""
+    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def sentences(text: str) -> list[str]:

@@ -49,7 +49,8 @@ from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 13  # 13: queue_depth.*.*.in_flight_mean / in_flight_p95 (the depth the medium was given, measured)
+SCHEMA_VERSION = 14  # 14: run.tiers.*.io_depth (the most I/Os a worker's batch keeps in flight on an NVMe tier)
+# (13: queue_depth.*.*.in_flight_mean / in_flight_p95 (the depth the medium was given, measured))
 # (12: memory.budget.request_backlog (--max-backlog-gb) and requests.backlog_bytes_at_stop)
 # (11: memory.budget.access_log (--capacity-curve's log, bounded by --capacity-log-accesses))
 # (10: run.tiers.*.hbm_layout (a real GPU tier's HBM: contiguous, or paged and its copy method))
@@ -136,6 +137,7 @@ class TierInfo:
     staged_why: str = ""  # the first staged transfer's buffer, when any was staged
     batches: str = ""     # how a batch of its blocks reaches the medium (--request-io batched)
     hbm_layout: HbmLayout | None = None  # a real GPU tier's HBM
+    io_depth: int | None = None  # the most I/Os a worker's batch keeps in flight on it (its engine's pool or ring)
 
 
 @dataclass

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 from conftest import run_cli
-from helpers import assert_clean_error
+from helpers import assert_clean_error, bench_module
 
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.chains import LANDING
@@ -87,6 +87,21 @@ def test_the_depth_the_device_was_given_is_measured_and_is_the_batch_s(small_run
            "as many I/Os in flight)" in said
     assert f"nvme load {load['mean']:.1f} blocks a batch (p95 {load['p95']:g}), {load['in_flight_mean']:.1f} I/Os " \
            f"in flight (p95 {load['in_flight_p95']:g})" in said
+
+
+def test_the_tier_s_depth_is_in_results_and_e2e_bench_s_fio_runs_at_it(small_run):
+    """With --io-unit layer a batch of 4 blocks of 32 layer groups is 128 I/Os; the direct engine's pool keeps 64 of
+    them in flight (its most). bench/e2e_bench.py ran fio at min(--max-inflight, the engine's most) = 4 a job, 16
+    times shallower than the run it compares with: it now reads the depth the tier set up from results.json
+    (run.tiers.<tier>.io_depth, the one the --io-trace fio job is written with)."""
+    e2e_bench = bench_module("e2e_bench")
+    r = run_cli(small_run("u", *SEQUENCE, "--max-requests", "10", "--cpu-mem-gb", "0", "--io-unit", "layer",
+                          "--max-inflight", "4"))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("u")
+    assert res["run"]["tiers"]["nvme"]["io_depth"] == 64  # 4 blocks x 32 units, the pool's most
+    assert "(64 threads: as many I/Os in flight)" in res["run"]["tiers"]["nvme"]["batches"]
+    assert e2e_bench.fio_shape(e2e_bench.figures(res)) == ("io_uring", 64)
 
 
 def _moves(ops: list[tuple[str, str, str]]) -> dict[tuple[str, str], list[str]]:

@@ -4,7 +4,8 @@ method with the same semantics, what ran said in results.json, bad input one sen
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import run_cli
+from helpers import bench_module
 from paged_check import round_trip
 
 from kv_cache.tiers.devices import FakeDevice
@@ -131,13 +132,8 @@ def test_a_layout_or_copy_that_cannot_be_is_one_sentence(small_run, args, env, w
 def test_the_paged_bench_measures_every_method_direct_on_the_fake_device():
     """bench/paged_bench.py once forgot to record its page-locked buffer with the tier: every block went through the
     staging copy and every method read 0.1 of the link on the H200. Each row now says how many were staged."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        from paged_bench import VARIANTS, paged_round
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    bench = bench_module("paged_bench")
+    VARIANTS, paged_round = bench.VARIANTS, bench.paged_round  # noqa: N806 (the bench's names)
     res = paged_round(fake=True, models=("llama3.1-8b",), batches=2, rounds=1)
     assert [r["copy"] for r in res["rows"]] == [v[0] for v in VARIANTS]
     assert all(r["staged"] == 0 and r["h2d_gbps"] > 0 and r["d2h_gbps"] > 0 for r in res["rows"]), res["rows"]
