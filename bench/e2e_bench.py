@@ -22,6 +22,10 @@ that the issue's target names). Reported side by side:
   the program's own block_digest over a buffer larger than the caches, in blocks of the run's size (the bytes a
   worker hashes come from memory, not from its cache). The limit fio + check is the least CPU per GiB any
   generator checking every byte could spend; the ratio against it is the generator's own cost.
+- where the run's engine keeps its depth with a thread an I/O (the direct and buffered engines' pool), a second
+  table against the same I/O model in fio, from the same rounds: psync, a job for each I/O the run keeps in flight
+  (workers x the pool's threads). fio's io_uring is the cheapest way to that depth; fio's threads say what a thread
+  an I/O costs in C, so the ratio to them is what Python adds to that model.
 
 Point it at the device under test with --dir. To see the generator's own ceiling, use a fast and
 steady device: a RAM-backed loop device (as root):
@@ -51,6 +55,9 @@ sys.path.insert(0, str(REPO))
 
 from kv_cache.lifecycle.payload import block_digest  # noqa: E402
 from kv_cache.recorder.telemetry import disk_of  # noqa: E402
+from kv_cache.run.registry import discover  # noqa: E402
+
+ENGINES = discover().engines
 
 GiB = 2**30
 # (label, model, block tokens): 80 MiB (llama70b, 256 tokens), 2 MiB (llama8b, 16), 512 KiB (llama8b, 4)
@@ -145,6 +152,14 @@ def fio_shape(o: dict) -> tuple[str, int]:
     return "io_uring", max(1, o["io_depth"] or 1)
 
 
+def threads_shape(o: dict) -> int | None:
+    """For a run whose engine keeps its depth with a thread an I/O (a pool: the direct and buffered engines), the
+    same I/O model in fio: psync with as many jobs per worker as the pool keeps I/Os in flight. None otherwise."""
+    if o["request_io"] != "batched" or not ENGINES[o["engine"]].pooled:
+        return None
+    return max(1, o["io_depth"] or 1)
+
+
 def fio(args, label: str, read_fraction: float, jobs: int, shape: tuple[str, int] = ("psync", 1)) -> dict | None:
     if shutil.which("fio") is None:
         return None
@@ -208,6 +223,36 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def tables(rows: list[dict]) -> str:
+    """The table against fio's io_uring, and where ours kept its depth with threads, the one against fio's threads."""
+    threads = threads_table(rows)
+    return table(rows) + (f"\n\nThe same I/O model in fio (a synchronous I/O a thread, as many threads as ours "
+                          f"keeps I/Os in flight):\n\n{threads}" if threads else "")
+
+
+def threads_table(rows: list[dict]) -> str:
+    """Where our engine keeps its depth with a thread an I/O: the same model in fio (psync, a job an I/O in flight),
+    from the same rounds: what threads at that depth cost in C, beside what they cost in ours."""
+    kept = [r for r in rows if r.get("fio_threads")]
+    if not kept:
+        return ""
+    lines = ["| block | fio psync jobs | ours GB/s / fio psync | ratio | p95 ratio (worse) | CPU-s/GiB ours / fio "
+             "psync | CPU ratio | rounds: ratio, p95 ratio, CPU ratio |", "|---|---|---|---|---|---|---|---|"]
+    for r in kept:
+        t = _as_fio(r, "fio_threads")
+        f = t["fio"]
+        lines.append(f"| {r['label']} | {f['jobs']} | {r['ours']['gbps']:.2f} / {f['gbps']:.2f} | "
+                     f"{shown(bandwidth_ratio(t))} | {shown(p95_ratio(t))} | {r['ours']['cpu_s_per_gib'] or 0:.3f} / "
+                     f"{f.get('cpu_s_per_gib') or 0:.3f} | {shown(cpu_ratio(t))} | "
+                     f"{spread([_as_fio(x, 'fio_threads') for x in r.get('rounds') or [r]], 3)} |")
+    return "\n".join(lines)
+
+
+def _as_fio(r: dict, key: str) -> dict:
+    """Round r with its fio figures of another fio job (key) in fio's place: the same ratios over them."""
+    return {**r, "fio": r.get(key)}
+
+
 def shape(r: dict) -> str:
     """The I/O shape of a row, workers (or jobs) x depth: ours as run with its batches' mean depth, fio's as set."""
     o, f = r["ours"], r["fio"] or {}
@@ -243,10 +288,11 @@ def check_shown(r: dict) -> str:
     return "- (not measured: no 1 GiB to hash)" if r.get("check_s_per_gib") is None else f"{r['check_s_per_gib']:.3f}"
 
 
-def spread(rounds: list[dict]) -> str:
-    """min-max of each ratio over the rounds (a single round: its value)."""
+def spread(rounds: list[dict], ratios: int = 4) -> str:
+    """min-max of each ratio over the rounds (a single round: its value): the first `ratios` of bandwidth, p95,
+    CPU and CPU against fio + the check."""
     parts = []
-    for fn in (bandwidth_ratio, p95_ratio, cpu_ratio, checked_cpu_ratio):
+    for fn in (bandwidth_ratio, p95_ratio, cpu_ratio, checked_cpu_ratio)[:ratios]:
         got = [v for v in map(fn, rounds) if v is not None]
         parts.append("-" if not got else f"{min(got):.2f}" if len(got) == 1 else f"{min(got):.2f}-{max(got):.2f}")
     return f"{len(rounds)}: " + ", ".join(parts)
@@ -272,8 +318,7 @@ def main() -> int:
                                                            "noisy: the table shows the median round and the range).")
     p.add_argument("--out", default=str(REPO / "bench" / "out"))
     args = p.parse_args()
-    rows = e2e_round(args)
-    print(table(rows))
+    print(tables(e2e_round(args)))
     return 0
 
 
@@ -287,8 +332,9 @@ def e2e_round(args) -> list[dict]:
         rounds = []
         for _ in range(max(1, args.rounds)):
             o = ours(args, label, out / "e2e-runs")
-            rounds.append({"ours": o, "fio": fio(args, label, o["read_fraction"], o["workers"] * o["ranks"],
-                                                 fio_shape(o)),
+            workers, threads = o["workers"] * o["ranks"], threads_shape(o)
+            rounds.append({"ours": o, "fio": fio(args, label, o["read_fraction"], workers, fio_shape(o)),
+                           "fio_threads": fio(args, label, o["read_fraction"], workers * threads) if threads else None,
                            "check_s_per_gib": check_cost(SIZES[label][2]) if o["verify"] == "checksum" else None})
             shutil.rmtree(out / "e2e-runs", ignore_errors=True)  # the report folders: only the figures are kept
         # the median round is a real round, not a mix of rounds' figures

@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 import psutil  # noqa: E402
 from e2e_bench import defaults as e2e_defaults  # noqa: E402 - beside this file
 from e2e_bench import e2e_round  # noqa: E402
-from e2e_bench import table as e2e_table  # noqa: E402
+from e2e_bench import tables as e2e_tables  # noqa: E402
 from gpu_bench import gpu_round  # noqa: E402
 from gpu_bench import lines as gpu_lines  # noqa: E402
 from policy_bench import lines as policy_lines  # noqa: E402
@@ -296,7 +296,7 @@ def main() -> int:
     lines.append("\n(median over rounds, min-max in brackets; ratio = ours / limit)")
     if result["e2e"]:
         lines += ["", "The whole program vs fio (same block size, read/write mix, concurrency; one run each):", "",
-                  e2e_table(result["e2e"])]
+                  e2e_tables(result["e2e"])]
     total = result["device_written_bytes"]
     lines.append(f"\nWritten to {disk or a.dir} during the bench: " + (
         f"{total / 1e9:,.1f} GB (block layer, every process's writes to that device)" if total is not None else

@@ -93,7 +93,8 @@ def test_the_tier_s_depth_is_in_results_and_e2e_bench_s_fio_runs_at_it(small_run
     """With --io-unit layer a batch of 4 blocks of 32 layer groups is 128 I/Os; the direct engine's pool keeps 64 of
     them in flight (its most). bench/e2e_bench.py ran fio at min(--max-inflight, the engine's most) = 4 a job, 16
     times shallower than the run it compares with: it now reads the depth the tier set up from results.json
-    (run.tiers.<tier>.io_depth, the one the --io-trace fio job is written with)."""
+    (run.tiers.<tier>.io_depth, the one the --io-trace fio job is written with), and so does its fio of the same
+    I/O model (psync, a job for each thread of the pool)."""
     e2e_bench = bench_module("e2e_bench")
     r = run_cli(small_run("u", *SEQUENCE, "--max-requests", "10", "--cpu-mem-gb", "0", "--io-unit", "layer",
                           "--max-inflight", "4"))
@@ -101,7 +102,9 @@ def test_the_tier_s_depth_is_in_results_and_e2e_bench_s_fio_runs_at_it(small_run
     res = small_run.results("u")
     assert res["run"]["tiers"]["nvme"]["io_depth"] == 64  # 4 blocks x 32 units, the pool's most
     assert "(64 threads: as many I/Os in flight)" in res["run"]["tiers"]["nvme"]["batches"]
-    assert e2e_bench.fio_shape(e2e_bench.figures(res)) == ("io_uring", 64)
+    figures = e2e_bench.figures(res)
+    assert e2e_bench.fio_shape(figures) == ("io_uring", 64)
+    assert e2e_bench.threads_shape(figures) == 64  # the same model in fio: a psync job for each of the pool's threads
 
 
 def _moves(ops: list[tuple[str, str, str]]) -> dict[tuple[str, str], list[str]]:
