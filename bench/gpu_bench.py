@@ -5,7 +5,8 @@ For each block size (80, 32, 2 and 0.5 MiB by default):
   (16 unless told) each way, put_many (host -> HBM), get_many (HBM -> host) and the demotion batch into the CPU
   tier's registered arena (move_many_to: one D2H batch, as the cache demotes a batch's victims), against the link:
   one copy of the same bytes each way between page-locked host memory and HBM, synchronised once, measured in the
-  same rounds (the issue's targets: >= 0.95 of it from 2 MiB, >= 0.85 at 0.5 MiB);
+  same rounds (the issue's targets: >= 0.95 of it from 2 MiB, >= 0.85 at 0.5 MiB). The tier's HBM is contiguous
+  slots here; the paged layout's batches are paged_bench.py's;
 - one block at a time, as `--request-io serial` moves them: put and get of the tier against a raw copy of the same
   size from the *same registered host buffer* on one stream (cudaMemcpyAsync + that stream's synchronisation):
   the tier's own cost (slot lookup, lane, placement, Python) is the only difference; the demotion GPU -> CPU (one
