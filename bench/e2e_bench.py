@@ -22,7 +22,7 @@ that the issue's target names). Reported side by side:
   the program's own block_digest over a buffer larger than the caches, in blocks of the run's size (the bytes a
   worker hashes come from memory, not from its cache). The limit fio + check is the least CPU per GiB any
   generator checking every byte could spend; the ratio against it is the generator's own cost.
-- where the run's engine keeps its depth with a thread an I/O (the direct and buffered engines' pool), a second
+- where the run's engine keeps its depth with a thread an O_DIRECT I/O (the direct engine's pool), a second
   table against the same I/O model in fio, from the same rounds: psync, a job for each I/O the run keeps in flight
   (workers x the pool's threads). fio's io_uring is the cheapest way to that depth; fio's threads say what a thread
   an I/O costs in C, so the ratio to them is what Python adds to that model.
@@ -153,9 +153,11 @@ def fio_shape(o: dict) -> tuple[str, int]:
 
 
 def threads_shape(o: dict) -> int | None:
-    """For a run whose engine keeps its depth with a thread an I/O (a pool: the direct and buffered engines), the
-    same I/O model in fio: psync with as many jobs per worker as the pool keeps I/Os in flight. None otherwise."""
-    if o["request_io"] != "batched" or not ENGINES[o["engine"]].pooled:
+    """For a run whose engine keeps its depth with a thread an O_DIRECT I/O (the direct engine's pool), the same I/O
+    model in fio: psync with as many jobs per worker as the pool keeps I/Os in flight. None otherwise (the buffered
+    engine's fsync and dropped pages have no fio job of the same shape)."""
+    engine = ENGINES[o["engine"]]
+    if o["request_io"] != "batched" or not engine.pooled or engine.fio[:2] != ("psync", 1):
         return None
     return max(1, o["io_depth"] or 1)
 
