@@ -42,7 +42,7 @@ from kv_cache.tiers.remote import (
     remote_medium,
 )
 from kv_cache.tiers.remote_shared import SharedRemoteTier
-from kv_cache.tiers.resp import bulk_into
+from kv_cache.tiers.resp import gets_ahead
 
 SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 DEFAULT_MAX_VALUE = 512 << 20  # proto-max-bulk-len's default
@@ -56,10 +56,8 @@ class ValkeySettings:
     part_mb: float = key(0.0, "Valkey/Redis remote tier: split a block into values of at most this many MiB (0: the "
                               "server's proto-max-bulk-len).", lo=0.0, hi=4096.0)
     read_ahead_mb: float = key(4.0, "Valkey/Redis remote tier: the most reply bytes a batch's pipelined GETs keep "
-                                    "outstanding on a connection, two GETs at least (0: every GET of the batch sent "
-                                    "at once). On loopback a whole batch of 16 GETs of 2 MiB came back at 0.6 of "
-                                    "the same GETs one by one (redis-benchmark -P 16 too); 4 MiB ahead, 1.1.",
-                               lo=0.0, hi=4096.0)
+                                    "outstanding on a connection, two GETs at least (0: every GET at once: a server "
+                                    "handed a whole batch of large GETs answered slower).", lo=0.0, hi=4096.0)
 
 
 def stored_bytes(nbytes: int) -> int:
@@ -223,8 +221,7 @@ class ValkeyStore(Names):
             raise self._fault(f"writing {name}", e) from None
 
     @property
-    def batch(self) -> str:
-        """How a batch reaches the server, in words (the run's notes and results say it)."""
+    def batch(self) -> str:  # how a batch reaches the server, in words (the run's notes and results say it)
         gets = (f"the GETs {self.read_ahead / 2**20:g} MiB of replies ahead of the one being read, two at least"
                 if self.read_ahead else "every GET sent at once")
         return f"one pipeline per batch on the worker's connection (every SET sent at once; {gets})"
@@ -252,32 +249,17 @@ class ValkeyStore(Names):
         return [o if isinstance(o, BaseException) else done for o in out]
 
     def get_many_into(self, items: list[tuple[str, np.ndarray]]) -> list:
-        """Every value of every block asked for in one pipeline on one connection, each reply read straight into its
-        block's buffer as it arrives (recv_into, the GIL released), not through the client's reply parser, which
-        copies a value twice under the GIL (make bench: 4 threads' GETs of 2 MiB at 0.70 of redis-benchmark that
-        way); a block's result is its last reply's arrival. The GETs go read_ahead bytes of replies ahead of the one
-        being read (the next sent as each reply is read), not all at once: a server answering a whole batch of large
-        values at once was slower than one GET at a time."""
+        """Every value of every block asked for in one pipeline on one connection, read_ahead bytes of replies ahead,
+        each read straight into its block's buffer (resp.gets_ahead); a block's result is its last reply's arrival."""
         parts = [(n, k, out[off:off + length]) for n, (name, out) in enumerate(items)
                  for k, off, length in self._parts(name, out.size)]
-        ahead = self._ahead(max(view.size for _, _, view in parts))
-        conn, done, sent_at, spent = None, [0] * len(items), [], 0
+        conn, done = None, [0] * len(items)
         try:
             conn = self.pool.get_connection("GET")
-
-            def send(upto: int) -> None:
-                first = len(sent_at)
-                conn.send_packed_command(conn.pack_commands([("GET", k) for _, k, _ in parts[first:upto]]))
-                sent_at.extend([time.monotonic_ns()] * (upto - first))
-
-            send(min(ahead, len(parts)))
-            for i, (n, k, view) in enumerate(parts):
-                bulk_into(conn._sock, k, view, self.url, self.policy)
-                done[n] = time.monotonic_ns()
-                spent += done[n] - sent_at[i]  # each GET outstanding from its send until its reply is read
-                if len(sent_at) < len(parts):
-                    send(len(sent_at) + 1)
-            in_flight(spent)
+            largest = max((v.size for *_, v in parts), default=1) or 1
+            ahead = max(2, self.read_ahead // largest) if self.read_ahead else len(parts)
+            for (n, _, _), at in zip(parts, gets_ahead(conn, parts, ahead, self.url, self.policy)):
+                done[n] = at  # a block's last reply's arrival
         except BaseException as e:
             if conn is not None:
                 conn.disconnect()  # replies read halfway: the connection is out of step, a new one replaces it
@@ -290,12 +272,6 @@ class ValkeyStore(Names):
             if conn is not None:
                 self.pool.release(conn)
         return done
-
-    def _ahead(self, value_bytes: int) -> int:
-        """GETs a pipeline keeps outstanding for values of this size: read_ahead's bytes, two at least (0: all)."""
-        if not self.read_ahead:
-            return 1 << 30
-        return max(2, self.read_ahead // max(value_bytes, 1))
 
     def get_into(self, name: str, out: np.ndarray) -> None:
         """GET a block's values (pipelined) straight into out (get_many_into of one block)."""
