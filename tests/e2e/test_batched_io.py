@@ -89,6 +89,7 @@ def test_the_depth_the_device_was_given_is_measured_and_is_the_batch_s(small_run
            f"in flight (p95 {load['in_flight_p95']:g})" in said
 
 
+@pytest.mark.slow  # a run and the bench's module: make test-all (CI)
 def test_the_tier_s_depth_is_in_results_and_e2e_bench_s_fio_runs_at_it(small_run):
     """With --io-unit layer a batch of 4 blocks of 32 layer groups is 128 I/Os; the direct engine's pool keeps 64 of
     them in flight (its most). bench/e2e_bench.py ran fio at min(--max-inflight, the engine's most) = 4 a job, 16

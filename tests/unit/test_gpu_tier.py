@@ -309,6 +309,7 @@ def test_a_fake_gpu_run_stages_nothing_and_says_so_in_results(small_run, monkeyp
     assert dev.registered == [] and json.dumps(res["run"]["tiers"]["cpu"]["transfers"]) == "null"
 
 
+@pytest.mark.slow  # the bench as typed, a subprocess: make test-all (CI)
 def test_gpu_bench_times_the_tier_s_batches_against_the_link_on_the_fake_device(tmp_path):
     """Issue 48: bench/gpu_bench.py compared the tier, one block at a time, with a copy itself synchronised per block
     (about 0.55 of the link at 512 KiB on an H200), so no row said how near the link a batch gets. As typed, it now
