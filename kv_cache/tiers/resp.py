@@ -75,9 +75,9 @@ def gets_ahead(conn, parts: list[tuple[int, str, np.ndarray]], ahead: int, url: 
     arrived: list[int] = []
 
     def send(upto: int) -> None:
-        first = len(sent_at)
+        first, now = len(sent_at), time.monotonic_ns()  # outstanding from its submission, as each medium counts
         conn.send_packed_command(conn.pack_commands([("GET", k) for _, k, _ in parts[first:upto]]))
-        sent_at.extend([time.monotonic_ns()] * (upto - first))
+        sent_at.extend([now] * (upto - first))
 
     send(min(ahead, len(parts)))
     for _, key, view in parts:
