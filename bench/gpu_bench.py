@@ -106,12 +106,9 @@ def size_round(backend, block: int, ops: int, rounds: int, batch: int = BATCH) -
         for i in range(ops):
             tier.delete(i)
 
-    # (ours, its reference): one block at a time against a copy synchronised per block; batches against the link
-    pairs = {"put": "raw_h2d", "get": "raw_d2h", "demote": "raw_d2h_pinned",
-             "put_many": "link_h2d", "get_many": "link_d2h", "demote_many": "link_d2h"}
+    pairs = {op: ref for op, ref, _ in ROWS}  # ours -> its reference (ROWS: the table's rows say the same)
     ratios: dict[str, list[float]] = {k: [] for k in pairs}
-    times: dict[str, list[float]] = {k: [] for k in (*pairs, "raw_h2d", "raw_d2h", "raw_d2h_pinned", "link_h2d",
-                                                     "link_d2h")}
+    times: dict[str, list[float]] = {k: [] for k in (*pairs, *pairs.values())}
     for i in range(2):  # first touch of the slots and the copy engines, outside the clock
         put(i)
         get(i)
