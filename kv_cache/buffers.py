@@ -8,6 +8,7 @@ operation (they halve copy speed on fresh memory).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 
@@ -54,3 +55,13 @@ def aligned_buffer(nbytes: int) -> np.ndarray:
 
 def is_aligned(arr: np.ndarray, alignment: int = PAGE) -> bool:
     return arr.ctypes.data % alignment == 0
+
+
+def address(arr: np.ndarray) -> int:
+    """Where arr's first byte is: a third of the time of arr.ctypes.data (0.27 against 0.89 us, which makes an
+    object each time), paid on every I/O a batch hands the kernel (issue 48); ctypes.data for an array that
+    lends no writable contiguous buffer (read-only, empty or strided)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(arr))
+    except (TypeError, ValueError, BufferError):
+        return arr.ctypes.data

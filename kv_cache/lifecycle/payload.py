@@ -48,7 +48,7 @@ REGION_BYTES = 256 << 10                  # one lock per 256 KiB of pool: a payl
 # payloads held by another payload in flight (4 workers x 32 blocks of 512 KiB over a 64 MiB pool) and copied
 # each of those into its buffer: 21 % of the workers' CPU (issue 48). A lend tries the places in turn (3.5 %
 # copied with 8 of them); fill() makes place 0.
-PLACES = 8
+PLACES = 16
 PLACE_SHIFT = 32  # a place is added to the tag's high half: "KVBC" + place
 PLACE_TAG_PAGES = SEGMENT_BYTES // PAGE  # each place's tags kept for payloads up to one segment: 1 MiB in all
 

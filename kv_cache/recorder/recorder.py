@@ -149,14 +149,7 @@ class Recorder:
             if names[3]:  # what the run wrote and read outside the window too (results.bytes_whole_run)
                 shard.counters[names[3]] += nbytes
             return
-        with shard.lock:  # uncontended but for a reader's fold
-            waiting = shard.pending.get((tier, op, phase, sec))
-            if waiting is None:
-                waiting = shard.pending[(tier, op, phase, sec)] = []
-            waiting.extend(d for d, _, _ in done)
-            shard.npending += n
-            if shard.npending >= FOLD_AT:
-                self._fold(shard)
+        self._pend(shard, (tier, op, phase, sec), [d for d, _, _ in done])
         shard.counters[names[0]] += n
         if names[1]:
             shard.counters[names[1]] += nbytes
@@ -164,14 +157,26 @@ class Recorder:
             shard.series[(sec, names[1])] += nbytes
         shard.series[(sec, "ops")] += n
 
+    def _pend(self, shard: _Shard, key: tuple, values: list[int]) -> None:
+        """Latencies (ns) of (tier, op, phase, second) key into shard's buffer; folded when FOLD_AT wait."""
+        with shard.lock:  # uncontended but for a reader's fold
+            waiting = shard.pending.get(key)
+            if waiting is None:
+                waiting = shard.pending[key] = []
+            waiting.extend(values)
+            shard.npending += len(values)
+            if shard.npending >= FOLD_AT:
+                self._fold(shard)
+
     def _fold(self, shard: _Shard) -> None:
         """shard.lock held: its pending latencies into its histograms and the per-second read / write ones
-        (evictions have none: demotions and promotions write into the tier)."""
+        (evictions have none: demotions and promotions write into the tier; nor have I/O units: a block's
+        latency is its own op's)."""
         pending, shard.pending, shard.npending = shard.pending, {}, 0
         seconds: dict[tuple, list[int]] = {}
         for (tier, op, phase, sec), values in pending.items():
             record_many(shard.hist((tier, op, phase)), values)
-            if op != "evict":
+            if op != "evict" and op in OP_DIRECTION:
                 seconds.setdefault((sec, tier, "read" if OP_DIRECTION[op] == "read" else "write"), []).extend(values)
         with self._second_lock:
             for key, values in seconds.items():
@@ -191,9 +196,9 @@ class Recorder:
     def io_units(self, tier: str, op: str, phase: str, start_ns: int, times: list[tuple[int, int]]) -> None:
         """The I/Os one block operation was cut into (--io-unit layer): their latencies as <op>_io; their
         bytes are the block's, already counted by op()."""
-        if self._second(start_ns) is None:
-            return
-        record_many(self._shard().hist((tier, C.io_op(op), phase)), [ns for ns, _nbytes in times])
+        sec = self._second(start_ns)
+        if sec is not None:  # buffered as block latencies are: a numpy pass a block was ~20 us (issue 48)
+            self._pend(self._shard(), (tier, C.io_op(op), phase, sec), [ns for ns, _nbytes in times])
 
     def batch(self, tier: str, kind: str, phase: str, start_ns: int, dur_ns: int, blocks: int,
               in_flight_ns: int | None = None) -> None:

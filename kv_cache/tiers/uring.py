@@ -19,6 +19,7 @@ import weakref
 
 import numpy as np
 
+from kv_cache.buffers import address
 from kv_cache.errors import RunFault
 from kv_cache.tiers.base import device_call, in_flight
 from kv_cache.tiers.engines import Engine, Target, in_turn
@@ -70,7 +71,7 @@ class UringEngine(Engine):
         step = min(unit or CHUNK, CHUNK)
         units, owner = [], []  # (opcode, fd, offset, address, length) of each unit; the I/O it is a part of
         for i, (t, off, buf) in enumerate(ios):
-            addr, size = buf.ctypes.data, buf.nbytes
+            addr, size = address(buf), buf.nbytes
             for o in range(0, size, step):
                 units.append((op, t.fd, off + o, addr + o, min(step, size - o)))
                 owner.append(i)
@@ -108,7 +109,7 @@ class UringEngine(Engine):
         """Every I/O unit of buf submitted at once (DEPTH at a time), then each completion checked; a short one is
         finished by the next round."""
         what = "write" if op == OP_WRITE else "read"
-        ring, base = self._ring(), buf.ctypes.data
+        ring, base = self._ring(), address(buf)
         step = min(unit or CHUNK, CHUNK)
         done, total = 0, buf.nbytes
         while done < total:

@@ -133,6 +133,12 @@ def test_bulk_recording_lands_in_the_same_buckets_as_one_value_at_a_time():
     assert encode(bulk) == encode(one)
     assert (bulk.get_total_count(), bulk.get_min_value(), bulk.get_max_value()) == \
         (one.get_total_count(), one.get_min_value(), one.get_max_value())
+    few = new_histogram()  # a few values a call (a fold's per second, a block's layer units): each added where it
+    for at in range(0, values.size, 7):  # falls, a value twice in one call counted twice
+        record_many(few, np.concatenate([values[at:at + 7], values[at:at + 1]]))
+    for v in values[::7]:
+        record(one, int(v))
+    assert encode(few) == encode(one)
     one, bulk = new_second_histogram(), new_second_histogram()
     micros = rng.integers(1, 10**8, 2000)
     for v in micros:
@@ -161,6 +167,27 @@ def test_buffered_block_latencies_are_all_in_every_read():
     assert snap.hists[("nvme", "evict", "evict")].get_total_count() == 1
     assert snap.second_hists[(0, "nvme", "write")].get_total_count() == 1  # evictions have no per-second row
     assert snap.hists[("nvme", "read", "load")].get_total_count() == FOLD_AT // 2  # folded once, not twice
+
+
+def test_a_block_s_io_units_are_buffered_with_the_blocks_and_have_no_per_second_row():
+    """io_units (--io-unit layer: a block's layer-group I/Os) wait in the thread's buffer as block latencies do
+    (a numpy pass a block cost ~20 us): every unit in its <op>_io histogram at the next read, in the window only,
+    never in the per-second rows (those are the blocks'), and the buffer counts them toward its fold."""
+    from kv_cache.recorder.recorder import FOLD_AT
+
+    r = Recorder()
+    r.io_units("nvme", "read", "load", 0, [(50_000, 16384)] * 4)  # warm-up: nothing
+    r.start_measuring(1)
+    r.op("nvme", "read", "load", 2, 1_000_000, 32 * 16384)
+    r.io_units("nvme", "read", "load", 2, [(40_000 + i, 16384) for i in range(32)])
+    assert r._shard().npending == 33  # buffered, not recorded one block at a time
+    snap = r.snapshot()
+    assert snap.hists[("nvme", "read_io", "load")].get_total_count() == 32
+    assert snap.second_hists[(0, "nvme", "read")].get_total_count() == 1
+    assert not any(op.endswith("_io") for _, _, op in snap.second_hists)
+    for _ in range(FOLD_AT // 32):
+        r.io_units("nvme", "read", "load", 2, [(40_000, 16384)] * 32)
+    assert r._shard().npending < FOLD_AT  # folded when FOLD_AT wait, units among them
 
 
 def test_buffered_latencies_from_many_threads_add_up_exactly_with_a_reader_folding_meanwhile():
