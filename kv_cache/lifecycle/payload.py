@@ -44,10 +44,10 @@ POOL_SPAN_BYTES = 64 << 20                # distinct start offsets: 16,384 pages
 SEGMENT_BYTES = 64 << 20                  # a larger block is filled segment by segment
 REGION_BYTES = 256 << 10                  # one lock per 256 KiB of pool: a payload lent in place holds those it spans
 # NOTE: a block's payload may lie at any of PLACES places in the pool, the one taken said in its stamps' tag
-# ("KVBC" + place: "KVBC" to "KVBJ"). With one place, a batch of writes found the pool pages of 45 % of its
+# ("KVBC" + place: "KVBC" to "KVBR"). With one place, a batch of writes found the pool pages of 45 % of its
 # payloads held by another payload in flight (4 workers x 32 blocks of 512 KiB over a 64 MiB pool) and copied
-# each of those into its buffer: 21 % of the workers' CPU (issue 48). A lend tries the places in turn (3.5 %
-# copied with 8 of them); fill() makes place 0.
+# each of those into its buffer: 21 % of the workers' CPU (issue 48). A lend tries the places in turn (3.2 %
+# copied with 8 of them, 1.4 % with 16: the held regions come in bursts); fill() makes place 0.
 PLACES = 16
 PLACE_SHIFT = 32  # a place is added to the tag's high half: "KVBC" + place
 PLACE_TAG_PAGES = SEGMENT_BYTES // PAGE  # each place's tags kept for payloads up to one segment: 1 MiB in all

@@ -25,8 +25,8 @@ def test_budget_parts():
     # gpu auto (16 GiB), cpu 2 GiB, nvme auto (at most 64 GiB) at 80 MiB slots: their blocks' bookkeeping
     assert b.bookkeeping_bytes == (204 + 25 + 819) * BOOKKEEPING_BYTES
     assert b.gpu_staging_bytes == 0  # no real GPU tier
-    pages = 80 * 2**20 // 4096  # the tags, each of the 8 places' up to a 64 MiB segment, 4 workers' check rows
-    assert b.payload_stamps_bytes == pages * 8 + 16384 * 8 * 8 + 4 * pages * 24
+    pages = 80 * 2**20 // 4096  # the tags, each of the 16 places' up to a 64 MiB segment, 4 workers' check rows
+    assert b.payload_stamps_bytes == pages * 8 + 16384 * 8 * 16 + 4 * pages * 24
     assert b.backlog_bytes == 0  # a closed loop: its users wait for their answers (an open loop's is below)
     assert b.total_bytes == (b.cpu_tier_bytes + b.staging_bytes + b.payload_pool_bytes + b.overhead_bytes
                              + b.bookkeeping_bytes + b.payload_stamps_bytes + b.backlog_bytes)

@@ -34,7 +34,8 @@ def test_a_block_in_several_units_goes_through_one_batch_and_comes_back_whole(tm
 
 def test_a_batch_of_more_units_than_the_ring_holds_keeps_it_full_and_comes_back_whole(tmp_path):
     """150 I/Os through a ring of 8 entries (submit() takes at most 8): each submitted as a slot frees, each one's
-    result and completion time its own, the bytes whole either way."""
+    result and completion time its own, the bytes whole either way; batches the ring holds, their slots wrapping
+    round it from one batch to the next, the same."""
     from kv_cache.tiers.io_uring_sys import OP_READ, OP_WRITE, Ring
 
     path = str(tmp_path / "slab")
@@ -55,6 +56,12 @@ def test_a_batch_of_more_units_than_the_ring_holds_keeps_it_full_and_comes_back_
         out = aligned_buffer(data.size)
         got, _ = ring.stream([(OP_READ, fd, k * 4096, out.ctypes.data + k * 4096, 4096) for k in range(150)], when)
         assert got == [4096] * 150 and np.array_equal(out, data)
+        out[:], when = 0, [0] * 150
+        for at in range(0, 150, 6):  # 6 at a time: the slots wrap round the ring of 8 between batches
+            got, _ = ring.stream([(OP_READ, fd, k * 4096, out.ctypes.data + k * 4096, 4096)
+                                  for k in range(at, min(at + 6, 150))], when[at:at + 6])
+            assert got == [4096] * min(6, 150 - at)
+        assert np.array_equal(out, data)
     finally:
         ring.close()
         os.close(fd)
