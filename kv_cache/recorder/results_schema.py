@@ -49,7 +49,8 @@ from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 14  # 14: run.tiers.*.io_depth (the most I/Os a worker's batch keeps in flight on an NVMe tier)
+SCHEMA_VERSION = 15  # 15: run.tiers.*.io_unit_bytes (an NVMe tier's I/O size under --io-unit layer)
+# (14: run.tiers.*.io_depth (the most I/Os a worker's batch keeps in flight on an NVMe tier))
 # (13: queue_depth.*.*.in_flight_mean / in_flight_p95 (the depth the medium was given, measured))
 # (12: memory.budget.request_backlog (--max-backlog-gb) and requests.backlog_bytes_at_stop)
 # (11: memory.budget.access_log (--capacity-curve's log, bounded by --capacity-log-accesses))
@@ -138,6 +139,7 @@ class TierInfo:
     batches: str = ""     # how a batch of its blocks reaches the medium (--request-io batched)
     hbm_layout: HbmLayout | None = None  # a real GPU tier's HBM
     io_depth: int | None = None  # the most I/Os a worker's batch keeps in flight on it (its engine's pool or ring)
+    io_unit_bytes: int | None = None  # the most bytes one of its I/Os moves (--io-unit layer); null: a block an I/O
 
 
 @dataclass

@@ -45,7 +45,7 @@ def _tier_info(t) -> dict:
             "null": FAKE_IO in t.flags, "transfers": transfers() if transfers else None,
             "staged_why": getattr(t, "staged_why", ""), "batches": t.batch_path() if hasattr(t, "batch_path") else "",
             "hbm_layout": t.hbm_layout() if hasattr(t, "hbm_layout") else None,
-            "io_depth": getattr(t, "io_depth", None)}
+            "io_depth": getattr(t, "io_depth", None), "io_unit_bytes": getattr(t, "io_unit_bytes", None)}
 
 
 def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist: Dist) -> dict:

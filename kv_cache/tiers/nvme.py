@@ -83,6 +83,7 @@ class NvmeTier(BlockFiles, SlottedTier):
         self.per_file = max(1, slab_file_bytes // slot_bytes)
         # --io-unit layer: every block moves as I/Os of at most io_unit_bytes, each timed (io_times)
         self.unit = io_unit_bytes or CHUNK
+        self.io_unit_bytes = io_unit_bytes or None  # results' run.tiers.<tier>.io_unit_bytes: null, a block an I/O
         if io_unit_bytes:
             self.flags = self.flags | {IO_UNITS}
         self._ios = threading.local()

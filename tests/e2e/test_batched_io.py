@@ -95,7 +95,9 @@ def test_the_tier_s_depth_is_in_results_and_e2e_bench_s_fio_runs_at_it(small_run
     them in flight (its most). bench/e2e_bench.py ran fio at min(--max-inflight, the engine's most) = 4 a job, 16
     times shallower than the run it compares with: it now reads the depth the tier set up from results.json
     (run.tiers.<tier>.io_depth, the one the --io-trace fio job is written with), and so does its fio of the same
-    I/O model (psync, a job for each thread of the pool)."""
+    I/O model (psync, a job for each thread of the pool). Its fio moved whole blocks too, where the run moved layer
+    units of 1/32 of one: fio's --bs is now the tier's I/O (run.tiers.<tier>.io_unit_bytes); no p95 of ours is set
+    beside fio's clat then (a unit is timed from its batch's submission, fio's from its own)."""
     e2e_bench = bench_module("e2e_bench")
     r = run_cli(small_run("u", *SEQUENCE, "--max-requests", "10", "--cpu-mem-gb", "0", "--io-unit", "layer",
                           "--max-inflight", "4"))
@@ -103,9 +105,14 @@ def test_the_tier_s_depth_is_in_results_and_e2e_bench_s_fio_runs_at_it(small_run
     res = small_run.results("u")
     assert res["run"]["tiers"]["nvme"]["io_depth"] == 64  # 4 blocks x 32 units, the pool's most
     assert "(64 threads: as many I/Os in flight)" in res["run"]["tiers"]["nvme"]["batches"]
+    unit = res["run"]["block_bytes"] // 32
+    assert res["run"]["tiers"]["nvme"]["io_unit_bytes"] == unit
     figures = e2e_bench.figures(res)
-    assert e2e_bench.fio_shape(figures) == ("io_uring", 64)
+    assert e2e_bench.fio_shape(figures) == ("io_uring", 64, unit)
     assert e2e_bench.threads_shape(figures) == 64  # the same model in fio: a psync job for each of the pool's threads
+    row = {"label": "512K", "ours": figures, "fio": {"engine": "io_uring", "jobs": 1, "depth": 64, "gbps": 1.0,
+                                                   "read": {"p95": 1.0}, "write": {"p95": 1.0}}}
+    assert e2e_bench.p95_ratio(row) is None and e2e_bench.UNITS_NOTE in e2e_bench.tables([row])
 
 
 def _moves(ops: list[tuple[str, str, str]]) -> dict[tuple[str, str], list[str]]:
