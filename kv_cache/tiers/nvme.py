@@ -223,11 +223,15 @@ class NvmeTier(BlockFiles, SlottedTier):
         units: list[list[tuple[int, int]]] = [[] for _ in out]
         for res, (_, _, view), b in zip(done, ios, owner):
             n = index[b]
-            if isinstance(out[n], BaseException):
+            was = out[n]
+            if isinstance(was, BaseException):
                 continue
-            out[n] = res if isinstance(res, BaseException) else max(out[n] or 0, res)
-            if not isinstance(res, BaseException):
-                units[n].append((res, view.size))
+            if isinstance(res, BaseException):
+                out[n] = res
+                continue
+            if was is None or res > was:
+                out[n] = res
+            units[n].append((res, view.size))
         if IO_UNITS in self.flags:
             self._ios.batch = [[] if isinstance(r, BaseException) else u for r, u in zip(out, units)]
 

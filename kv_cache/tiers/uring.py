@@ -72,6 +72,10 @@ class UringEngine(Engine):
         units, owner = [], []  # (opcode, fd, offset, address, length) of each unit; the I/O it is a part of
         for i, (t, off, buf) in enumerate(ios):
             addr, size = address(buf), buf.nbytes
+            if size <= step:  # one unit: a block, or a layer unit the tier cut already
+                units.append((op, t.fd, off, addr, size))
+                owner.append(i)
+                continue
             for o in range(0, size, step):
                 units.append((op, t.fd, off + o, addr + o, min(step, size - o)))
                 owner.append(i)
@@ -86,7 +90,8 @@ class UringEngine(Engine):
         for i, u, res, t in zip(owner, units, got, when):
             if res != u[4]:
                 redo.add(i)
-            out[i] = max(out[i], t)
+            if t > out[i]:
+                out[i] = t
         verb = self.write if op == OP_WRITE else self.read
         fix = sorted(redo)  # one after another, each timed in flight as the direct engine's are
         for i, res in zip(fix, in_turn(verb, [ios[i] for i in fix], unit) if fix else []):

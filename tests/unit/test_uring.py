@@ -32,6 +32,39 @@ def test_a_block_in_several_units_goes_through_one_batch_and_comes_back_whole(tm
     os.close(fd)
 
 
+def test_a_batch_s_short_unit_sends_its_own_io_and_only_it_to_the_one_by_one_path(tmp_path, monkeypatch):
+    """write_many/read_many: each I/O's units through the ring (one I/O of three units, others of one); an I/O is
+    done when its last unit is, and one whose unit came back short is finished alone by the one-by-one path (here
+    the kernel's answer for the third I/O's only unit is cut by 512 bytes)."""
+    from kv_cache.tiers import io_uring_sys
+
+    path = str(tmp_path / "slab")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    os.posix_fallocate(fd, 0, 1 << 20)
+    t, unit = Target(path, fd), 64 << 10
+    data = [aligned_buffer(n) for n in (3 * unit, unit, unit, unit)]
+    for k, d in enumerate(data):
+        d[:] = k + 1
+    offs = [0, 3 * unit, 4 * unit, 5 * unit]
+    stream, finished = io_uring_sys.Ring.stream, []
+
+    def cut_fourth_unit(ring, ops, completed):  # the third I/O's unit: the fourth after the first I/O's three
+        got, submitted = stream(ring, ops, completed)
+        return [g - 512 if k == 4 else g for k, g in enumerate(got)], submitted
+
+    monkeypatch.setattr(io_uring_sys.Ring, "stream", cut_fourth_unit)
+    for verb, one in (("write_many", "write"), ("read_many", "read")):
+        real = getattr(ENGINE, one)
+        monkeypatch.setattr(ENGINE, one, lambda t_, off, buf, u, times, real=real: finished.append(off) or
+                            real(t_, off, buf, u, times))
+        bufs = data if verb == "write_many" else [aligned_buffer(d.nbytes) for d in data]
+        done = getattr(ENGINE, verb)([(t, o, b) for o, b in zip(offs, bufs)], unit)
+        assert all(isinstance(x, int) and x > 0 for x in done) and finished == [offs[2]], (verb, finished)
+        finished.clear()
+    assert all(np.array_equal(b, d) for b, d in zip(bufs, data))
+    os.close(fd)
+
+
 def test_a_batch_of_more_units_than_the_ring_holds_keeps_it_full_and_comes_back_whole(tmp_path):
     """150 I/Os through a ring of 8 entries (submit() takes at most 8): each submitted as a slot frees, each one's
     result and completion time its own, the bytes whole either way; batches the ring holds, their slots wrapping
