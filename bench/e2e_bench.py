@@ -2,7 +2,8 @@
 """The whole program against fio on the same directory: does the storage, or the generator, decide?
 
 For each block size, one run of kv_cache_benchmark.py (cache tier off, so every block goes to the
-storage tier) and one fio job with the same block size, the run's read/write mix, the same
+storage tier) and one fio job with the same I/O size (the block, or with --io-unit layer the tier's layer unit:
+results' run.tiers.<tier>.io_unit_bytes), the run's read/write mix, the same
 concurrency (numjobs = workers x processes) and the same I/O shape, O_DIRECT, time-based: psync when the run
 moves a request's blocks one at a time (--request-io serial), io_uring at iodepth = the most I/Os the run's engine
 keeps in flight per worker when it moves them in batches (the default in block mode: --max-inflight, or fewer where
@@ -11,7 +12,8 @@ that the issue's target names). Reported side by side:
 
 - device GB/s as the block layer saw it (/proc/diskstats of the directory's device; the run's
   telemetry for ours, a diskstats delta around fio's timed part for fio);
-- per-block p50 / p95 / p99 of reads and writes (ours) against fio's completion latency (clat);
+- per-block p50 / p95 / p99 of reads and writes (ours) against fio's completion latency (clat); none of ours with
+  layer units (a unit is timed from its batch's submission, fio's clat from its own: UNITS_NOTE);
 - the I/O shape, workers (fio: jobs) x depth: ours with the mean depth its storage tier's batches achieved
   (the I/Os its engine had in flight, measured; loads and stores weighted by their batches), fio's as set;
 - CPU seconds per GiB moved: the run's process CPU time in its window (every thread) against

@@ -83,7 +83,6 @@ class NvmeTier(BlockFiles, SlottedTier):
         self.per_file = max(1, slab_file_bytes // slot_bytes)
         # --io-unit layer: every block moves as I/Os of at most io_unit_bytes, each timed (io_times)
         self.unit = io_unit_bytes or CHUNK
-        self.io_unit_bytes = io_unit_bytes or None  # results' run.tiers.<tier>.io_unit_bytes: null, a block an I/O
         if io_unit_bytes:
             self.flags = self.flags | {IO_UNITS}
         self._ios = threading.local()
@@ -114,6 +113,12 @@ class NvmeTier(BlockFiles, SlottedTier):
             left -= n
 
     # ---------------------------------------------------------------- slab layout
+
+    @property
+    def io_unit_bytes(self) -> int | None:
+        """results' run.tiers.<tier>.io_unit_bytes: the most bytes one I/O moves with --io-unit layer; None, a
+        block an I/O."""
+        return self.unit if IO_UNITS in self.flags else None
 
     def _slab_at(self, slot: int) -> tuple[_Slab, int]:
         return self.slabs[slot // self.per_file], (slot % self.per_file) * self.slot_bytes
