@@ -101,9 +101,10 @@ class BatchedPaths:
         added to held, given back once the window is written and hashed), else made in its batch buffer."""
         def make(n: int, entry):
             start = now_ns()
-            view = bufs.batch_view(n, entry.nbytes)
-            if not self.fake_io:
-                view, regions = self.payloads.lend(entry.key, view)
+            if self.fake_io:
+                view = bufs.batch_view(n, entry.nbytes)
+            else:
+                view, regions = bufs.lend(self.payloads, entry.key, entry.nbytes, n)
                 held.append(regions)
             views[n] = view
             views["untimed"] = views.get("untimed", 0) + now_ns() - start

@@ -153,7 +153,7 @@ class Lifecycle(BatchedPaths, HandoffPaths):
         parted = self.cache.parts.many(e.nbytes)
         data = bufs.view(self.cache.parts.part_bytes if parted else e.nbytes)
         checked = self.cache.verifiable[e.tier] and self.verify != "off"
-        parts = PartsCheck(self.payloads, e.key, self.verify, e.digest) if parted and checked else None
+        parts = PartsCheck(self.payloads, e.key, self.verify, e.digest, e.nbytes) if parted and checked else None
         self.recorder.defer_split()  # its host part: the read and its check (the reference's: the read and its copy)
         host = 0
         start = now_ns()
@@ -277,7 +277,7 @@ class Lifecycle(BatchedPaths, HandoffPaths):
                 storage_ns += self._write_parts(res, key, nbytes, bufs, phase)
                 continue
             made = now_ns()
-            data, held = (bufs.view(nbytes), None) if self.fake_io else self.payloads.lend(key, bufs.view(nbytes))
+            data, held = (bufs.view(nbytes), None) if self.fake_io else bufs.lend(self.payloads, key, nbytes)
             host = now_ns() - made  # the payload made and stamped: the split's host part, with its checksum
             self.recorder.defer_split()
             try:
@@ -307,7 +307,7 @@ class Lifecycle(BatchedPaths, HandoffPaths):
         def produce(offset: int, out: np.ndarray) -> np.ndarray:
             made = now_ns()
             if not self.fake_io:
-                self.payloads.fill(key, out, offset)
+                self.payloads.fill(key, out, offset, whole=nbytes)
                 if digest is not None:
                     digest.update(out)
             host[0] += now_ns() - made

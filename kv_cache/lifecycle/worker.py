@@ -28,15 +28,29 @@ class WorkerBuffers:
         self.scratch = aligned_buffer(size if fake_io else max(size, moves * self.each))
         self.fake_io = fake_io
         self.arena = aligned_buffer(batch * self.each) if batch and not fake_io else None
+        self._kept: dict[int | None, int] = {}  # buffer (None: the block's) -> bytes of a payload made there
 
     def view(self, nbytes: int) -> np.ndarray:
+        """The block buffer, to read into (what a payload made there left is forgotten)."""
+        self._kept.pop(None, None)
         return self.block[:nbytes] if not self.fake_io else np.empty(nbytes, dtype=np.uint8)
 
     def batch_view(self, i: int, nbytes: int) -> np.ndarray:
-        """The i-th in-flight block's buffer."""
+        """The i-th in-flight block's buffer, to read into (what a payload made there left is forgotten)."""
+        self._kept.pop(i, None)
         if self.arena is None:
             return np.empty(nbytes, dtype=np.uint8)
         return self.arena[i * self.each:i * self.each + nbytes]
+
+    def lend(self, payloads, key: int, nbytes: int, i: int | None = None) -> tuple[np.ndarray, range]:
+        """key's payload to write from, for the i-th in-flight block (None: the block buffer's): PayloadPool.lend
+        into that buffer, told what of the payload last made there is still there (nothing read into it since:
+        view and batch_view forget it), so that a large one is made again by its stamps alone."""
+        buf = self.block[:nbytes] if i is None else self.arena[i * self.each:i * self.each + nbytes]
+        data, held = payloads.lend(key, buf, self._kept.pop(i, 0))
+        if data is buf:  # made there (a pool slice lent instead leaves the buffer as it was, but says nothing)
+            self._kept[i] = nbytes
+        return data, held
 
     def pinned(self) -> list[np.ndarray]:
         """Every buffer a GPU tier copies to or from directly (registered as pinned before the clock)."""
@@ -47,8 +61,8 @@ class PartsCheck:
     """The verification of an object read part by part (parts.py): its XXH3-64 taken incrementally and compared at
     the end (the same digest as the whole object's), or each part's stamps or bytes checked as it arrives."""
 
-    def __init__(self, payloads, key: int, mode: str, digest: int | None):
-        self.payloads, self.key, self.digest = payloads, key, digest
+    def __init__(self, payloads, key: int, mode: str, digest: int | None, whole: int):
+        self.payloads, self.key, self.digest, self.whole = payloads, key, digest, whole
         self.mode = "full" if mode == "checksum" and digest is None else mode  # written elsewhere: every byte
         self.hash = xxhash.xxh3_64() if self.mode == "checksum" else None
         self.ok = True
@@ -59,7 +73,7 @@ class PartsCheck:
         if self.hash is not None:
             self.hash.update(part)
         elif self.ok:
-            self.ok = self.payloads.check(self.key, part, self.mode, None, offset)
+            self.ok = self.payloads.check(self.key, part, self.mode, None, offset, self.whole)
         self.ns += time.monotonic_ns() - start
 
     def intact(self) -> bool:

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import bounded, run_cli
 from helpers import assert_clean_error, bench_module
 
 from kv_cache.cache.cache import BlockCache
@@ -359,3 +359,20 @@ def test_a_batch_call_that_raises_strands_no_demotion_or_promotion():
     with pytest.raises(RunFault):
         cache.commit_promotions()
     assert _settled(cache) and 1 not in cache.index
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("request_io", ["batched", "serial"])
+def test_blocks_larger_than_a_payload_segment_made_again_in_their_buffers_verify_byte_for_byte(small_run,
+                                                                                              request_io):
+    """llama70b's blocks of 208 tokens are 65 MiB, past the payload pool's 64 MiB segment (its 256-token blocks,
+    80 MiB): a worker makes each in its buffer, by stamping again the one it made there before (no copy from the
+    pool) unless a read landed there since. Every block read back (prefix hits, between writes into the same
+    buffers) is compared byte for byte."""
+    r = run_cli(small_run("l", "--model", "llama70b", "--block-tokens", "208", "--gpu", "off", "--cpu-mem-gb", "0",
+                          "--nvme-gb", "1.5", "--workers", "2", "--users", "2", "--request-io", request_io,
+                          "--verify", "full", *bounded(24)), timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = small_run.results("l")
+    assert res["ops"]["nvme"]["write"] > 4 and res["ops"]["nvme"]["read"] > 0
+    assert res["verification"]["blocks_checked"] > 0 and res["verification"]["failures"] == 0

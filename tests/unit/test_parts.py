@@ -59,7 +59,7 @@ def test_the_parts_of_a_payload_are_the_whole_payload(pool):
         assert np.array_equal(part[:n], whole[at:at + n]), at
         assert pool.check(7, part[:n], "full", None, at) and pool.check(7, part[:n], "stamps", None, at)
     assert [k for k, _, _ in Parts(PART).of(7, OBJECT)] == [7, part_key(7, 1), part_key(7, 2)]
-    check = PartsCheck(pool, 7, "checksum", block_digest(whole))
+    check = PartsCheck(pool, 7, "checksum", block_digest(whole), OBJECT)
     for _, at, n in Parts(PART).of(7, OBJECT):
         check(at, whole[at:at + n])
     assert check.intact()  # the incremental XXH3-64 is the whole object's
@@ -75,7 +75,7 @@ def test_an_object_moves_part_by_part_through_buffers_of_one_part(pool):
     counters = rec.counters()
     assert counters["ops.gpu.write"] == 2 and counters["ops.cpu.demote"] == 1
     (e,) = cache.pin_prefix([1])
-    check = PartsCheck(pool, 1, "checksum", e.digest)
+    check = PartsCheck(pool, 1, "checksum", e.digest, OBJECT)
     cache.read(e, buf, "load", "read", check)
     assert check.intact()
     cache.release(e, buf, scratch)  # promoted back, part by part
@@ -93,7 +93,7 @@ def test_a_damaged_part_fails_the_objects_check(pool):
     gpu.slabs[0][slots[0] * SLOT + 5000] ^= 0xFF  # one byte of the last part
     (e,) = cache.pin_prefix([3])
     for mode, digest in (("checksum", e.digest), ("full", None)):
-        check = PartsCheck(pool, 3, mode, digest)
+        check = PartsCheck(pool, 3, mode, digest, OBJECT)
         cache.read(e, buf, "load", "read", check)
         assert not check.intact(), mode
 

@@ -10,6 +10,7 @@ import pytest
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.lifecycle.payload import PAGE, SEGMENT_BYTES, PayloadPool, block_digest, place_of
+from kv_cache.lifecycle.worker import WorkerBuffers
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +276,43 @@ def test_stamp_templates_stay_one_set_whatever_the_number_of_object_sizes():
     largest = 1020
     # one set (and the one it replaced), not one per size: 8 bytes a page and each of 8 places' 8
     assert held <= 72 * largest * 2 + 64 * 1024, held
+
+
+LARGE_BLOCK = SEGMENT_BYTES + 8 * PAGE
+
+
+def test_a_large_payload_kept_in_its_buffer_is_made_again_by_its_stamps_alone(pool, monkeypatch):
+    out = aligned_buffer(LARGE_BLOCK)
+    data, held = pool.lend(5, out)
+    assert data is out and not held
+    fills = []
+    monkeypatch.setattr(pool, "fill", lambda *a, **k: fills.append(a))
+    data, held = pool.lend(6, out, kept=out.size)
+    monkeypatch.undo()
+    assert data is out and not held and not fills  # no copy from the pool: only the stamps written
+    assert np.array_equal(out, block(pool, 6, LARGE_BLOCK)) and pool.check(6, out, "full")
+    assert not pool.check(5, out, "stamps")
+    data, _ = pool.lend(7, out, kept=out.size - PAGE)  # fewer bytes kept than it needs: made whole
+    assert np.array_equal(out, block(pool, 7, LARGE_BLOCK))
+
+
+def test_the_parts_of_a_large_payload_are_the_whole_payload(pool):
+    whole = block(pool, 8, LARGE_BLOCK)
+    part = aligned_buffer(16 << 20)
+    for at in range(0, LARGE_BLOCK, part.size):  # the first parts lie within one segment
+        n = min(part.size, LARGE_BLOCK - at)
+        pool.fill(8, part[:n], at, whole=LARGE_BLOCK)
+        assert np.array_equal(part[:n], whole[at:at + n]), at
+        assert pool.check(8, part[:n], "full", None, at, LARGE_BLOCK)
+
+
+@pytest.mark.parametrize("slot", [None, 1])
+def test_a_worker_buffer_read_into_is_made_again_whole_not_only_stamped(pool, slot):
+    bufs = WorkerBuffers(LARGE_BLOCK, fake_io=False, batch=2)
+    data, _ = bufs.lend(pool, 5, LARGE_BLOCK, slot)
+    data, _ = bufs.lend(pool, 6, LARGE_BLOCK, slot)  # kept: stamped again
+    assert np.array_equal(data, block(pool, 6, LARGE_BLOCK))
+    read = bufs.view(LARGE_BLOCK) if slot is None else bufs.batch_view(slot, LARGE_BLOCK)
+    read[:] = block(pool, 9, 2 * PAGE)[0]  # a read landed there: another block's bytes
+    data, _ = bufs.lend(pool, 7, LARGE_BLOCK, slot)
+    assert np.array_equal(data, block(pool, 7, LARGE_BLOCK))
