@@ -170,14 +170,15 @@ class Recorder:
 
     def _fold(self, shard: _Shard) -> None:
         """shard.lock held: its pending latencies into its histograms and the per-second read / write ones
-        (evictions have none: demotions and promotions write into the tier; nor have I/O units: a block's
-        latency is its own op's)."""
+        (demotions and promotions write into the tier; evictions and a handoff's wait move no bytes and have
+        none, nor have I/O units: a block's latency is its own op's)."""
         pending, shard.pending, shard.npending = shard.pending, {}, 0
         seconds: dict[tuple, list[int]] = {}
         for (tier, op, phase, sec), values in pending.items():
             record_many(shard.hist((tier, op, phase)), values)
-            if op != "evict" and op in OP_DIRECTION:
-                seconds.setdefault((sec, tier, "read" if OP_DIRECTION[op] == "read" else "write"), []).extend(values)
+            direction = OP_DIRECTION.get(op)  # none for an eviction, a handoff's wait, an I/O unit
+            if direction:
+                seconds.setdefault((sec, tier, direction), []).extend(values)
         with self._second_lock:
             for key, values in seconds.items():
                 h = self._second_hists.get(key)

@@ -190,6 +190,20 @@ def test_a_block_s_io_units_are_buffered_with_the_blocks_and_have_no_per_second_
     assert r._shard().npending < FOLD_AT  # folded when FOLD_AT wait, units among them
 
 
+def test_ops_that_move_no_bytes_have_no_per_second_row():
+    """A NIXL prefill node's wait for room in its handoff space and an eviction are timed ops with no direction:
+    the per-second read and write rows are the bytes' (a wait was counted as a write there)."""
+    r = Recorder()
+    r.start_measuring(1)
+    r.op("handoff", "wait", "prefill", 2, 5_000_000, 1 << 20)
+    r.op("nvme", "evict", "evict", 2, 3_000, 1 << 20)
+    r.op("nvme", "write", "prefill", 2, 1_000_000, 1 << 20)
+    snap = r.snapshot()
+    assert snap.hists[("handoff", "wait", "prefill")].get_total_count() == 1
+    assert set(snap.second_hists) == {(0, "nvme", "write")}
+    assert snap.second_hists[(0, "nvme", "write")].get_total_count() == 1
+
+
 def test_buffered_latencies_from_many_threads_add_up_exactly_with_a_reader_folding_meanwhile():
     from kv_cache.recorder.recorder import FOLD_AT
 
