@@ -25,13 +25,11 @@ from kv_cache.cache.chains import LANDING, PLACING, READY, Entry
 from kv_cache.tiers.base import IO_UNITS, device_begin, in_flight_take
 
 
-def batch_units(tier, start: int, n: int) -> list:
-    """Each of a batch's n items' --io-unit layer I/Os as (ns from start, bytes), from the tier's last batch on this
-    thread; None each where the tier does not cut blocks into units."""
-    if IO_UNITS not in tier.flags:
-        return [None] * n
+def batch_units(tier, start: int, n: int) -> list[tuple[int, int]]:
+    """The --io-unit layer I/Os of the tier's last batch of n items on this thread, (ns from start, bytes) each, every
+    item's in turn (none of an item that failed; none at all where its last batch was not of n)."""
     got = tier.batch_io_times()
-    return [[(c - start, b) for c, b in u] for u in got] if len(got) == n else [[] for _ in range(n)]
+    return [(c - start, b) for u in got for c, b in u] if len(got) == n else []
 
 
 class Batches:
@@ -74,15 +72,13 @@ class Batches:
                       done: list, busy: int | None) -> None:
         """Each block's op from the batch's submission to its completion (its --io-unit layer I/Os each too), and
         the batch as a whole (busy: its I/Os' time in flight, where the tier's engine timed them)."""
-        units = batch_units(self.tiers[t], start, len(entries))
-        ok = [(e, d, u) for e, d, u in zip(entries, done, units) if not isinstance(d, BaseException)]
-        last = max([start, *(d for _, d, _ in ok)])
-        if IO_UNITS in self.tiers[t].flags:  # each block's units beside it
-            for e, d, u in ok:
-                self._timed(t, e, op, phase, start, [(d - start, e.nbytes)], units=u)
-        else:  # no units, no split (a batch's I/Os ran elsewhere): the blocks' ops recorded together
-            self.recorder.ops(self.names[t], op, phase, start, [(d - start, e.nbytes, e.key) for e, d, _ in ok])
-        self.recorder.batch(self.names[t], kind, phase, start, last - start, len(entries), busy)
+        ok = [(e, d) for e, d in zip(entries, done) if not isinstance(d, BaseException)]
+        last = max([start, *(d for _, d in ok)])
+        name = self.names[t]  # no split (a batch's I/Os ran elsewhere): the blocks' ops recorded together
+        self.recorder.ops(name, op, phase, start, [(d - start, e.nbytes, e.key) for e, d in ok])
+        if IO_UNITS in self.tiers[t].flags:  # and their units beside them
+            self.recorder.io_units(name, op, phase, start, batch_units(self.tiers[t], start, len(entries)))
+        self.recorder.batch(name, kind, phase, start, last - start, len(entries), busy)
 
     def place_writes(self, wants: list[tuple[int, int, str, int | None]], make, phase: str,
                      scratch: np.ndarray) -> list:

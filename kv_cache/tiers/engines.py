@@ -46,6 +46,7 @@ class Engine:
     fio = ("psync", 0, False)  # what fio runs for it: (ioengine, direct, fsync after each write)
     depth = POOL_MOST        # the most of a batch's I/Os it keeps in flight per worker
     pooled = True            # a batch goes over a worker's pool of threads (the tier makes them: Pools)
+    cuts_units = False       # its batch verbs cut an I/O into units and time each (their `units`): the tier need not
     summary = ""             # one line for --help
 
     @property

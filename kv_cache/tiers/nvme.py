@@ -126,8 +126,9 @@ class NvmeTier(BlockFiles, SlottedTier):
 
     def _pieces(self, target, off: int, view: np.ndarray) -> list:
         """(target, offset, view) of one run of a block's bytes: whole, or with --io-unit layer cut into its units
-        (each one I/O of the batch, timed apart as a serial put or get times them)."""
-        if IO_UNITS not in self.flags:
+        (each one I/O of the batch, timed apart as a serial put or get times them) where the engine does not cut
+        and time them itself (cuts_units)."""
+        if IO_UNITS not in self.flags or self.ops.cuts_units:
             return [(target, off, view)]
         return [(target, off + o, view[o:o + self.unit]) for o in range(0, view.size, self.unit)]
 
@@ -186,7 +187,7 @@ class NvmeTier(BlockFiles, SlottedTier):
                     out[n] = RunFault(f"cannot rename {t.path} to {self._file(key)}: {e.strerror}.")
         else:
             ios, owner = self._ios_of([(items[n][1], slots, items[n][1].size) for n, slots in taken])
-            self._moved(self.ops.write_many(ios, self.unit, self.pools), ios, owner, [n for n, _ in taken], out)
+            self._moved(self.ops.write_many, ios, owner, [n for n, _ in taken], out)
         for n, res in enumerate(out):
             if isinstance(res, BaseException) and n in dict(taken):
                 self.slots.release(items[n][0])
@@ -207,7 +208,7 @@ class NvmeTier(BlockFiles, SlottedTier):
                              self.ops.read_many, out)
             return out
         ios, owner = self._ios_of([b for _, b in found])
-        self._moved(self.ops.read_many(ios, self.unit, self.pools), ios, owner, [n for n, _ in found], out)
+        self._moved(self.ops.read_many, ios, owner, [n for n, _ in found], out)
         return out
 
     def _ios_of(self, blocks: list) -> tuple[list, list[int]]:
@@ -222,11 +223,16 @@ class NvmeTier(BlockFiles, SlottedTier):
                     owner.append(b)
         return ios, owner
 
-    def _moved(self, done: list, ios: list, owner: list[int], index: list[int], out: list) -> None:
-        """A block's result: its last I/O's completion, or the first exception among its I/Os; with --io-unit
-        layer each of its I/Os' completion too (batch_io_times)."""
-        units: list[list[tuple[int, int]]] = [[] for _ in out]
-        for res, (_, _, view), b in zip(done, ios, owner):
+    def _moved(self, verb, ios: list, owner: list[int], index: list[int], out: list) -> None:
+        """ios through the engine's batch verb (write_many or read_many); a block's result: its last I/O's
+        completion, or the first exception among its I/Os; with --io-unit layer each of its units' completion too
+        (batch_io_times): as the engine timed them where it cuts them itself, else each I/O the tier cut."""
+        timed = IO_UNITS in self.flags
+        cut = [] if timed and self.ops.cuts_units else None
+        done = (verb(ios, self.unit, self.pools) if cut is None else verb(ios, self.unit, self.pools, cut)) \
+            if ios else []
+        units: list[list[tuple[int, int]]] = [[] for _ in out] if timed else []
+        for j, (res, b) in enumerate(zip(done, owner)):
             n = index[b]
             was = out[n]
             if isinstance(was, BaseException):
@@ -236,8 +242,9 @@ class NvmeTier(BlockFiles, SlottedTier):
                 continue
             if was is None or res > was:
                 out[n] = res
-            units[n].append((res, view.size))
-        if IO_UNITS in self.flags:
+            if timed:
+                units[n] += cut[j] if cut is not None else [(res, ios[j][2].size)]
+        if timed:
             self._ios.batch = [[] if isinstance(r, BaseException) else u for r, u in zip(out, units)]
 
     def batch_io_times(self) -> list[list[tuple[int, int]]]:

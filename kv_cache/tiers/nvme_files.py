@@ -77,7 +77,7 @@ class BlockFiles:
                 ios.append(io)
                 owner.append(b)
         try:
-            self._moved(verb(ios, self.unit, self.pools) if ios else [], ios, owner, [n for n, *_ in opened], out)
+            self._moved(verb, ios, owner, [n for n, *_ in opened], out)
         finally:
             for *_, t in opened:
                 os.close(t.fd)

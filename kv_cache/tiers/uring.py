@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import weakref
+from itertools import repeat
 
 import numpy as np
 
@@ -57,46 +58,61 @@ class UringEngine(Engine):
         device_call(start)
 
     batch = "one io_uring per worker kept full (64 I/Os in flight), each I/O reaped as it completes"
+    cuts_units = True
 
-    def write_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int, pools=None) -> list:
-        return self._many(OP_WRITE, ios, unit)
+    def write_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int, pools=None,
+                   units: list | None = None) -> list:
+        return self._many(OP_WRITE, ios, unit, units)
 
-    def read_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int, pools=None) -> list:
-        return self._many(OP_READ, ios, unit)
+    def read_many(self, ios: list[tuple[Target, int, np.ndarray]], unit: int, pools=None,
+                  units: list | None = None) -> list:
+        return self._many(OP_READ, ios, unit, units)
 
-    def _many(self, op: int, ios: list, unit: int) -> list:
+    def _many(self, op: int, ios: list, unit: int, units: list | None = None) -> list:
         """Every unit of every I/O through the ring, DEPTH in flight; an I/O's completion is its last unit's.
-        A unit that fails or comes back short leaves its I/O to the one-by-one path, which finishes or fails it
-        (a sentence either way)."""
+        units: a list given gets each I/O's units, (completion ns, bytes) each, as a tier's own cut would time them
+        (a block's layer groups cut here from its buffer: no view, address or result a unit in Python). A unit
+        that fails or comes back short leaves its I/O to the one-by-one path, which finishes or fails it (a
+        sentence either way; each of its units then completes when it does)."""
         step = min(unit or CHUNK, CHUNK)
-        units, owner = [], []  # (opcode, fd, offset, address, length) of each unit; the I/O it is a part of
-        for i, (t, off, buf) in enumerate(ios):
-            addr, size = address(buf), buf.nbytes
+        sqes, spans = [], []  # (opcode, fd, offset, address, length) of each unit; each I/O's [first, end) of them
+        for t, off, buf in ios:
+            addr, size, first = address(buf), buf.nbytes, len(sqes)
             if size <= step:  # one unit: a block, or a layer unit the tier cut already
-                units.append((op, t.fd, off, addr, size))
-                owner.append(i)
-                continue
-            for o in range(0, size, step):
-                units.append((op, t.fd, off + o, addr + o, min(step, size - o)))
-                owner.append(i)
-        ring, out = self._ring(), [0] * len(ios)
-        redo: set[int] = set()
-        when = [0] * len(units)
+                sqes.append((op, t.fd, off, addr, size))
+            else:
+                sqes.extend([(op, t.fd, off + o, addr + o, min(step, size - o)) for o in range(0, size, step)])
+            spans.append((first, len(sqes)))
+        when = [0] * len(sqes)
         try:  # the ring kept full: DEPTH units in flight, the next submitted as each completes
-            got, submitted = ring.stream(units, when)
+            got, submitted = self._ring().stream(sqes, when)
             in_flight(sum(when) - submitted)
         except OSError:
-            got = [-1] * len(units)
-        for i, u, res, t in zip(owner, units, got, when):
-            if res != u[4]:
-                redo.add(i)
-            if t > out[i]:
-                out[i] = t
+            got = [-1] * len(sqes)
+        out, fix = [0] * len(ios), []
+        for i, (a, b) in enumerate(spans):
+            last = sqes[b - 1][4]
+            if b - a == 1:
+                whole, out[i] = got[a] == last, when[a]
+            else:  # every unit but the last is a step long
+                whole, out[i] = got[a:b - 1].count(step) == b - 1 - a and got[b - 1] == last, max(when[a:b])
+            if not whole:
+                fix.append(i)
+            elif units is not None:
+                units.append([*zip(when[a:b - 1], repeat(step)), (when[b - 1], last)])
         verb = self.write if op == OP_WRITE else self.read
-        fix = sorted(redo)  # one after another, each timed in flight as the direct engine's are
         for i, res in zip(fix, in_turn(verb, [ios[i] for i in fix], unit) if fix else []):
-            out[i] = res
+            out[i] = res  # one after another, each timed in flight as the direct engine's are
+        if units is not None and fix:
+            units[:] = self._units_with(units, spans, sqes, fix, out)
         return out
+
+    @staticmethod
+    def _units_with(units: list, spans: list, sqes: list, fix: list[int], out: list) -> list:
+        """units, in I/O order, with those of each I/O the one-by-one path finished (fix): each done when it was."""
+        redone, done = iter(units), set(fix)  # units holds the others' only
+        return [next(redone) if i not in done else [] if isinstance(out[i], BaseException) else
+                [(out[i], sqes[u][4]) for u in range(*spans[i])] for i in range(len(spans))]
 
     def _ring(self) -> Ring:
         ring = getattr(self._local, "ring", None)

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 from conftest import bounded, run_cli
+from found import ENGINES
 from helpers import assert_clean_error, bench_module
 
 from kv_cache.cache.cache import BlockCache
@@ -158,11 +159,15 @@ def test_one_file_a_block_moves_its_batches_together_in_serial_mode_s_order(smal
 
 
 @pytest.mark.slow  # two runs: make test-all (CI)
-def test_layer_units_move_in_batches_each_timed_as_serial_mode_times_them(small_run, tmp_path):
+@pytest.mark.parametrize("engine", ["direct", "io_uring"])
+def test_layer_units_move_in_batches_each_timed_as_serial_mode_times_them(small_run, tmp_path, engine):
     """--io-unit layer (a block as one I/O per layer group, each timed): a batch went one block after another. Every
     unit of every block of a batch goes to the engine at once; each unit's latency runs from the batch's submission
-    (as a block's does), and the units counted per operation are serial mode's, with its decisions."""
-    runs = _both_ways(small_run, tmp_path, "--io-unit", "layer", "--max-inflight", "8")
+    (as a block's does), and the units counted per operation are serial mode's, with its decisions: where the tier
+    cuts the units (the direct engine's pool) and where the engine cuts and times them (io_uring)."""
+    if ENGINES[engine].unavailable():
+        pytest.skip(f"{engine}: {ENGINES[engine].unavailable()}")
+    runs = _both_ways(small_run, tmp_path, "--io-unit", "layer", "--max-inflight", "8", "--io-engine", engine)
     (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]
     assert "every layer group's I/O of every block in it, each timed" in said
     assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)

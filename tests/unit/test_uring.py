@@ -35,7 +35,8 @@ def test_a_block_in_several_units_goes_through_one_batch_and_comes_back_whole(tm
 def test_a_batch_s_short_unit_sends_its_own_io_and_only_it_to_the_one_by_one_path(tmp_path, monkeypatch):
     """write_many/read_many: each I/O's units through the ring (one I/O of three units, others of one); an I/O is
     done when its last unit is, and one whose unit came back short is finished alone by the one-by-one path (here
-    the kernel's answer for the third I/O's only unit is cut by 512 bytes)."""
+    the kernel's answer for the third I/O's only unit is cut by 512 bytes). Asked for them, each I/O's units come
+    back in order, (completion, bytes) each: the finished one's done when it was."""
     from kv_cache.tiers import io_uring_sys
 
     path = str(tmp_path / "slab")
@@ -58,8 +59,11 @@ def test_a_batch_s_short_unit_sends_its_own_io_and_only_it_to_the_one_by_one_pat
         monkeypatch.setattr(ENGINE, one, lambda t_, off, buf, u, times, real=real: finished.append(off) or
                             real(t_, off, buf, u, times))
         bufs = data if verb == "write_many" else [aligned_buffer(d.nbytes) for d in data]
-        done = getattr(ENGINE, verb)([(t, o, b) for o, b in zip(offs, bufs)], unit)
+        units: list = []  # each I/O's units, cut and timed by the engine (--io-unit layer)
+        done = getattr(ENGINE, verb)([(t, o, b) for o, b in zip(offs, bufs)], unit, None, units)
         assert all(isinstance(x, int) and x > 0 for x in done) and finished == [offs[2]], (verb, finished)
+        assert [[n for _, n in u] for u in units] == [[unit] * 3, [unit], [unit], [unit]], verb
+        assert [max(w for w, _ in u) for u in units] == done and units[2] == [(done[2], unit)], verb
         finished.clear()
     assert all(np.array_equal(b, d) for b, d in zip(bufs, data))
     os.close(fd)
