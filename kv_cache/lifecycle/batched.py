@@ -68,6 +68,8 @@ class BatchedPaths:
                 else:
                     spent, intact = self._judge(e, outs[j], r, bufs, defer=True)
                     storage_ns += spent
+                    if intact and self._bytes_checked(r):
+                        bufs.verified(j, outs[j])
                 tiers.append(r if intact else None)
                 if not intact and to_first_miss:
                     self.cache.unpin(window[j + 1:])
@@ -77,6 +79,11 @@ class BatchedPaths:
             self.cache.commit_promotions()
             storage_ns += now_ns() - start
         return storage_ns, tiers
+
+    def _bytes_checked(self, tier: int) -> bool:
+        """A block read from tier and judged intact was checked byte for byte, or by its checksum (not only its
+        stamps, nor taken on trust from a tier that keeps no bytes)."""
+        return self.verify in ("checksum", "full") and self.cache.verifiable[tier]
 
     def _judge(self, e, data, tier: int, bufs: WorkerBuffers, verdict: bool | None = None,
                defer: bool = False) -> tuple[int, bool]:

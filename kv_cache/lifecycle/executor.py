@@ -168,6 +168,8 @@ class Lifecycle(BatchedPaths, HandoffPaths):
             spent = read_at - start
             verdict = self._verdict(parts.intact(), start) if parts is not None else None
             release_ns, intact = self._judge(e, data, tier, bufs, verdict)
+            if intact and not parted and self._bytes_checked(tier):
+                bufs.verified(None, data)
             host = now_ns() - read_at - release_ns + (parts.ns if parts is not None else 0)
         finally:
             self.recorder.end_split(host)

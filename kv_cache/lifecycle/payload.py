@@ -242,6 +242,13 @@ class PayloadPool:
         return True
 
 
+def large_bytes(data: np.ndarray) -> int:
+    """How many bytes of a LARGE payload data holds, its stamps aside, as lend's kept counts them: its size where it is
+    one at place 0 (larger than a segment; the one place lend makes them at), else 0. Asked of a block read back and
+    found intact by its bytes (its checksum, or every byte): the buffer it landed in makes the next by its stamps."""
+    return data.size if data.size > SEGMENT_BYTES and place_of(data) == 0 else 0
+
+
 def stamped_with(key: int, data: np.ndarray) -> bool:
     """True when every 4 KiB page of data carries key's stamp (the word at its start): a quick test, without the
     pool, that a block read from memory another process writes was not (partly) replaced by another block."""

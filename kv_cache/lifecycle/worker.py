@@ -9,6 +9,7 @@ import numpy as np
 import xxhash
 
 from kv_cache.buffers import HUGE, aligned_buffer, direct_aligned
+from kv_cache.lifecycle.payload import large_bytes
 
 
 def buffer_bytes(max_object_bytes: int) -> int:
@@ -51,6 +52,13 @@ class WorkerBuffers:
         if data is buf:  # made there (a pool slice lent instead leaves the buffer as it was, but says nothing)
             self._kept[i] = nbytes
         return data, held
+
+    def verified(self, i: int | None, data: np.ndarray) -> None:
+        """A block read into the i-th in-flight block's buffer (None: the block buffer's) was found intact by its
+        bytes (its checksum, or every byte): a LARGE payload there is kept as one made there (large_bytes)."""
+        kept = large_bytes(data)
+        if kept:
+            self._kept[i] = kept
 
     def pinned(self) -> list[np.ndarray]:
         """Every buffer a GPU tier copies to or from directly (registered as pinned before the clock)."""

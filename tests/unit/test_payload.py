@@ -316,3 +316,22 @@ def test_a_worker_buffer_read_into_is_made_again_whole_not_only_stamped(pool, sl
     read[:] = block(pool, 9, 2 * PAGE)[0]  # a read landed there: another block's bytes
     data, _ = bufs.lend(pool, 7, LARGE_BLOCK, slot)
     assert np.array_equal(data, block(pool, 7, LARGE_BLOCK))
+
+
+def test_a_large_payload_read_back_and_found_intact_makes_the_next_in_its_buffer_by_its_stamps(pool, monkeypatch):
+    """A block read into a worker's buffer and checked by its bytes (checksum or every byte) leaves a LARGE payload
+    there: the next write from that buffer stamps it again. One of a segment or less (its bytes the key's), or at
+    another place, leaves nothing kept: the next is made whole."""
+    bufs = WorkerBuffers(LARGE_BLOCK, fake_io=False, batch=2)
+    fills = []
+    real_fill = pool.fill
+    monkeypatch.setattr(pool, "fill", lambda *a, **k: fills.append(a[0]) or real_fill(*a, **k))
+    for read, key, place, kept in ((LARGE_BLOCK, 5, 0, True), (SEGMENT_BYTES, 6, 0, False),
+                                   (LARGE_BLOCK, 7, 3, False)):
+        view = bufs.batch_view(1, read)
+        real_fill(key, view, place=place)  # the block read back
+        bufs.verified(1, view)
+        fills.clear()
+        data, _ = bufs.lend(pool, 9, LARGE_BLOCK, 1)
+        assert (not fills) == kept, (read, place)
+        assert np.array_equal(data, block(pool, 9, LARGE_BLOCK)), (read, place)
