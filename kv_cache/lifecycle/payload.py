@@ -168,8 +168,8 @@ class PayloadPool:
         pool pages, by this thread's batch or another's), or the payload is larger (its segments lie apart in the
         pool), it is filled into out at place 0, which is returned with no region held: a lend never waits, so a
         batch may hold many payloads while others lend theirs. kept: how many bytes of out still hold a payload
-        larger than a segment that was made there (returned by a lend into out, at place 0) and has not been
-        written over since; a larger payload that fits in them is made by stamping out again.
+        larger than a segment (made there by a lend, or read there and found intact by its bytes: large_bytes)
+        that has not been written over since; a larger payload that fits in them is made by stamping out again.
         """
         if out.size > SEGMENT_BYTES and kept >= out.size:  # the same bytes (LARGE) but for the stamps
             self._stamp(key, out)
