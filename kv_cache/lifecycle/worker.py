@@ -31,23 +31,30 @@ class WorkerBuffers:
         self.arena = aligned_buffer(batch * self.each) if batch and not fake_io else None
         self._kept: dict[int | None, int] = {}  # buffer (None: the block's) -> bytes of a payload made there
 
+    def _buffer(self, i: int | None, nbytes: int) -> np.ndarray:
+        """The first nbytes of the i-th in-flight block's buffer (None: the block buffer); a new array where the
+        worker has no such buffer (fake I/O)."""
+        if i is None:
+            return self.block[:nbytes] if not self.fake_io else np.empty(nbytes, dtype=np.uint8)
+        if self.arena is None:
+            return np.empty(nbytes, dtype=np.uint8)
+        return self.arena[i * self.each:i * self.each + nbytes]
+
     def view(self, nbytes: int) -> np.ndarray:
         """The block buffer, to read into (what a payload made there left is forgotten)."""
         self._kept.pop(None, None)
-        return self.block[:nbytes] if not self.fake_io else np.empty(nbytes, dtype=np.uint8)
+        return self._buffer(None, nbytes)
 
     def batch_view(self, i: int, nbytes: int) -> np.ndarray:
         """The i-th in-flight block's buffer, to read into (what a payload made there left is forgotten)."""
         self._kept.pop(i, None)
-        if self.arena is None:
-            return np.empty(nbytes, dtype=np.uint8)
-        return self.arena[i * self.each:i * self.each + nbytes]
+        return self._buffer(i, nbytes)
 
     def lend(self, payloads, key: int, nbytes: int, i: int | None = None) -> tuple[np.ndarray, range]:
         """key's payload to write from, for the i-th in-flight block (None: the block buffer's): PayloadPool.lend
         into that buffer, told what of the payload last made there is still there (nothing read into it since:
         view and batch_view forget it), so that a large one is made again by its stamps alone."""
-        buf = self.block[:nbytes] if i is None else self.arena[i * self.each:i * self.each + nbytes]
+        buf = self._buffer(i, nbytes)
         data, held = payloads.lend(key, buf, self._kept.pop(i, 0))
         if data is buf:  # made there (a pool slice lent instead leaves the buffer as it was, but says nothing)
             self._kept[i] = nbytes

@@ -89,7 +89,7 @@ class UringEngine(Engine):
             in_flight(sum(when) - submitted)
         except OSError:
             got = [-1] * len(sqes)
-        out, fix = [0] * len(ios), []
+        out, fix, base = [0] * len(ios), [], len(units or ())
         for i, (a, b) in enumerate(spans):
             last = sqes[b - 1][4]
             if b - a == 1:
@@ -98,21 +98,14 @@ class UringEngine(Engine):
                 whole, out[i] = got[a:b - 1].count(step) == b - 1 - a and got[b - 1] == last, max(when[a:b])
             if not whole:
                 fix.append(i)
-            elif units is not None:
-                units.append([*zip(when[a:b - 1], repeat(step)), (when[b - 1], last)])
+            if units is not None:  # one finished below: its units filled in then
+                units.append([*zip(when[a:b - 1], repeat(step)), (when[b - 1], last)] if whole else [])
         verb = self.write if op == OP_WRITE else self.read
         for i, res in zip(fix, in_turn(verb, [ios[i] for i in fix], unit) if fix else []):
             out[i] = res  # one after another, each timed in flight as the direct engine's are
-        if units is not None and fix:
-            units[:] = self._units_with(units, spans, sqes, fix, out)
+            if units is not None and not isinstance(res, BaseException):  # each of its units done when it was
+                units[base + i] = [(res, sqes[u][4]) for u in range(*spans[i])]
         return out
-
-    @staticmethod
-    def _units_with(units: list, spans: list, sqes: list, fix: list[int], out: list) -> list:
-        """units, in I/O order, with those of each I/O the one-by-one path finished (fix): each done when it was."""
-        redone, done = iter(units), set(fix)  # units holds the others' only
-        return [next(redone) if i not in done else [] if isinstance(out[i], BaseException) else
-                [(out[i], sqes[u][4]) for u in range(*spans[i])] for i in range(len(spans))]
 
     def _ring(self) -> Ring:
         ring = getattr(self._local, "ring", None)
