@@ -138,9 +138,13 @@ def banner(s: Settings, b: RunContext, traffic: Traffic, analysis: dict, dist: D
     lines = [f"  tier {t.name}: {t.capacity_bytes / 2**30:.2f} GiB, {t.description}" for t in b.tiers]
     lines += [f"  note: {n}" for n in b.notes] + _describe(traffic, analysis)
     writes = planned_writes(s, b, analysis)
-    lines += [writes] if writes else []
+    return lines + ([writes] if writes else [])
+
+
+def running_line(s: Settings, b: RunContext, traffic: Traffic, dist: Dist) -> str:
+    """Said as the clock starts (from inside the runner's watch for Ctrl-C), so a signal after it always keeps
+    results: the preconditioning and the workers' buffers come before it."""
     who = f"{len(traffic.users)} users" if traffic.users is not None else f"open loop ({traffic.arrival})"
     ranks = f" on each of {dist.size} MPI ranks (rank 0 shown)" if dist.active else ""
-    lines.append(f"  running: {s.run.warmup_s:g} s warm-up + {s.run.duration_s:g} s measured, {who}, "
-                 f"{b.workers} workers{ranks} (Ctrl-C stops cleanly)")
-    return lines
+    return (f"  running: {s.run.warmup_s:g} s warm-up + {s.run.duration_s:g} s measured, {who}, "
+            f"{b.workers} workers{ranks} (Ctrl-C stops cleanly)")

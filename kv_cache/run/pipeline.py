@@ -30,7 +30,7 @@ from kv_cache.recorder.telemetry import Telemetry
 from kv_cache.report.console import render
 from kv_cache.run import capacity_curve, outfolder
 from kv_cache.run.budget import peak_rss_bytes
-from kv_cache.run.describe import banner, nothing_measured, run_info, warnings_of
+from kv_cache.run.describe import banner, nothing_measured, run_info, running_line, warnings_of
 from kv_cache.run.distributed import Dist
 from kv_cache.run.geometry import chain_id
 from kv_cache.run.handoff import finish_role
@@ -194,7 +194,9 @@ def _load_phase(run: RunSpec, p: Prepared, st: Stages) -> tuple[RunOutcome, dict
     precondition = _precondition(run.s, p.ctx, run.say) if run.s.tiers.precondition else None
     run.dist.barrier()  # every rank starts its clock together
     _wait_for_start(run.s.run.start_at, run.say)
-    outcome = st.runner.run(run.s.run.warmup_s, run.s.run.duration_s, run.s.run.max_requests)
+    running = running_line(run.s, p.ctx, p.traffic, run.dist)
+    outcome = st.runner.run(run.s.run.warmup_s, run.s.run.duration_s, run.s.run.max_requests,
+                            started=lambda: run.say(running))
     st.progress.close()
     return outcome, precondition
 

@@ -19,6 +19,7 @@ import heapq
 import queue
 import threading
 import time
+import typing
 from collections import deque
 from dataclasses import dataclass
 
@@ -192,9 +193,11 @@ class Runner:
             self.outcome.fault, self.outcome.stopped_reason = f"stopped by a peer: {message}", "peer_fault"
             self._stop.set()
 
-    def run(self, warmup_s: float, duration_s: float, max_requests: int = 0) -> RunOutcome:
-        """Run warm-up then measurement; return how it ended (results are in the recorder). Signals are deferred
-        when it returns (see signals.py): the caller calls signals.resume()."""
+    def run(self, warmup_s: float, duration_s: float, max_requests: int = 0,
+            started: typing.Callable[[], None] | None = None) -> RunOutcome:
+        """Run warm-up then measurement; return how it ended (results are in the recorder). started is called once
+        the clock runs, when a signal stops the run with results. Signals are deferred when it returns (see
+        signals.py): the caller calls signals.resume()."""
         states = [self.make_worker_state() for _ in range(self.num_workers)]  # touched before the clock starts
         start = self.clock.now_ns()
         self.outcome.start_ns = start
@@ -209,6 +212,8 @@ class Runner:
         if self.controller is not None:
             self.controller.start(self, start, measure_at)
         try:
+            if started is not None:
+                started()
             self._dispatch(start, measure_at, deadline, max_requests)
         except KeyboardInterrupt:
             self.outcome.stopped_reason = "interrupted"
