@@ -59,6 +59,19 @@ PLACE_TAG_PAGES = SEGMENT_BYTES // PAGE  # each place's tags kept for payloads u
 # again (lend's `kept`): 0.006 CPU-s a GiB, against 0.15 for the copy of 80 MiB (llama70b's 256-token block)
 # from the pool, which took the whole program to 1.6-1.9x fio's CPU a GiB at 80 MiB blocks (issue 48).
 LARGE = 0
+# NOTE: a pool may hold copies of its bytes (pool_copies): a lend whose place's regions are held in one copy takes the
+# same place in the next, so the stamps, the offsets and what a check compares do not change with the count (another
+# process, with more workers and more copies, makes and checks the same payloads). A batch's payloads in flight grow
+# with workers x --max-inflight x block: with 4 workers of 32 blocks of 2 MiB (256 MiB) over one 128 MiB pool, 46 % of
+# the lends found every place held and copied their payload (0.18 CPU-s a GiB; 0.13 with the bytes in flight at most
+# half the pool); 16 workers of 512 KiB blocks, 53 % (issue 48).
+MOST_COPIES = 8  # 1 GiB at most, whatever the run: 16 workers of 32 blocks of 2 MiB (1 GiB in flight) still copy some
+
+
+def pool_copies(in_flight: int, span_bytes: int = POOL_SPAN_BYTES) -> int:
+    """How many copies of a pool of span_bytes (its segment's reach beyond) keep the payloads lent at once, in_flight
+    bytes, within half of it: at least one, at most MOST_COPIES."""
+    return max(1, min(MOST_COPIES, -(-2 * in_flight // (span_bytes + SEGMENT_BYTES))))
 
 
 def stamp_bytes(largest: int, in_flight: int) -> int:
@@ -82,30 +95,40 @@ class PayloadPool:
     """Builds and checks block payloads; thread-safe (the pool changes after construction only in its stamp
     words, under the region locks of lend())."""
 
-    def __init__(self, seed: int, span_bytes: int = POOL_SPAN_BYTES):
+    def __init__(self, seed: int, span_bytes: int = POOL_SPAN_BYTES, copies: int = 1):
         span_bytes = max(PAGE, span_bytes // PAGE * PAGE)
-        self.pool = aligned_buffer(span_bytes + SEGMENT_BYTES)
+        self.copy_bytes = span_bytes + SEGMENT_BYTES  # one copy: what fill() and check() read (the first)
+        self._all = aligned_buffer(self.copy_bytes * copies)
+        self.pool = self._all[:self.copy_bytes]
         rng = np.random.default_rng([seed, 0x9A7])
         words = self.pool.view(np.uint64)
         words[:] = rng.integers(0, np.iinfo(np.uint64).max, size=words.size, dtype=np.uint64, endpoint=True)
+        for c in range(1, copies):
+            np.copyto(self._all[c * self.copy_bytes:(c + 1) * self.copy_bytes], self.pool)
+        self.copies = copies
         self.num_offsets = span_bytes // PAGE
         # NOTE: one array of tags, for the most pages seen, sliced for fewer. One per page count grew without
         # bound in whole-request mode, where nearly every object has a size of its own: 24 MiB for each distinct
         # 4 GiB object (the MLPerf reference's shape filled tens of GiB this way).
         self._page_tags = np.zeros(0, dtype=np.uint64)
         self._by_place = np.zeros((PLACES, 0), dtype=np.uint64)  # each place's tags, pages up to a segment's
-        self._regions = [threading.Lock() for _ in range(-(-self.pool.size // REGION_BYTES))]
+        self._regions = [threading.Lock() for _ in range(-(-self._all.size // REGION_BYTES))]
 
     @property
     def nbytes(self) -> int:
-        return self.pool.size
+        return self._all.size
+
+    @property
+    def host_memory(self) -> np.ndarray:
+        """Every copy: the memory a payload is lent from (a GPU registers it for its copies)."""
+        return self._all
 
     def _offset(self, key: int, segment: int, place: int = 0, nbytes: int = SEGMENT_BYTES) -> int:
         """Pool offset of a segment of key's payload at one of its places. Place 0 starts in the span; another
         place of a payload of nbytes anywhere it fits in the whole pool (twice the span's room for a lend)."""
         mixed = ((int(key) + segment * 0x632BE59BD9B4E019 + place * 0xD6E8FEB86659FD93) * 0x9E3779B97F4A7C15
                  ) & 0xFFFF_FFFF_FFFF_FFFF
-        starts = (self.pool.size - nbytes) // PAGE + 1 if place else self.num_offsets
+        starts = (self.copy_bytes - nbytes) // PAGE + 1 if place else self.num_offsets
         return (mixed >> 40) % starts * PAGE
 
     def _segments(self, key: int, nbytes: int, offset: int = 0, place: int = 0,
@@ -177,11 +200,12 @@ class PayloadPool:
         if out.size <= SEGMENT_BYTES:
             for place in range(PLACES):
                 off = self._offset(key, 0, place, out.size)
-                held = range(off // REGION_BYTES, (off + out.size - 1) // REGION_BYTES + 1)
-                if self._take(held):
-                    view = self.pool[off:off + out.size]
-                    self._stamp(key, view, 0, place)
-                    return view, held
+                for at in range(off, self._all.size, self.copy_bytes):  # the place in each copy in turn
+                    held = range(at // REGION_BYTES, (at + out.size - 1) // REGION_BYTES + 1)
+                    if self._take(held):
+                        view = self._all[at:at + out.size]
+                        self._stamp(key, view, 0, place)
+                        return view, held
         self.fill(key, out)
         return out, range(0)
 

@@ -21,12 +21,20 @@ from kv_cache.run.handoff import abandon_role, open_handoff, size_handoff
 from kv_cache.run.leftovers import set_state
 from kv_cache.run.serving import qos_policy
 from kv_cache.run.site import check_dir, storage_site
-from kv_cache.run.sizing import default_workers, io_shape, memory_budget, probe_workers, worker_ceiling
+from kv_cache.run.sizing import (
+    default_workers,
+    io_shape,
+    memory_budget,
+    payload_copies,
+    pool_note,
+    probe_workers,
+    worker_ceiling,
+)
 from kv_cache.run.stack import RunContext, build_tiers, gds_link, open_gpu, pin_host_memory
 from kv_cache.run.traffic import Traffic, build_traffic
 
 
-def build(s: Settings, reg, run_id: str, payloads: PayloadPool | None, *, rank: int = 0, join: bool = False,
+def build(s: Settings, reg, run_id: str, *, rank: int = 0, join: bool = False,
            probe: bool = True, link=None, memory: tuple[int, int] | None = None) -> RunContext:
     """reg: the registry (run/registry.py); probe: --workers 0 may step the storage tier's concurrency (not under
     MPI: ranks would probe each other); link: the traffic's handoff link (a NIXL decode node's); memory: (the
@@ -41,6 +49,7 @@ def build(s: Settings, reg, run_id: str, payloads: PayloadPool | None, *, rank: 
     sized = replace(s, "schedule.workers", n)  # buffers, lanes, connections and the budget for the threads that run
     budget = memory_budget(sized, geo, reg, gpu)
     check_fits(budget, n, buffer_bytes(geo.io_bytes), *(memory or ()))
+    payloads = None if s.tiers.null_io else PayloadPool(s.run.seed, copies=payload_copies(sized, geo.io_bytes))
     fill = payloads.fill if payloads else None
     tiers, site = [], None
     try:
@@ -59,11 +68,11 @@ def build(s: Settings, reg, run_id: str, payloads: PayloadPool | None, *, rank: 
         raise
     gds_note = f"GDS path: {gds.mode}; its landing and gather buffers take {gds.buffer_bytes / 2**20:,.0f} MiB of " \
         f"HBM beside the GPU tier. GDS: {gds.batch_path()}" if gds else ""
-    notes += [io_shape(sized, tiers, n, geo.io_bytes, gds)]
+    notes += [x for x in (io_shape(sized, tiers, n, geo.io_bytes, gds), pool_note(sized, geo.io_bytes)) if x]
     notes += [x for x in (gpu_note, gds_note, *(site.warnings if site else []), handoff_size_note, handoff_note,
                           probe_note) if x]
     return RunContext(geo, site, tiers, notes, budget, n, handoff, probe=steps, gds=gds,
-                      handoff_gb=s.disagg.handoff_gb)
+                      handoff_gb=s.disagg.handoff_gb, payloads=payloads)
 
 
 def _sized_handoff(s: Settings, reg, geo, gpu, n: int) -> tuple[Settings, int, str]:
@@ -144,17 +153,16 @@ def prepare(run: RunSpec) -> Prepared:
         qos_policy(s)  # a bad --qos-mix is refused here, before any data is written
         if not s.tiers.null_io and s.tiers.nvme == "on" and s.tiers.cache_dir:
             check_dir(os.path.abspath(s.tiers.cache_dir))  # a wrong folder is said before the payload pool is made
-        payloads = None if s.tiers.null_io else PayloadPool(s.run.seed)
         if not run.shared:
-            b = build(s, run.reg, f"{run.run_id}-r{dist.rank}" if dist.active else run.run_id, payloads,
+            b = build(s, run.reg, f"{run.run_id}-r{dist.rank}" if dist.active else run.run_id,
                       rank=dist.rank, probe=not dist.active, link=traffic.handoff_link, memory=memory)
         elif dist.rank == 0:  # rank 0 makes the shared namespace; the others join it
-            b = build(s, run.reg, run.run_id, payloads, probe=False, memory=memory)
+            b = build(s, run.reg, run.run_id, probe=False, memory=memory)
     except UserError as e:
         error = str(e)
     if run.shared and dist.bcast(error is None and b is not None) and dist.rank and error is None:
         try:
-            b = build(s, run.reg, run.run_id, payloads, rank=dist.rank, join=True, probe=False, memory=memory)
+            b = build(s, run.reg, run.run_id, rank=dist.rank, join=True, probe=False, memory=memory)
         except UserError as e:
             error = str(e)
     try:
@@ -164,4 +172,4 @@ def prepare(run: RunSpec) -> Prepared:
             close(b, not s.run.keep_data and not (run.shared and dist.rank), role_open=True)
         raise
     b.notes[:0] = ignored
-    return Prepared(traffic, payloads, b)
+    return Prepared(traffic, b.payloads, b)

@@ -11,7 +11,7 @@ from kv_cache.buffers import direct_aligned
 from kv_cache.config import Settings, replace
 from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.donors import store_bytes
-from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES, stamp_bytes
+from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES, pool_copies, stamp_bytes
 from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.lifecycle.worker import buffer_bytes
 from kv_cache.model import GiB
@@ -89,6 +89,26 @@ def io_shape(s: Settings, tiers: list, n: int, io_bytes: int, gds=None) -> str:
             f"in the summary's queue depth); {paths}")
 
 
+def _lent(s: Settings, io_bytes: int) -> int:
+    """The payload bytes the workers lend at once: a batch's blocks (one, serial), each an I/O of io_bytes, while
+    they are written; none is lent past a pool segment (payload.py: LARGE)."""
+    return 0 if io_bytes > SEGMENT_BYTES else workers(s) * max(1, batch_depth(s, io_bytes)) * io_bytes
+
+
+def payload_copies(s: Settings, io_bytes: int) -> int:
+    """Copies of the payload pool for the payloads the workers lend at once (payload.pool_copies)."""
+    return pool_copies(_lent(s, io_bytes))
+
+
+def pool_note(s: Settings, io_bytes: int) -> str:
+    """The banner's line on a payload pool of more than one copy: why the run holds that memory."""
+    copies, one = payload_copies(s, io_bytes), (POOL_SPAN_BYTES + SEGMENT_BYTES) >> 20
+    if copies == 1:
+        return ""
+    return (f"payload pool: {copies * one:,} MiB, {copies} copies of {one} MiB, for the {_lent(s, io_bytes) >> 20:,} "
+            f"MiB of new blocks the workers write at once: each is lent from it where its pages are free, not copied")
+
+
 def workers(s: Settings) -> int:
     return s.schedule.workers or default_workers()
 
@@ -141,7 +161,7 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
     staging = 0 if fake else workers(s) * (buffer_bytes(geo.io_bytes) + scratch + arena)
     # the GPU tier's lanes (StackContext.lanes) and the CUDA runtime's own host memory
     lanes = 0 if gpu is None else (workers(s) + 1) * geo.io_bytes + getattr(gpu, "runtime_bytes", 0)
-    pool = 0 if fake else POOL_SPAN_BYTES + SEGMENT_BYTES
+    pool = 0 if fake else payload_copies(s, geo.io_bytes) * (POOL_SPAN_BYTES + SEGMENT_BYTES)
     # the pool's tags (for the largest object, and each place's) and each worker's check rows in flight (one I/O)
     stamps = 0 if fake else stamp_bytes(geo.max_object_bytes, geo.io_bytes * workers(s))
     return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s),

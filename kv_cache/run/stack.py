@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.handoff import Loader, Publisher
+from kv_cache.lifecycle.payload import PayloadPool
 from kv_cache.lifecycle.worker import WorkerBuffers
 from kv_cache.model import GiB
 from kv_cache.run.budget import MemoryBudget
@@ -36,6 +37,7 @@ class RunContext:
     probe: list[tuple[int, float]] = field(default_factory=list)  # --workers 0: (threads, GB/s) of each step
     gds: GdsLink | None = None           # --gds: NVMe <-> HBM without the host bounce
     handoff_gb: float = 0.0              # a prefill node's handoff space as sized (auto: 0 in the settings)
+    payloads: PayloadPool | None = None  # the blocks' bytes (none where no bytes move: --null-io)
 
 
 def resolved(s: Settings, b: RunContext, reg) -> Settings:
@@ -81,7 +83,7 @@ def pin_host_memory(tiers: list, payloads) -> None:
     pinning = [t for t in tiers if PINS_HOST in t.flags]
     if not pinning:
         return
-    host = [arr for t in tiers for arr in t.host_memory()] + ([payloads.pool] if payloads is not None else [])
+    host = [arr for t in tiers for arr in t.host_memory()] + ([payloads.host_memory] if payloads is not None else [])
     for t in pinning:
         for arr in host:
             try:

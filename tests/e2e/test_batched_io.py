@@ -90,6 +90,18 @@ def test_the_depth_the_device_was_given_is_measured_and_is_the_batch_s(small_run
            f"in flight (p95 {load['in_flight_p95']:g})" in said
 
 
+def test_the_payload_pool_holds_a_copy_for_each_half_of_it_the_workers_lend_at_once(small_run):
+    """2 workers of 32 blocks of 2 MiB write 128 MiB at once: over one 128 MiB pool, nearly half the lends found every
+    place held and copied their payload. The pool has two copies, in the memory budget and said; serial, one."""
+    for mode, copies in (("batched", 2), ("serial", 1)):
+        r = run_cli(small_run(mode, *bounded(4), "--request-io", mode, quiet=False))
+        assert r.returncode == 0, r.stderr
+        assert small_run.results(mode)["memory"]["budget"]["payload_pool"] == copies * (128 << 20)
+        said = " ".join(r.stdout.split())
+        assert ("payload pool: 256 MiB, 2 copies of 128 MiB, for the 128 MiB of new blocks the workers write at once"
+                in said) == (copies == 2), said
+
+
 @pytest.mark.slow  # a run and the bench's module: make test-all (CI)
 def test_the_tier_s_depth_is_in_results_and_e2e_bench_s_fio_runs_at_it(small_run):
     """With --io-unit layer a batch of 4 blocks of 32 layer groups is 128 I/Os; the direct engine's pool keeps 64 of

@@ -5,9 +5,10 @@ from found import REGISTRY, SECTIONS
 
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
+from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
 from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, check_fits
 from kv_cache.run.geometry import geometry
-from kv_cache.run.sizing import memory_budget
+from kv_cache.run.sizing import memory_budget, payload_copies
 
 GiB = 2**30
 
@@ -30,6 +31,18 @@ def test_budget_parts():
     assert b.backlog_bytes == 0  # a closed loop: its users wait for their answers (an open loop's is below)
     assert b.total_bytes == (b.cpu_tier_bytes + b.staging_bytes + b.payload_pool_bytes + b.overhead_bytes
                              + b.bookkeeping_bytes + b.payload_stamps_bytes + b.backlog_bytes)
+
+
+def test_the_payload_pool_has_a_copy_for_each_half_of_it_the_workers_lend_at_once():
+    """Its bytes in the budget and in the run alike (prepare.build makes the pool with payload_copies)."""
+    one = POOL_SPAN_BYTES + SEGMENT_BYTES
+    for workers, tokens, request_io, copies in ((4, 16, "batched", 4), (2, 16, "batched", 2), (4, 4, "batched", 1),
+                                                 (16, 16, "serial", 1), (4, 256, "batched", 1)):
+        s = resolve(None, [], {"model.name": "llama8b" if tokens < 256 else "llama70b", "model.block_tokens": tokens,
+                               "schedule.workers": workers, "schedule.request_io": request_io},
+                    media_sections=SECTIONS)
+        assert payload_copies(s, geometry(s).io_bytes) == copies, (workers, tokens, request_io)
+        assert memory_budget(s, geometry(s), REGISTRY).payload_pool_bytes == copies * one
 
 
 def test_a_tier_too_large_to_keep_track_of_is_refused_before_anything_is_built():
@@ -107,7 +120,6 @@ def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monke
     the budget's allocated parts within 10 %. The fake device's slabs stand in for HBM and are left out."""
     import gc
 
-    from kv_cache.lifecycle.payload import PayloadPool
     from kv_cache.run import prepare, stack
     from kv_cache.tiers.devices import FakeDevice
 
@@ -120,8 +132,8 @@ def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monke
                            "profiles.document.max_context_tokens": "1024"}, media_sections=SECTIONS)
     gc.collect()
     before = _rss()
-    payloads = PayloadPool(s.run.seed)
-    b = prepare.build(s, REGISTRY, "budget-check", payloads)
+    b = prepare.build(s, REGISTRY, "budget-check")
+    payloads = b.payloads
     try:
         geo = b.geo
         bufs = [stack.worker_state(b.tiers, geo.io_bytes, False)() for _ in range(b.workers)]

@@ -9,7 +9,17 @@ import numpy as np
 import pytest
 
 from kv_cache.buffers import aligned_buffer
-from kv_cache.lifecycle.payload import PAGE, SEGMENT_BYTES, PayloadPool, block_digest, place_of
+from kv_cache.lifecycle.payload import (
+    MOST_COPIES,
+    PAGE,
+    PLACES,
+    POOL_SPAN_BYTES,
+    SEGMENT_BYTES,
+    PayloadPool,
+    block_digest,
+    place_of,
+    pool_copies,
+)
 from kv_cache.lifecycle.worker import WorkerBuffers
 
 
@@ -18,9 +28,9 @@ def pool():
     return PayloadPool(seed=3, span_bytes=8 << 20)
 
 
-def block(pool, key, nbytes=256 * 1024):
+def block(pool, key, nbytes=256 * 1024, place=0):
     buf = aligned_buffer(nbytes)
-    pool.fill(key, buf)
+    pool.fill(key, buf, place=place)
     return buf
 
 
@@ -125,6 +135,35 @@ def test_a_lent_payload_is_the_filled_payload_without_a_copy(pool):
     big = aligned_buffer(SEGMENT_BYTES + PAGE)
     view, held = pool.lend(9, big)  # segments apart in the pool: filled into out, nothing held
     assert view is big and not held and np.array_equal(big, block(pool, 9, big.size))
+
+
+def test_a_place_held_in_one_copy_of_the_pool_is_lent_from_the_next_not_copied():
+    """A key's payload lent again and again, none given back: a pool of c copies lends it in place PLACES x c times
+    (each place in each copy; one in a later copy the same bytes and stamps as fill() makes), the next is filled into
+    the worker's buffer."""
+    for copies in (1, 2):
+        pool = PayloadPool(seed=3, span_bytes=8 << 20, copies=copies)
+        assert pool.nbytes == copies * ((8 << 20) + SEGMENT_BYTES)
+        held = [pool.lend(9, aligned_buffer(256 * 1024)) for _ in range(PLACES * copies)]
+        try:
+            assert all(r for _, r in held)  # every one lent in place, none copied
+            later = [v for v, _ in held if not np.shares_memory(v, pool.pool)]
+            assert len(later) == (PLACES if copies == 2 else 0)
+            for v in later:
+                assert np.array_equal(v, block(pool, 9, v.size, place=place_of(v)))
+            out = aligned_buffer(256 * 1024)
+            view, regions = pool.lend(9, out)
+            assert view is out and not regions  # every place of every copy held: a copy into the buffer
+        finally:
+            for _, r in held:
+                pool.give_back(r)
+
+
+def test_the_pool_s_copies_keep_the_payloads_in_flight_within_half_of_it():
+    one = POOL_SPAN_BYTES + SEGMENT_BYTES
+    assert pool_copies(0) == 1 and pool_copies(one // 2) == 1
+    assert pool_copies(4 * 32 * (2 << 20)) == 4  # 4 workers of 32 blocks of 2 MiB: 256 MiB in flight
+    assert pool_copies(16 * 32 * (512 << 10)) == 4 and pool_copies(16 * 32 * (2 << 20)) == MOST_COPIES
 
 
 def test_lent_payloads_that_overlap_in_the_pool_never_change_under_each_other():
