@@ -105,7 +105,7 @@ class PayloadPool:
         words[:] = rng.integers(0, np.iinfo(np.uint64).max, size=words.size, dtype=np.uint64, endpoint=True)
         for c in range(1, copies):
             np.copyto(self._all[c * self.copy_bytes:(c + 1) * self.copy_bytes], self.pool)
-        self.copies = copies
+        self._copy_starts = tuple(range(0, self._all.size, self.copy_bytes))
         self.num_offsets = span_bytes // PAGE
         # NOTE: one array of tags, for the most pages seen, sliced for fewer. One per page count grew without
         # bound in whole-request mode, where nearly every object has a size of its own: 24 MiB for each distinct
@@ -200,7 +200,8 @@ class PayloadPool:
         if out.size <= SEGMENT_BYTES:
             for place in range(PLACES):
                 off = self._offset(key, 0, place, out.size)
-                for at in range(off, self._all.size, self.copy_bytes):  # the place in each copy in turn
+                for start in self._copy_starts:  # the place in each copy in turn
+                    at = start + off
                     held = range(at // REGION_BYTES, (at + out.size - 1) // REGION_BYTES + 1)
                     if self._take(held):
                         view = self._all[at:at + out.size]
