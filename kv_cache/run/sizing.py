@@ -91,8 +91,11 @@ def io_shape(s: Settings, tiers: list, n: int, io_bytes: int, gds=None) -> str:
 
 def _lent(s: Settings, io_bytes: int) -> int:
     """The payload bytes the workers lend at once: a batch's blocks (one, serial), each an I/O of io_bytes, while
-    they are written; none is lent past a pool segment (payload.py: LARGE)."""
-    return 0 if io_bytes > SEGMENT_BYTES else workers(s) * max(1, batch_depth(s, io_bytes)) * io_bytes
+    they are written; none is lent past a pool segment (payload.py: LARGE), nor counted for whole-request objects
+    (--block-tokens 0: an object of more than a segment, the reference's usual, is made part by part, not lent)."""
+    if io_bytes > SEGMENT_BYTES or not s.model.block_tokens:
+        return 0
+    return workers(s) * max(1, batch_depth(s, io_bytes)) * io_bytes
 
 
 def payload_copies(s: Settings, io_bytes: int) -> int:

@@ -8,7 +8,7 @@ from kv_cache.errors import UserError
 from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
 from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, check_fits
 from kv_cache.run.geometry import geometry
-from kv_cache.run.sizing import memory_budget, payload_copies
+from kv_cache.run.sizing import batch_depth, demotion_depth, memory_budget, payload_copies
 
 GiB = 2**30
 
@@ -37,7 +37,7 @@ def test_the_payload_pool_has_a_copy_for_each_half_of_it_the_workers_lend_at_onc
     """Its bytes in the budget and in the run alike (prepare.build makes the pool with payload_copies)."""
     one = POOL_SPAN_BYTES + SEGMENT_BYTES
     for workers, tokens, request_io, copies in ((4, 16, "batched", 4), (2, 16, "batched", 2), (4, 4, "batched", 1),
-                                                 (16, 16, "serial", 1), (4, 256, "batched", 1)):
+                                                 (16, 16, "serial", 1), (4, 256, "batched", 1), (16, 0, "serial", 1)):
         s = resolve(None, [], {"model.name": "llama8b" if tokens < 256 else "llama70b", "model.block_tokens": tokens,
                                "schedule.workers": workers, "schedule.request_io": request_io},
                     media_sections=SECTIONS)
@@ -114,10 +114,12 @@ def _rss() -> int:
         return int(f.read().split()[1]) * 4096
 
 
-def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monkeypatch):
-    """The reference's shape (one object per request, GiB-sized at llama8b) on the fake device: what building the
-    run and its workers really makes resident (tiers, lanes, workers' buffers, payload pool and its templates) is
-    the budget's allocated parts within 10 %. The fake device's slabs stand in for HBM and are left out."""
+@pytest.mark.parametrize("tokens", ["0", "16"])
+def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monkeypatch, tokens):
+    """The reference's shape (one object per request, GiB-sized at llama8b) and 2 MiB blocks in batches (the payload
+    pool's copies: 3 workers x 32 blocks lent at once, 3 copies) on the fake device: what building the run and its
+    workers really makes resident (tiers, lanes, workers' buffers, payload pool and its templates) is the budget's
+    allocated parts within 10 %. The fake device's slabs stand in for HBM and are left out."""
     import gc
 
     from kv_cache.run import prepare, stack
@@ -125,7 +127,7 @@ def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monke
 
     dev = FakeDevice(hbm_bytes=4 * GiB)
     monkeypatch.setattr(stack, "open_cupy", lambda: (dev, ""))
-    s = resolve(None, [], {"model.name": "llama8b", "model.block_tokens": "0", "tiers.gpu": "real",
+    s = resolve(None, [], {"model.name": "llama8b", "model.block_tokens": tokens, "tiers.gpu": "real",
                            "tiers.gpu_mem_gb": "0.25", "tiers.cpu_mem_gb": "0.5", "tiers.nvme_gb": "0.5",
                            "schedule.workers": "3", "tiers.cache_dir": str(tmp_path), "tiers.null_io": "false",
                            "profiles.chatbot.max_context_tokens": "1024", "profiles.coding.max_context_tokens": "1024",
@@ -136,7 +138,9 @@ def test_the_budget_matches_what_a_fake_gpu_run_really_allocates(tmp_path, monke
     payloads = b.payloads
     try:
         geo = b.geo
-        bufs = [stack.worker_state(b.tiers, geo.io_bytes, False)() for _ in range(b.workers)]
+        depth = batch_depth(s, geo.io_bytes)  # as the pipeline makes them: each worker's batch arena too
+        moves = demotion_depth(s, geo.io_bytes, True)
+        bufs = [stack.worker_state(b.tiers, geo.io_bytes, False, depth, moves)() for _ in range(b.workers)]
         for i, w in enumerate(bufs):  # each worker stamps and checks the last part of the largest object once
             last = (geo.max_object_bytes - 1) // geo.io_bytes * geo.io_bytes
             part = w.block[:min(geo.io_bytes, geo.max_object_bytes - last)]
