@@ -68,10 +68,15 @@ LARGE = 0
 MOST_COPIES = 8  # 1 GiB at most, whatever the run: 16 workers of 32 blocks of 2 MiB (1 GiB in flight) still copy some
 
 
+def pool_bytes(copies: int = 1, span_bytes: int = POOL_SPAN_BYTES) -> int:
+    """The memory a pool of copies holds: each copy its span and a segment's reach beyond it."""
+    return copies * (span_bytes + SEGMENT_BYTES)
+
+
 def pool_copies(in_flight: int, span_bytes: int = POOL_SPAN_BYTES) -> int:
-    """How many copies of a pool of span_bytes (its segment's reach beyond) keep the payloads lent at once, in_flight
-    bytes, within half of it: at least one, at most MOST_COPIES."""
-    return max(1, min(MOST_COPIES, -(-2 * in_flight // (span_bytes + SEGMENT_BYTES))))
+    """How many copies of a pool of span_bytes keep the payloads lent at once, in_flight bytes, within half of it:
+    at least one, at most MOST_COPIES."""
+    return max(1, min(MOST_COPIES, -(-2 * in_flight // pool_bytes(1, span_bytes))))
 
 
 def stamp_bytes(largest: int, in_flight: int) -> int:
@@ -97,7 +102,7 @@ class PayloadPool:
 
     def __init__(self, seed: int, span_bytes: int = POOL_SPAN_BYTES, copies: int = 1):
         span_bytes = max(PAGE, span_bytes // PAGE * PAGE)
-        self.copy_bytes = span_bytes + SEGMENT_BYTES  # one copy: what fill() and check() read (the first)
+        self.copy_bytes = pool_bytes(1, span_bytes)  # one copy: what fill() and check() read (the first)
         self._all = aligned_buffer(self.copy_bytes * copies)
         self.pool = self._all[:self.copy_bytes]
         rng = np.random.default_rng([seed, 0x9A7])

@@ -166,7 +166,7 @@ def _stages(run: RunSpec, p: Prepared) -> Stages:
                                chain_root(chain_id(s, b.geo)), s.run.verify,
                                fake, s.workload.generation_ms_per_token, s.rag.enabled and s.rag.reuse == "chunk",
                                s.workload.decode_writes, batch_depth(s, b.geo.io_bytes))
-    life = Lifecycle(cache, p.payloads, recorder, options, handoff=b.handoff, semantic=semantic_reuse(s, recorder))
+    life = Lifecycle(cache, b.payloads, recorder, options, handoff=b.handoff, semantic=semantic_reuse(s, recorder))
     limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
     total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
                                                                         traffic.analysis_total or limit)

@@ -133,11 +133,10 @@ class RunSpec:
 
 @dataclass
 class Prepared:
-    """What a run is made of before it measures, agreed on by every rank: its traffic, the payloads its blocks
-    are made of, and the built tiers and sizes."""
+    """What a run is made of before it measures, agreed on by every rank: its traffic, and the built tiers, sizes
+    and the payloads its blocks are made of (ctx.payloads)."""
 
     traffic: Traffic
-    payloads: PayloadPool | None
     ctx: RunContext
 
 
@@ -172,4 +171,4 @@ def prepare(run: RunSpec) -> Prepared:
             close(b, not s.run.keep_data and not (run.shared and dist.rank), role_open=True)
         raise
     b.notes[:0] = ignored
-    return Prepared(traffic, b.payloads, b)
+    return Prepared(traffic, b)

@@ -11,7 +11,7 @@ from kv_cache.buffers import direct_aligned
 from kv_cache.config import Settings, replace
 from kv_cache.errors import RunFault, UserError
 from kv_cache.lifecycle.donors import store_bytes
-from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES, pool_copies, stamp_bytes
+from kv_cache.lifecycle.payload import SEGMENT_BYTES, pool_bytes, pool_copies, stamp_bytes
 from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.lifecycle.worker import buffer_bytes
 from kv_cache.model import GiB
@@ -105,7 +105,7 @@ def payload_copies(s: Settings, io_bytes: int) -> int:
 
 def pool_note(s: Settings, io_bytes: int) -> str:
     """The banner's line on a payload pool of more than one copy: why the run holds that memory."""
-    copies, one = payload_copies(s, io_bytes), (POOL_SPAN_BYTES + SEGMENT_BYTES) >> 20
+    copies, one = payload_copies(s, io_bytes), pool_bytes() >> 20
     if copies == 1:
         return ""
     return (f"payload pool: {copies * one:,} MiB, {copies} copies of {one} MiB, for the {_lent(s, io_bytes) >> 20:,} "
@@ -164,7 +164,7 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
     staging = 0 if fake else workers(s) * (buffer_bytes(geo.io_bytes) + scratch + arena)
     # the GPU tier's lanes (StackContext.lanes) and the CUDA runtime's own host memory
     lanes = 0 if gpu is None else (workers(s) + 1) * geo.io_bytes + getattr(gpu, "runtime_bytes", 0)
-    pool = 0 if fake else payload_copies(s, geo.io_bytes) * (POOL_SPAN_BYTES + SEGMENT_BYTES)
+    pool = 0 if fake else pool_bytes(payload_copies(s, geo.io_bytes))
     # the pool's tags (for the largest object, and each place's) and each worker's check rows in flight (one I/O)
     stamps = 0 if fake else stamp_bytes(geo.max_object_bytes, geo.io_bytes * workers(s))
     return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s),

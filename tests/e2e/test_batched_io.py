@@ -91,8 +91,8 @@ def test_the_depth_the_device_was_given_is_measured_and_is_the_batch_s(small_run
 
 
 def test_the_payload_pool_holds_a_copy_for_each_half_of_it_the_workers_lend_at_once(small_run):
-    """2 workers of 32 blocks of 2 MiB write 128 MiB at once: over one 128 MiB pool, nearly half the lends found every
-    place held and copied their payload. The pool has two copies, in the memory budget and said; serial, one."""
+    """2 workers of 32 blocks of 2 MiB write 128 MiB at once, as much as one pool holds (4 workers, twice that, copied
+    46 % of their payloads over one). The pool has two copies, in the memory budget and said; serial, one."""
     for mode, copies in (("batched", 2), ("serial", 1)):
         r = run_cli(small_run(mode, *bounded(4), "--request-io", mode, quiet=False))
         assert r.returncode == 0, r.stderr
