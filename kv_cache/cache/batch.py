@@ -89,6 +89,7 @@ class Batches:
         mode could evict or demote it), its bytes are written first (_flush). The others go with commit_batch.
         None for a block reserve_write refuses."""
         placed: list = []
+        me = threading.get_ident()
         try:
             for n, want in enumerate(wants):
                 with self._lock:
@@ -102,7 +103,7 @@ class Batches:
                         raise
                     with self._lock:
                         res.entry.state = PLACING
-                        self.pending[res.entry.key] = (threading.get_ident(), data, phase)
+                        self.pending[res.entry.key] = (me, data, phase)
                         self._placed(res.entry)
                         if self._orphaned(res.entry):  # its parent left while room was made: serial mode
                             self._drop_now(res.entry)  # writes it, then drops it (its bytes written by the trash)

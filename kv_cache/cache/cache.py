@@ -74,6 +74,7 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
         self.adopted = 0
         self.used = [0] * len(tiers)     # slots of blocks in, or reserved for, each tier
         self.leaving = [0] * len(tiers)  # slots of chosen victims still physically there, owed to nobody
+        self._slot_counts: list[dict[int, int]] = [{} for _ in tiers]  # block size -> its slots, each tier's
         self.bottom = len(tiers) - 1
         self._trash: list = []  # blocks dropped by a cascade, to delete from their tier outside the lock
         self._lock = threading.Lock()  # `with self._lock`: C, where the Condition's enter / exit are Python

@@ -13,18 +13,24 @@ import numpy as np
 from kv_cache.cache.chains import READY, Entry
 
 MOVING = "moving"
+SIZES_KEPT = 256  # block sizes whose slot count each tier's _slots keeps
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Move:
     """One planned waterfall step: demote entry from src to dst, or evict it (dst None). ``leaving_slots``: the
     part of its slots held in ``BlockCache.leaving`` until the move frees them (the rest is owed to the reservation
-    that chose it)."""
+    that chose it). ``unlanded``: when chosen, its bytes were still owed by this thread's batch (a write placed ahead
+    of them, a landing demotion, a pending promotion): run_moves lands or writes them first. A block chosen READY
+    owes none, and none can come to be owed while it moves (only its own thread's batch places, defers or promotes
+    blocks, and never one that is MOVING): its move skips that check (the owed maps and the lock, an eviction a
+    written block once the cache is full)."""
 
     entry: Entry
     src: int
     dst: int | None
     leaving_slots: int = 0
+    unlanded: bool = False
 
 
 
@@ -34,7 +40,15 @@ class Room:
     # ------------------------------------------------------------------ placement (lock held)
 
     def _slots(self, t: int, nbytes: int) -> int:
-        return self.tiers[t].slots_for(nbytes)
+        """Slots a block of nbytes takes in tier t: a tier's answer for a size never changes, and a written block
+        asks it about four times (kept for the first SIZES_KEPT sizes: a whole-request run has a size an object)."""
+        known = self._slot_counts[t]
+        n = known.get(nbytes)
+        if n is None:
+            n = self.tiers[t].slots_for(nbytes)
+            if len(known) < SIZES_KEPT:
+                known[nbytes] = n
+        return n
 
     def _free(self, t: int) -> int:
         return self.tiers[t].num_slots - self.used[t] - self.leaving[t]
@@ -73,13 +87,14 @@ class Room:
             size = self._slots(t, e.nbytes)
             owed = min(size, deficit)
             deficit -= owed
+            unlanded = e.state != READY  # PLACING or LANDING: _victims took it as this thread's batch's (_flushable)
             e.state = MOVING
             self.used[t] -= size
             self.leaving[t] += size - owed
             deeper = self._reserve(t + 1, e.nbytes) if t + 1 < len(self.tiers) else None
             if deeper is not None:
                 moves.extend(deeper)
-            moves.append(Move(e, t, None if deeper is None else t + 1, size - owed))
+            moves.append(Move(e, t, None if deeper is None else t + 1, size - owed, unlanded))
         self.used[t] += need
         return moves
 
@@ -91,9 +106,10 @@ class Room:
         for i, mv in enumerate(moves):
             e, src = mv.entry, self.tiers[mv.src]
             try:
-                if defer and i == 0 and any(self._owed(m.entry) for m in moves):
+                if defer and i == 0 and any(self._owed(m.entry) for m in moves if m.unlanded):
                     self.land()  # a victim whose bytes, or the room for them, this batch still owes: first
-                self._flush(e, mv.src)  # a block of this thread's batch whose bytes had not landed yet
+                if mv.unlanded:
+                    self._flush(e, mv.src)  # a block of this thread's batch whose bytes had not landed yet
                 if defer and mv.dst is not None:
                     if self._deferrable(mv) and self._defer(mv, scratch):
                         continue

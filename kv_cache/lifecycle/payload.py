@@ -65,6 +65,9 @@ LARGE = 0
 # with workers x --max-inflight x block: with 4 workers of 32 blocks of 2 MiB (256 MiB) over one 128 MiB pool, 46 % of
 # the lends found every place held and copied their payload (0.18 CPU-s a GiB; 0.13 with the bytes in flight at most
 # half the pool); 16 workers of 512 KiB blocks, 53 % (issue 48).
+MIX, SEGMENT_MIX, PLACE_MIX = 0x9E3779B97F4A7C15, 0x632BE59BD9B4E019, 0xD6E8FEB86659FD93  # a place's offset, mixed
+MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+PLACE_ADDS = tuple(place * PLACE_MIX * MIX & MASK64 for place in range(PLACES))  # each place's term of the product
 MOST_COPIES = 8  # 1 GiB at most, whatever the run: 16 workers of 32 blocks of 2 MiB (1 GiB in flight) still copy some
 
 
@@ -131,8 +134,7 @@ class PayloadPool:
     def _offset(self, key: int, segment: int, place: int = 0, nbytes: int = SEGMENT_BYTES) -> int:
         """Pool offset of a segment of key's payload at one of its places. Place 0 starts in the span; another
         place of a payload of nbytes anywhere it fits in the whole pool (twice the span's room for a lend)."""
-        mixed = ((int(key) + segment * 0x632BE59BD9B4E019 + place * 0xD6E8FEB86659FD93) * 0x9E3779B97F4A7C15
-                 ) & 0xFFFF_FFFF_FFFF_FFFF
+        mixed = ((int(key) + segment * SEGMENT_MIX + place * PLACE_MIX) * MIX) & MASK64
         starts = (self.copy_bytes - nbytes) // PAGE + 1 if place else self.num_offsets
         return (mixed >> 40) % starts * PAGE
 
@@ -203,8 +205,11 @@ class PayloadPool:
             self._stamp(key, out)
             return out, range(0)
         if out.size <= SEGMENT_BYTES:
+            # _offset(key, 0, place, out.size), key's product taken once: (a + b) * c == a*c + b*c (a lend tries
+            # three places on average where the workers write 128 blocks at once, issue 48)
+            mixed, starts = int(key) * MIX, (self.copy_bytes - out.size) // PAGE + 1
             for place in range(PLACES):
-                off = self._offset(key, 0, place, out.size)
+                off = (((mixed + PLACE_ADDS[place]) & MASK64) >> 40) % (starts if place else self.num_offsets) * PAGE
                 for start in self._copy_starts:  # the place in each copy in turn
                     at = start + off
                     held = range(at // REGION_BYTES, (at + out.size - 1) // REGION_BYTES + 1)
@@ -219,8 +224,9 @@ class PayloadPool:
 
     def _take(self, held: range) -> bool:
         """Every region of held taken now, or none (a region already held: each taken one is let go)."""
+        regions = self._regions
         for n, r in enumerate(held):
-            if not self._regions[r].acquire(blocking=False):
+            if not regions[r].acquire(False):  # not blocking (positional: a keyword costs a third more)
                 self.give_back(held[:n])
                 return False
         return True

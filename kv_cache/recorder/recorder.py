@@ -130,26 +130,34 @@ class Recorder:
     # ------------------------------------------------------------------ recording
 
     def op(self, tier: str, op: str, phase: str, start_ns: int, dur_ns: int, nbytes: int, key: int = 0) -> None:
-        """One timed block operation on a tier."""
-        self.ops(tier, op, phase, start_ns, [(dur_ns, nbytes, key)])
+        """One timed block operation on a tier (an eviction, a demotion, a serial read or write): counted as ops()
+        counts a batch's, without making its lists (an eviction a written block, once the cache is full)."""
+        if self.io_trace is not None:
+            self.ops(tier, op, phase, start_ns, [(dur_ns, nbytes, key)])
+        else:
+            self._count(tier, op, phase, self._second(start_ns), 1, nbytes, (dur_ns,))
 
     def ops(self, tier: str, op: str, phase: str, start_ns: int, done: list[tuple[int, int, int]]) -> None:
         """Timed block operations on a tier that all started at start_ns (a batch's submission), (ns, bytes, key)
         each: one window decision, one lock and one count for all (a call a block was about 3 us of a batch's)."""
-        shard = self._shard()
         sec = self._second(start_ns)
         if self.io_trace is not None:  # the trace's "measured" is this very decision, not a later one
             intended = getattr(self._request, "intended_ns", start_ns)
             for dur_ns, nbytes, key in done:
                 self.io_trace.op(intended, start_ns, op, tier, nbytes, key, dur_ns, phase, sec is not None)
+        self._count(tier, op, phase, sec, len(done), sum(b for _, b, _ in done), [d for d, _, _ in done])
+
+    def _count(self, tier: str, op: str, phase: str, sec: int | None, n: int, nbytes: int, durations) -> None:
+        """n operations of nbytes in all, their latencies (ns) durations, in second sec of the window (None: the
+        warm-up)."""
+        shard = self._shard()
         names = _OP_NAMES.get((tier, op)) or _op_names(tier, op)
-        n, nbytes = len(done), sum(b for _, b, _ in done)
         if sec is None:
             shard.counters[C.WARMUP_OPS] += n
             if names[3]:  # what the run wrote and read outside the window too (results.bytes_whole_run)
                 shard.counters[names[3]] += nbytes
             return
-        self._pend(shard, (tier, op, phase, sec), [d for d, _, _ in done])
+        self._pend(shard, (tier, op, phase, sec), durations)
         shard.counters[names[0]] += n
         if names[1]:
             shard.counters[names[1]] += nbytes
@@ -157,7 +165,7 @@ class Recorder:
             shard.series[(sec, names[1])] += nbytes
         shard.series[(sec, "ops")] += n
 
-    def _pend(self, shard: _Shard, key: tuple, values: list[int]) -> None:
+    def _pend(self, shard: _Shard, key: tuple, values: list[int] | tuple[int, ...]) -> None:
         """Latencies (ns) of (tier, op, phase, second) key into shard's buffer; folded when FOLD_AT wait."""
         with shard.lock:  # uncontended but for a reader's fold
             waiting = shard.pending.get(key)
