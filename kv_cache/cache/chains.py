@@ -41,7 +41,7 @@ class PrefixStructure:
 
     def _refresh(self, e: Entry) -> None:
         """Tell e's policy whether e is a candidate, when that changed (most calls: it did not, asked first)."""
-        blocked = bool(e.kids) and e.kids[e.tier] > 0  # _blocked(e) inline: about four calls a written block
+        blocked = self._blocked(e)
         if blocked == e.held or e.state not in (READY, PLACING, LANDING) or self.index.get(e.key) is not e:
             return
         policy = self.policies[e.tier]
