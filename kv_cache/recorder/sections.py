@@ -238,6 +238,7 @@ class BudgetParts:
     payload_stamps: int = 0  # the payload pool's stamp tags and the workers' check rows (payload.stamp_bytes)
     access_log: int = 0  # --capacity-curve's access log at its bound and the curve computed from it after the run
     request_backlog: int = 0  # --max-backlog-gb: the requests issued and not yet done
+    traffic: int = 0  # synthetic users' conversations at their longest (budget.py)
 
 
 @dataclass

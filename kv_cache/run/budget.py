@@ -4,9 +4,11 @@ budget = CPU tier + staging (workers x 2 buffers x largest object, at least 2 Mi
 block, one for waterfall moves; and the batch arena of batched request I/O) + a real GPU tier's staging (one
 pinned buffer of the largest object per lane: workers + 1, and the CUDA runtime's own memory) + payload pool and
 its stamp tags + the donor store when --semantic is on (its bound: every donor at the longest prompt) + the
-bookkeeping of every block the tiers can hold (index entry, policy entry, slot: BOOKKEEPING_BYTES each) + a fixed
-allowance for the interpreter, histograms, queues and the planner's chain memo (at most 32 MiB:
-cache/hashing.py's MEMO_BYTES).
+bookkeeping of every block the tiers can hold (index entry, policy entry, slot: BOOKKEEPING_BYTES each) + synthetic
+users' conversations at their longest (each user's last prompt and answer, and the user: USER_BYTES) + a fixed
+allowance for the interpreter, histograms, queues, the planner's chain memo (at most 32 MiB: cache/hashing.py's
+MEMO_BYTES) and the infinite-cache ceiling's keys (about 37 MiB at most: lifecycle/ceiling.py's CEILING_BYTES). A
+trace's records are not counted: they take about what its file does.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ BOOKKEEPING_BYTES = 1536
 # the rows without a kept access gathered before a fold, and their copy
 ACCESS_LOG_BYTES = 420
 ACCESS_LOG_FIXED_BYTES = 2 * FOLD_SLACK * ROW_BYTES
+USER_BYTES = 2048  # a synthetic user without its conversation (its generator and state): measured 1.5 KiB
 HEADROOM = 0.9  # leave a tenth of available memory to the OS and the page cache
 
 
@@ -46,12 +49,13 @@ class MemoryBudget:
     payload_stamps_bytes: int = 0  # the payload pool's stamp tags and the workers' check rows
     access_log_bytes: int = 0  # --capacity-curve: its log at its bound, and the curve computed from it after the run
     backlog_bytes: int = 0  # --max-backlog-gb: the requests issued and not yet done
+    traffic_bytes: int = 0  # synthetic users' conversations at their longest (this process's users)
 
     @property
     def total_bytes(self) -> int:
         return (self.cpu_tier_bytes + self.staging_bytes + self.payload_pool_bytes + self.overhead_bytes
                 + self.donor_store_bytes + self.bookkeeping_bytes + self.handoff_bytes + self.gpu_staging_bytes
-                + self.payload_stamps_bytes + self.access_log_bytes + self.backlog_bytes)
+                + self.payload_stamps_bytes + self.access_log_bytes + self.backlog_bytes + self.traffic_bytes)
 
     def to_dict(self) -> dict:
         return {"cpu_tier": self.cpu_tier_bytes, "staging": self.staging_bytes,
@@ -59,7 +63,7 @@ class MemoryBudget:
                 "donor_store": self.donor_store_bytes, "bookkeeping": self.bookkeeping_bytes,
                 "handoff": self.handoff_bytes, "total": self.total_bytes, "gpu_staging": self.gpu_staging_bytes,
                 "payload_stamps": self.payload_stamps_bytes, "access_log": self.access_log_bytes,
-                "request_backlog": self.backlog_bytes}
+                "request_backlog": self.backlog_bytes, "traffic": self.traffic_bytes}
 
 
 def fits(budget: MemoryBudget, available: int | None = None) -> bool:
@@ -90,6 +94,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
                                f"--block-tokens"),
         (budget.access_log_bytes, "lower --capacity-log-accesses (the capacity curve's log: a SHARDS sample past it)"),
         (budget.backlog_bytes, "lower --max-backlog-gb (the requests issued and not yet done)"),
+        (budget.traffic_bytes, "lower --users (each holds its conversation: its last prompt and answer)"),
         (budget.gpu_staging_bytes, f"lower --workers (each GPU lane pins {object_bytes / gib:.2f} GiB of host "
                                    f"memory) or use a smaller --block-tokens"),
     ]
@@ -105,6 +110,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         + (f" + payload stamps {budget.payload_stamps_bytes / gib:.2f}" if budget.payload_stamps_bytes else "")
         + (f" + capacity curve's access log {budget.access_log_bytes / gib:.2f}" if budget.access_log_bytes else "")
         + (f" + request backlog {budget.backlog_bytes / gib:.2f}" if budget.backlog_bytes else "")
+        + (f" + users' conversations {budget.traffic_bytes / gib:.2f}" if budget.traffic_bytes else "")
         + f" + overhead {budget.overhead_bytes / gib:.2f}) exceeds "
         f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available{where_from(available * ranks_here)}"
         + (f" to each of the {ranks_here} ranks on this host (its {available * ranks_here / gib:.2f} GiB shared "

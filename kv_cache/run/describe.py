@@ -31,7 +31,7 @@ def _describe(traffic: Traffic, analysis: dict) -> list[str]:
         lines.append(f"  prompt tokens p50 {p['p50']:,.0f} / p90 {p['p90']:,.0f} / max {p['max']:,}; output tokens "
                      f"p50 {o['p50']:,.0f} / max {o['max']:,}; theoretical hit rate (infinite cache) "
                      f"{th['tokens']:.1%}" if th["tokens"] is not None else "")
-    if th["tokens"] == 0 and analysis["requests_total"]:
+    if th["tokens"] == 0 and analysis["requests_analysed"]:
         lines.append("  note: no two requests of this traffic share a prefix (a length-only trace's tokens are all "
                      "new): the possible hit rate is 0 %, so the storage sees writes and demotions, no reuse; for "
                      "reuse replay a hash-id trace (Mooncake, Bailian) or conversations (ShareGPT)")

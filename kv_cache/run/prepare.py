@@ -34,7 +34,7 @@ from kv_cache.run.stack import RunContext, build_tiers, gds_link, open_gpu, pin_
 from kv_cache.run.traffic import Traffic, build_traffic
 
 
-def build(s: Settings, reg, run_id: str, *, rank: int = 0, join: bool = False,
+def build(s: Settings, reg, run_id: str, *, rank: int = 0, ranks: int = 1, join: bool = False,
            probe: bool = True, link=None, memory: tuple[int, int] | None = None) -> RunContext:
     """reg: the registry (run/registry.py); probe: --workers 0 may step the storage tier's concurrency (not under
     MPI: ranks would probe each other); link: the traffic's handoff link (a NIXL decode node's); memory: (the
@@ -45,9 +45,9 @@ def build(s: Settings, reg, run_id: str, *, rank: int = 0, join: bool = False,
     gpu, gpu_note = open_gpu(s)
     ceiling = worker_ceiling(s, geo, reg, gpu)
     n = s.schedule.workers or min(default_workers(), ceiling)  # a rule of fixed facts: known before the tiers
-    s, n, handoff_size_note = _sized_handoff(s, reg, geo, gpu, n)
+    s, n, handoff_size_note = _sized_handoff(s, reg, geo, gpu, n, ranks)
     sized = replace(s, "schedule.workers", n)  # buffers, lanes, connections and the budget for the threads that run
-    budget = memory_budget(sized, geo, reg, gpu)
+    budget = memory_budget(sized, geo, reg, gpu, ranks)
     check_fits(budget, n, buffer_bytes(geo.io_bytes), *(memory or ()))
     payloads = None if s.tiers.null_io else PayloadPool(s.run.seed, copies=payload_copies(sized, geo.io_bytes))
     fill = payloads.fill if payloads else None
@@ -75,10 +75,10 @@ def build(s: Settings, reg, run_id: str, *, rank: int = 0, join: bool = False,
                       handoff_gb=s.disagg.handoff_gb, payloads=payloads)
 
 
-def _sized_handoff(s: Settings, reg, geo, gpu, n: int) -> tuple[Settings, int, str]:
+def _sized_handoff(s: Settings, reg, geo, gpu, n: int, ranks: int) -> tuple[Settings, int, str]:
     """A prefill node's handoff space, sized for the n workers that would run and written into the settings (auto
     sized): (the settings, the workers it holds, the line saying it lowered them)."""
-    rest = memory_budget(replace(s, "schedule.workers", n), geo, reg, gpu).total_bytes  # without an auto space
+    rest = memory_budget(replace(s, "schedule.workers", n), geo, reg, gpu, ranks).total_bytes  # without an auto space
     size = size_handoff(s, reg.transports, geo.slot_bytes, n, rest, gpu)
     if size is None:
         return s, n, ""
@@ -154,14 +154,15 @@ def prepare(run: RunSpec) -> Prepared:
             check_dir(os.path.abspath(s.tiers.cache_dir))  # a wrong folder is said before the payload pool is made
         if not run.shared:
             b = build(s, run.reg, f"{run.run_id}-r{dist.rank}" if dist.active else run.run_id,
-                      rank=dist.rank, probe=not dist.active, link=traffic.handoff_link, memory=memory)
+                      rank=dist.rank, ranks=dist.size, probe=not dist.active, link=traffic.handoff_link,
+                      memory=memory)
         elif dist.rank == 0:  # rank 0 makes the shared namespace; the others join it
-            b = build(s, run.reg, run.run_id, probe=False, memory=memory)
+            b = build(s, run.reg, run.run_id, ranks=dist.size, probe=False, memory=memory)
     except UserError as e:
         error = str(e)
     if run.shared and dist.bcast(error is None and b is not None) and dist.rank and error is None:
         try:
-            b = build(s, run.reg, run.run_id, rank=dist.rank, join=True, probe=False, memory=memory)
+            b = build(s, run.reg, run.run_id, rank=dist.rank, ranks=dist.size, join=True, probe=False, memory=memory)
         except UserError as e:
             error = str(e)
     try:

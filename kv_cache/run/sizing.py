@@ -15,9 +15,17 @@ from kv_cache.lifecycle.payload import SEGMENT_BYTES, pool_bytes, pool_copies, s
 from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.lifecycle.worker import buffer_bytes
 from kv_cache.model import GiB
-from kv_cache.run.budget import ACCESS_LOG_BYTES, ACCESS_LOG_FIXED_BYTES, BOOKKEEPING_BYTES, MemoryBudget, fits
+from kv_cache.run.budget import (
+    ACCESS_LOG_BYTES,
+    ACCESS_LOG_FIXED_BYTES,
+    BOOKKEEPING_BYTES,
+    USER_BYTES,
+    MemoryBudget,
+    fits,
+)
 from kv_cache.run.geometry import Geometry
 from kv_cache.run.handoff import nixl_region_bytes
+from kv_cache.sources.synthetic import longest_history_bytes
 from kv_cache.tiers.base import BATCHES, HOST_SLOTS, PINS_HOST, moves_real_bytes
 from kv_cache.tiers.probe import concurrency
 
@@ -153,9 +161,9 @@ def probe_workers(s: Settings, tiers: list, geo: Geometry, n: int, ceiling: int,
                    f"from {saturated}")
 
 
-def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
+def memory_budget(s: Settings, geo: Geometry, reg, gpu=None, ranks: int = 1) -> MemoryBudget:
     """reg: the registry (the most blocks its media may hold); gpu: the GPU backend when a real GPU tier will be
-    built (its lanes' pinned staging is host memory)."""
+    built (its lanes' pinned staging is host memory); ranks: the processes the users are shared among (MPI)."""
     fake = s.tiers.null_io
     cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
     each = direct_aligned(geo.io_bytes)
@@ -171,7 +179,18 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None) -> MemoryBudget:
                         bookkeeping_bytes=reg.media.most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES,
                         handoff_bytes=nixl_region_bytes(s, reg.transports), gpu_staging_bytes=lanes,
                         payload_stamps_bytes=stamps,
-                        access_log_bytes=_access_log_bytes(s), backlog_bytes=_backlog_bytes(s))
+                        access_log_bytes=_access_log_bytes(s), backlog_bytes=_backlog_bytes(s),
+                        traffic_bytes=_traffic_bytes(s, ranks))
+
+
+def _traffic_bytes(s: Settings, ranks: int) -> int:
+    """Synthetic users' conversations at their longest: each of this process's users (every ranks-th) holds its last
+    prompt and answer and itself. Other traffic is not synthetic users (a trace, semantic texts, a
+    decode node's handoff)."""
+    if s.trace.path or s.semantic.enabled or s.disagg.role == "decode":
+        return 0
+    longest = longest_history_bytes(s.workload, s.profiles, s.rag, s.model.block_tokens)
+    return -(-s.workload.users // ranks) * (longest + USER_BYTES)
 
 
 def _backlog_bytes(s: Settings) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 from kv_cache.config import Settings
 from kv_cache.config.schema import TraceSettings
 from kv_cache.errors import UserError
+from kv_cache.lifecycle.ceiling import MAX_BLOCKS
 from kv_cache.run.geometry import geometry
 from kv_cache.run.handoff import decode_traffic
 from kv_cache.sources import csvtrace, hashtrace, sharegpt
@@ -166,11 +167,9 @@ def build_traffic(s: Settings, reg, rank: int = 0, size: int = 1) -> Traffic:
             return make_users(s.workload.users, s.workload, s.profiles, seed, owner, s.rag, s.model.block_tokens)
 
         t = _user_traffic("synthetic", arrival, users, rate, seed, rank, size)
-        fresh = users()  # one set, outside the generator: its inner loop would call users() on every turn
-        sample = (u.next_request() for _ in range(SYNTHETIC_SAMPLE_TURNS) for u in fresh)
-        t.analysis_items, t.analysis_total = sample, None
-        t.notes.append(f"analysis: a sample of the first {SYNTHETIC_SAMPLE_TURNS} requests of every user, "
-                       f"round-robin")
+        t.analysis_items, t.analysis_total = _user_by_user(users(), SYNTHETIC_SAMPLE_TURNS), None
+        t.notes.append(f"analysis: the first {SYNTHETIC_SAMPLE_TURNS} requests of each user in turn, until "
+                       f"{MAX_BLOCKS:,} distinct blocks")
         return t
     cycles = s.trace.replay_cycles
     t = Traffic(trace.fmt, arrival, trace=trace)
@@ -197,6 +196,19 @@ def build_traffic(s: Settings, reg, rank: int = 0, size: int = 1) -> Traffic:
     if cycles == 0:
         t.notes.append("analysis: one pass of the trace (--replay-cycles 0 repeats it until the duration ends)")
     return t
+
+
+def _user_by_user(fresh: list, turns: int):
+    """Each user's first turns requests, one user after another, a user let go (its conversation's tokens with it)
+    once done. An infinite cache's hits in a whole sample do not depend on its order (a block misses where it is
+    first planned and hits every time after); cut short at the analysis's bound, whole users keep the reuse of
+    their conversations' later turns, where every user's first few turns would lack it. Round-robin over 5,000
+    users held every user's history at once, and each follow-up missed the planner's chain memo."""
+    fresh.reverse()
+    while fresh:
+        user = fresh.pop()
+        for _ in range(turns):
+            yield user.next_request()
 
 
 def _check_trace_fills_the_window(s: Settings, trace, cycles: int) -> None:

@@ -18,6 +18,8 @@ from kv_cache.config import ProfileSettings, RagSettings, WorkloadSettings, pars
 from kv_cache.sources.content import DOCUMENT, stream
 from kv_cache.types import HISTORY, RAG, SYSTEM, USER, Request
 
+TOKEN = np.int32  # a token id, as every synthetic prompt and answer holds it
+
 
 def _uniform_int(rng: np.random.Generator, lo_hi) -> int:
     return int(rng.integers(lo_hi[0], lo_hi[1], endpoint=True))
@@ -34,13 +36,13 @@ class SystemPrompts:
 
     def __init__(self, count: int, length_range, vocab: int, seed: int, zipf: float = 0.0):
         rng = np.random.default_rng([seed, 0x5157])
-        self.prompts = [rng.integers(0, vocab, _uniform_int(rng, length_range), dtype=np.int32)
+        self.prompts = [rng.integers(0, vocab, _uniform_int(rng, length_range), dtype=TOKEN)
                         for _ in range(count)]
         self.weights = zipf_weights(count, zipf) if count and zipf else None
 
     def pick(self, rng: np.random.Generator) -> np.ndarray:
         if not self.prompts:
-            return np.empty(0, np.int32)
+            return np.empty(0, TOKEN)
         if self.weights is None:
             return self.prompts[int(rng.integers(len(self.prompts)))]
         return self.prompts[int(rng.choice(len(self.prompts), p=self.weights))]
@@ -88,7 +90,7 @@ class SyntheticUser:
         self.first_delay_s = float(self.rng.uniform(*self.profile.think_time_s))
 
     def _tokens(self, n: int) -> np.ndarray:
-        return self.rng.integers(0, self.workload.vocab_size, n, dtype=np.int32)
+        return self.rng.integers(0, self.workload.vocab_size, n, dtype=TOKEN)
 
     def _new_conversation(self) -> tuple[np.ndarray, tuple]:
         sys_tokens = self.system.pick(self.rng)
@@ -135,6 +137,26 @@ class SyntheticUser:
         self.seq += 1
         return Request(self.user_id, self.seq, self.turn, prompt, output, spans, think_s=think,
                        profile=self.profile_name, docs=self.docs)
+
+
+def longest_history_bytes(workload: WorkloadSettings, profiles: ProfileSettings, rag: RagSettings | None = None,
+                    block_tokens: int = 0) -> int:
+    """The most bytes a user's history (its last prompt and answer) can hold, over the profiles --profile-mix
+    uses: a follow-up's prompt stays within its profile's max_context_tokens, a first turn's too unless it opens
+    with retrieved documents (the system prompt, top_k documents of whole blocks each, the message); an answer adds
+    at most the profile's longest (the memory budget counts every user's, run/sizing.py)."""
+    mix = parse_mix(workload.profile_mix, tuple(ProfileSettings.__dataclass_fields__), "--profile-mix")
+    longest = 0
+    for name in (n for n, w in mix.items() if w > 0):
+        p = getattr(profiles, name)
+        prompt = max(p.max_context_tokens, workload.system_prompt_tokens[1] + 1)  # a first turn's context: 1 at least
+        if rag is not None and rag.enabled:
+            unit = max(block_tokens, 1)
+            doc = -(-rag.document_tokens[1] // unit) * unit
+            prompt = max(prompt, workload.system_prompt_tokens[1] + min(rag.top_k, rag.num_documents) * doc
+                         + p.message_tokens[1])
+        longest = max(longest, prompt + p.output_tokens[1])
+    return longest * np.dtype(TOKEN).itemsize
 
 
 def make_users(num_users: int, workload: WorkloadSettings, profiles: ProfileSettings, seed: int,

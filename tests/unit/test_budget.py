@@ -6,7 +6,7 @@ from found import REGISTRY, SECTIONS
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
-from kv_cache.run.budget import BOOKKEEPING_BYTES, MemoryBudget, check_fits
+from kv_cache.run.budget import BOOKKEEPING_BYTES, USER_BYTES, MemoryBudget, check_fits
 from kv_cache.run.geometry import geometry
 from kv_cache.run.sizing import batch_depth, demotion_depth, memory_budget, payload_copies
 
@@ -29,8 +29,29 @@ def test_budget_parts():
     pages = 80 * 2**20 // 4096  # the tags, each of the 16 places' up to a 64 MiB segment, 4 workers' check rows
     assert b.payload_stamps_bytes == pages * 8 + 16384 * 8 * 16 + 4 * pages * 24
     assert b.backlog_bytes == 0  # a closed loop: its users wait for their answers (an open loop's is below)
+    # 200 users, each its conversation at the longest (coding and document: 32,768 tokens and an 800-token answer)
+    assert b.traffic_bytes == 200 * ((32768 + 800) * 4 + USER_BYTES)
     assert b.total_bytes == (b.cpu_tier_bytes + b.staging_bytes + b.payload_pool_bytes + b.overhead_bytes
-                             + b.bookkeeping_bytes + b.payload_stamps_bytes + b.backlog_bytes)
+                             + b.bookkeeping_bytes + b.payload_stamps_bytes + b.backlog_bytes + b.traffic_bytes)
+
+
+def test_the_budget_holds_every_synthetic_user_s_conversation_at_its_longest():
+    """Each user keeps its last prompt and answer (its next prompt's history): 5,000 users' sample and run took
+    1.56 GiB against a budget of 0.31 that counted none. This process's users only (MPI ranks share them), and none
+    where the traffic is not synthetic users."""
+    def budget(**sets) -> MemoryBudget:
+        s = resolve(None, [], {"schedule.workers": "4", **sets}, media_sections=SECTIONS)
+        return memory_budget(s, geometry(s), REGISTRY)
+
+    one = budget(**{"workload.users": "1"}).traffic_bytes
+    assert one == (32768 + 800) * 4 + USER_BYTES
+    assert budget(**{"workload.users": "5000"}).traffic_bytes == 5000 * one
+    chat = budget(**{"workload.users": "10", "workload.profile_mix": "chatbot=1"}).traffic_bytes
+    assert chat == 10 * ((16384 + 200) * 4 + USER_BYTES)  # only the profiles the mix uses
+    s = resolve(None, [], {"workload.users": "10"}, media_sections=SECTIONS)
+    assert memory_budget(s, geometry(s), REGISTRY, ranks=4).traffic_bytes == 3 * one  # users 0, 4, 8 on rank 0
+    trace = resolve(None, [], {"trace.path": "t.jsonl"}, media_sections=SECTIONS)
+    assert memory_budget(trace, geometry(trace), REGISTRY).traffic_bytes == 0
 
 
 def test_the_payload_pool_has_a_copy_for_each_half_of_it_the_workers_lend_at_once():

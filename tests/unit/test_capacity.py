@@ -158,3 +158,46 @@ def test_a_sampled_log_folds_the_requests_it_keeps_no_access_of_and_its_curve_is
     assert got.requests == want.requests == 8_999  # requests 3,001 to 11,999 completed in the window
     assert np.allclose(got.hit_rate, want.hit_rate) and np.isclose(got.infinite, want.infinite)
     assert all(np.allclose(got.by_source[k], want.by_source[k]) for k in want.by_source)
+
+
+def test_the_ceiling_s_key_set_answers_as_a_python_set_does():
+    """lifecycle/ceiling.py's KeySet (8 bytes a key, where a set of ints took about 100): membership and an exact
+    count through merges, keys added again (before and after a merge) and keys past 2^63."""
+    import random
+
+    from kv_cache.lifecycle.ceiling import KeySet
+
+    rng = random.Random(5)
+    keys, ref = KeySet(merge_at=64), set()
+    for step in range(400):
+        add = [rng.getrandbits(64) for _ in range(rng.randrange(0, 40))]
+        add += rng.sample(sorted(ref), min(len(ref), rng.randrange(0, 6)))  # held already, merged or not
+        keys.update(add)
+        ref.update(add)
+        assert keys.most() >= len(ref)
+        if step % 25 == 0:
+            assert len(keys) == len(ref)
+    assert len(keys) == len(ref) > 2000
+    assert all(k in keys for k in ref)
+    assert not any(rng.getrandbits(64) in keys for _ in range(5000))
+    assert 2**64 - 1 not in keys and 0 not in keys
+    keys.update([2**64 - 1, 0])
+    assert 2**64 - 1 in keys and 0 in keys and len(keys) == len(ref) + 2
+
+
+def test_the_pre_run_analysis_stops_at_its_bound_of_distinct_blocks():
+    """Unbounded, the infinite cache of 5,000 synthetic users' samples took 1.3 GiB: the sample ends once the
+    blocks it holds pass the bound, and says how many requests it analysed."""
+    from kv_cache.lifecycle.analysis import analyse
+    from kv_cache.lifecycle.plan import Planner
+    from kv_cache.types import USER, Request
+
+    class Plans:
+        block_tokens = 16
+        plan = Planner(16, b"root").plan
+
+    reqs = [Request(0, k, 1, np.arange(k * 64, k * 64 + 64, dtype=np.int32), np.zeros(16, np.int32),
+                    ((64, USER),)) for k in range(10)]  # 5 new blocks each (4 of the prompt, 1 of the answer)
+    assert analyse(iter(reqs), Plans())["requests_analysed"] == 10
+    bounded = analyse(iter(reqs), Plans(), max_blocks=12)
+    assert bounded["requests_analysed"] == 3 and bounded["prompt_tokens"]["count"] == 3  # the third passed 12

@@ -93,3 +93,50 @@ def test_zipf_makes_the_first_system_prompt_the_most_popular():
     picks = [ids[id(sp.pick(rng))] for _ in range(2000)]
     counts = np.bincount(picks, minlength=8)
     assert counts[0] > counts[1] > counts[7]
+
+
+@pytest.mark.parametrize("sets", [
+    {},
+    {"workload.profile_mix": "chatbot=1", "profiles.chatbot.max_context_tokens": "900",
+     "profiles.chatbot.context_tokens": "600,800", "profiles.chatbot.message_tokens": "200,300"},
+    {"workload.system_prompt_tokens": "3000,4000", "profiles.chatbot.max_context_tokens": "2000"},
+    {"rag.enabled": "true", "rag.request_probability": "1", "rag.document_tokens": "6000,8000",
+     "workload.profile_mix": "chatbot=1"},
+])
+def test_no_user_s_history_outgrows_the_budget_s_bound(sets):
+    """longest_history_bytes (the memory budget's per-user conversation) holds every history users make: follow-ups
+    cut at the profile's context, answers at their longest, a system prompt past the context, RAG's documents."""
+    from kv_cache.sources.synthetic import longest_history_bytes
+
+    s = resolve(None, [], sets, media_sections=SECTIONS)
+    bound = longest_history_bytes(s.workload, s.profiles, s.rag, 16)
+    most = 0
+    for u in make_users(40, s.workload, s.profiles, 6, rag=s.rag, block_tokens=16):
+        for _ in range(30):
+            u.next_request()
+            most = max(most, u.history.nbytes)
+    assert most <= bound, (most, bound)
+    assert most > bound * 0.8  # a bound near what users reach, not any large number
+
+
+def test_the_pre_run_sample_takes_each_user_in_turn_and_lets_it_go():
+    """Round-robin over 5,000 users held every user's conversation at once (and each follow-up missed the planner's
+    chain memo): the sample takes one user's first 20 requests, then the next's, and a user done with is freed."""
+    import gc
+    import weakref
+
+    from found import REGISTRY
+
+    from kv_cache.run.traffic import SYNTHETIC_SAMPLE_TURNS, build_traffic
+
+    s = resolve(None, [], {"workload.users": "3"}, media_sections=SECTIONS)
+    items = build_traffic(s, REGISTRY).analysis_items
+    first = [next(items) for _ in range(SYNTHETIC_SAMPLE_TURNS)]
+    assert {r.user_id for r in first} == {0} and [r.seq for r in first] == list(range(1, SYNTHETIC_SAMPLE_TURNS + 1))
+    user = weakref.ref(items.gi_frame.f_locals["user"])
+    nxt = next(items)
+    assert nxt.user_id == 1 and nxt.seq == 1
+    assert items.gi_frame.f_locals["user"].user_id == 1  # (and the frame's snapshot of its locals is the new one)
+    gc.collect()
+    assert user() is None  # user 0 and its conversation are gone
+    assert sum(1 for _ in items) == 2 * SYNTHETIC_SAMPLE_TURNS - 1
