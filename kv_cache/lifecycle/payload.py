@@ -101,7 +101,7 @@ def place_of(data: np.ndarray) -> int:
 
 class PayloadPool:
     """Builds and checks block payloads; thread-safe (the pool changes after construction only in its stamp
-    words, under the region locks of lend())."""
+    words, in the pool regions a lend() holds)."""
 
     def __init__(self, seed: int, span_bytes: int = POOL_SPAN_BYTES, copies: int = 1):
         span_bytes = max(PAGE, span_bytes // PAGE * PAGE)
@@ -120,7 +120,11 @@ class PayloadPool:
         # 4 GiB object (the MLPerf reference's shape filled tens of GiB this way).
         self._page_tags = np.zeros(0, dtype=np.uint64)
         self._by_place = np.zeros((PLACES, 0), dtype=np.uint64)  # each place's tags, pages up to a segment's
-        self._regions = [threading.Lock() for _ in range(-(-self._all.size // REGION_BYTES))]
+        # NOTE: which pool regions a lent payload holds, one byte each, under one lock: a lend tries 2.7 places on
+        # average where 4 workers write 32 blocks of 512 KiB at once, and a lock a region took 4.7 us a try (each
+        # region acquired, and let go where a later one was held); a search of the map is one call (issue 48)
+        self._held = bytearray(-(-self._all.size // REGION_BYTES))
+        self._held_lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
@@ -190,51 +194,55 @@ class PayloadPool:
     def lend(self, key: int, out: np.ndarray, kept: int = 0) -> tuple[np.ndarray, range]:
         """key's payload to write from, without copying it where it can be: (the payload, the pool regions held).
 
-        A one-segment payload is a pool slice itself, stamped in place and locked until give_back(held): the
-        same bytes as fill(key, place=v) for the first of its places v whose regions are free, without its copy
-        (at 512 KiB blocks on a fast device, the copy of every block written was ~15 % of the generator's CPU;
-        issue 16). Only the stamp words change in the pool, and nothing reads them there: fill() overwrites them
-        and the full check skips them. Where every place has a region held (other payloads lent from the same
-        pool pages, by this thread's batch or another's), or the payload is larger (its segments lie apart in the
-        pool), it is filled into out at place 0, which is returned with no region held: a lend never waits, so a
-        batch may hold many payloads while others lend theirs. kept: how many bytes of out still hold a payload
-        larger than a segment (made there by a lend, or read there and found intact by its bytes: large_bytes)
-        that has not been written over since; a larger payload that fits in them is made by stamping out again.
+        A one-segment payload is a pool slice itself, stamped in place, its pool regions held until
+        give_back(held): the same bytes as fill(key, place=v) for the first of its places v whose regions are free,
+        without its copy (at 512 KiB blocks on a fast device, the copy of every block written was ~15 % of the
+        generator's CPU; issue 16). Only the stamp words change in the pool, and nothing reads them there: fill()
+        overwrites them and the full check skips them. Where every place has a region held (other payloads lent
+        from the same pool pages, by this thread's batch or another's), or the payload is larger (its segments lie
+        apart in the pool), it is filled into out at place 0, which is returned with no region held: a lend never
+        waits for a region, so a batch may hold many payloads while others lend theirs. kept: how many bytes of out
+        still hold a payload larger than a segment (made there by a lend, or read there and found intact by its
+        bytes: large_bytes) that has not been written over since; a larger payload that fits in them is made by
+        stamping out again.
         """
         if out.size > SEGMENT_BYTES and kept >= out.size:  # the same bytes (LARGE) but for the stamps
             self._stamp(key, out)
             return out, range(0)
         if out.size <= SEGMENT_BYTES:
-            # _offset(key, 0, place, out.size), key's product taken once: (a + b) * c == a*c + b*c (a lend tries
-            # three places on average where the workers write 128 blocks at once, issue 48)
-            mixed, starts = int(key) * MIX, (self.copy_bytes - out.size) // PAGE + 1
-            for place in range(PLACES):
-                off = (((mixed + PLACE_ADDS[place]) & MASK64) >> 40) % (starts if place else self.num_offsets) * PAGE
-                for start in self._copy_starts:  # the place in each copy in turn
-                    at = start + off
-                    held = range(at // REGION_BYTES, (at + out.size - 1) // REGION_BYTES + 1)
-                    if self._take(held):
-                        view = self._all[at:at + out.size]
-                        self._stamp(key, view, 0, place)
-                        return view, held
+            taken = self._take(key, out.size)
+            if taken is not None:
+                at, place, held = taken
+                view = self._all[at:at + out.size]
+                self._stamp(key, view, 0, place)
+                return view, held
         self.fill(key, out)
         return out, range(0)
 
     place_of = staticmethod(place_of)  # what a simulated tier asks of a block it keeps no bytes of
 
-    def _take(self, held: range) -> bool:
-        """Every region of held taken now, or none (a region already held: each taken one is let go)."""
-        regions = self._regions
-        for n, r in enumerate(held):
-            if not regions[r].acquire(False):  # not blocking (positional: a keyword costs a third more)
-                self.give_back(held[:n])
-                return False
-        return True
+    def _take(self, key: int, nbytes: int) -> tuple[int, int, range] | None:
+        """The first of key's places (each in every copy in turn) whose pool regions no lent payload holds, taken:
+        (its pool offset, the place, the regions held); None when every one is held."""
+        # _offset(key, 0, place, nbytes), key's product taken once: (a + b) * c == a*c + b*c
+        mixed, starts, spans = int(key) * MIX, (self.copy_bytes - nbytes) // PAGE + 1, self.num_offsets
+        held_map, free = self._held, self._held.find
+        with self._held_lock:
+            for place in range(PLACES):
+                off = (((mixed + PLACE_ADDS[place]) & MASK64) >> 40) % (starts if place else spans) * PAGE
+                for start in self._copy_starts:  # the place in each copy in turn
+                    at = start + off
+                    first, end = at // REGION_BYTES, (at + nbytes - 1) // REGION_BYTES + 1
+                    if free(1, first, end) < 0:  # no region of it held
+                        held_map[first:end] = b"\x01" * (end - first)
+                        return at, place, range(first, end)
+        return None
 
     def give_back(self, held: range) -> None:
-        """Unlock the pool regions a lend() held (once the payload is written)."""
-        for r in held:
-            self._regions[r].release()
+        """Let go of the pool regions a lend() held (once the payload is written)."""
+        if held:
+            with self._held_lock:
+                self._held[held.start:held.stop] = bytes(len(held))
 
     def _stamp(self, key: int, out: np.ndarray, first_page: int = 0, place: int = 0) -> None:
         words = out.view(np.uint64).reshape(-1, WORDS_PER_PAGE)

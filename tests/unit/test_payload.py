@@ -374,3 +374,29 @@ def test_a_large_payload_read_back_and_found_intact_makes_the_next_in_its_buffer
         data, _ = bufs.lend(pool, 9, LARGE_BLOCK, 1)
         assert (not fills) == kept, (read, place)
         assert np.array_equal(data, block(pool, 9, LARGE_BLOCK)), (read, place)
+
+
+def test_payloads_lent_in_place_at_once_never_share_a_byte_of_the_pool():
+    """A lend takes a place only where no region of it is held: payloads of random sizes and keys lent and given back
+    in random order over a small pool, every pair held at once lies apart (a lent payload's stamps are written in
+    the pool, so two sharing a page would change each other's bytes)."""
+    import random
+
+    rng = random.Random(8)
+    pool = PayloadPool(seed=6, span_bytes=2 << 20, copies=2)
+    base = pool.host_memory.ctypes.data
+    held: list = []
+    lent = 0
+    for step in range(3000):
+        if held and (len(held) > 12 or rng.random() < 0.4):
+            pool.give_back(held.pop(rng.randrange(len(held)))[2])
+            continue
+        out = aligned_buffer(rng.randrange(1, 160) * PAGE)
+        view, regions = pool.lend(rng.getrandbits(63), out)
+        if regions:
+            lent += 1
+            at = view.ctypes.data - base
+            for a, n, _ in held:
+                assert at + view.size <= a or a + n <= at, (step, at, view.size, a, n)
+            held.append((at, view.size, regions))
+    assert lent > 1500  # most lent in place: the pairs checked are many
