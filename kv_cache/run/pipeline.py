@@ -170,6 +170,8 @@ def _stages(run: RunSpec, p: Prepared) -> Stages:
     limit = min(ANALYSIS_LIMIT, s.run.max_requests or ANALYSIS_LIMIT)  # what the run can issue
     total = traffic.analysis_total if not s.run.max_requests else min(s.run.max_requests,
                                                                         traffic.analysis_total or limit)
+    if traffic.analysis_total != 0:  # a wait of seconds at small blocks: said, so that it reads as work, not a hang
+        run.say("  analysing the traffic before the clock (its lengths, an infinite cache's hit rate)")
     analysis = analyse(traffic.analysis_items, life, limit, total)
     tele = Telemetry(b.site.cache_dir if b.site else None, device_latency=device_latency_mode(s, b)) \
         if s.run.telemetry else None
