@@ -22,6 +22,7 @@ from kv_cache.run.leftovers import set_state
 from kv_cache.run.serving import qos_policy
 from kv_cache.run.site import check_dir, storage_site
 from kv_cache.run.sizing import (
+    check_traffic_fits,
     default_workers,
     io_shape,
     memory_budget,
@@ -147,6 +148,7 @@ def prepare(run: RunSpec) -> Prepared:
     memory = dist.host_memory()  # before any rank allocates: the host's ranks share what it has
     try:
         ignored = check_options(s, dist.active, run.reg)
+        check_traffic_fits(s, dist.size, *memory)  # before a user is made
         traffic = build_traffic(s, run.reg, dist.rank, dist.size)  # bad traces are refused before any data is written
         check_traffic(s, traffic.arrival)
         qos_policy(s)  # a bad --qos-mix is refused here, before any data is written

@@ -10,6 +10,7 @@ import psutil
 from kv_cache.buffers import direct_aligned
 from kv_cache.config import Settings, replace
 from kv_cache.errors import RunFault, UserError
+from kv_cache.hostmemory import available_bytes, where_from
 from kv_cache.lifecycle.donors import store_bytes
 from kv_cache.lifecycle.payload import SEGMENT_BYTES, pool_bytes, pool_copies, stamp_bytes
 from kv_cache.lifecycle.sketch import ShingleSketch
@@ -19,6 +20,7 @@ from kv_cache.run.budget import (
     ACCESS_LOG_BYTES,
     ACCESS_LOG_FIXED_BYTES,
     BOOKKEEPING_BYTES,
+    HEADROOM,
     USER_BYTES,
     MemoryBudget,
     fits,
@@ -180,10 +182,10 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None, ranks: int = 1) -> 
                         handoff_bytes=nixl_region_bytes(s, reg.transports), gpu_staging_bytes=lanes,
                         payload_stamps_bytes=stamps,
                         access_log_bytes=_access_log_bytes(s), backlog_bytes=_backlog_bytes(s),
-                        traffic_bytes=_traffic_bytes(s, ranks))
+                        traffic_bytes=traffic_bytes(s, ranks))
 
 
-def _traffic_bytes(s: Settings, ranks: int) -> int:
+def traffic_bytes(s: Settings, ranks: int = 1) -> int:
     """Synthetic users' conversations at their longest: each of this process's users (every ranks-th) holds its last
     prompt and answer and itself. Other traffic is not synthetic users (a trace, semantic texts, a
     decode node's handoff)."""
@@ -191,6 +193,21 @@ def _traffic_bytes(s: Settings, ranks: int) -> int:
         return 0
     longest = longest_history_bytes(s.workload, s.profiles, s.rag, s.model.block_tokens)
     return -(-s.workload.users // ranks) * (longest + USER_BYTES)
+
+
+def check_traffic_fits(s: Settings, ranks: int, available: int | None = None, ranks_here: int = 1) -> None:
+    """Before a user is made: the users' conversations alone must fit (the whole budget is checked once the run's
+    size is known, after the traffic is built: a million users took 167 s and 2.5 GiB to make, then were refused)."""
+    need = traffic_bytes(s, ranks)
+    available = available_bytes() if available is None else available
+    if need <= int(available * HEADROOM):
+        return
+    users = -(-s.workload.users // ranks)
+    raise UserError(f"{users:,} users' conversations need {need / GiB:.2f} GiB at their longest "
+                    f"({need // users / 1024:,.0f} KiB a user: its last prompt and answer), more than "
+                    f"{HEADROOM:.0%} of the {available / GiB:.2f} GiB available{where_from(available * ranks_here)}"
+                    + (f" to each of the {ranks_here} ranks on this host" if ranks_here > 1 else "")
+                    + "; lower --users (or the profiles' max_context_tokens).")
 
 
 def _backlog_bytes(s: Settings) -> int:

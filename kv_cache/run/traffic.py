@@ -31,7 +31,7 @@ from kv_cache.sources.replay import (
     trace_builds,
     trace_span_s,
 )
-from kv_cache.sources.synthetic import SystemPrompts, make_users
+from kv_cache.sources.synthetic import SystemPrompts, each_user, make_users
 from kv_cache.sources.textcorpus import ConversationTexts, TextCorpus
 from kv_cache.sources.tokenizer import make_tokenizer
 from kv_cache.sources.trace_io import TraceLog, detect_format, trace_files
@@ -167,7 +167,8 @@ def build_traffic(s: Settings, reg, rank: int = 0, size: int = 1) -> Traffic:
             return make_users(s.workload.users, s.workload, s.profiles, seed, owner, s.rag, s.model.block_tokens)
 
         t = _user_traffic("synthetic", arrival, users, rate, seed, rank, size)
-        t.analysis_items, t.analysis_total = _user_by_user(users(), SYNTHETIC_SAMPLE_TURNS), None
+        fresh = each_user(s.workload.users, s.workload, s.profiles, seed, owns, s.rag, s.model.block_tokens)
+        t.analysis_items, t.analysis_total = _user_by_user(fresh, SYNTHETIC_SAMPLE_TURNS), None
         t.notes.append(f"analysis: the first {SYNTHETIC_SAMPLE_TURNS} requests of each user in turn, until "
                        f"{MAX_BLOCKS:,} distinct blocks")
         return t
@@ -198,15 +199,14 @@ def build_traffic(s: Settings, reg, rank: int = 0, size: int = 1) -> Traffic:
     return t
 
 
-def _user_by_user(fresh: list, turns: int):
-    """Each user's first turns requests, one user after another, a user let go (its conversation's tokens with it)
-    once done. An infinite cache's hits in a whole sample do not depend on its order (a block misses where it is
-    first planned and hits every time after); cut short at the analysis's bound, whole users keep the reuse of
-    their conversations' later turns, where every user's first few turns would lack it. Round-robin over 5,000
-    users held every user's history at once, and each follow-up missed the planner's chain memo."""
-    fresh.reverse()
-    while fresh:
-        user = fresh.pop()
+def _user_by_user(fresh, turns: int):
+    """Each user's first turns requests, one user after another, each user made as its turn comes (fresh: an
+    iterator) and let go (its conversation's tokens with it) once done. An infinite cache's hits in a whole sample
+    do not depend on its order (a block misses where it is first planned and hits every time after); cut short at
+    the analysis's bound, whole users keep the reuse of their conversations' later turns, where every user's first
+    few turns would lack it. Round-robin over 5,000 users held every user's history at once, and each follow-up
+    missed the planner's chain memo."""
+    for user in fresh:
         for _ in range(turns):
             yield user.next_request()
 

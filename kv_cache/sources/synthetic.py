@@ -162,10 +162,17 @@ def longest_history_bytes(workload: WorkloadSettings, profiles: ProfileSettings,
 def make_users(num_users: int, workload: WorkloadSettings, profiles: ProfileSettings, seed: int,
                owns=None, rag: RagSettings | None = None, block_tokens: int = 0) -> list[SyntheticUser]:
     """Users 0 .. num_users - 1 (those owns(u) accepts, under MPI), sharing the system prompts and corpus."""
+    return list(each_user(num_users, workload, profiles, seed, owns, rag, block_tokens))
+
+
+def each_user(num_users: int, workload: WorkloadSettings, profiles: ProfileSettings, seed: int,
+              owns=None, rag: RagSettings | None = None, block_tokens: int = 0):
+    """make_users' users one at a time, each made as it is asked for (a user is about 50 us to make: a sample of a
+    few hundred of a million users need not make them all)."""
     known = tuple(f for f in ProfileSettings.__dataclass_fields__)
     mix = parse_mix(workload.profile_mix, known, "--profile-mix")
     system = SystemPrompts(workload.num_system_prompts, workload.system_prompt_tokens, workload.vocab_size, seed,
                            workload.system_prompt_zipf)
     corpus = Corpus(rag, block_tokens, workload.vocab_size, seed) if rag is not None and rag.enabled else None
-    return [SyntheticUser(u, workload, profiles, mix, system, seed, corpus)
-            for u in range(num_users) if owns is None or owns(u)]
+    return (SyntheticUser(u, workload, profiles, mix, system, seed, corpus)
+            for u in range(num_users) if owns is None or owns(u))
