@@ -42,10 +42,17 @@ class SlotMap:
                 raise KeyError(f"block {key:016x} is already stored")
             if self._free_count() < need:
                 raise TierFull(f"{need} slots wanted, {self._free_count()} free")
-            fresh = min(need, self.num_slots - self._fresh)
-            slots = list(range(self._fresh, self._fresh + fresh))
-            self._fresh += fresh
-            slots += [self._free.popleft() for _ in range(need - fresh)]
+            if need == 1:  # a block (every write of block mode): a fresh slot while any is left, else a released one
+                if self._fresh < self.num_slots:
+                    slots = [self._fresh]
+                    self._fresh += 1
+                else:
+                    slots = [self._free.popleft()]
+            else:
+                fresh = min(need, self.num_slots - self._fresh)
+                slots = list(range(self._fresh, self._fresh + fresh))
+                self._fresh += fresh
+                slots += [self._free.popleft() for _ in range(need - fresh)]
             self._slots[key] = (slots, nbytes)
             return slots
 
