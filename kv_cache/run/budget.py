@@ -7,7 +7,7 @@ its stamp tags + the donor store when --semantic is on (its bound: every donor a
 bookkeeping of every block the tiers can hold (index entry, policy entry, slot: BOOKKEEPING_BYTES each) + synthetic
 users' conversations at their longest (each user's last prompt and answer, and the user: USER_BYTES) + a fixed
 allowance for the interpreter, histograms, queues, the planner's chain memo (at most 32 MiB: cache/hashing.py's
-MEMO_BYTES) and the infinite-cache ceiling's keys (about 37 MiB at most: lifecycle/ceiling.py's CEILING_BYTES). A
+MEMO_BYTES) and the infinite-cache ceiling's keys (about 38 MiB at most: lifecycle/ceiling.py's CEILING_BYTES). A
 trace's records are not counted: they take about what its file does.
 """
 
