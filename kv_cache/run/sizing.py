@@ -192,7 +192,12 @@ def traffic_bytes(s: Settings, ranks: int = 1) -> int:
     if s.trace.path or s.semantic.enabled or s.disagg.role == "decode":
         return 0
     longest = longest_history_bytes(s.workload, s.profiles, s.rag, s.model.block_tokens)
-    return -(-s.workload.users // ranks) * (longest + USER_BYTES)
+    return _users_here(s, ranks) * (longest + USER_BYTES)
+
+
+def _users_here(s: Settings, ranks: int) -> int:
+    """The most users one of ranks processes has (user u is rank u mod ranks's)."""
+    return -(-s.workload.users // ranks)
 
 
 def check_traffic_fits(s: Settings, ranks: int, available: int | None = None, ranks_here: int = 1) -> None:
@@ -202,7 +207,7 @@ def check_traffic_fits(s: Settings, ranks: int, available: int | None = None, ra
     available = available_bytes() if available is None else available
     if need <= int(available * HEADROOM):
         return
-    users = -(-s.workload.users // ranks)
+    users = _users_here(s, ranks)
     raise UserError(f"{users:,} users' conversations need {need / GiB:.2f} GiB at their longest "
                     f"({need // users / 1024:,.0f} KiB a user: its last prompt and answer), more than "
                     f"{HEADROOM:.0%} of the {available / GiB:.2f} GiB available{where_from(available * ranks_here)}"

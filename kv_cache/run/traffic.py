@@ -31,7 +31,7 @@ from kv_cache.sources.replay import (
     trace_builds,
     trace_span_s,
 )
-from kv_cache.sources.synthetic import SystemPrompts, each_user, make_users
+from kv_cache.sources.synthetic import SystemPrompts, each_user
 from kv_cache.sources.textcorpus import ConversationTexts, TextCorpus
 from kv_cache.sources.tokenizer import make_tokenizer
 from kv_cache.sources.trace_io import TraceLog, detect_format, trace_files
@@ -163,12 +163,11 @@ def build_traffic(s: Settings, reg, rank: int = 0, size: int = 1) -> Traffic:
         raise UserError("--rag shapes synthetic traffic; drop it when replaying a --trace.")
     arrival = _arrival(s, trace)
     if trace is None:
-        def users(owner=owns) -> list:  # a fresh set of synthetic users (owner: this rank's, or None: all)
-            return make_users(s.workload.users, s.workload, s.profiles, seed, owner, s.rag, s.model.block_tokens)
+        def each(owner=owns):  # a fresh set of synthetic users, made as asked for (owner: this rank's, or None: all)
+            return each_user(s.workload.users, s.workload, s.profiles, seed, owner, s.rag, s.model.block_tokens)
 
-        t = _user_traffic("synthetic", arrival, users, rate, seed, rank, size)
-        fresh = each_user(s.workload.users, s.workload, s.profiles, seed, owns, s.rag, s.model.block_tokens)
-        t.analysis_items, t.analysis_total = _user_by_user(fresh, SYNTHETIC_SAMPLE_TURNS), None
+        t = _user_traffic("synthetic", arrival, lambda owner=owns: list(each(owner)), rate, seed, rank, size)
+        t.analysis_items, t.analysis_total = _user_by_user(each(), SYNTHETIC_SAMPLE_TURNS), None
         t.notes.append(f"analysis: the first {SYNTHETIC_SAMPLE_TURNS} requests of each user in turn, until "
                        f"{MAX_BLOCKS:,} distinct blocks")
         return t
