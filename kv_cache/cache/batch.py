@@ -90,13 +90,14 @@ class Batches:
         None for a block reserve_write refuses."""
         placed: list = []
         me = threading.get_ident()
+        evicted: list = []
         try:
             for n, want in enumerate(wants):
                 with self._lock:
                     res = self._reserve_write(*want)
                 if res is not None:
                     try:
-                        self.run_moves(res.moves, scratch, defer=True)
+                        self.run_moves(res.moves, scratch, defer=True, evicted=evicted)
                         data = make(n, res.entry)
                     except BaseException:
                         self.abort(res)
@@ -113,6 +114,8 @@ class Batches:
             self._land_anyway()
             self.give_back([r for r in placed if r is not None])
             raise
+        finally:
+            self.record_evictions(evicted)
         return placed
 
     def _land_anyway(self) -> None:

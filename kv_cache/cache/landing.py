@@ -27,7 +27,6 @@ order, as serial mode had written them.
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from functools import partial
 from time import monotonic_ns as now_ns
 
@@ -220,7 +219,7 @@ class Landing:
             landing = e.state == LANDING and self.index.get(e.key) is e
             if landing:
                 self._unplaced(e)
-        self._forget(e, mv if landing else replace(mv, dst=None), src_accounted=True)
+        self._forget(e, mv if landing else mv.evicting(), src_accounted=True)
 
     # ------------------------------------------------------------------ promotions after a batch read
 

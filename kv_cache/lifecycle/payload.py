@@ -125,6 +125,10 @@ class PayloadPool:
         # region acquired, and let go where a later one was held); a search of the map is one call (issue 48)
         self._held = bytearray(-(-self._all.size // REGION_BYTES))
         self._held_lock = threading.Lock()
+        # NOTE: every pool page's two stamp words as two columns, made once: a lent payload's stamps are two slices
+        # of them, where a view of each payload made per lend (view, reshape, column) was half its stamp's time
+        pages = self._all.view(np.uint64).reshape(-1, WORDS_PER_PAGE)
+        self._key_words, self._tag_words = pages[:, 0], pages[:, 1]
 
     @property
     def nbytes(self) -> int:
@@ -213,9 +217,10 @@ class PayloadPool:
             taken = self._take(key, out.size)
             if taken is not None:
                 at, place, held = taken
-                view = self._all[at:at + out.size]
-                self._stamp(key, view, 0, place)
-                return view, held
+                first, pages = at // PAGE, out.size // PAGE
+                self._tag_words[first:first + pages] = self._place_tags(0, pages, place)
+                self._key_words[first:first + pages] = key
+                return self._all[at:at + out.size], held
         self.fill(key, out)
         return out, range(0)
 

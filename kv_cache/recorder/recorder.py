@@ -29,6 +29,7 @@ from kv_cache.recorder.histogram import (
     record_many,
 )
 from kv_cache.recorder.snapshot import Snapshot, copy_second
+from kv_cache.recorder.step import StepMeter
 from kv_cache.types import RequestOutcome
 
 # Which byte direction an op moves into the tier it is recorded under.
@@ -146,6 +147,24 @@ class Recorder:
             for dur_ns, nbytes, key in done:
                 self.io_trace.op(intended, start_ns, op, tier, nbytes, key, dur_ns, phase, sec is not None)
         self._count(tier, op, phase, sec, len(done), sum(b for _, b, _ in done), [d for d, _, _ in done])
+
+    def ops_each(self, tier: str, op: str, phase: str, done: list[tuple[int, int, int, int]]) -> None:
+        """Timed block operations on a tier that each started at its own time, (start ns, ns, bytes, key) each:
+        counted as op() counts each one, those of one second of the window together."""
+        if self.io_trace is not None:
+            for start_ns, dur_ns, nbytes, key in done:
+                self.ops(tier, op, phase, start_ns, [(dur_ns, nbytes, key)])
+            return
+        by_second: dict[int | None, tuple[list[int], list[int]]] = {}
+        for start_ns, dur_ns, nbytes, _ in done:
+            sec = self._second(start_ns)
+            got = by_second.get(sec)
+            if got is None:
+                got = by_second[sec] = ([], [])
+            got[0].append(dur_ns)
+            got[1].append(nbytes)
+        for sec, (durations, sizes) in by_second.items():
+            self._count(tier, op, phase, sec, len(durations), sum(sizes), durations)
 
     def _count(self, tier: str, op: str, phase: str, sec: int | None, n: int, nbytes: int, durations) -> None:
         """n operations of nbytes in all, their latencies (ns) durations, in second sec of the window (None: the
@@ -373,25 +392,3 @@ class Recorder:
         return Snapshot({k: merged(v) for k, v in hists.items()}, dict(counters), dict(series),
                         self.measure_start_ns or 0, end, seconds, gauges)
 
-
-class StepMeter:
-    """What completed during one autoscaler step: counts and per-class latency histograms."""
-
-    def __init__(self, start_ns: int):
-        self.start_ns, self.end_ns = start_ns, 0
-        self.completed = self.prompt_tokens = self.generated_tokens = 0
-        self.ttft: dict[str, object] = defaultdict(new_histogram)
-        self.e2e: dict[str, object] = defaultdict(new_histogram)
-        self._lock = threading.Lock()
-
-    def add(self, qos: str, ttft_ns: int, e2e_ns: int, outcome: RequestOutcome) -> None:
-        with self._lock:
-            self.completed += 1
-            self.prompt_tokens += outcome.prompt_tokens
-            self.generated_tokens += outcome.generated_tokens
-            record(self.ttft[qos], ttft_ns)
-            record(self.e2e[qos], e2e_ns)
-
-    @property
-    def seconds(self) -> float:
-        return max(self.end_ns - self.start_ns, 1) / 1e9

@@ -59,6 +59,42 @@ def test_a_batch_s_blocks_recorded_together_are_recorded_as_one_at_a_time(traced
     assert len(got[1][4]) == (120 if traced else 0)
 
 
+@pytest.mark.parametrize("traced", [True, False])
+@pytest.mark.parametrize("op", ["evict", "write"])
+def test_ops_each_with_its_own_start_are_recorded_as_one_at_a_time(traced, op):
+    """ops_each() (a batch's evictions, each started at its own time) leaves what op() each leaves: ops that straddle
+    the window's start and a second's end count in warm-up and in each their own second, every counter, series and
+    latency; with an I/O trace, a line each with its own start."""
+    from kv_cache.recorder.histogram import value_at
+
+    class Trace:
+        def __init__(self):
+            self.lines = []
+
+        def op(self, *args):
+            self.lines.append(args)
+
+    starts = [10 * S - 3, 10 * S + 5, 11 * S - 1, 11 * S, 11 * S + 9, 12 * S + 1]
+    done = [(start, 500 + 13 * i, 4096 * (1 + i % 2), i + 1) for i, start in enumerate(starts)]
+    got = []
+    for together in (False, True):
+        r = Recorder()
+        r.io_trace = Trace() if traced else None
+        r.start_measuring(10 * S)
+        if together:
+            r.ops_each("nvme", op, "evict", done)
+        else:
+            for start, dur, nbytes, key in done:
+                r.op("nvme", op, "evict", start, dur, nbytes, key)
+        snap = r.snapshot()
+        h = snap.hists[("nvme", op, "evict")]
+        got.append((dict(snap.counters), {k: dict(v) for k, v in snap.series.items()}, h.get_total_count(),
+                    [value_at(h, q) for q in (50, 99)], r.io_trace.lines if traced else []))
+    assert got[0] == got[1]
+    assert got[1][0][f"ops.nvme.{op}"] == 5 and got[1][0]["warmup.ops"] == 1
+    assert {sec: row["ops"] for sec, row in got[1][1].items()} == {0: 2, 1: 2, 2: 1}
+
+
 def test_requests_count_when_they_complete_in_the_window():
     r = Recorder()
     r.start_measuring(10 * S)
