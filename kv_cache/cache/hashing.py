@@ -2,8 +2,13 @@
 
 Vocabulary: the *root* is a constant derived from the model identity (not
 from the seed), so the same tokens give the same keys in every process and on
-every host; only full blocks get keys, as in vLLM. blake2b is used because
-Python's ``hash()`` is salted per process.
+every host; only full blocks get keys, as in vLLM. Python's ``hash()`` is salted
+per process, so a block's digest is XXH3-128 (xxhash, unseeded) of its parent's
+digest and its tokens: no adversary picks the tokens here, so a cryptographic hash
+buys nothing, and BLAKE2b cost 0.84 us a block where XXH3 costs 0.18 (a
+15,000-token conversation is 3,750 blocks of 4 tokens, each hashed before the
+clock and again as its request is planned; issue 48). The root is BLAKE2b of the
+model's name, made once.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import random
 import threading
 
 import numpy as np
+import xxhash
 
 from kv_cache.types import BlockKey
 
@@ -29,9 +35,9 @@ def block_digests(tokens: np.ndarray, block_tokens: int, root: bytes) -> list[by
     data = np.ascontiguousarray(tokens, dtype=np.int32)
     stride = block_tokens * 4
     raw = data[: data.size // block_tokens * block_tokens].tobytes()
-    blake2b, out, parent = hashlib.blake2b, [], root
+    digest, out, parent = xxhash.xxh3_128_digest, [], root  # 16 bytes: DIGEST_BYTES
     for at in range(0, len(raw), stride):
-        parent = blake2b(parent + raw[at:at + stride], digest_size=DIGEST_BYTES).digest()
+        parent = digest(parent + raw[at:at + stride])
         out.append(parent)
     return out
 
