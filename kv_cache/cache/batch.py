@@ -90,7 +90,8 @@ class Batches:
         None for a block reserve_write refuses."""
         placed: list = []
         me = threading.get_ident()
-        evicted: list = []
+        # a batch's evictions recorded together, but in an I/O trace each as it happens: the trace keeps their order
+        evicted: list | None = [] if self.recorder.io_trace is None else None
         try:
             for n, want in enumerate(wants):
                 with self._lock:
@@ -115,7 +116,8 @@ class Batches:
             self.give_back([r for r in placed if r is not None])
             raise
         finally:
-            self.record_evictions(evicted)
+            if evicted:
+                self.record_evictions(evicted)
         return placed
 
     def _land_anyway(self) -> None:
