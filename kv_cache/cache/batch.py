@@ -90,8 +90,7 @@ class Batches:
         None for a block reserve_write refuses."""
         placed: list = []
         me = threading.get_ident()
-        # a batch's evictions recorded together, but in an I/O trace each as it happens: the trace keeps their order
-        evicted: list | None = [] if self.recorder.io_trace is None else None
+        evicted: list | None = None if self.recorder.in_order else []  # a batch's evictions, recorded together
         try:
             for n, want in enumerate(wants):
                 with self._lock:

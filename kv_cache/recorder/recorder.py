@@ -148,6 +148,11 @@ class Recorder:
                 self.io_trace.op(intended, start_ns, op, tier, nbytes, key, dur_ns, phase, sec is not None)
         self._count(tier, op, phase, sec, len(done), sum(b for _, b, _ in done), [d for d, _, _ in done])
 
+    @property
+    def in_order(self) -> bool:
+        """Each op must be recorded as it happens (an I/O trace keeps their order): none gathered for ops_each."""
+        return self.io_trace is not None
+
     def ops_each(self, tier: str, op: str, phase: str, done: list[tuple[int, int, int, int]]) -> None:
         """Timed block operations on a tier that each started at its own time, (start ns, ns, bytes, key) each:
         counted as op() counts each one, those of one second of the window together."""
