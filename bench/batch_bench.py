@@ -99,8 +99,7 @@ def demotions(upper, lower, size: int, depth: int, batched: bool) -> float:
             for k in keys:
                 cache.commit_write(cache.reserve_write(k, size, "user"), bufs[0], "prefill", scratch)
             continue
-        placed = cache.place_writes([(k, size, "user", None) for k in keys], lambda n, _: bufs[n], "prefill",
-                                    scratch)
+        placed = cache.place_writes([(k, size, "user", None) for k in keys], bufs, "prefill", scratch)
         cache.commit_batch(placed, bufs, "prefill")
     return time.perf_counter() - start
 

@@ -80,10 +80,10 @@ class Batches:
             self.recorder.io_units(name, op, phase, start, batch_units(self.tiers[t], start, len(entries)))
         self.recorder.batch(name, kind, phase, start, last - start, len(entries), busy)
 
-    def place_writes(self, wants: list[tuple[int, int, str, int | None]], make, phase: str,
+    def place_writes(self, wants: list[tuple[int, int, str, int | None]], datas: list[np.ndarray], phase: str,
                      scratch: np.ndarray) -> list:
         """Reserve, in order, each (key, nbytes, label, parent) as reserve_write does, run the moves it needs
-        (demotions), make its bytes (make(n, entry) -> its filled buffer, untimed) and place it in its tier's order
+        (demotions) and place it, its bytes the same place in datas (made before the batch), in its tier's order
         at once (PLACING: no reader's hit until its bytes land): every later block of the batch meets the cache
         serial mode's write of this one would have left. Should a later block need it as a victim (as serial
         mode could evict or demote it), its bytes are written first (_flush). The others go with commit_batch.
@@ -98,13 +98,12 @@ class Batches:
                 if res is not None:
                     try:
                         self.run_moves(res.moves, scratch, defer=True, evicted=evicted)
-                        data = make(n, res.entry)
                     except BaseException:
                         self.abort(res)
                         raise
                     with self._lock:
                         res.entry.state = PLACING
-                        self.pending[res.entry.key] = (me, data, phase)
+                        self.pending[res.entry.key] = (me, datas[n], phase, res.entry)
                         self._placed(res.entry)
                         if self._orphaned(res.entry):  # its parent left while room was made: serial mode
                             self._drop_now(res.entry)  # writes it, then drops it (its bytes written by the trash)
@@ -131,12 +130,22 @@ class Batches:
         """Placed reservations whose bytes will not be written leave the cache (their tier's order too)."""
         with self._lock:
             for r in reservations:
-                self.pending.pop(r.entry.key, None)
+                self._pending_of(r.entry)
                 if r.entry.state == PLACING and self.index.get(r.entry.key) is r.entry:
                     self._unplaced(r.entry)
         for r in reservations:
             if r.entry.state == PLACING:
                 self.abort(r)
+
+    def _pending_of(self, e: Entry) -> tuple | None:
+        """Lock held: e's write record taken out of pending (thread, bytes, phase, entry); None where its bytes were
+        written or given up, or the record is another entry's of the same key (written again by another worker once
+        e was dropped: taken, that one was never written and ours was, where no index entry counted it, issue 48)."""
+        mine = self.pending.get(e.key)
+        if mine is None or mine[3] is not e:
+            return None
+        del self.pending[e.key]
+        return mine
 
     def _flushable(self, e: Entry) -> bool:
         """Lock held: e's bytes are owed by this thread's batch (a PLACING write, a LANDING demotion or promotion):
@@ -155,11 +164,11 @@ class Batches:
             self.land()  # a landing demotion: its bytes reach the tier it is in, as serial mode's had
             return
         with self._lock:
-            mine = self.pending.pop(e.key, None)
+            mine = self._pending_of(e)
         if mine is None or mine[0] != me:  # another thread's batch: dropped before its bytes
             return
         self.land()  # the room its bytes take, as serial mode's write found it
-        _, data, phase = mine
+        _, data, phase, _ = mine
         device_begin()
         start = now_ns()
         times = self.parts.write(self.tiers[t], e.key, e.nbytes, data)
@@ -169,7 +178,7 @@ class Batches:
         """Write the placed blocks (one put_many per tier), then make them READY in order. A block whose write
         fails is given back; the first failure is raised once the others are ready."""
         with self._lock:  # those a later block of the batch moved out were written then (_flush)
-            todo = [i for i, r in enumerate(reservations) if self.pending.pop(r.entry.key, None) is not None]
+            todo = [i for i, r in enumerate(reservations) if self._pending_of(r.entry) is not None]
         by_tier: dict[int, list[int]] = {}
         for i in todo:
             by_tier.setdefault(reservations[i].entry.tier, []).append(i)

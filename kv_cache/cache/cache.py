@@ -64,7 +64,7 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
         self.promote_enabled = promote
         self.recorder = recorder
         self.index: dict[int, Entry] = {}
-        self.pending: dict[int, tuple] = {}  # key -> (thread, bytes, phase) of a PLACING block's write (batch.py)
+        self.pending: dict[int, tuple] = {}  # key -> (thread, bytes, phase, entry) of a PLACING block's write
         self.landing: dict[int, tuple] = {}  # key -> (thread, move, buffer) of a LANDING demotion (landing.py)
         self.promoting: dict[int, tuple] = {}  # key -> (thread, entry, bytes, source tier) of a pending promotion
         # NOTE: with --shared-storage the bottom tier is written by other ranks too. A lookup that
@@ -76,7 +76,7 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
         self.leaving = [0] * len(tiers)  # slots of chosen victims still physically there, owed to nobody
         self._slot_counts: list[dict[int, int]] = [{} for _ in tiers]  # block size -> its slots, each tier's
         self.bottom = len(tiers) - 1
-        self._trash: list = []  # blocks dropped by a cascade, to delete from their tier outside the lock
+        self._trash: dict[int, list] = {}  # thread -> blocks it dropped, to delete from their tier outside the lock
         self._lock = threading.Lock()  # `with self._lock`: C, where the Condition's enter / exit are Python
         self._cond, self._waiting = threading.Condition(self._lock), 0  # readers waiting for a move (_wait)
 

@@ -6,6 +6,8 @@ cache's lock held. See cache.py's docstring for the rules.
 
 from __future__ import annotations
 
+import threading
+
 from kv_cache import counters as C
 
 READY, WRITING, CORRUPT, DROPPING = "ready", "writing", "corrupt", "dropping"
@@ -96,7 +98,7 @@ class PrefixStructure:
             if not kids:
                 walk.pop()
                 if walk:  # a dropped descendant, its own descendants handled: its bytes go
-                    self._trash.append(parent)
+                    self._trash_of_mine().append(parent)
                 continue
             c = kids.pop()
             c.parent = None  # its parent is gone: c no longer counts in anyone's children
@@ -116,7 +118,7 @@ class PrefixStructure:
         and slots are freed by _empty_trash outside the lock (until then the key cannot be rewritten)."""
         e.state = DROPPING
         self._gone(e)
-        self._trash.append(e)
+        self._trash_of_mine().append(e)
 
     def _orphaned(self, e: Entry) -> bool:
         """e's parent left the cache while e was being moved or written."""
@@ -137,13 +139,24 @@ class PrefixStructure:
         if self._waiting:
             self._cond.notify_all()
 
+    def _trash_of_mine(self) -> list:
+        """Lock held: the blocks this thread dropped and has not deleted yet."""
+        return self._trash.setdefault(threading.get_ident(), [])
+
     def _empty_trash(self) -> None:
-        """Delete the bytes of dropped blocks (outside the lock: a tier's delete may be I/O), then free
-        their slots and keys."""
-        if not self._trash:  # NOTE: read without the lock; whoever appends empties it after its own call
+        """Delete the bytes of the blocks this thread dropped (outside the lock: a tier's delete may be I/O), then
+        free their slots and keys.
+
+        NOTE: each thread empties its own trash (every call that drops a block empties it after): a block of this
+        thread's batch dropped ahead of its bytes is written or landed first (_flush), then deleted, by this thread.
+        Emptied by whichever thread came next, it was deleted by one thread while its own thread wrote it (not
+        present yet, then written): its slots were never freed, and a run with two tiers and four workers stopped
+        on a full tier (issue 48)."""
+        me = threading.get_ident()
+        if not self._trash.get(me):  # NOTE: read without the lock: only this thread adds to its list
             return
         with self._lock:
-            trash, self._trash = self._trash, []
+            trash = self._trash.pop(me)
         for e in trash:
             if self.pending or self.landing or self.promoting:  # a batch's block dropped ahead of its bytes: they
                 # land first (written, demoted or promoted as serial mode had), then go

@@ -83,6 +83,9 @@ class Landing:
         for dst in sorted({mv.dst for mv, _ in mine}, reverse=True):
             group = [(mv, scratch) for mv, scratch in mine if mv.dst == dst]
             error = self._land_group([mv for mv, _ in group], group[0][1]) or error
+        # the trash once every group landed: a block of the batch dropped meanwhile is written first (_flush), into
+        # room an upper tier's group makes (emptied after the lower group, it met the upper tier full, issue 48)
+        error = self._settle([]) or error
         if error is not None:
             raise error
 
@@ -109,13 +112,13 @@ class Landing:
                                     in_flight_take())
             done = [(start, d) for d in done]
         return self._settle([partial(self._landed, mv, src, dst, began, d, u)
-                             for mv, (began, d), u in zip(moves, done, units)])
+                             for mv, (began, d), u in zip(moves, done, units)], trash=False)
 
-    def _settle(self, ends: list) -> BaseException | None:
-        """Run each block's end whatever another's raised (a reader waits on any left landing), then empty the
-        trash: the first failure, or None."""
+    def _settle(self, ends: list, trash: bool = True) -> BaseException | None:
+        """Run each block's end whatever another's raised (a reader waits on any left landing), then (trash) empty
+        the trash: the first failure, or None."""
         error = None
-        for end in [*ends, self._empty_trash]:
+        for end in [*ends, self._empty_trash] if trash else ends:
             try:
                 end()
             except BaseException as ex:  # noqa: BLE001 - raised once all are settled

@@ -102,44 +102,30 @@ class BatchedPaths:
             self.recorder.count(C.VERIFY_DISCARDED)
         return now_ns() - start, intact
 
-    def _maker(self, views: dict, bufs: WorkerBuffers, held: list):
-        """make(n, entry): the n-th block of a window's payload (untimed, as serial mode's payloads are made before
-        each write's clock), kept in views: lent from the payload pool in place where it can be (its regions
-        added to held, given back once the window is written and hashed), else made in its batch buffer."""
-        def make(n: int, entry):
-            start = now_ns()
-            if self.fake_io:
-                view = bufs.batch_view(n, entry.nbytes)
-            else:
-                view, regions = bufs.lend(self.payloads, entry.key, entry.nbytes, n)
-                held.append(regions)
-            views[n] = view
-            views["untimed"] = views.get("untimed", 0) + now_ns() - start
-            return view
-        return make
-
     def _write_batched(self, plan: KVPlan, indices, bufs: WorkerBuffers, phase: str, out: RequestOutcome) -> int:
-        """Write the plan's blocks at indices in windows: reserved together, filled, one put_many per tier."""
+        """Write the plan's blocks at indices in windows: their payloads lent together (untimed, as serial mode's
+        are made before each write's clock: from the payload pool in place where they can be, else made in their
+        batch buffers), reserved and placed in order, then one put_many per tier."""
         storage_ns, todo = 0, list(indices)
         for w in range(0, len(todo), self.batch):
             window = todo[w:w + self.batch]
             self._check_stop()
             wants = [(plan.keys[i], self.object_bytes(plan.tokens_per_key[i]), plan.labels[i], plan.parent(i))
                      for i in window]
-            views: dict[int, object] = {}
-            held: list[range] = []
+            lent = [(bufs.batch_view(n, nbytes), range(0)) for n, (_, nbytes, _, _) in enumerate(wants)] \
+                if self.fake_io else bufs.lend_many(self.payloads, [(key, nbytes) for key, nbytes, _, _ in wants])
             try:
                 start = now_ns()
-                placed = self.cache.place_writes(wants, self._maker(views, bufs, held), phase, bufs.scratch)
-                kept = [(r, views[n]) for n, r in enumerate(placed) if r is not None]
+                placed = self.cache.place_writes(wants, [data for data, _ in lent], phase, bufs.scratch)
+                kept = [(r, lent[n][0]) for n, r in enumerate(placed) if r is not None]
                 out.blocks_write_skipped += len(window) - len(kept)
                 if kept:
                     self.cache.commit_batch([r for r, _ in kept], [v for _, v in kept], phase)
-                storage_ns += now_ns() - start - views.get("untimed", 0)
+                storage_ns += now_ns() - start
                 if self.verify == "checksum":  # kept in the index: every later read of the block is checked
                     for r, data in kept:
                         r.entry.digest = block_digest(data)
             finally:
-                for regions in held:
-                    self.payloads.give_back(regions)
+                if not self.fake_io:
+                    self.payloads.give_back_many([held for _, held in lent])
         return storage_ns

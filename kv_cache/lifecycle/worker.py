@@ -60,6 +60,16 @@ class WorkerBuffers:
             self._kept[i] = nbytes
         return data, held
 
+    def lend_many(self, payloads, items: list[tuple[int, int]]) -> list[tuple[np.ndarray, range]]:
+        """lend() of each (key, nbytes) for the in-flight block of its index, the pool's lends made together
+        (PayloadPool.lend_many)."""
+        bufs = [self._buffer(i, nbytes) for i, (_, nbytes) in enumerate(items)]
+        lent = payloads.lend_many([k for k, _ in items], bufs, [self._kept.pop(i, 0) for i in range(len(items))])
+        for i, (data, _) in enumerate(lent):
+            if data is bufs[i]:  # made there (see lend)
+                self._kept[i] = bufs[i].size
+        return lent
+
     def verified(self, i: int | None, data: np.ndarray) -> None:
         """A block read into the i-th in-flight block's buffer (None: the block buffer's) was found intact by its
         bytes (its checksum, or every byte): a LARGE payload there is kept as one made there (large_bytes)."""

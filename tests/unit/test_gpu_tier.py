@@ -239,10 +239,9 @@ def test_a_batch_s_demotions_are_one_d2h_batch_into_the_cpu_arena(pool):
     streams = gpu._lane().streams
     before = [s.syncs for s in streams]
 
-    def make(n, entry):
-        pool.fill(entry.key, bufs[n])
-        return bufs[n]
-    placed = cache.place_writes([(k, SLOT, "user", None) for k in range(5, 9)], make, "prefill", bufs[0])
+    for k, buf in zip(range(5, 9), bufs):
+        pool.fill(k, buf)
+    placed = cache.place_writes([(k, SLOT, "user", None) for k in range(5, 9)], bufs, "prefill", bufs[0])
     assert [s.syncs for s in streams] == before  # nothing moved yet: the demotions wait for the batch
     cache.commit_batch(placed, bufs, "prefill")
     assert [s.syncs - b for s, b in zip(streams, before)] == [2, 2]  # the D2H batch, then the H2D batch

@@ -1,6 +1,7 @@
 """Payloads: unique per 4 KiB page, incompressible, and checked on read."""
 
 import lzma
+import random
 import threading
 import time
 import zlib
@@ -400,3 +401,25 @@ def test_payloads_lent_in_place_at_once_never_share_a_byte_of_the_pool():
                 assert at + view.size <= a or a + n <= at, (step, at, view.size, a, n)
             held.append((at, view.size, regions))
     assert lent > 1500  # most lent in place: the pairs checked are many
+
+
+def test_a_batch_s_lends_made_together_are_the_lends_made_one_after_another():
+    """A write window lends its payloads together (one hold of the region map): each takes the place, the regions and
+    the bytes that lend() one after another would have given it, the earlier ones of the batch holding theirs."""
+    rng = random.Random(5)
+    for copies, size in [(1, 512 << 10), (2, 512 << 10), (1, 2 << 20)]:
+        one, many = (PayloadPool(1, span_bytes=8 << 20, copies=copies) for _ in range(2))
+        held: list = []
+        for _ in range(30):
+            keys = [rng.getrandbits(64) for _ in range(rng.randrange(2, 40))]
+            got = [one.lend(k, aligned_buffer(size)) for k in keys]
+            lent = many.lend_many(keys, [aligned_buffer(size) for _ in keys], [0] * len(keys))
+            for (a, ha), (b, hb), k in zip(got, lent, keys):
+                assert ha == hb and np.array_equal(a, b) and many.check(k, b, "full")
+                at = a.ctypes.data - one.host_memory.ctypes.data
+                assert not ha or at == b.ctypes.data - many.host_memory.ctypes.data
+            held += [h for _, h in got]
+            while len(held) > 24:  # some given back, so that later batches meet a map partly held
+                h = held.pop(rng.randrange(len(held)))
+                one.give_back(h)
+                many.give_back_many([h])
