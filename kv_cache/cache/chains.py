@@ -121,9 +121,11 @@ class PrefixStructure:
         self._trash_of_mine().append(e)
 
     def _orphaned(self, e: Entry) -> bool:
-        """e's parent left the cache while e was being moved or written."""
+        """e's parent left the cache while e was being moved or written (or is leaving: DROPPING, its cascade ran
+        while e was in flight and passed it by, and the index lets it go only once its bytes are deleted; judged
+        present, e stayed READY under a dead parent, no lookup reaching it, issue 48)."""
         p = e.parent
-        return p is not None and self.index.get(p.key) is not p
+        return p is not None and (self.index.get(p.key) is not p or p.state == DROPPING)
 
     def _wait(self) -> None:
         """Lock held: wait for a move to finish (counted, so that _wake skips notify_all when none waits)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import threading
 import time
 
 import numpy as np
@@ -376,6 +377,31 @@ def test_a_batch_call_that_raises_strands_no_demotion_or_promotion():
     with pytest.raises(RunFault):
         cache.commit_promotions()
     assert _settled(cache) and 1 not in cache.index
+
+
+def test_a_batch_s_blocks_under_a_parent_another_worker_dropped_leave_with_it():
+    """A batch places block 3 (child of 2) in the lower tier and 4 (child of 3) in the top one, demoting 2 to make
+    its room (landing). Another worker then finds 2's parent 1 corrupt and drops it: its cascade passes 2 by (its
+    bytes are in flight). When the batch commits, 2 lands orphaned and goes, then 3; 4 was left READY under a
+    parent that was leaving (DROPPING), a dead block no lookup could reach. Every block goes, and no tier holds
+    a block the index does not."""
+    rec, data, size = Recorder(), np.zeros(1 << 20, np.uint8), 1 << 20
+    top, low = CpuTier(2 * size, size), CpuTier(8 * size, size)
+    cache = BlockCache([top, low], LRUPolicy, False, rec)
+    cache.commit_write(cache.reserve_write(1, size, "user"), data, "prefill", data)
+    cache.commit_write(cache.reserve_write(2, size, "user", 1), data, "prefill", data)
+    placed = cache.place_writes([(3, size, "user", 2), (4, size, "user", 3)], [data, data], "prefill", data)
+    assert [r.entry.tier for r in placed] == [1, 0] and cache.index[2].state == LANDING
+
+    def corrupt_parent():  # a reader on another thread finds 1 corrupt
+        cache.discard(cache.pin_prefix([1])[0])
+
+    other = threading.Thread(target=corrupt_parent)
+    other.start()
+    other.join()
+    cache.commit_batch(placed, [data, data], "prefill")
+    assert not cache.index and cache.occupancy()["cpu"]["dead_blocks"] == 0
+    assert top.slots.keys() == [] and low.slots.keys() == [] and cache.used == [0, 0]
 
 
 @pytest.mark.slow
