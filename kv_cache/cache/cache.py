@@ -7,11 +7,13 @@ block being read is *pinned* and never chosen as a victim. An object larger than
 
 Prefix structure: a block written as part of a chain names its *parent*
 (the block before it); each entry counts its children per tier. A block
-with a child in its own tier (or, in the bottom tier, a child anywhere) is
-*held*: its policy does not offer it, so tails leave a tier before their
-heads and no eviction leaves a cached block that no lookup can reach (a
-*dead* block: one whose parent is gone). A head shared by many chains lives
-as long as any of them needs it.
+with a child in its own tier is *held*: its policy does not offer it, so
+tails leave a tier before their heads. A head with children only in other
+tiers is not held (held by a child anywhere, a full bottom tier of heads
+whose tails live above could take no demotion): when it is evicted, its
+descendants leave with it (cascade, counted), so no cached block is one no
+lookup can reach (a *dead* block: one whose parent is gone). A head shared
+by many chains in its tier lives as long as any of them needs it.
 
 Locking: one lock guards the index, the per-tier accounting and the
 policies; no I/O ever happens under it. Space is reserved under the lock

@@ -437,3 +437,4 @@ def test_workers_batching_through_full_tiers_leave_no_block_behind(small_run, ti
         assert r.returncode == 0, r.stderr
         res = small_run.results(f"w{run}")
         assert res["snapshot"]["counters"].get("ops.nvme.demote", 0) > 0  # the memory tiers were full
+        assert not [t for t, o in res["occupancy"].items() if o["dead_blocks"]]  # every cached block reachable
