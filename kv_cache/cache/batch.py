@@ -200,8 +200,7 @@ class Batches:
                 e = reservations[i].entry
                 if i in failed or self.index.get(e.key) is not e:
                     continue
-                e.state = READY
-                self._refresh(e)
+                e.state = READY  # its policy's hold is current: every change of its children while PLACING told it
                 if self._orphaned(e):  # its parent left while it was written: unreachable, dropped
                     self._drop_now(e)
             self._wake()
