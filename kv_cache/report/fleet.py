@@ -133,20 +133,33 @@ def export_comparison(sim: dict, runs: list, where: str) -> list[str]:
 
 def kept_up(sim: dict, runs: list) -> str:
     """Whether the engines kept up with the trace: the simulation serves each request before the next arrives, so
-    a request that waited for its engine's worker longer than the fleet's arrivals are apart may have read or
-    written the shared tier after a later one (another order than the simulation's: its figures may differ)."""
-    waits = [q.max for r in runs if (q := r.request_latency_ms.get("queue")) is not None and q.max is not None]
-    if not waits:
-        return "  Kept up with the trace: - (no request's queue wait was recorded)"
-    gap, worst = sim.get("arrival_gap_ms"), max(waits)
+    a request that took longer, from its arrival to its end, than the fleet's arrivals are apart may have read or
+    written the shared tier after a later one, on another engine (another order than the simulation's: its figures
+    may differ). Judged by its wait for a worker alone, a request that outlasted the gap in storage passed: two S3
+    engines kept up by their waits on CI (2026-12-06), yet the shared tier's hit rate was 29.5 % against the
+    simulation's 30.8 (their requests' times were not printed)."""
+    longest = [_longest(r) for r in runs]
+    took = [t for t in longest if t is not None]
+    if not took:
+        return "  Kept up with the trace: - (no request's time was recorded)"
+    gap, worst = sim.get("arrival_gap_ms"), max(took)
     behind = sum(r.load is not None and r.load.kind == "queue" for r in runs)
     apart = "-" if gap is None else f"{gap:,.1f} ms"
+    said = f"the longest a request took from its arrival to its end (its wait for a worker in it) was {worst:,.1f} ms"
     if behind or (gap is not None and worst > gap):
-        return (f"  Behind the trace: the longest a request waited for its engine's worker was {worst:,.1f} ms, the "
-                f"fleet's arrivals {apart} apart at the median ({behind} of {len(runs)} runs' load verdict: queue); "
-                f"the engines may have served the shared tier in another order than the simulation, which serves "
-                f"each request before the next arrives, and the differences above may come from it: export the point "
-                f"again at a lower --trace-speedup (the requests further apart), or use faster storage")
-    return (f"  Kept up with the trace: the longest a request waited for its engine's worker was {worst:,.1f} ms, the "
-            f"fleet's arrivals {apart} apart at the median: the engines served the requests in the simulation's "
-            f"order")
+        return (f"  Behind the trace: {said}, the fleet's arrivals {apart} apart at the median ({behind} of "
+                f"{len(runs)} runs' load verdict: queue); the engines may have served the shared tier in another "
+                f"order than the simulation, which serves each request before the next arrives, and the differences "
+                f"above may come from it: export the point again at a lower --trace-speedup (the requests further "
+                f"apart), or use faster storage")
+    return (f"  Kept up with the trace: {said}, the fleet's arrivals {apart} apart at the median: the engines served "
+            f"the requests in the simulation's order")
+
+
+def _longest(run) -> float | None:
+    """A run's longest request from its arrival to its end, ms (its wait for a worker where that alone was kept)."""
+    for kind in ("e2e", "queue"):
+        got = run.request_latency_ms.get(kind)
+        if got is not None and got.max is not None:
+            return got.max
+    return None
