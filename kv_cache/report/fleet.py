@@ -138,14 +138,13 @@ def kept_up(sim: dict, runs: list) -> str:
     may differ). Judged by its wait for a worker alone, a request that outlasted the gap in storage passed: two S3
     engines kept up by their waits on CI (2026-12-06), yet the shared tier's hit rate was 29.5 % against the
     simulation's 30.8 (their requests' times were not printed)."""
-    longest = [_longest(r) for r in runs]
-    took = [t for t in longest if t is not None]
+    took = [t for r in runs if (t := _longest(r)) is not None]
     if not took:
         return "  Kept up with the trace: - (no request's time was recorded)"
-    gap, worst = sim.get("arrival_gap_ms"), max(took)
+    (worst, what), gap = max(took), sim.get("arrival_gap_ms")
     behind = sum(r.load is not None and r.load.kind == "queue" for r in runs)
     apart = "-" if gap is None else f"{gap:,.1f} ms"
-    said = f"the longest a request took from its arrival to its end (its wait for a worker in it) was {worst:,.1f} ms"
+    said = f"the longest a request {what} was {worst:,.1f} ms"
     if behind or (gap is not None and worst > gap):
         return (f"  Behind the trace: {said}, the fleet's arrivals {apart} apart at the median ({behind} of "
                 f"{len(runs)} runs' load verdict: queue); the engines may have served the shared tier in another "
@@ -156,10 +155,16 @@ def kept_up(sim: dict, runs: list) -> str:
             f"the requests in the simulation's order")
 
 
-def _longest(run) -> float | None:
-    """A run's longest request from its arrival to its end, ms (its wait for a worker where that alone was kept)."""
-    for kind in ("e2e", "queue"):
+# what each latency kept_up may judge by measures, as its sentence names it (the first a run has is taken)
+_LONGEST = {"e2e": "took from its arrival to its end (its wait for a worker in it)",
+            "queue": "waited for its engine's worker (its run kept no time to its end)"}
+
+
+def _longest(run) -> tuple[float, str] | None:
+    """A run's longest request from its arrival to its end, ms, and what that measures (its wait for a worker
+    where that alone was kept: the figure printed is named as what it is)."""
+    for kind, what in _LONGEST.items():
         got = run.request_latency_ms.get(kind)
         if got is not None and got.max is not None:
-            return got.max
+            return got.max, what
     return None
