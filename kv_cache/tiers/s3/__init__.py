@@ -33,7 +33,7 @@ from kv_cache.errors import RunFault, ServerDown, UserError
 from kv_cache.safefiles import write_file
 from kv_cache.tiers.base import in_flight
 from kv_cache.tiers.kinds import GiB
-from kv_cache.tiers.localserver import HOST, LocalServer, certificates, free_port, spawn
+from kv_cache.tiers.localserver import HOST, LocalServer, certificates, free_ports, spawn
 from kv_cache.tiers.remote import (
     MARKER_OBJECT,
     NAMESPACE,
@@ -289,9 +289,10 @@ def local_server(folder: Path, bucket: str = "kvbench", tls: bool = False) -> Lo
     identity = {"name": "kvbench", "credentials": [{"accessKey": LOCAL_KEY, "secretKey": LOCAL_SECRET}],
                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
     write_file(folder / "s3.json", json.dumps({"identities": [identity]}), "the local S3 server's identities")
-    while True:  # gRPC ports are the HTTP ones + 10000: draw until every one fits below 65536
-        ports = {name: free_port() for name in ("master", "volume", "filer", "s3", "metrics", "https")}
-        if all(p + 10000 <= 65535 for p in ports.values()):
+    while True:  # gRPC ports are the HTTP ones + 10000: draw until every one fits below 65536 and is none of ours
+        ports = dict(zip(("master", "volume", "filer", "s3", "metrics", "https"), free_ports(6)))
+        grpc = {ports[n] + 10000 for n in ("master", "volume", "filer", "s3")}
+        if max(grpc) <= 65535 and not grpc & set(ports.values()):
             break
     args = [weed, "server", f"-dir={folder / 'data'}", f"-ip={HOST}", f"-ip.bind={HOST}", "-filer", "-s3",
             *(f"-{n}.port={ports[n]}" for n in ("master", "volume", "filer", "s3")), f"-s3.config={folder / 's3.json'}",
