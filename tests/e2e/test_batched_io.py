@@ -421,6 +421,7 @@ def test_blocks_larger_than_a_payload_segment_made_again_in_their_buffers_verify
     assert res["verification"]["blocks_checked"] > 0 and res["verification"]["failures"] == 0
 
 
+@pytest.mark.slow  # six runs of 400 requests (about 2 minutes of a 2-core machine): make test-all, as CI runs it
 @pytest.mark.parametrize("tiers", [["--gpu", "off"], ["--gpu", "simulated", "--gpu-mem-gb", "0.02"]],
                          ids=["cpu-nvme", "gpu-cpu-nvme"])
 def test_workers_batching_through_full_tiers_leave_no_block_behind(small_run, tiers):
