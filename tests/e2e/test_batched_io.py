@@ -45,7 +45,7 @@ def _both_ways(small_run, tmp_path, *args: str, env: dict | None = None) -> dict
 TIGHT = ["--cpu-mem-gb", "0.012", "--nvme-gb", "0.024", "--max-inflight", "4", "--max-requests", "60"]
 
 
-@pytest.mark.slow  # two runs of 40 requests: make test-all (CI); make test stays under 3 minutes
+@pytest.mark.slow  # two runs of 40 requests: make test-all (CI); make test stays quick
 @pytest.mark.parametrize("tiers", [[], TIGHT], ids=["small tiers", "tiers so tight an ancestor of a batch goes"])
 def test_batched_makes_serial_mode_s_cache_decisions_at_depth(small_run, tmp_path, tiers):
     """The same seeded sequence, one worker: batched and serial evict, demote, promote and write the same blocks

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO, bounded, run_cli
 from helpers import assert_clean_error, assert_held_until_loaded, wait_for_line
 
-pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays quick
 
 # The users' pace sets the offered load (2 requests/s each), far below what the null tier serves on a busy machine.
 # NOTE: a request's own time adds to its user's think time. At 0.2 s of think time and 1.5 s steps, a full suite on

@@ -8,7 +8,7 @@ import pytest
 from conftest import run_cli
 from helpers import assert_clean_error
 
-pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays quick
 
 
 def test_policies_replay_the_same_sequence_and_compare(small_run):

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO, SHARED_TRACES, TRACES_ABSENT, run_cli
 from helpers import assert_clean_error
 
-pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays quick
 
 TINY = ["--set", "models.tiny={layers: 2, kv_heads: 1, head_dim: 64}", "--model", "tiny"]  # 8 KiB blocks
 SEQUENCE = ["--semantic", *TINY, "--arrival", "sequence", "--max-requests", "80", "--duration", "600",

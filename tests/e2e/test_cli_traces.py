@@ -4,7 +4,7 @@ import pytest
 from conftest import REPO, SHARED_TRACES, bounded, needs_shared_traces, run_cli
 from helpers import assert_clean_error
 
-pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays quick
 
 MOON = str(REPO / "traces" / "mooncake_conversation_sample.jsonl")
 TINY = ["--set", "models.tiny={layers: 1, kv_heads: 1, head_dim: 8}", "--model", "tiny"]

@@ -6,7 +6,7 @@ import pytest
 from conftest import bounded, run_cli
 from helpers import assert_clean_error
 
-pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays quick
 
 SMOKE = ("--submission", "smoke", "--trials", "2", "--precondition", "--seed", "42", "--duration", "1",
          "--warmup", "0.2")

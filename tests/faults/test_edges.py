@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, SMALL, TRACES_ABSENT, bounded, run_cli
 from helpers import assert_clean_error, sentences
 
-pytestmark = pytest.mark.slow  # real CLI runs: make test-all (CI); make test stays under 3 minutes
+pytestmark = pytest.mark.slow  # real CLI runs: make test-all (CI); make test stays quick
 
 CASES = [
     # flags with no effect in the chosen mode

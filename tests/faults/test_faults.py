@@ -20,7 +20,7 @@ from helpers import assert_clean_error, said
 sys.path.insert(0, str(Path(__file__).parent))
 from corrupt import corrupt  # noqa: E402
 
-pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays quick
 
 
 def start(args: list[str], env: dict | None = None) -> subprocess.Popen:

@@ -23,7 +23,7 @@ from kv_cache.lifecycle.plan import Planner
 from kv_cache.run.geometry import chain_id, geometry
 from kv_cache.run.traffic import build_traffic
 
-pytestmark = pytest.mark.slow  # make test-all (CI); make test stays under 3 minutes
+pytestmark = pytest.mark.slow  # make test-all (CI); make test stays quick
 
 MOONCAKE = REPO / "traces" / "mooncake_conversation_sample.jsonl"
 REQUESTS = 150
