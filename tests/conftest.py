@@ -63,7 +63,10 @@ def children_keep_their_bytecode(tmp_path_factory):
     os.environ["PYTHONPYCACHEPREFIX"] = str(tmp_path_factory.mktemp("pycache"))
     yield
     for k, v in before.items():
-        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def bounded(n: int) -> list[str]:
