@@ -234,14 +234,13 @@ def _mlperf_line(rows: list, out: Path, work: Path) -> None:
 
 def _vram_handoff(rows: list, out: Path, work: Path) -> None:
     import importlib.util
-    import socket
+
+    from kv_cache.tiers.localserver import free_port
 
     if importlib.util.find_spec("nixl_cu12") is None:
         rows.append(("NIXL handoff, region in HBM", "skipped", "nixl-cu12 is not installed", "0 missing"))
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        url = f"nixl://127.0.0.1:{s.getsockname()[1]}"
+    url = f"nixl://127.0.0.1:{free_port()}"
     common = ["--model", "llama8b", "--handoff", url, "--disagg-wait-s", "30", "--warmup", "0", "--quiet",
               "--output-dir", str(out / "vram")]
     dec_cache, pre_cache = work / "cache-vram-dec", work / "cache-vram-pre"

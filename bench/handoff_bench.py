@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 from netns import NetnsPair, why_not  # noqa: E402
+
+from kv_cache.tiers import localserver  # noqa: E402
 
 BLOCK = 2 * 2**20
 ENV = {**os.environ, "UCX_TLS": "tcp", "PYTHONUNBUFFERED": "1"}
@@ -207,9 +208,7 @@ def free_port(host: str) -> int:
     """A free port: on 127.0.0.1 asked of the kernel; in a namespace made for this run every port is free."""
     if host != "127.0.0.1":
         return 20000 + os.getpid() % 20000
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return localserver.free_port()
 
 
 def rounds(run, host: str, tmp: Path, n: int) -> list[dict]:

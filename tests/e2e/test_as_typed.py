@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import run_cli
 from helpers import loop_filesystem
+from servers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +34,7 @@ def _settings(tmp_path) -> dict:
 def test_a_prefill_node_runs_on_its_defaults(tmp_path, transport):
     if transport == "nixl":
         pytest.importorskip("nixl_cu12", reason="NIXL (make install: pip install --no-deps nixl-cu12)")
-        import socket
-
-        with socket.socket() as free:
-            free.bind(("127.0.0.1", 0))
-            handoff = ["--handoff", f"nixl://127.0.0.1:{free.getsockname()[1]}"]
+        handoff = ["--handoff", f"nixl://127.0.0.1:{free_port()}"]
     else:
         (tmp_path / "shared").mkdir()
         handoff = ["--handoff-dir", str(tmp_path / "shared")]

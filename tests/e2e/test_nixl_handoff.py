@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO, SMALL, bounded, run_cli
 from helpers import assert_clean_error, assert_held_until_loaded, sentences, wait_for_line
 from netns import NetnsPair, why_not
+from servers import free_port
 
 SCRIPTS = REPO / "tests" / "scripts"  # the helper processes' code, in files ruff checks
 
@@ -25,12 +26,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("nix
 TCP = {"UCX_TLS": "tcp"}  # over TCP, as between two hosts without RDMA (not shared memory)
 ENV = {**os.environ, **TCP, "PYTHONUNBUFFERED": "1"}
 CLI = [sys.executable, str(REPO / "kv_cache_benchmark.py")]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def node_args(small_run, tmp_path, run_id: str, role: str, url: str, *extra: str) -> list[str]:
