@@ -239,6 +239,7 @@ class BudgetParts:
     access_log: int = 0  # --capacity-curve's access log at its bound and the curve computed from it after the run
     request_backlog: int = 0  # --max-backlog-gb: the requests issued and not yet done
     traffic: int = 0  # synthetic users' conversations at their longest (budget.py)
+    timeseries: int = 0  # the time series of every second the window may last (budget.py)
 
 
 @dataclass

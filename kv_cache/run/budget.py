@@ -5,7 +5,9 @@ block, one for waterfall moves; and the batch arena of batched request I/O) + a 
 pinned buffer of the largest object per lane: workers + 1, and the CUDA runtime's own memory) + payload pool and
 its stamp tags + the donor store when --semantic is on (its bound: every donor at the longest prompt) + the
 bookkeeping of every block the tiers can hold (index entry, policy entry, slot: BOOKKEEPING_BYTES each) + synthetic
-users' conversations at their longest (each user's last prompt and answer, and the user: USER_BYTES) + a fixed
+users' conversations at their longest (each user's last prompt and answer, and the user: USER_BYTES) + the time
+series of every second the window may last (timeseries_bytes: per-second histograms and counters, which grow with
+--duration and --drain-s, and their copies made into results.json at the end) + a fixed
 allowance for the interpreter, histograms, queues, the planner's chain memo (at most 32 MiB: cache/hashing.py's
 MEMO_BYTES) and the infinite-cache ceiling's keys (about 38 MiB at most: lifecycle/ceiling.py's CEILING_BYTES). A
 trace's records are not counted: they take about what its file does.
@@ -32,6 +34,13 @@ BOOKKEEPING_BYTES = 1536
 ACCESS_LOG_BYTES = 420
 ACCESS_LOG_FIXED_BYTES = 2 * FOLD_SLACK * ROW_BYTES
 USER_BYTES = 2048  # a synthetic user without its conversation (its generator and state): measured 1.5 KiB
+# The recorder's time series, a second of the window at its peak (the snapshot and results.json's rows made at the
+# end, beside the recorder's own): measured with tracemalloc over 80-300 s of every worker busy on every tier
+# (tests/unit/test_budget.py holds a real recorder to it): about 5 KiB a second, 15.5 KiB more a tier (its read and
+# write histograms of the second and their copies) and 0.2-0.9 + 0.1-0.4 KiB a tier for each worker (its own
+# counters of the second; where a dict grows moves them); with room, a day of 16 workers on 4 tiers is 9.2 GiB
+SECOND_BYTES, SECOND_TIER_BYTES = 8 << 10, 16 << 10
+SECOND_WORKER_BYTES, SECOND_WORKER_TIER_BYTES = 512, 512
 HEADROOM = 0.9  # leave a tenth of available memory to the OS and the page cache
 
 
@@ -50,12 +59,14 @@ class MemoryBudget:
     access_log_bytes: int = 0  # --capacity-curve: its log at its bound, and the curve computed from it after the run
     backlog_bytes: int = 0  # --max-backlog-gb: the requests issued and not yet done
     traffic_bytes: int = 0  # synthetic users' conversations at their longest (this process's users)
+    timeseries_bytes: int = 0  # the time series of the window's seconds (timeseries_bytes())
 
     @property
     def total_bytes(self) -> int:
         return (self.cpu_tier_bytes + self.staging_bytes + self.payload_pool_bytes + self.overhead_bytes
                 + self.donor_store_bytes + self.bookkeeping_bytes + self.handoff_bytes + self.gpu_staging_bytes
-                + self.payload_stamps_bytes + self.access_log_bytes + self.backlog_bytes + self.traffic_bytes)
+                + self.payload_stamps_bytes + self.access_log_bytes + self.backlog_bytes + self.traffic_bytes
+                + self.timeseries_bytes)
 
     def to_dict(self) -> dict:
         return {"cpu_tier": self.cpu_tier_bytes, "staging": self.staging_bytes,
@@ -63,7 +74,15 @@ class MemoryBudget:
                 "donor_store": self.donor_store_bytes, "bookkeeping": self.bookkeeping_bytes,
                 "handoff": self.handoff_bytes, "total": self.total_bytes, "gpu_staging": self.gpu_staging_bytes,
                 "payload_stamps": self.payload_stamps_bytes, "access_log": self.access_log_bytes,
-                "request_backlog": self.backlog_bytes, "traffic": self.traffic_bytes}
+                "request_backlog": self.backlog_bytes, "traffic": self.traffic_bytes,
+                "timeseries": self.timeseries_bytes}
+
+
+def timeseries_bytes(seconds: int, tiers: int, workers: int) -> int:
+    """What the recorder's time series of `seconds` seconds of the window takes at its peak, with `tiers` tiers and
+    `workers` workers (each keeps its own counters of a second)."""
+    per_worker = SECOND_WORKER_BYTES + SECOND_WORKER_TIER_BYTES * tiers
+    return seconds * (SECOND_BYTES + SECOND_TIER_BYTES * tiers + workers * per_worker)
 
 
 def fits(budget: MemoryBudget, available: int | None = None) -> bool:
@@ -95,6 +114,8 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         (budget.access_log_bytes, "lower --capacity-log-accesses (the capacity curve's log: a SHARDS sample past it)"),
         (budget.backlog_bytes, "lower --max-backlog-gb (the requests issued and not yet done)"),
         (budget.traffic_bytes, "lower --users (each holds its conversation: its last prompt and answer)"),
+        (budget.timeseries_bytes, "shorten --duration or --drain-s (the time series keeps every second of the "
+                                  "window), or lower --workers"),
         (budget.gpu_staging_bytes, f"lower --workers (each GPU lane pins {object_bytes / gib:.2f} GiB of host "
                                    f"memory) or use a smaller --block-tokens"),
     ]
@@ -111,6 +132,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         + (f" + capacity curve's access log {budget.access_log_bytes / gib:.2f}" if budget.access_log_bytes else "")
         + (f" + request backlog {budget.backlog_bytes / gib:.2f}" if budget.backlog_bytes else "")
         + (f" + users' conversations {budget.traffic_bytes / gib:.2f}" if budget.traffic_bytes else "")
+        + (f" + time series {budget.timeseries_bytes / gib:.2f}" if budget.timeseries_bytes else "")
         + f" + overhead {budget.overhead_bytes / gib:.2f}) exceeds "
         f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available{where_from(available * ranks_here)}"
         + (f" to each of the {ranks_here} ranks on this host (its {available * ranks_here / gib:.2f} GiB shared "

@@ -1,7 +1,7 @@
 """The run's report folder: checked and reserved before the run, never a reason to lose results.
 
 Before anything is measured the folder ``<output-dir>/<run-id>`` is created
-with a marker (see leftovers.py) and a *reserve* file of RESERVE_BYTES, so a
+with a marker (see leftovers.py) and a *reserve* file (reserve_bytes: a longer run's more), so a
 read-only, missing-parent, file-in-the-way or full output folder is refused
 up front, and the space for results.json, CSVs and plots is held until they
 are written. If writing still fails at the end, the results go to a fresh
@@ -28,7 +28,10 @@ from kv_cache.tiers.fsinfo import refuse_system_dir
 
 RESERVE = ".kvbench-reserve"
 LOG = "run.log"  # tracebacks of internal errors (runlog.py); written only when one happens
-RESERVE_BYTES = 16 << 20  # results.json, timeseries.csv, summary.md and the plots of a long run fit
+RESERVE_BYTES = 16 << 20  # results.json's fixed sections, summary.md and the plots
+# and each second of the window, a tier: its per-second histograms and row in results.json, its row in
+# timeseries.csv (measured: see reserve_bytes)
+SECOND_TIER_OUTPUT_BYTES = 2 << 10
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -39,9 +42,15 @@ def check_run_id(run_id: str) -> None:
                         f"or digit and hold no '..': it names one folder under --output-dir.")
 
 
-def reserve(folder: Path, run_id: str) -> list[Path]:
-    """Create folder with its marker and reserve file, or refuse in one sentence. Returns the folders above it
-    that it made (./reports on a first run): a run that writes nothing removes them again (abandon)."""
+def reserve_bytes(seconds: int, tiers: int) -> int:
+    """The room the files of a run of `seconds` seconds of window on `tiers` tiers take: a day's run writes a
+    hundred MiB and more, most of it its time series."""
+    return RESERVE_BYTES + seconds * tiers * SECOND_TIER_OUTPUT_BYTES
+
+
+def reserve(folder: Path, run_id: str, nbytes: int = RESERVE_BYTES) -> list[Path]:
+    """Create folder with its marker and a reserve file of nbytes, or refuse in one sentence. Returns the folders
+    above it that it made (./reports on a first run): a run that writes nothing removes them again (abandon)."""
     refuse_system_dir(str(folder.parent), "--output-dir")
     if folder.exists() or folder.is_symlink():
         why = describe_dead(folder) or "a finished run wrote its results there"
@@ -60,25 +69,27 @@ def reserve(folder: Path, run_id: str) -> list[Path]:
                         f"writable --output-dir.") from None
     try:
         write_marker(folder, run_id)
-        _reserve(folder)
+        _reserve(folder, nbytes)
     except OSError as e:
         shutil.rmtree(folder, ignore_errors=True)
-        room = f"less than {RESERVE_BYTES >> 20} MiB free" if e.errno in (errno.ENOSPC, errno.EDQUOT) \
+        room = f"less than {nbytes / 2**20:,.0f} MiB free" if e.errno in (errno.ENOSPC, errno.EDQUOT) \
             else e.strerror
         raise UserError(f"--output-dir {folder.parent} cannot hold the run's results ({room}); free space or "
                         f"pass another --output-dir.") from None
     return made
 
 
-def _reserve(folder: Path) -> None:
+def _reserve(folder: Path, nbytes: int) -> None:
     fd = os.open(folder / RESERVE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         try:
-            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            os.posix_fallocate(fd, 0, nbytes)
         except OSError as e:
             if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
-            os.write(fd, bytes(RESERVE_BYTES))  # a filesystem without fallocate: real bytes
+            chunk = bytes(min(nbytes, RESERVE_BYTES))  # a filesystem without fallocate: real bytes
+            for at in range(0, nbytes, len(chunk)):
+                os.pwrite(fd, chunk[:nbytes - at], at)
             os.fsync(fd)
     finally:
         os.close(fd)

@@ -38,7 +38,7 @@ from kv_cache.run.prepare import Prepared, RunSpec, close, prepare
 from kv_cache.run.progress import Progress
 from kv_cache.run.serving import autoscaler, qos_policy, semantic_reuse
 from kv_cache.run.site import fio_of
-from kv_cache.run.sizing import batch_depth, demotion_depth
+from kv_cache.run.sizing import batch_depth, demotion_depth, recorded_tiers, window_seconds
 from kv_cache.run.stack import RunContext, agreed_settings_of, device_latency_mode, resolved, worker_state
 from kv_cache.run.submission import RULES, rule_violations, validate, with_rule_defaults, write_package
 from kv_cache.run.trials import conclude
@@ -76,7 +76,8 @@ def execute(s: Settings, reg, say=print) -> int:
     if dist.rank == 0:  # checked and reserved before anything is measured: results are never lost at the end
         try:
             with signals.deferred(quiet=True):  # a signal now must not leave a reserved folder nobody removes
-                made = outfolder.reserve(folder, run_id)
+                made = outfolder.reserve(folder, run_id, outfolder.reserve_bytes(
+                    window_seconds(s), recorded_tiers(s, reg, s.tiers.gpu != "off")))
         except UserError as e:
             error = str(e)
     try:

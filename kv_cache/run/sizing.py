@@ -3,6 +3,7 @@ budget of a run of that size, checked before anything is allocated (part of the 
 
 from __future__ import annotations
 
+import math
 import os
 
 import psutil
@@ -24,6 +25,7 @@ from kv_cache.run.budget import (
     USER_BYTES,
     MemoryBudget,
     fits,
+    timeseries_bytes,
 )
 from kv_cache.run.geometry import Geometry
 from kv_cache.run.handoff import nixl_region_bytes
@@ -182,7 +184,22 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None, ranks: int = 1) -> 
                         handoff_bytes=nixl_region_bytes(s, reg.transports), gpu_staging_bytes=lanes,
                         payload_stamps_bytes=stamps,
                         access_log_bytes=_access_log_bytes(s), backlog_bytes=_backlog_bytes(s),
-                        traffic_bytes=traffic_bytes(s, ranks))
+                        traffic_bytes=traffic_bytes(s, ranks),
+                        timeseries_bytes=timeseries_bytes(window_seconds(s), recorded_tiers(s, reg, gpu is not None),
+                                                          workers(s)))
+
+
+def window_seconds(s: Settings) -> int:
+    """The most seconds the recorder's time series may hold: the window and its drain, and a second they end in."""
+    return math.ceil(s.run.duration_s + s.run.drain_s) + 1
+
+
+def recorded_tiers(s: Settings, reg, gpu: bool) -> int:
+    """How many tiers the run may record: the media its settings give room (the GPU's where one may be built, gpu,
+    or is simulated), and a disaggregated node's handoff."""
+    media = [k for k in reg.media.kinds if k.most_bytes(s.tiers)
+             and (k.name != "gpu" or gpu or s.tiers.gpu == "simulated")]
+    return len(media) + (s.disagg.role != "both")
 
 
 def traffic_bytes(s: Settings, ranks: int = 1) -> int:

@@ -188,6 +188,21 @@ def test_full_output_folder_is_refused_before_the_run(small_run, small_tmpfs):
     assert os.listdir(point) == [] and os.listdir(small_run.cache) == []
 
 
+def test_a_long_runs_output_is_reserved_for_its_length(small_run, small_tmpfs):
+    """A day's time series writes a hundred MiB and more: the reserve grows with the window, so a folder that holds a
+    minute's files but not an hour's is refused up front, not at the end (where its results would go elsewhere)."""
+    point = _mount_out(small_tmpfs, small_run, 24)
+    args = small_run("x", "--duration", "3600", "--max-requests", "5", "--warmup", "0")
+    args[args.index("--output-dir") + 1] = str(point)
+    r = run_cli(args)
+    assert r.returncode == 2 and "cannot hold the run's results (less than" in said(r.stderr), r.stderr
+    assert os.listdir(point) == [] and os.listdir(small_run.cache) == []
+    args = small_run("y", "--duration", "60", "--max-requests", "5", "--warmup", "0")
+    args[args.index("--output-dir") + 1] = str(point)
+    r = run_cli(args)
+    assert r.returncode == 0 and (point / "y" / "results.json").exists(), r.stderr
+
+
 def test_disk_filled_during_the_run_results_go_elsewhere(small_run, small_tmpfs, tmp_path):
     point = _mount_out(small_tmpfs, small_run, 24)
     args = small_run("x", "--duration", "3", "--warmup", "0")

@@ -1,14 +1,21 @@
 """The memory budget is computed before the run and refused with numbers."""
 
+import json
+import threading
+import tracemalloc
+
 import pytest
 from found import REGISTRY, SECTIONS
 
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
 from kv_cache.lifecycle.payload import POOL_SPAN_BYTES, SEGMENT_BYTES
-from kv_cache.run.budget import BOOKKEEPING_BYTES, USER_BYTES, MemoryBudget, check_fits
+from kv_cache.recorder.recorder import Recorder
+from kv_cache.recorder.results import timeseries
+from kv_cache.run.budget import BOOKKEEPING_BYTES, USER_BYTES, MemoryBudget, check_fits, timeseries_bytes
 from kv_cache.run.geometry import geometry
 from kv_cache.run.sizing import batch_depth, demotion_depth, memory_budget, payload_copies
+from kv_cache.types import RequestOutcome
 
 GiB = 2**30
 
@@ -31,8 +38,11 @@ def test_budget_parts():
     assert b.backlog_bytes == 0  # a closed loop: its users wait for their answers (an open loop's is below)
     # 200 users, each its conversation at the longest (coding and document: 32,768 tokens and an 800-token answer)
     assert b.traffic_bytes == 200 * ((32768 + 800) * 4 + USER_BYTES)
+    # 60 s and a 5 s drain, on the cpu and nvme tiers (no GPU tier is built), 4 workers
+    assert b.timeseries_bytes == 66 * ((8 + 2 * 16) * 1024 + 4 * (512 + 2 * 512))
     assert b.total_bytes == (b.cpu_tier_bytes + b.staging_bytes + b.payload_pool_bytes + b.overhead_bytes
-                             + b.bookkeeping_bytes + b.payload_stamps_bytes + b.backlog_bytes + b.traffic_bytes)
+                             + b.bookkeeping_bytes + b.payload_stamps_bytes + b.backlog_bytes + b.traffic_bytes
+                             + b.timeseries_bytes)
 
 
 def test_the_budget_holds_every_synthetic_user_s_conversation_at_its_longest():
@@ -52,6 +62,65 @@ def test_the_budget_holds_every_synthetic_user_s_conversation_at_its_longest():
     assert memory_budget(s, geometry(s), REGISTRY, ranks=4).traffic_bytes == 3 * one  # users 0, 4, 8 on rank 0
     trace = resolve(None, [], {"trace.path": "t.jsonl"}, media_sections=SECTIONS)
     assert memory_budget(trace, geometry(trace), REGISTRY).traffic_bytes == 0
+
+
+def _busy_recorder(seconds: int, workers: int, tiers: list[str]) -> int:
+    """tracemalloc's peak over a recorder fed `seconds` seconds of every worker (a thread each) moving blocks on every
+    tier and finishing a request, then the end of a run: its snapshot, the time series' rows, results.json's text."""
+    rec = Recorder()
+    rec.start_measuring(10**9)
+
+    def work() -> None:
+        for sec in range(seconds):
+            at = (sec + 1) * 10**9 + 1000
+            for tier in tiers:
+                for op, phase in (("read", "load"), ("write", "prefill"), ("write", "decode"), ("demote", "evict")):
+                    rec.ops(tier, op, phase, at, [(2_000_000 + i, 2 << 20, i) for i in range(3)])
+                rec.add_bytes(tier, "read", at, 2 << 20)
+            rec.request(at - 10**6, at, at + 10**5, 10**6, RequestOutcome(1000, 100, 500), at, "interactive")
+
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        threads = [threading.Thread(target=work) for _ in range(workers)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        for sec in range(seconds):
+            rec.gauge({"queue_depth": 3, **{f"{t}_used_bytes": 1e9 for t in tiers}}, (sec + 1) * 10**9)
+        snap = rec.snapshot()
+        text = json.dumps({"snapshot": snap.to_dict(), "timeseries": timeseries(snap, tiers)})
+        assert text
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("workers,tiers", [(1, ["cpu"]), (3, ["cpu", "nvme"]), (6, ["gpu", "cpu", "nvme"])])
+def test_the_budget_holds_the_time_series_a_busy_recorder_keeps_each_second(workers, tiers):
+    """The time series grows with the window: a second's histograms and counters, and their copies at the end. A day
+    of it was about 8 GiB no budget counted; its part per second holds what a real recorder takes, and not twice."""
+    grown = (_busy_recorder(200, workers, tiers) - _busy_recorder(80, workers, tiers)) / 120
+    model = timeseries_bytes(1, len(tiers), workers)
+    assert 0.5 * model < grown <= model, (grown, model)
+
+
+def test_a_day_s_time_series_is_budgeted_and_its_refusal_says_to_shorten_the_run():
+    def budget(duration: str, drain: str = "5") -> MemoryBudget:
+        s = resolve(None, [], {"schedule.workers": "16", "tiers.gpu": "simulated", "run.duration_s": duration,
+                               "run.drain_s": drain}, media_sections=SECTIONS)
+        return memory_budget(s, geometry(s), REGISTRY)
+
+    minute, day = budget("60"), budget("86400")
+    assert day.timeseries_bytes == timeseries_bytes(86406, 3, 16) == 86406 * minute.timeseries_bytes // 66
+    assert day.total_bytes - minute.total_bytes == day.timeseries_bytes - minute.timeseries_bytes > 6 * GiB
+    assert budget("5", "86400").timeseries_bytes == day.timeseries_bytes  # the drain is recorded too
+    with pytest.raises(UserError) as e:
+        check_fits(MemoryBudget(GiB, GiB, 128 << 20, timeseries_bytes=day.timeseries_bytes), 16, 2 << 20,
+                   available=8 * GiB)
+    text = " ".join(str(e.value).split())
+    assert f"time series {day.timeseries_bytes / GiB:.2f}" in text and "shorten --duration or --drain-s" in text
 
 
 def test_the_payload_pool_has_a_copy_for_each_half_of_it_the_workers_lend_at_once():
