@@ -66,10 +66,12 @@ class BatchedPaths:
                     self.cache.forget_vanished(e)
                     self.recorder.count(C.SHARED_VANISHED, start_ns=start)
                 else:
+                    judged = now_ns()
                     spent, intact = self._judge(e, outs[j], r, bufs, defer=True)
                     storage_ns += spent
                     if intact and self._bytes_checked(r):
                         bufs.verified(j, outs[j])
+                    self.recorder.own(now_ns() - judged - spent)  # its verification: the generator's work
                 tiers.append(r if intact else None)
                 if not intact and to_first_miss:
                     self.cache.unpin(window[j + 1:])
@@ -112,8 +114,10 @@ class BatchedPaths:
             self._check_stop()
             wants = [(plan.keys[i], self.object_bytes(plan.tokens_per_key[i]), plan.labels[i], plan.parent(i))
                      for i in window]
+            made = now_ns()
             lent = [(bufs.batch_view(n, nbytes), range(0)) for n, (_, nbytes, _, _) in enumerate(wants)] \
                 if self.fake_io else bufs.lend_many(self.payloads, [(key, nbytes) for key, nbytes, _, _ in wants])
+            self.recorder.own(now_ns() - made)  # the payloads made and stamped: the generator's work
             try:
                 start = now_ns()
                 placed = self.cache.place_writes(wants, [data for data, _ in lent], phase, bufs.scratch)
@@ -123,8 +127,10 @@ class BatchedPaths:
                     self.cache.commit_batch([r for r, _ in kept], [v for _, v in kept], phase)
                 storage_ns += now_ns() - start
                 if self.verify == "checksum":  # kept in the index: every later read of the block is checked
+                    hashed = now_ns()
                     for r, data in kept:
                         r.entry.digest = block_digest(data)
+                    self.recorder.own(now_ns() - hashed)
             finally:
                 if not self.fake_io:
                     self.payloads.give_back_many([held for _, held in lent])

@@ -99,16 +99,19 @@ class Lifecycle(BatchedPaths, HandoffPaths):
         if self.handoff is not None:  # a prefill node: hand the prompt's KV to the decode nodes
             storage_ns += self._publish(req, plan, bufs)
         ttft_ns = now_ns()  # the storage part of time-to-first-token ends here
+        own_ttft_ns = self.recorder.own_so_far()  # the generator's own work until then: not the storage's
         if self.handoff is None:
             storage_ns += self._write(plan, range(plan.num_prompt_blocks, len(plan.keys)), bufs, decode_phase, out)
         if donors is not None:
             self.semantic.finish(req, plan, donors, hit, loaded, out)
-        self._finish(req, req.num_output_tokens, storage_ns, out, ttft_ns)
+        self._finish(req, req.num_output_tokens, storage_ns, out, ttft_ns, own_ttft_ns)
         if self.recorder.accesses is not None and plan.chained:  # the capacity curve's input: what the cache saw
             self._log_accesses(req, plan, whole)
 
-    def _finish(self, req: Request, output_tokens: int, storage_ns: int, out: RequestOutcome, ttft_ns: int) -> None:
-        """Modelled generation time (if any), then the request's record."""
+    def _finish(self, req: Request, output_tokens: int, storage_ns: int, out: RequestOutcome, ttft_ns: int,
+                own_ttft_ns: int) -> None:
+        """Modelled generation time (if any), then the request's record (its own work kept out of its latencies:
+        Recorder.own)."""
         generation_ns = 0
         if self.gen_s_per_token:  # the sleep is timed: what the run really waited, not what was asked
             start = now_ns()
@@ -118,7 +121,7 @@ class Lifecycle(BatchedPaths, HandoffPaths):
                 time.sleep(min(left / 1e9, 0.05))
             generation_ns = now_ns() - start
         self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, out, ttft_ns, req.qos,
-                              generation_ns)
+                              generation_ns, own_ttft_ns, self.recorder.own_so_far())
 
     def _log_accesses(self, req: Request, plan: KVPlan, whole: bool) -> None:
         n = plan.num_prompt_blocks

@@ -49,9 +49,11 @@ class HandoffPaths:
                     self.recorder.count(C.HANDOFF_MISSING, start_ns=start)
                     continue
                 self.recorder.op("handoff", "read", "load", start, spent, size, key)
+                checked = now_ns()
                 self._check(key, data, start, digest or None)
+                self.recorder.own(now_ns() - checked)
                 loaded += 1
-        ttft_ns = now_ns()
+        ttft_ns, own_ttft_ns = now_ns(), self.recorder.own_so_far()
         self.handoff.loaded(h)  # its blocks may go (the NIXL prefill node holds them until now)
         self.recorder.handoff(ttft_ns, int((time.time() - h.done_wall) * 1e9))
         tokens = min(loaded * h.block_tokens, h.prompt_tokens)
@@ -63,4 +65,4 @@ class HandoffPaths:
                       ("handoff",) * n + (GENERATED,) * len(h.decode_keys), ((0, n, False),
                                                                                (n, n + len(h.decode_keys), False)))
         storage_ns += self._write(plan, range(n, len(plan.keys)), bufs, "decode", out)
-        self._finish(req, h.output_tokens, storage_ns, out, ttft_ns)
+        self._finish(req, h.output_tokens, storage_ns, out, ttft_ns, own_ttft_ns)

@@ -28,6 +28,7 @@ from kv_cache.recorder.histogram import (
     record,
     record_many,
 )
+from kv_cache.recorder.request_work import RequestWork
 from kv_cache.recorder.snapshot import Snapshot, copy_second
 from kv_cache.recorder.step import StepMeter
 from kv_cache.types import RequestOutcome
@@ -73,7 +74,7 @@ class _Shard:
         return h
 
 
-class Recorder:
+class Recorder(RequestWork):
     """Thread-safe collection of per-block and per-request measurements."""
 
     def __init__(self) -> None:
@@ -283,40 +284,12 @@ class Recorder:
         step.end_ns = now_ns
         return step
 
-    def begin_request(self, intended_ns: int) -> None:
-        """The calling thread now works for a request meant to start at intended_ns (for the I/O trace)."""
-        self._request.intended_ns = intended_ns
-
     def recent_percentile(self, tier: str, op: str, pct: float) -> float | None:
         """pct of the last complete second's (tier, op) latencies in ms, or None (live progress)."""
         sec = self._second(time.monotonic_ns())
         self._fold_all()
         with self._second_lock:
             return at_ms(self._second_hists.get((sec - 1, tier, op)) if sec else None, pct, 1e3)
-
-    def defer_split(self) -> None:
-        """This thread's split records wait for end_split: the lifecycle adds the host work around the operation."""
-        self._request.splits = []
-
-    def end_split(self, host_extra_ns: int) -> None:
-        """Record this thread's deferred splits, each with host_extra_ns more host time: the block's payload made,
-        stamped and checksummed around its operation (the reference's host part holds its own serialisation)."""
-        pending, self._request.splits = getattr(self._request, "splits", None) or [], None
-        for tier, op, start_ns, device_ns, host_ns in pending:
-            self.split(tier, op, start_ns, device_ns, host_ns + host_extra_ns)
-
-    def split(self, tier: str, op: str, start_ns: int, device_ns: int, host_ns: int) -> None:
-        """A storage operation's time in its device calls and the rest (tiers/base.py SPLITS), window only."""
-        pending = getattr(self._request, "splits", None)
-        if pending is not None:
-            pending.append((tier, op, start_ns, device_ns, host_ns))
-            return
-        if self._second(start_ns) is None:
-            return
-        shard = self._shard()
-        with shard.lock:
-            record(shard.hist(C.split_hist(tier, op, "device")), device_ns)
-            record(shard.hist(C.split_hist(tier, op, "host")), host_ns)
 
     def gauge(self, values: dict[str, float], now_ns: int) -> None:
         """Levels sampled at now_ns (queue depth, occupancy, ...): the last sample of a second wins."""
@@ -332,16 +305,19 @@ class Recorder:
         self._shard().counters[name] += n
 
     def request(self, intended_ns: int, dequeued_ns: int, done_ns: int, storage_ns: int,
-                outcome: RequestOutcome, ttft_ns: int | None = None, qos: str = "", generation_ns: int = 0) -> None:
+                outcome: RequestOutcome, ttft_ns: int | None = None, qos: str = "", generation_ns: int = 0,
+                own_ttft_ns: int = 0, own_ns: int = 0) -> None:
         """One finished request: its latencies (from the intended start) and what it did (kept as counters).
 
         ttft_ns: when its storage part of time-to-first-token ended (prefix loaded, prefill
-        written); qos: its class. A request counts when it completes inside the window, whenever
-        it was issued: under overload the requests finishing in the window were issued long before
-        it, and their queueing is exactly what must be seen.
+        written); qos: its class; own_ttft_ns, own_ns: the generator's own work for it (own()) before
+        ttft_ns and in all, kept out of its TTFT and end-to-end latency. A request counts when it
+        completes inside the window, whenever it was issued: under overload the requests finishing in
+        the window were issued long before it, and their queueing is exactly what must be seen.
         """
         shard = self._shard()
-        ttft, e2e = (ttft_ns or done_ns) - intended_ns, done_ns - intended_ns
+        ttft = (ttft_ns - own_ttft_ns if ttft_ns else done_ns - own_ns) - intended_ns
+        e2e = done_ns - own_ns - intended_ns
         step = self._step
         if step is not None and done_ns >= step.start_ns:
             step.add(qos, ttft, e2e, outcome)
