@@ -12,8 +12,9 @@ from kv_cache import counters as C
 from kv_cache.cache.cache import BlockCache
 from kv_cache.cache.hashing import chain_root
 from kv_cache.cache.policies.lru import LRUPolicy
-from kv_cache.lifecycle import batched, executor
+from kv_cache.lifecycle import batched, executor, roles
 from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions
+from kv_cache.lifecycle.handoff import space
 from kv_cache.lifecycle.handoff.folder import FolderLoader, FolderPublisher
 from kv_cache.lifecycle.payload import PAGE, PayloadPool, block_digest
 from kv_cache.lifecycle.worker import WorkerBuffers
@@ -272,6 +273,47 @@ def test_a_decode_node_checks_handed_over_blocks_against_the_digests_its_prefill
                        bufs)
         c = drec.counters()
         assert c["verification.blocks_checked"] == 2 and c.get("verification.failures", 0) == failures, digests
+    dec.detach()
+    pre.finish(0, True, print)
+
+
+def test_a_handoffs_own_payload_work_is_kept_out_of_both_nodes_latencies(rig, tmp_path, monkeypatch):
+    """The prefill node makes and hashes each block it publishes, the decode node verifies each it loads: a second
+    each on the clock the lifecycle reads, and none of it in either node's TTFT or end-to-end latency."""
+    _, cache, rec, bufs = rig
+    clock = [10]
+    for module in (executor, batched, roles, space):
+        monkeypatch.setattr(module, "now_ns", lambda: clock[0])
+
+    def slow(work):
+        def run(*args, **kwargs):
+            clock[0] += 10**9
+            return work(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(Lifecycle, "_check", slow(Lifecycle._check))
+    monkeypatch.setattr(space, "block_digest", slow(space.block_digest))
+    pool = PayloadPool(seed=1, span_bytes=1 << 20)
+    opts = LifecycleOptions(BT, BPT, chain_root("test"), "checksum")
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    pre = FolderPublisher(str(folder), SHARED("buffered", BLOCK), "buffered", 16 * BLOCK, {"seed": 1})
+    due = dict(intended_ns=clock[0], dequeued_ns=clock[0])
+    Lifecycle(cache, pool, rec, opts, handoff=pre).execute(
+        replace(request(tokens(40, 1), tokens(8, 2), ((40, USER),)), **due), bufs)
+    with open(pre.manifest) as f:
+        h = Handoff.from_dict(json.loads(f.read().splitlines()[-1]))
+    dec = FolderLoader(str(folder), SHARED("buffered", BLOCK))
+    drec = Recorder()
+    drec.start_measuring(1)
+    decode = Lifecycle(BlockCache([CpuTier(8 * BLOCK, BLOCK)], LRUPolicy, True, drec), pool, drec, opts, handoff=dec)
+    due = dict(intended_ns=clock[0], dequeued_ns=clock[0])
+    decode.execute(replace(request(tokens(1, 0), tokens(1, 0), ((1, USER),)), handoff=h, **due), bufs)
+    assert len(h.keys) == 2 and drec.counters()["verification.blocks_checked"] == 2 and clock[0] >= 4 * 10**9
+    for node in (rec, drec):
+        hists = node.snapshot().hists
+        for latency in ("ttft", "e2e"):
+            assert hists[C.request_hist(latency)].get_max_value() < 10**9, latency
     dec.detach()
     pre.finish(0, True, print)
 
