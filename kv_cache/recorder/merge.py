@@ -49,10 +49,18 @@ def _spread(values: list[float]) -> dict:
     return {"min": min(values), "max": max(values), "spread": (max(values) - min(values)) / mean if mean else None}
 
 
+def _merge_dropping(a: Snapshot, b: Snapshot) -> Snapshot:
+    """a and b merged, and both freed: rank 0 holds three snapshots at most, however many ranks there are."""
+    out = a.merge(b)
+    a.release()
+    b.release()
+    return out
+
+
 def merge_ranks(ranks: list[Results]) -> Results:
     """One Results for all ranks (see the module docstring)."""
     results = [r.to_dict() for r in ranks]
-    merged = reduce(Snapshot.merge, (_snapshot(r) for r in results))
+    merged = reduce(_merge_dropping, (_snapshot(r) for r in results))
     runs = [r["run"] for r in results]
     run = dict(runs[0])
     faults = [f"rank {x['rank']} on {x['hosts'][0]}: {x['fault']}" for x in runs if x["fault"]]

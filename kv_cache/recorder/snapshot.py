@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from kv_cache.recorder.histogram import decode, decode_second, encode, merged, new_second_histogram
+from kv_cache.recorder.histogram import decode, decode_second, encode, merged, new_second_histogram, release
 
 
 @dataclass
@@ -50,6 +50,11 @@ class Snapshot:
         return cls({tuple(k.split("/")): decode(v) for k, v in d["histograms"].items()}, dict(d["counters"]),
                    {int(s): dict(v) for s, v in d["series"].items()}, *d["window_ns"], seconds,
                    {int(s): dict(v) for s, v in d.get("gauges", {}).items()})
+
+    def release(self) -> None:
+        """Free this snapshot's histograms when it is dropped (histogram.release); it is not used after."""
+        for h in (*self.hists.values(), *self.second_hists.values()):
+            release(h)
 
     def merge(self, other: Snapshot) -> Snapshot:
         """Exact merge: histograms add, counters add, the window spans both."""

@@ -7,7 +7,8 @@ its stamp tags + the donor store when --semantic is on (its bound: every donor a
 bookkeeping of every block the tiers can hold (index entry, policy entry, slot: BOOKKEEPING_BYTES each) + synthetic
 users' conversations at their longest (each user's last prompt and answer, and the user: USER_BYTES) + the time
 series of every second the window may last (timeseries_bytes: per-second histograms and counters, which grow with
---duration and --drain-s, and their copies made into results.json at the end) + a fixed
+--duration and --drain-s, and their copies made into results.json at the end; under MPI, rank 0's merge of every
+rank's) + a fixed
 allowance for the interpreter, histograms, queues, the planner's chain memo (at most 32 MiB: cache/hashing.py's
 MEMO_BYTES) and the infinite-cache ceiling's keys (about 38 MiB at most: lifecycle/ceiling.py's CEILING_BYTES). A
 trace's records are not counted: they take about what its file does.
@@ -41,6 +42,12 @@ USER_BYTES = 2048  # a synthetic user without its conversation (its generator an
 # counters of the second; where a dict grows moves them); with room, a day of 16 workers on 4 tiers is 9.2 GiB
 SECOND_BYTES, SECOND_TIER_BYTES = 8 << 10, 16 << 10
 SECOND_WORKER_BYTES, SECOND_WORKER_TIER_BYTES = 512, 512
+# Under MPI rank 0 also merges the ranks' results at the end, a second of the window at its peak: three decoded
+# snapshots at a time (two merged into a third) and every rank's results (received, and made a dict to merge):
+# measured with tracemalloc over 100-300 s of 1 to 4 tiers and 2 to 5 ranks (tests/unit/test_budget.py holds a real
+# merge to it): 16.5 KiB a tier for the merge, 1.7 + 1.7 KiB a tier for each rank's results; with room
+MERGE_SECOND_BYTES, MERGE_SECOND_TIER_BYTES = 4 << 10, 20 << 10
+RANK_SECOND_BYTES, RANK_SECOND_TIER_BYTES = 2 << 10, 2 << 10
 HEADROOM = 0.9  # leave a tenth of available memory to the OS and the page cache
 
 
@@ -78,11 +85,15 @@ class MemoryBudget:
                 "timeseries": self.timeseries_bytes}
 
 
-def timeseries_bytes(seconds: int, tiers: int, workers: int) -> int:
+def timeseries_bytes(seconds: int, tiers: int, workers: int, ranks: int = 1) -> int:
     """What the recorder's time series of `seconds` seconds of the window takes at its peak, with `tiers` tiers and
-    `workers` workers (each keeps its own counters of a second)."""
+    `workers` workers (each keeps its own counters of a second); with ranks > 1, on rank 0, which merges them all."""
     per_worker = SECOND_WORKER_BYTES + SECOND_WORKER_TIER_BYTES * tiers
-    return seconds * (SECOND_BYTES + SECOND_TIER_BYTES * tiers + workers * per_worker)
+    own = SECOND_BYTES + SECOND_TIER_BYTES * tiers + workers * per_worker
+    if ranks == 1:
+        return seconds * own
+    merge = MERGE_SECOND_BYTES + MERGE_SECOND_TIER_BYTES * tiers
+    return seconds * (own + merge + ranks * (RANK_SECOND_BYTES + RANK_SECOND_TIER_BYTES * tiers))
 
 
 def fits(budget: MemoryBudget, available: int | None = None) -> bool:
@@ -115,7 +126,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         (budget.backlog_bytes, "lower --max-backlog-gb (the requests issued and not yet done)"),
         (budget.traffic_bytes, "lower --users (each holds its conversation: its last prompt and answer)"),
         (budget.timeseries_bytes, "shorten --duration or --drain-s (the time series keeps every second of the "
-                                  "window), or lower --workers"),
+                                  "window; under MPI rank 0 merges every rank's), or lower --workers"),
         (budget.gpu_staging_bytes, f"lower --workers (each GPU lane pins {object_bytes / gib:.2f} GiB of host "
                                    f"memory) or use a smaller --block-tokens"),
     ]

@@ -42,10 +42,11 @@ def check_run_id(run_id: str) -> None:
                         f"or digit and hold no '..': it names one folder under --output-dir.")
 
 
-def reserve_bytes(seconds: int, tiers: int) -> int:
+def reserve_bytes(seconds: int, tiers: int, ranks: int = 1) -> int:
     """The room the files of a run of `seconds` seconds of window on `tiers` tiers take: a day's run writes a
-    hundred MiB and more, most of it its time series."""
-    return RESERVE_BYTES + seconds * tiers * SECOND_TIER_OUTPUT_BYTES
+    hundred MiB and more, most of it its time series; under MPI, each rank's results file beside the merged one."""
+    files = 1 if ranks == 1 else ranks + 1
+    return RESERVE_BYTES + files * seconds * tiers * SECOND_TIER_OUTPUT_BYTES
 
 
 def reserve(folder: Path, run_id: str, nbytes: int = RESERVE_BYTES) -> list[Path]:

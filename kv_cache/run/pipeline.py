@@ -77,7 +77,7 @@ def execute(s: Settings, reg, say=print) -> int:
         try:
             with signals.deferred(quiet=True):  # a signal now must not leave a reserved folder nobody removes
                 made = outfolder.reserve(folder, run_id, outfolder.reserve_bytes(
-                    window_seconds(s), recorded_tiers(s, reg, s.tiers.gpu != "off")))
+                    window_seconds(s), recorded_tiers(s, reg, s.tiers.gpu != "off"), dist.size))
         except UserError as e:
             error = str(e)
     try:

@@ -48,7 +48,7 @@ def build(s: Settings, reg, run_id: str, *, rank: int = 0, ranks: int = 1, join:
     n = s.schedule.workers or min(default_workers(), ceiling)  # a rule of fixed facts: known before the tiers
     s, n, handoff_size_note = _sized_handoff(s, reg, geo, gpu, n, ranks)
     sized = replace(s, "schedule.workers", n)  # buffers, lanes, connections and the budget for the threads that run
-    budget = memory_budget(sized, geo, reg, gpu, ranks)
+    budget = memory_budget(sized, geo, reg, gpu, ranks, rank)
     check_fits(budget, n, buffer_bytes(geo.io_bytes), *(memory or ()))
     payloads = None if s.tiers.null_io else PayloadPool(s.run.seed, copies=payload_copies(sized, geo.io_bytes))
     fill = payloads.fill if payloads else None

@@ -165,9 +165,10 @@ def probe_workers(s: Settings, tiers: list, geo: Geometry, n: int, ceiling: int,
                    f"from {saturated}")
 
 
-def memory_budget(s: Settings, geo: Geometry, reg, gpu=None, ranks: int = 1) -> MemoryBudget:
+def memory_budget(s: Settings, geo: Geometry, reg, gpu=None, ranks: int = 1, rank: int = 0) -> MemoryBudget:
     """reg: the registry (the most blocks its media may hold); gpu: the GPU backend when a real GPU tier will be
-    built (its lanes' pinned staging is host memory); ranks: the processes the users are shared among (MPI)."""
+    built (its lanes' pinned staging is host memory); ranks: the processes the users are shared among (MPI), whose
+    results rank 0 merges at the end."""
     fake = s.tiers.null_io
     cpu = 0 if fake else int(s.tiers.cpu_mem_gb * GiB) // geo.slot_bytes * geo.slot_bytes
     each = direct_aligned(geo.io_bytes)
@@ -186,7 +187,7 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None, ranks: int = 1) -> 
                         access_log_bytes=_access_log_bytes(s), backlog_bytes=_backlog_bytes(s),
                         traffic_bytes=traffic_bytes(s, ranks),
                         timeseries_bytes=timeseries_bytes(window_seconds(s), recorded_tiers(s, reg, gpu is not None),
-                                                          workers(s)))
+                                                          workers(s), ranks if rank == 0 else 1))
 
 
 def window_seconds(s: Settings) -> int:

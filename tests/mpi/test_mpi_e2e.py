@@ -161,3 +161,20 @@ def test_the_ranks_on_one_host_share_its_memory(tmp_path):
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert "memory budget" in said and "to each of the 2 ranks on this host" in said, said[-2000:]
     assert "Traceback" not in said and not (tmp_path / "h").exists()
+
+
+def test_rank_zero_reserves_room_for_every_rank_s_results(tmp_path, small_tmpfs):
+    """Rank 0 writes each rank's results beside the merged ones, each with the whole time series: a folder that holds
+    one process's files of a 15-minute window on three tiers (21 MiB) but not those of two ranks and their merge
+    (32 MiB) is refused up front, not found full at the end."""
+    out, cache = small_tmpfs(24), tmp_path / "cache"
+    cache.mkdir()
+    args = ["--config", str(SMALL), "--output-dir", str(out), "--cache-dir", str(cache), "--duration", "900",
+            "--max-requests", "4", "--warmup", "0", "--quiet"]
+    r = mpirun([*args, "--run-id", "m"])
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "cannot hold the run's results (less than 32 MiB free)" in said, said[-2000:]
+    assert os.listdir(out) == [] and os.listdir(cache) == []
+    one = subprocess.run([sys.executable, str(REPO / "kv_cache_benchmark.py"), *args, "--run-id", "s"],
+                         capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0 and (out / "s" / "results.json").exists(), one.stderr[-2000:]
