@@ -354,7 +354,10 @@ class Recorder(RequestWork):
                 out[k] += v
         return dict(out)
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, final: bool = False) -> Snapshot:
+        """The statistics so far, copied. final: the run's end, where the per-second histograms are handed over
+        instead (the recorder starts a new time series): a copy would double the largest part of a long run's
+        memory (memory budget: timeseries_bytes)."""
         shards = self._fold_all()
         hists: dict[tuple, list] = defaultdict(list)
         counters: defaultdict[str, int] = defaultdict(int)
@@ -368,7 +371,10 @@ class Recorder(RequestWork):
                 series[sec][name] = series[sec].get(name, 0) + v
         end = self.measure_end_ns or time.monotonic_ns()
         with self._second_lock:
-            seconds = {k: copy_second(h) for k, h in self._second_hists.items()}
+            if final:
+                seconds, self._second_hists = self._second_hists, {}
+            else:
+                seconds = {k: copy_second(h) for k, h in self._second_hists.items()}
             gauges = {s: dict(v) for s, v in self._gauges.items()}
         return Snapshot({k: merged(v) for k, v in hists.items()}, dict(counters), dict(series),
                         self.measure_start_ns or 0, end, seconds, gauges)

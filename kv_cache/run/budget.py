@@ -36,11 +36,12 @@ ACCESS_LOG_BYTES = 420
 ACCESS_LOG_FIXED_BYTES = 2 * FOLD_SLACK * ROW_BYTES
 USER_BYTES = 2048  # a synthetic user without its conversation (its generator and state): measured 1.5 KiB
 # The recorder's time series, a second of the window at its peak (the snapshot and results.json's rows made at the
-# end, beside the recorder's own): measured with tracemalloc over 80-300 s of every worker busy on every tier
-# (tests/unit/test_budget.py holds a real recorder to it): about 5 KiB a second, 15.5 KiB more a tier (its read and
-# write histograms of the second and their copies) and 0.2-0.9 + 0.1-0.4 KiB a tier for each worker (its own
-# counters of the second; where a dict grows moves them); with room, a day of 16 workers on 4 tiers is 9.2 GiB
-SECOND_BYTES, SECOND_TIER_BYTES = 8 << 10, 16 << 10
+# end, beside the recorder's own): measured with tracemalloc over 80-200 s of 1 to 16 workers busy on 1 to 4 tiers
+# (tests/unit/test_budget.py holds a real recorder to it): about 7.3 KiB a second, 7.9 KiB more a tier (its read and
+# write histograms of the second, handed to the snapshot at the end, not copied) and 0.6 + 0.3 KiB a tier for each
+# worker (its own counters of the second; where a dict grows moves them); with room, a day of 16 workers on 4 tiers
+# is 7.3 GiB
+SECOND_BYTES, SECOND_TIER_BYTES = 8 << 10, 10 << 10
 SECOND_WORKER_BYTES, SECOND_WORKER_TIER_BYTES = 512, 512
 # Under MPI rank 0 also merges the ranks' results at the end, a second of the window at its peak: three decoded
 # snapshots at a time (two merged into a third) and every rank's results (received, and made a dict to merge):

@@ -252,7 +252,7 @@ def _results(run: RunSpec, p: Prepared, st: Stages, outcome: RunOutcome, precond
              role: dict | None) -> Results:
     """This process's Results: the recorder's snapshot and what the run knew beside it."""
     b, traffic = p.ctx, p.traffic
-    snap = st.recorder.snapshot()
+    snap = st.recorder.snapshot(final=True)
     facts = RunFacts(
         workload={"source": traffic.source, "arrival": traffic.arrival, "notes": traffic.notes,
                   "trace": traffic.trace.log.to_dict() if traffic.trace else None,
