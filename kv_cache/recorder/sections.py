@@ -240,6 +240,7 @@ class BudgetParts:
     request_backlog: int = 0  # --max-backlog-gb: the requests issued and not yet done
     traffic: int = 0  # synthetic users' conversations at their longest (budget.py)
     timeseries: int = 0  # the time series of every second the window may last (budget.py)
+    trace: int = 0  # a replayed trace's records (budget.py)
 
 
 @dataclass

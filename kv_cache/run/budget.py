@@ -10,8 +10,9 @@ series of every second the window may last (timeseries_bytes: per-second histogr
 --duration and --drain-s, and their copies made into results.json at the end; under MPI, rank 0's merge of every
 rank's) + a fixed
 allowance for the interpreter, histograms, queues, the planner's chain memo (at most 32 MiB: cache/hashing.py's
-MEMO_BYTES) and the infinite-cache ceiling's keys (about 38 MiB at most: lifecycle/ceiling.py's CEILING_BYTES). A
-trace's records are not counted: they take about what its file does.
+MEMO_BYTES) and the infinite-cache ceiling's keys (about 38 MiB at most: lifecycle/ceiling.py's CEILING_BYTES) + a
+replayed trace's records (2-7 times its files: sources/trace_io.py's MEMORY_PER_FILE_BYTE; while they are read, up
+to 10 times, checked before: sizing.check_traffic_fits).
 """
 
 from __future__ import annotations
@@ -68,13 +69,14 @@ class MemoryBudget:
     backlog_bytes: int = 0  # --max-backlog-gb: the requests issued and not yet done
     traffic_bytes: int = 0  # synthetic users' conversations at their longest (this process's users)
     timeseries_bytes: int = 0  # the time series of the window's seconds (timeseries_bytes())
+    trace_bytes: int = 0  # a replayed trace's records (sources/trace_io.py's MEMORY_PER_FILE_BYTE)
 
     @property
     def total_bytes(self) -> int:
         return (self.cpu_tier_bytes + self.staging_bytes + self.payload_pool_bytes + self.overhead_bytes
                 + self.donor_store_bytes + self.bookkeeping_bytes + self.handoff_bytes + self.gpu_staging_bytes
                 + self.payload_stamps_bytes + self.access_log_bytes + self.backlog_bytes + self.traffic_bytes
-                + self.timeseries_bytes)
+                + self.timeseries_bytes + self.trace_bytes)
 
     def to_dict(self) -> dict:
         return {"cpu_tier": self.cpu_tier_bytes, "staging": self.staging_bytes,
@@ -83,7 +85,7 @@ class MemoryBudget:
                 "handoff": self.handoff_bytes, "total": self.total_bytes, "gpu_staging": self.gpu_staging_bytes,
                 "payload_stamps": self.payload_stamps_bytes, "access_log": self.access_log_bytes,
                 "request_backlog": self.backlog_bytes, "traffic": self.traffic_bytes,
-                "timeseries": self.timeseries_bytes}
+                "timeseries": self.timeseries_bytes, "trace": self.trace_bytes}
 
 
 def timeseries_bytes(seconds: int, tiers: int, workers: int, ranks: int = 1) -> int:
@@ -128,6 +130,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         (budget.traffic_bytes, "lower --users (each holds its conversation: its last prompt and answer)"),
         (budget.timeseries_bytes, "shorten --duration or --drain-s (the time series keeps every second of the "
                                   "window; under MPI rank 0 merges every rank's), or lower --workers"),
+        (budget.trace_bytes, "replay a part of the trace (its first lines: head -n N FILE > PART)"),
         (budget.gpu_staging_bytes, f"lower --workers (each GPU lane pins {object_bytes / gib:.2f} GiB of host "
                                    f"memory) or use a smaller --block-tokens"),
     ]
@@ -145,6 +148,7 @@ def check_fits(budget: MemoryBudget, workers: int, object_bytes: int, available:
         + (f" + request backlog {budget.backlog_bytes / gib:.2f}" if budget.backlog_bytes else "")
         + (f" + users' conversations {budget.traffic_bytes / gib:.2f}" if budget.traffic_bytes else "")
         + (f" + time series {budget.timeseries_bytes / gib:.2f}" if budget.timeseries_bytes else "")
+        + (f" + the trace's records {budget.trace_bytes / gib:.2f}" if budget.trace_bytes else "")
         + f" + overhead {budget.overhead_bytes / gib:.2f}) exceeds "
         f"{HEADROOM:.0%} of the {available / gib:.2f} GiB available{where_from(available * ranks_here)}"
         + (f" to each of the {ranks_here} ranks on this host (its {available * ranks_here / gib:.2f} GiB shared "

@@ -30,6 +30,7 @@ from kv_cache.run.budget import (
 from kv_cache.run.geometry import Geometry
 from kv_cache.run.handoff import nixl_region_bytes
 from kv_cache.sources.synthetic import longest_history_bytes
+from kv_cache.sources.trace_io import MEMORY_PER_FILE_BYTE, trace_format
 from kv_cache.tiers.base import BATCHES, HOST_SLOTS, PINS_HOST, moves_real_bytes
 from kv_cache.tiers.probe import concurrency
 
@@ -185,7 +186,7 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None, ranks: int = 1, ran
                         handoff_bytes=nixl_region_bytes(s, reg.transports), gpu_staging_bytes=lanes,
                         payload_stamps_bytes=stamps,
                         access_log_bytes=_access_log_bytes(s), backlog_bytes=_backlog_bytes(s),
-                        traffic_bytes=traffic_bytes(s, ranks),
+                        traffic_bytes=traffic_bytes(s, ranks), trace_bytes=trace_memory(s)[1],
                         timeseries_bytes=timeseries_bytes(window_seconds(s), recorded_tiers(s, reg, gpu is not None),
                                                           workers(s), ranks if rank == 0 else 1))
 
@@ -213,16 +214,36 @@ def traffic_bytes(s: Settings, ranks: int = 1) -> int:
     return _users_here(s, ranks) * (longest + USER_BYTES)
 
 
+def trace_memory(s: Settings) -> tuple[int, int, int, str]:
+    """A replayed trace's (files' bytes, its records' bytes once loaded, their bytes while loading, its format), each
+    rank's (each loads all of it); zeros without one (a semantic run's texts and a decode node's handoff are not a
+    trace's records)."""
+    if not s.trace.path or s.semantic.enabled or s.disagg.role == "decode":
+        return 0, 0, 0, ""
+    files, fmt = trace_format(s.trace.path, s.trace.format)
+    size = sum(os.path.getsize(f) for f in files)
+    held, loading = MEMORY_PER_FILE_BYTE[fmt]
+    return size, int(size * held), int(size * loading), fmt
+
+
 def _users_here(s: Settings, ranks: int) -> int:
     """The most users one of ranks processes has (user u is rank u mod ranks's)."""
     return -(-s.workload.users // ranks)
 
 
 def check_traffic_fits(s: Settings, ranks: int, available: int | None = None, ranks_here: int = 1) -> None:
-    """Before a user is made: the users' conversations alone must fit (the whole budget is checked once the run's
-    size is known, after the traffic is built: a million users took 167 s and 2.5 GiB to make, then were refused)."""
+    """Before a user is made or a trace read: the users' conversations alone, or the trace's records while they are
+    read, must fit (the whole budget is checked once the run's size is known, after the traffic is built: a million
+    users took 167 s and 2.5 GiB to make, then were refused)."""
     need = traffic_bytes(s, ranks)
     available = available_bytes() if available is None else available
+    size, _held, loading, fmt = trace_memory(s)
+    if loading > int(available * HEADROOM):
+        raise UserError(f"trace {s.trace.path} ({size / 2**20:,.0f} MiB of {fmt}) takes about {loading / GiB:.2f} GiB "
+                        f"of memory while it is read ({loading / size:.1f} bytes a byte of it), more than "
+                        f"{HEADROOM:.0%} of the {available / GiB:.2f} GiB available{where_from(available * ranks_here)}"
+                        + (f" to each of the {ranks_here} ranks on this host" if ranks_here > 1 else "")
+                        + "; replay a part of it (its first lines: head -n N FILE > PART).")
     if need <= int(available * HEADROOM):
         return
     users = _users_here(s, ranks)

@@ -34,7 +34,7 @@ from kv_cache.sources.replay import (
 from kv_cache.sources.synthetic import SystemPrompts, each_user
 from kv_cache.sources.textcorpus import ConversationTexts, TextCorpus
 from kv_cache.sources.tokenizer import make_tokenizer
-from kv_cache.sources.trace_io import TraceLog, detect_format, trace_files
+from kv_cache.sources.trace_io import TraceLog, trace_format
 from kv_cache.sources.transforms import make_semantic_users
 
 SYNTHETIC_SAMPLE_TURNS = 20  # requests per user in the pre-run analysis of synthetic traffic
@@ -65,12 +65,6 @@ def rank_seed(seed: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, rank]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def _trace_format(s: Settings) -> tuple[list[str], str]:
-    """The files --trace names and their format (--trace-format, or detected from the first file)."""
-    files = trace_files(s.trace.path)
-    return files, s.trace.format if s.trace.format != "auto" else detect_format(files[0])
-
-
 def _user_traffic(source: str, arrival: str, users, rate: float, seed: int, rank: int, size: int) -> Traffic:
     """Closed-loop users, one fixed sequence, or an open-loop stream of their requests (Poisson).
 
@@ -88,7 +82,7 @@ def _user_traffic(source: str, arrival: str, users, rate: float, seed: int, rank
 
 def load_trace(s: Settings) -> TraceSet:
     t = s.trace
-    files, fmt = _trace_format(s)
+    files, fmt = trace_format(s.trace.path, s.trace.format)
     _filters_of_other_formats(s, fmt)
     log = TraceLog(strict=t.strict, detected=fmt)
     vocab = s.workload.vocab_size
@@ -240,7 +234,7 @@ def semantic_texts(s: Settings):
         raise UserError("--semantic brings its own retrieved evidence; drop --rag.")
     if not s.trace.path:
         return TextCorpus(s.semantic.doc_tokens)
-    files, fmt = _trace_format(s)
+    files, fmt = trace_format(s.trace.path, s.trace.format)
     if fmt != "sharegpt":
         raise UserError(f"--semantic transforms text, and trace {s.trace.path} is {fmt} (numbers only); "
                         f"give a ShareGPT file, or no --trace for the built-in corpus.")

@@ -22,6 +22,13 @@ from kv_cache.errors import UserError
 from kv_cache.inputs import check_text_file
 
 FORMATS = ("sharegpt", "burstgpt", "azure", "mooncake", "bailian")
+# What a format's records take in memory for each byte of its files: (once loaded, while loading, its peak).
+# Measured with tracemalloc over this project's trace slices and twice their length (tests/unit/test_traces.py
+# holds the loaders to it): hash ids 4.4-4.7 and 4.4-5.1 (Python ints in lists), BurstGPT 4.7-5.4 and 4.7-7.5,
+# Azure 6.0-6.8 and 6.0-9.3 (a timestamp string parsed per row), ShareGPT 2.0-2.4 and 3.8-4.6 (its tokens, as
+# arrays); with room.
+MEMORY_PER_FILE_BYTE = {"mooncake": (5.5, 7.0), "bailian": (5.5, 7.0), "burstgpt": (6.0, 10.0), "azure": (7.5, 12.5),
+                        "sharegpt": (3.0, 6.0)}
 MAX_TOKENS = 1 << 24  # 16.7 M tokens: beyond any model's context; a larger count in a trace is an error
 # Files are read with errors="surrogateescape": a byte that is not UTF-8 becomes one of these, so the
 # record holding it is counted as malformed instead of being silently altered.
@@ -69,6 +76,12 @@ def trace_files(path: str) -> list[str]:
     for f in files:
         check_text_file(f, "trace file", "pass a UTF-8 JSON, JSONL or CSV trace")
     return files
+
+
+def trace_format(path: str, fmt: str) -> tuple[list[str], str]:
+    """The files a --trace argument names and their format (fmt, or detected from the first file where "auto")."""
+    files = trace_files(path)
+    return files, fmt if fmt != "auto" else detect_format(files[0])
 
 
 def _first_line(path: str) -> str:

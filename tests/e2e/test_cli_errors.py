@@ -147,3 +147,16 @@ def test_gpu_auto_without_a_device_turns_the_tier_off_and_says_so(small_run):
     assert r.returncode == 0, r.stderr
     notes = small_run.results("auto")["run"]["notes"]
     assert any(n.startswith("GPU tier off: ") for n in notes), notes
+
+
+def test_a_trace_too_large_for_memory_is_refused_before_it_is_read(small_run, tmp_path):
+    """Its records would take 7 times its 4 TiB (a sparse file: a few records, then a hole): one sentence, before
+    the file is read or anything is made."""
+    path = tmp_path / "huge.jsonl"
+    path.write_text("".join(f'{{"timestamp": {i}, "input_length": 2048, "output_length": 10, "hash_ids": [{i}, 1, 2, '
+                            f'3]}}\n' for i in range(200)))
+    os.truncate(path, 4 << 40)
+    r = run_cli(small_run("x", "--trace", str(path)))
+    assert_clean_error(r, f"trace {path} (4,194,304 MiB of mooncake) takes about 28672.00 GiB of memory while it is "
+                          f"read", "head -n N FILE > PART")
+    assert not (small_run.out / "x").exists() and os.listdir(small_run.cache) == []

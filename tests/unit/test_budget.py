@@ -49,7 +49,7 @@ def test_budget_parts():
                              + b.timeseries_bytes)
 
 
-def test_the_budget_holds_every_synthetic_user_s_conversation_at_its_longest():
+def test_the_budget_holds_every_synthetic_user_s_conversation_at_its_longest(tmp_path):
     """Each user keeps its last prompt and answer (its next prompt's history): 5,000 users' sample and run took
     1.56 GiB against a budget of 0.31 that counted none. This process's users only (MPI ranks share them), and none
     where the traffic is not synthetic users."""
@@ -64,8 +64,9 @@ def test_the_budget_holds_every_synthetic_user_s_conversation_at_its_longest():
     assert chat == 10 * ((16384 + 200) * 4 + USER_BYTES)  # only the profiles the mix uses
     s = resolve(None, [], {"workload.users": "10"}, media_sections=SECTIONS)
     assert memory_budget(s, geometry(s), REGISTRY, ranks=4).traffic_bytes == 3 * one  # users 0, 4, 8 on rank 0
-    trace = resolve(None, [], {"trace.path": "t.jsonl"}, media_sections=SECTIONS)
-    assert memory_budget(trace, geometry(trace), REGISTRY).traffic_bytes == 0
+    (tmp_path / "t.jsonl").write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
+    trace = resolve(None, [], {"trace.path": str(tmp_path / "t.jsonl")}, media_sections=SECTIONS)
+    assert memory_budget(trace, geometry(trace), REGISTRY).traffic_bytes == 0  # its records: trace_bytes
 
 
 def _busy(rec: Recorder, seconds: int, workers: int, tiers: list[str]) -> None:
@@ -338,10 +339,12 @@ def test_hbm_straight_over_a_lower_tier_budgets_each_workers_demotion_window():
     assert staging["disk"] - staging["no disk"] == 4 * (8 * each - buffer_bytes(geometry(disk).io_bytes)) > 0
 
 
-def test_an_open_loops_backlog_is_a_part_of_its_budget_and_a_closed_loops_is_not():
+def test_an_open_loops_backlog_is_a_part_of_its_budget_and_a_closed_loops_is_not(tmp_path):
     """--max-backlog-gb bounds what the requests issued and not yet done hold (an open loop stops issuing past it):
     the budget counts it where requests arrive on their own clock."""
-    for arrival, trace, counted in (("poisson", "", True), ("trace", "t.jsonl", True), ("auto", "t.jsonl", True),
+    t = tmp_path / "t.jsonl"
+    t.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
+    for arrival, trace, counted in (("poisson", "", True), ("trace", str(t), True), ("auto", str(t), True),
                                     ("closed", "", False), ("auto", "", False), ("sequence", "", False)):
         s = resolve(None, [], {"schedule.arrival": arrival, "trace.path": trace, "schedule.max_backlog_gb": "0.5"},
                     media_sections=SECTIONS)
