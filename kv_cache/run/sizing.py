@@ -215,14 +215,14 @@ def traffic_bytes(s: Settings, ranks: int = 1) -> int:
 
 
 def trace_memory(s: Settings) -> tuple[int, int, int, str]:
-    """A replayed trace's (files' bytes, its records' bytes once loaded, their bytes while loading, its format), each
-    rank's (each loads all of it); zeros without one (a semantic run's texts and a decode node's handoff are not a
-    trace's records)."""
-    if not s.trace.path or s.semantic.enabled or s.disagg.role == "decode":
+    """A --trace's (files' bytes, its records' bytes once loaded, their bytes while loading, its format), each rank's
+    (each loads all of it): its records, or under --semantic its conversations' text; zeros without one or on a
+    decode node (its requests come from the prefill node)."""
+    if not s.trace.path or s.disagg.role == "decode":
         return 0, 0, 0, ""
     files, fmt = trace_format(s.trace.path, s.trace.format)
     size = sum(os.path.getsize(f) for f in files)
-    held, loading = MEMORY_PER_FILE_BYTE[fmt]
+    held, loading = MEMORY_PER_FILE_BYTE["text" if s.semantic.enabled else fmt]
     return size, int(size * held), int(size * loading), fmt
 
 

@@ -26,9 +26,9 @@ FORMATS = ("sharegpt", "burstgpt", "azure", "mooncake", "bailian")
 # Measured with tracemalloc over this project's trace slices and twice their length (tests/unit/test_traces.py
 # holds the loaders to it): hash ids 4.4-4.7 and 4.4-5.1 (Python ints in lists), BurstGPT 4.7-5.4 and 4.7-7.5,
 # Azure 6.0-6.8 and 6.0-9.3 (a timestamp string parsed per row), ShareGPT 2.0-2.4 and 3.8-4.6 (its tokens, as
-# arrays); with room.
+# arrays), and ShareGPT read as text for --semantic 0.9-1.1 and 0.9-2.7; with room.
 MEMORY_PER_FILE_BYTE = {"mooncake": (5.5, 7.0), "bailian": (5.5, 7.0), "burstgpt": (6.0, 10.0), "azure": (7.5, 12.5),
-                        "sharegpt": (3.0, 6.0)}
+                        "sharegpt": (3.0, 6.0), "text": (1.5, 3.5)}
 MAX_TOKENS = 1 << 24  # 16.7 M tokens: beyond any model's context; a larger count in a trace is an error
 # Files are read with errors="surrogateescape": a byte that is not UTF-8 becomes one of these, so the
 # record holding it is counted as malformed instead of being silently altered.
