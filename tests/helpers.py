@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import re
 import subprocess
 import threading
@@ -48,6 +49,15 @@ def sentences(text: str) -> list[str]:
 def said(text: str) -> str:
     """What a person reads on the console, its lines joined: a sentence wrapped at 100 columns is one sentence."""
     return " ".join(text.split())
+
+
+def sparse_trace(path: Path, size: int) -> Path:
+    """A Mooncake trace of `size` bytes that takes none: 200 records (what is read of a file's start to tell it is
+    text), then a hole."""
+    path.write_text("".join(f'{{"timestamp": {i}, "input_length": 2048, "output_length": 10, "hash_ids": [{i}, 1, 2, '
+                            f'3]}}\n' for i in range(200)))
+    os.truncate(path, size)
+    return path
 
 
 def assert_clean_error(r, *fragments):

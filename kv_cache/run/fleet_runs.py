@@ -32,6 +32,7 @@ from kv_cache.run import outfolder
 from kv_cache.run.geometry import chain_id, geometry
 from kv_cache.run.outfolder import write_json
 from kv_cache.run.pipeline import new_run_id
+from kv_cache.run.sizing import check_trace_fits
 from kv_cache.run.traffic import load_trace
 
 MODEL = {
@@ -139,6 +140,7 @@ def run_fleet(s: Settings, ask: FleetAsk, reg, say) -> int:
 def _sweep(s: Settings, ask: FleetAsk, reg, folder: Path, say) -> None:
     say(f"fleet: planning the traffic ({s.model.name}, {s.model.block_tokens}-token blocks)")
     geo = geometry(s)
+    check_trace_fits(s)  # before a byte of it is read
     trace = load_trace(s) if s.trace.path else None
     if ask.export:
         check_exportable(ask.export, s, trace, _engine_model(s, ask), ask.writes)

@@ -237,13 +237,7 @@ def check_traffic_fits(s: Settings, ranks: int, available: int | None = None, ra
     users took 167 s and 2.5 GiB to make, then were refused)."""
     need = traffic_bytes(s, ranks)
     available = available_bytes() if available is None else available
-    size, _held, loading, fmt = trace_memory(s)
-    if loading > int(available * HEADROOM):
-        raise UserError(f"trace {s.trace.path} ({size / 2**20:,.0f} MiB of {fmt}) takes about {loading / GiB:.2f} GiB "
-                        f"of memory while it is read ({loading / size:.1f} bytes a byte of it), more than "
-                        f"{HEADROOM:.0%} of the {available / GiB:.2f} GiB available{where_from(available * ranks_here)}"
-                        + (f" to each of the {ranks_here} ranks on this host" if ranks_here > 1 else "")
-                        + "; replay a part of it (its first lines: head -n N FILE > PART).")
+    check_trace_fits(s, available, ranks_here)
     if need <= int(available * HEADROOM):
         return
     users = _users_here(s, ranks)
@@ -252,6 +246,19 @@ def check_traffic_fits(s: Settings, ranks: int, available: int | None = None, ra
                     f"{HEADROOM:.0%} of the {available / GiB:.2f} GiB available{where_from(available * ranks_here)}"
                     + (f" to each of the {ranks_here} ranks on this host" if ranks_here > 1 else "")
                     + "; lower --users (or the profiles' max_context_tokens).")
+
+
+def check_trace_fits(s: Settings, available: int | None = None, ranks_here: int = 1) -> None:
+    """Before a --trace is read: its records must fit while they are read (trace_memory)."""
+    available = available_bytes() if available is None else available
+    size, _held, loading, fmt = trace_memory(s)
+    if loading <= int(available * HEADROOM):
+        return
+    raise UserError(f"trace {s.trace.path} ({size / 2**20:,.0f} MiB of {fmt}) takes about {loading / GiB:.2f} GiB "
+                    f"of memory while it is read ({loading / size:.1f} bytes a byte of it), more than "
+                    f"{HEADROOM:.0%} of the {available / GiB:.2f} GiB available{where_from(available * ranks_here)}"
+                    + (f" to each of the {ranks_here} ranks on this host" if ranks_here > 1 else "")
+                    + "; replay a part of it (its first lines: head -n N FILE > PART).")
 
 
 def _backlog_bytes(s: Settings) -> int:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from conftest import REPO, bounded, run_cli
-from helpers import assert_clean_error
+from helpers import assert_clean_error, sparse_trace
 
 
 @pytest.mark.parametrize("extra,fragments", [
@@ -152,10 +152,7 @@ def test_gpu_auto_without_a_device_turns_the_tier_off_and_says_so(small_run):
 def test_a_trace_too_large_for_memory_is_refused_before_it_is_read(small_run, tmp_path):
     """Its records would take 7 times its 4 TiB (a sparse file: a few records, then a hole): one sentence, before
     the file is read or anything is made."""
-    path = tmp_path / "huge.jsonl"
-    path.write_text("".join(f'{{"timestamp": {i}, "input_length": 2048, "output_length": 10, "hash_ids": [{i}, 1, 2, '
-                            f'3]}}\n' for i in range(200)))
-    os.truncate(path, 4 << 40)
+    path = sparse_trace(tmp_path / "huge.jsonl", 4 << 40)
     r = run_cli(small_run("x", "--trace", str(path)))
     assert_clean_error(r, f"trace {path} (4,194,304 MiB of mooncake) takes about 28672.00 GiB of memory while it is "
                           f"read", "head -n N FILE > PART")

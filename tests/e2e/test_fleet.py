@@ -6,7 +6,7 @@ import json
 
 import pytest
 from conftest import REPO, SMALL, run_cli
-from helpers import assert_clean_error
+from helpers import assert_clean_error, sparse_trace
 
 from kv_cache.fleet.results import FleetFile
 
@@ -145,6 +145,10 @@ def test_what_the_traffic_lacks_is_one_sentence(tmp_path):
     r = run_cli(["fleet", "--model", "llama3.1-8b", "--trace", str(MOONCAKE), "--block-tokens", "512", "--router",
                  "session", *out])
     assert_clean_error(r, "--router session", "no conversation", "round-robin")
+    assert list(tmp_path.iterdir()) == []
+    huge = sparse_trace(tmp_path.parent / "huge.jsonl", 4 << 40)  # its records: 7 times 4 TiB while they are read
+    r = run_cli(["fleet", "--model", "llama3.1-8b", "--trace", str(huge), "--block-tokens", "512", *out])
+    assert_clean_error(r, f"trace {huge} (4,194,304 MiB of mooncake)", "head -n N FILE > PART")
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "taken").mkdir()
     assert_clean_error(run_cli(["fleet", *SYNTHETIC, *out, "--run-id", "taken"]), "already exists")

@@ -6,7 +6,6 @@ really takes, the budget counts it, and a trace too large to read is refused bef
 
 import gc
 import json
-import os
 import random
 import tracemalloc
 from dataclasses import replace
@@ -14,6 +13,7 @@ from dataclasses import replace
 import pytest
 from conftest import SHARED_TRACES, needs_shared_traces
 from found import REGISTRY, SECTIONS
+from helpers import sparse_trace
 
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
@@ -139,9 +139,7 @@ def test_the_budget_counts_a_trace_s_records_and_says_how_to_replay_less(tmp_pat
 
 def test_a_trace_too_large_to_read_is_refused_before_it_is_read(tmp_path):
     """A sparse file: its first line a record, then a hole to 64 GiB. Reading it would take 448 GiB."""
-    path = tmp_path / "huge.jsonl"
-    _mooncake(path, 200)  # 17 KB of records: what is read of its start to tell it is text
-    os.truncate(path, 64 * GiB)
+    path = sparse_trace(tmp_path / "huge.jsonl", 64 * GiB)
     s = resolve(None, [], {"trace.path": str(path)}, media_sections=SECTIONS)
     with pytest.raises(UserError) as e:
         check_traffic_fits(s, 1, available=16 * GiB)
