@@ -182,7 +182,8 @@ def memory_budget(s: Settings, geo: Geometry, reg, gpu=None, ranks: int = 1, ran
     # the pool's tags (for the largest object, and each place's) and each worker's check rows in flight (one I/O)
     stamps = 0 if fake else stamp_bytes(geo.max_object_bytes, geo.io_bytes * workers(s))
     return MemoryBudget(cpu, staging, pool, donor_store_bytes=_donor_store_bytes(s),
-                        bookkeeping_bytes=reg.media.most_blocks(s.tiers, geo.slot_bytes) * BOOKKEEPING_BYTES,
+                        bookkeeping_bytes=sum(k.most_bytes(s.tiers) // geo.slot_bytes
+                                              for k in built_media(s, reg, gpu is not None)) * BOOKKEEPING_BYTES,
                         handoff_bytes=nixl_region_bytes(s, reg.transports), gpu_staging_bytes=lanes,
                         payload_stamps_bytes=stamps,
                         access_log_bytes=_access_log_bytes(s), backlog_bytes=_backlog_bytes(s),
@@ -196,12 +197,16 @@ def window_seconds(s: Settings) -> int:
     return math.ceil(s.run.duration_s + s.run.drain_s) + 1
 
 
+def built_media(s: Settings, reg, gpu: bool) -> list:
+    """The media the run may build: those its settings give room, the GPU's only where one may be built (gpu) or is
+    simulated (with no GPU, --gpu auto builds none: its 16 GiB of blocks were budgeted all the same)."""
+    return [k for k in reg.media.kinds if k.most_bytes(s.tiers)
+            and (k.name != "gpu" or gpu or s.tiers.gpu == "simulated")]
+
+
 def recorded_tiers(s: Settings, reg, gpu: bool) -> int:
-    """How many tiers the run may record: the media its settings give room (the GPU's where one may be built, gpu,
-    or is simulated), and a disaggregated node's handoff."""
-    media = [k for k in reg.media.kinds if k.most_bytes(s.tiers)
-             and (k.name != "gpu" or gpu or s.tiers.gpu == "simulated")]
-    return len(media) + (s.disagg.role != "both")
+    """How many tiers the run may record: the media it may build, and a disaggregated node's handoff."""
+    return len(built_media(s, reg, gpu)) + (s.disagg.role != "both")
 
 
 def traffic_bytes(s: Settings, ranks: int = 1) -> int:

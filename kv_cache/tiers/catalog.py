@@ -44,10 +44,6 @@ class Media:
         """<medium>/<variant> of every contract case each medium declares, from the engines found."""
         return [f"{k.name}/{v}" for k in self.kinds for v in k.contract_variants(self.engines)]
 
-    def most_blocks(self, settings, slot_bytes: int) -> int:
-        """The most blocks the whole stack may hold with these tier settings (an upper bound, before building)."""
-        return sum(kind.most_bytes(settings) // slot_bytes for kind in self.kinds)
-
     def remote_kind(self, url: str) -> TierKind | None:
         """The medium that serves url's scheme (redis://, s3://, ...), or None."""
         scheme = scheme_of(url)

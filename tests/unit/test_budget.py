@@ -34,8 +34,13 @@ def test_budget_parts():
     serial = resolve(None, [], {"tiers.cpu_mem_gb": "2", "schedule.workers": "4", "schedule.request_io": "serial"},
                      media_sections=SECTIONS)
     assert memory_budget(serial, geometry(serial), REGISTRY).staging_bytes == 4 * 2 * 80 * 2**20
-    # gpu auto (16 GiB), cpu 2 GiB, nvme auto (at most 64 GiB) at 80 MiB slots: their blocks' bookkeeping
-    assert b.bookkeeping_bytes == (204 + 25 + 819) * BOOKKEEPING_BYTES
+    # cpu 2 GiB, nvme auto (at most 64 GiB) at 80 MiB slots: their blocks' bookkeeping; --gpu auto with no GPU builds
+    # no GPU tier: its 16 GiB of blocks are counted where one may be built (a GPU backend) or is simulated
+    assert b.bookkeeping_bytes == (25 + 819) * BOOKKEEPING_BYTES
+    assert memory_budget(s, geometry(s), REGISTRY, object()).bookkeeping_bytes == (204 + 25 + 819) * BOOKKEEPING_BYTES
+    sim = resolve(None, [], {"tiers.cpu_mem_gb": "2", "schedule.workers": "4", "tiers.gpu": "simulated"},
+                  media_sections=SECTIONS)
+    assert memory_budget(sim, geometry(sim), REGISTRY).bookkeeping_bytes == (204 + 25 + 819) * BOOKKEEPING_BYTES
     assert b.gpu_staging_bytes == 0  # no real GPU tier
     pages = 80 * 2**20 // 4096  # the tags, each of the 16 places' up to a 64 MiB segment, 4 workers' check rows
     assert b.payload_stamps_bytes == pages * 8 + 16384 * 8 * 16 + 4 * pages * 24
