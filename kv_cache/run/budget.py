@@ -11,8 +11,8 @@ series of every second the window may last (timeseries_bytes: per-second histogr
 rank's) + a fixed
 allowance for the interpreter, histograms, queues, the planner's chain memo (at most 32 MiB: cache/hashing.py's
 MEMO_BYTES) and the infinite-cache ceiling's keys (about 38 MiB at most: lifecycle/ceiling.py's CEILING_BYTES) + a
-replayed trace's records (2-7 times its files: sources/trace_io.py's MEMORY_PER_FILE_BYTE; while they are read, up
-to 10 times, checked before: sizing.check_traffic_fits).
+replayed trace's records (1.5-7.5 times its files: sources/trace_io.py's MEMORY_PER_FILE_BYTE; while they are read, up
+to 12.5 times, checked before: sizing.check_trace_fits).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ SECOND_BYTES, SECOND_TIER_BYTES = 8 << 10, 10 << 10
 SECOND_WORKER_BYTES, SECOND_WORKER_TIER_BYTES = 512, 512
 # Under MPI rank 0 also merges the ranks' results at the end, a second of the window at its peak: three decoded
 # snapshots at a time (two merged into a third) and every rank's results (received, and made a dict to merge):
-# measured with tracemalloc over 100-300 s of 1 to 4 tiers and 2 to 5 ranks (tests/unit/test_budget.py holds a real
+# measured with tracemalloc over 50-300 s of 1 to 4 tiers and 2 to 5 ranks (tests/unit/test_budget.py holds a real
 # merge to it): 16.5 KiB a tier for the merge, 1.7 + 1.7 KiB a tier for each rank's results; with room
 MERGE_SECOND_BYTES, MERGE_SECOND_TIER_BYTES = 4 << 10, 20 << 10
 RANK_SECOND_BYTES, RANK_SECOND_TIER_BYTES = 2 << 10, 2 << 10

@@ -247,10 +247,8 @@ def check_traffic_fits(s: Settings, ranks: int, available: int | None = None, ra
         return
     users = _users_here(s, ranks)
     raise UserError(f"{users:,} users' conversations need {need / GiB:.2f} GiB at their longest "
-                    f"({need // users / 1024:,.0f} KiB a user: its last prompt and answer), more than "
-                    f"{HEADROOM:.0%} of the {available / GiB:.2f} GiB available{where_from(available * ranks_here)}"
-                    + (f" to each of the {ranks_here} ranks on this host" if ranks_here > 1 else "")
-                    + "; lower --users (or the profiles' max_context_tokens).")
+                    f"({need // users / 1024:,.0f} KiB a user: its last prompt and answer), "
+                    f"{_more_than_room(available, ranks_here)}; lower --users (or the profiles' max_context_tokens).")
 
 
 def check_trace_fits(s: Settings, available: int | None = None, ranks_here: int = 1) -> None:
@@ -260,10 +258,16 @@ def check_trace_fits(s: Settings, available: int | None = None, ranks_here: int 
     if loading <= int(available * HEADROOM):
         return
     raise UserError(f"trace {s.trace.path} ({size / 2**20:,.0f} MiB of {fmt}) takes about {loading / GiB:.2f} GiB "
-                    f"of memory while it is read ({loading / size:.1f} bytes a byte of it), more than "
-                    f"{HEADROOM:.0%} of the {available / GiB:.2f} GiB available{where_from(available * ranks_here)}"
-                    + (f" to each of the {ranks_here} ranks on this host" if ranks_here > 1 else "")
-                    + "; replay a part of it (its first lines: head -n N FILE > PART).")
+                    f"of memory while it is read ({loading / size:.1f} bytes a byte of it), "
+                    f"{_more_than_room(available, ranks_here)}; replay a part of it (its first lines: head -n N FILE "
+                    f"> PART).")
+
+
+def _more_than_room(available: int, ranks_here: int) -> str:
+    """The refusals' "more than 90 % of what this process may use": available, its share when ranks_here ranks
+    share the host."""
+    return (f"more than {HEADROOM:.0%} of the {available / GiB:.2f} GiB available{where_from(available * ranks_here)}"
+            + (f" to each of the {ranks_here} ranks on this host" if ranks_here > 1 else ""))
 
 
 def _backlog_bytes(s: Settings) -> int:

@@ -23,7 +23,7 @@ from kv_cache.inputs import check_text_file
 
 FORMATS = ("sharegpt", "burstgpt", "azure", "mooncake", "bailian")
 # What a format's records take in memory for each byte of its files: (once loaded, while loading, its peak).
-# Measured with tracemalloc over this project's trace slices and twice their length (tests/unit/test_traces.py
+# Measured with tracemalloc over this project's trace slices and twice their length (tests/unit/test_trace_memory.py
 # holds the loaders to it): hash ids 4.4-4.7 and 4.4-5.1 (Python ints in lists), BurstGPT 4.7-5.4 and 4.7-7.5,
 # Azure 6.0-6.8 and 6.0-9.3 (a timestamp string parsed per row), ShareGPT 2.0-2.4 and 3.8-4.6 (its tokens, as
 # arrays), and ShareGPT read as text for --semantic 0.9-1.1 and 0.9-2.7; with room.
