@@ -7,6 +7,7 @@ token hit rate so far. Reads counters only (never merges histograms), so it cost
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import time
@@ -25,17 +26,21 @@ class LiveLine:
         self.stream = stream or sys.stdout
         self.tty = refresh and self.stream.isatty()
         self.every_s = 1.0 if self.tty else 10.0
-        self.t0 = time.monotonic()
-        self.next = self.t0 + self.every_s
-        self.last = (self.t0, 0, 0)
+        self.t0: float | None = None  # the load phase's start: the dispatcher's first tick, not the set-up's
+        self.next = math.inf  # the first line is due every_s after the clock starts
+        self.last = (0.0, 0, 0)
 
     def __call__(self, completed: int, draining: bool = False) -> None:
         now = time.monotonic()
+        c = self.recorder.counters()
+        read, written = c.get(C.BYTES(self.tier, "read"), 0), c.get(C.BYTES(self.tier, "write"), 0)
+        if self.t0 is None:  # the clock starts here: the analysis and preconditioning before it are not the run's
+            self.t0, self.last = now, (now, read, written)
+            if self.next == math.inf:
+                self.next = now + self.every_s
         if now < self.next:
             return
         self.next = now + self.every_s
-        c = self.recorder.counters()
-        read, written = c.get(C.BYTES(self.tier, "read"), 0), c.get(C.BYTES(self.tier, "write"), 0)
         t_prev, r_prev, w_prev = self.last
         dt = max(now - t_prev, 1e-9)
         self.last = (now, read, written)

@@ -83,6 +83,10 @@ def nothing_measured(results: Results) -> str:
     if results.run.stopped_reason == "trace_end":
         return (f"nothing was measured: the trace ran out {results.run.duration_s:.1f} s into the window, before "
                 f"any request completed in it (the warm-up took the rest); lower --warmup or --trace-speedup")
+    req = results.requests
+    if results.run.stopped_reason == "max_requests" and req.warmup_completed == req.issued:
+        return (f"nothing was measured: all {req.issued:,} requests of --max-requests completed inside the "
+                f"{results.run.warmup_s:g} s warm-up; raise --max-requests or lower --warmup")
     return (f"nothing was measured: no request completed in the {results.run.duration_s:.1f} s window; raise "
             f"--duration or lower the load")
 

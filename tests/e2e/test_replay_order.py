@@ -50,11 +50,13 @@ def test_a_trace_used_up_in_the_warmup_is_refused_up_front(small_run, tmp_path):
     assert_clean_error(r, "arrive over 0.90 s", "inside the 2 s warm-up", "--warmup")
 
 
-@pytest.mark.parametrize("reason, says", [("trace_end", "the trace ran out"), ("duration", "raise --duration")])
+@pytest.mark.parametrize("reason, says", [("trace_end", "the trace ran out"), ("duration", "raise --duration"),
+                                          ("max_requests", "raise --max-requests or lower --warmup")])
 def test_a_window_without_a_completed_request_is_a_failure(reason, says):
     r = results()
     assert nothing_measured(r) == ""
     r.requests.completed = 0
+    r.requests.warmup_completed = r.requests.issued  # --max-requests: every one done before the window opened
     r.run.stopped_reason = reason
     assert nothing_measured(r).startswith("nothing was measured") and says in nothing_measured(r)
     r.run.partial = True

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import struct
+import time
 
 import pytest
 import yaml
@@ -106,6 +107,22 @@ def test_live_line_refreshes_on_a_terminal_and_logs_otherwise(monkeypatch):
     live.next = 0
     live(7)
     assert "\r" not in out.getvalue() and out.getvalue().endswith("\n") and live.every_s == 10.0
+
+
+def test_the_live_line_counts_the_run_not_the_set_up_before_it(monkeypatch):
+    """The line said '[warm-up   15/6 s]' for a 1 s warm-up and a 5 s window: its clock started when the stages were
+    built, before the traffic's analysis and the preconditioning. It starts at the dispatcher's first tick."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    rec = Recorder()
+    out = _Stream(False)
+    live = LiveLine(rec, 6, "nvme", out)
+    now[0] += 9.0  # the set-up: 9 s
+    live(0)  # the dispatcher's first tick: the clock starts, nothing is due yet
+    assert out.getvalue() == ""
+    now[0] += 10.0
+    live(1)
+    assert out.getvalue().startswith("  [warm-up   10/6 s] 1 requests"), out.getvalue()
 
 
 def test_the_live_line_fits_the_terminal(monkeypatch):
