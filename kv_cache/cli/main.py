@@ -259,7 +259,7 @@ def _cmd_validate(argv: list[str], reg: Registry) -> int:
 
     failures, rules = validate(folder, reg.engines)
     if failures:
-        print(f"{folder}: does NOT conform ({rules} rules), {len(failures)} problem(s):")
+        print(f"{folder}: does NOT conform{f' ({rules} rules)' if rules else ''}, {len(failures)} problem(s):")
         for f in failures:
             print(f"  - {f}")
         return 1

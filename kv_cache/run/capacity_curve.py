@@ -173,6 +173,8 @@ def _replayed(log: dict, meta: dict, grid: np.ndarray, policy: type) -> Curve:
 def load_run(folder: Path) -> tuple[dict, dict]:
     """(access log, meta) of a run folder, or one sentence."""
     path = folder / ACCESS_FILE
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a folder; pass the run folder a --capacity-curve run wrote.")
     if not path.is_file():
         raise UserError(f"{folder} has no {ACCESS_FILE}: run it with --capacity-curve (add --null-io to analyse the "
                         f"traffic without moving bytes).")

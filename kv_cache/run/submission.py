@@ -220,10 +220,13 @@ def write_package(folder: Path, settings: dict, rules: Rules, cache_dir: str) ->
 
 def validate(folder: Path, engines: dict) -> tuple[list[str], str]:
     """(failures, rules name) of a package; no failure means it conforms to its rules."""
+    if not (folder / "manifest.json").exists():
+        return ["no manifest.json: this is not a submission package (a run with --submission v1 writes one, with "
+                "its rules and every file's checksum)"], ""
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
-        return [f"manifest.json is missing or unreadable ({e})"], "?"
+        return [f"manifest.json is unreadable ({e})"], ""
     rules = RULES.get(manifest.get("rules"))
     if rules is None:
         return [f"unknown rules {manifest.get('rules')!r}"], str(manifest.get("rules"))

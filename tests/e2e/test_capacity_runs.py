@@ -79,6 +79,7 @@ def test_capacity_without_an_access_log_and_whole_request_mode_are_one_sentence(
     assert r.returncode == 0 and json.loads((small_run.out / "plain" / "results.json").read_text())[
         "capacity_curve"] is None
     assert_clean_error(run_cli(["capacity", str(small_run.out / "plain")]), "--capacity-curve")
+    assert_clean_error(run_cli(["capacity", str(small_run.out / "typo")]), "typo is not a folder")  # not "has no"
     assert_clean_error(run_cli(small_run("w", "--capacity-curve", "--block-tokens", "0")), "--block-tokens > 0")
 
 

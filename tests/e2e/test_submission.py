@@ -112,5 +112,9 @@ def test_submission_smoke_alone_runs_its_rules_in_seconds(small_run):
 
 
 def test_validate_of_a_folder_without_package(tmp_path):
+    """A plain run's folder (no --submission) read 'does NOT conform (? rules) ... manifest.json is missing or
+    unreadable ([Errno 2] ...)': it says what the folder is not and how to make one."""
+    (tmp_path / "results.json").write_text("{}")
     v = run_cli(["validate", str(tmp_path)])
-    assert v.returncode == 1 and "manifest.json is missing" in v.stdout
+    assert v.returncode == 1 and "not a submission package" in v.stdout and "--submission v1" in v.stdout
+    assert "?" not in v.stdout and "Errno" not in v.stdout
