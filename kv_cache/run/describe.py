@@ -80,6 +80,12 @@ def nothing_measured(results: Results) -> str:
     """Why no request completed in the window, or '' when some did (or the run was cut short)."""
     if results.requests.completed or results.run.partial:
         return ""
+    if results.run.stopped_reason == "trace_end" and results.role is not None and results.role.role == "decode":
+        when = (f"{results.run.duration_s:.1f} s into this decode node's window" if results.run.duration_s >= 0.05
+                else "before this decode node's window opened")
+        return (f"nothing was measured: the prefill node ended its manifest {when}, before any request completed in "
+                f"the window (the warm-up took the rest); give the prefill node a longer --duration, or lower this "
+                f"node's --warmup")
     if results.run.stopped_reason == "trace_end":
         return (f"nothing was measured: the trace ran out {results.run.duration_s:.1f} s into the window, before "
                 f"any request completed in it (the warm-up took the rest); lower --warmup or --trace-speedup")

@@ -4,6 +4,7 @@ a prefill and a decode node, the decode node's traffic, and the role's end (part
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -201,6 +202,35 @@ def open_handoff(s: Settings, reg, model_name: str, slot_bytes: int, link: NixlL
     side = FolderPublisher(root, blocks, engine, int(s.disagg.handoff_gb * 2**30), handoff_identity(s, model_name))
     side.space.wait_s = s.disagg.wait_s
     return side, note
+
+
+def clock_started(side: Publisher | Loader | None) -> None:
+    """A decode node's clock runs: it says so to the prefill node waiting for it (wait_for_decode)."""
+    if side is not None and side.role == "decode":
+        side.ready()
+
+
+def wait_for_decode(side: Publisher | Loader | None, wait_s: float, say) -> None:
+    """Before a prefill node's clock: wait (at most wait_s) for a decode node whose clock runs. A decode node
+    attaches, then builds its tiers (seconds to tens of seconds): a prefill node that started its clock at once
+    filled its space and waited for acknowledgements through its window (the README's two nodes on their
+    defaults: one request in a 20 s window), and the decode node's warm-up then took all it handed over."""
+    if side is None or side.role != "prefill" or side.ready_nodes():
+        return
+    say(f"  handoff: waiting up to {wait_s:g} s for a decode node to be ready (--disagg-wait-s); the clock starts "
+        f"then")
+    deadline = time.monotonic() + wait_s
+    while not (ready := side.ready_nodes()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if ready:
+        say(f"  handoff: decode node(s) {', '.join(sorted(ready))} ready")
+    elif attached := side.attached():
+        say(f"  handoff: decode node(s) {', '.join(sorted(attached))} attached but not ready within {wait_s:g} s; "
+            f"the clock starts without them")
+    else:
+        side.space.waited_out = True  # none came: a full space drops unread blocks instead of waiting again
+        say(f"  handoff: no decode node within {wait_s:g} s; this prefill node runs alone (a full handoff space "
+            f"drops its oldest unread blocks, counted)")
 
 
 def finish_role(side: Publisher | Loader | None, s: Settings, say) -> dict | None:

@@ -33,7 +33,7 @@ from kv_cache.run.budget import peak_rss_bytes
 from kv_cache.run.describe import banner, nothing_measured, run_info, running_line, warnings_of
 from kv_cache.run.distributed import Dist
 from kv_cache.run.geometry import chain_id
-from kv_cache.run.handoff import finish_role
+from kv_cache.run.handoff import clock_started, finish_role, wait_for_decode
 from kv_cache.run.prepare import Prepared, RunSpec, close, prepare
 from kv_cache.run.progress import Progress
 from kv_cache.run.serving import autoscaler, qos_policy, semantic_reuse
@@ -197,9 +197,14 @@ def _load_phase(run: RunSpec, p: Prepared, st: Stages) -> tuple[RunOutcome, dict
     precondition = _precondition(run.s, p.ctx, run.say) if run.s.tiers.precondition else None
     run.dist.barrier()  # every rank starts its clock together
     _wait_for_start(run.s.run.start_at, run.say)
+    wait_for_decode(p.ctx.handoff, run.s.disagg.wait_s, run.say)  # a prefill node starts with its decode node
     running = running_line(run.s, p.ctx, p.traffic, run.dist)
-    outcome = st.runner.run(run.s.run.warmup_s, run.s.run.duration_s, run.s.run.max_requests,
-                            started=lambda: run.say(running))
+
+    def started() -> None:
+        run.say(running)
+        clock_started(p.ctx.handoff)
+
+    outcome = st.runner.run(run.s.run.warmup_s, run.s.run.duration_s, run.s.run.max_requests, started=started)
     st.progress.close()
     return outcome, precondition
 

@@ -140,7 +140,7 @@ def test_a_decode_node_of_another_run_is_refused_by_name(small_run, tmp_path):
                                              "--warmup", "0", "--seed", "1")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        wait_for_line(pre, "running:")
+        wait_for_line(pre, "for a decode node to be ready")  # its side channel listens
         r = run_cli(small_run("dec", "--role", "decode", "--handoff", url, "--seed", "2"), extra_env=TCP)
     finally:
         pre.send_signal(signal.SIGINT)

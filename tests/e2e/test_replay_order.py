@@ -5,6 +5,7 @@ from conftest import run_cli
 from helpers import assert_clean_error
 from results_fixture import results
 
+from kv_cache.recorder.sections import Role
 from kv_cache.run.describe import nothing_measured
 
 
@@ -61,3 +62,12 @@ def test_a_window_without_a_completed_request_is_a_failure(reason, says):
     assert nothing_measured(r).startswith("nothing was measured") and says in nothing_measured(r)
     r.run.partial = True
     assert nothing_measured(r) == ""  # an interrupted run is partial, said so already
+
+
+def test_a_decode_node_whose_prefill_node_ended_in_its_warmup_is_told_what_ended():
+    """A decode node's manifest is no trace: 'lower --warmup or --trace-speedup' named a flag it has not."""
+    r = results()
+    r.requests.completed, r.run.stopped_reason = 0, "trace_end"
+    r.role = Role("decode", "nixl://127.0.0.1:7000", "nixl (UCX)")
+    why = nothing_measured(r)
+    assert "the prefill node ended its manifest" in why and "--trace-speedup" not in why

@@ -92,6 +92,7 @@ class PrefillChannel:
         self.heard: dict[str, float] = {}
         self.peers: dict[str, Line] = {}
         self.done: set[str] = set()
+        self.ready: set[str] = set()  # decode nodes whose clock runs (they built their tiers after attaching)
         self.ever: set[str] = set()  # every decode node that attached (one that died is still one that came)
         self.turn = 0
         self.on_ack = lambda keys: None  # the store's release of a request's blocks
@@ -184,6 +185,8 @@ class PrefillChannel:
                     self.on_ack(got[0])
             elif msg.get("kind") == "done":
                 self.done.add(name)
+            elif msg.get("kind") == "ready":
+                self.ready.add(name)
         return name
 
     def _leave(self, name: str, peer: Line) -> None:
@@ -246,6 +249,11 @@ class PrefillChannel:
     def connected(self) -> set[str]:
         with self.lock:
             return set(self.peers)
+
+    def ready_nodes(self) -> set[str]:
+        """Decode nodes connected whose clock runs, not yet done."""
+        with self.lock:
+            return (self.ready & set(self.peers)) - self.done
 
     def close(self) -> None:
         self.closed = True

@@ -3,7 +3,7 @@
     <handoff-dir>/kvbench-handoff/
         manifest.jsonl     header line, then one line per handed-over request, then an end line
         blocks/<key>.kv    published KV blocks (written under a private name, then renamed)
-        decode-*.reading   a decode node attached; decode-*.done: it finished
+        decode-*.reading   a decode node attached; decode-*.ready: its clock runs; decode-*.done: it finished
         decode-*.acks      the requests it loaded, one rid per line (its acknowledgements)
 
 The prefill node computes a request's KV (its own tiers serve its prefix cache as usual), publishes every
@@ -135,6 +135,9 @@ class FolderPublisher(OnSpace):
         """Decode nodes that are still reading: waited for at the end (the folder cannot tell a dead one)."""
         return self.attached() - _markers(self.where, ".done")
 
+    def ready_nodes(self) -> set[str]:
+        return (_markers(self.where, ".ready") & self.attached()) - _markers(self.where, ".done")
+
     def finish(self, wait_s: float, remove: bool, say) -> dict:
         """End line, then wait (at most wait_s) for attached decode nodes to finish; remove the folder."""
         self.space.announce((), lambda: append_line(self._fd, {"kind": "end", "done_wall": time.time()},
@@ -220,16 +223,23 @@ class FolderLoader:
             raise RunFault(f"cannot write this decode node's acknowledgements to {path} ({e.strerror}): a file or "
                            f"link of that name was already there.") from None
 
+    def ready(self) -> None:
+        """This node's tiers are built and its clock starts: the prefill node, waiting for one, starts its own."""
+        self._mark(".ready")
+
+    def _mark(self, suffix: str) -> None:
+        path = os.path.join(self.where, self.marker + suffix)
+        try:
+            create_marker(path)
+        except FileExistsError:  # planted: never written through (it truncated what a link pointed at)
+            runlog.tell(f"warning: {path} exists (a file or link planted at this decode node's marker); nothing "
+                        f"was written through it.")
+        except OSError:
+            pass  # the prefill node already removed the folder
+
     def detach(self) -> None:
         with self._lock:
             if self._acks >= 0:
                 os.close(self._acks)
                 self._acks = -1
-        done = os.path.join(self.where, self.marker + ".done")
-        try:
-            create_marker(done)
-        except FileExistsError:  # planted: never written through (it truncated what a link pointed at)
-            runlog.tell(f"warning: {done} exists (a file or link planted at this decode node's marker); nothing "
-                        f"was written through it.")
-        except OSError:
-            pass  # the prefill node already removed the folder
+        self._mark(".done")

@@ -82,6 +82,12 @@ class NixlPublisher(OnSpace):
         """Decode nodes still connected and not done (one whose connection ended is not waited for)."""
         return self.channel.connected() - set(self.channel.done)
 
+    def attached(self) -> set[str]:
+        return self.channel.attached()
+
+    def ready_nodes(self) -> set[str]:
+        return self.channel.ready_nodes()
+
     def finish(self, wait_s: float, remove: bool, say) -> dict:
         """End line, then wait (at most wait_s) for connected decode nodes to finish; deregister the region."""
         self.space.announce((), lambda: self.channel.append({"kind": "end", "done_wall": time.time()}))
@@ -171,6 +177,13 @@ class NixlLoader:
                 self.link.send(HEARTBEAT)
             except OSError:
                 return
+
+    def ready(self) -> None:
+        """This node's tiers are built and its clock starts: the prefill node, waiting for one, starts its own."""
+        try:
+            self.link.send({"kind": "ready"})
+        except OSError:
+            pass  # the prefill node is gone: its follower says so
 
     def loaded(self, record) -> None:
         """This node loaded the request: the prefill node may release its blocks."""
