@@ -101,8 +101,10 @@ def warnings_of(results: Results) -> list[str]:
     out = [why] if (why := nothing_measured(results)) else []
     moved = results.bytes.get(results.bottom)
     if results.requests.completed and not (moved and (moved.read or moved.write)):
+        more = "the prefill node's --users" if results.role is not None and results.role.role == "decode" else \
+            "--users"
         out.append(f"the {results.bottom} tier saw no traffic in the window: the numbers describe memory tiers "
-                   f"only; raise --users or lower --cpu-mem-gb.")
+                   f"only; raise {more} or lower --cpu-mem-gb.")
     for name, tier in results.run.tiers.items():
         staged = sum(t.staged for t in (tier.transfers or {}).values())
         if staged:

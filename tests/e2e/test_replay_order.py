@@ -6,7 +6,7 @@ from helpers import assert_clean_error
 from results_fixture import results
 
 from kv_cache.recorder.sections import Role
-from kv_cache.run.describe import nothing_measured
+from kv_cache.run.describe import nothing_measured, warnings_of
 
 
 def _sessions_csv(path, sessions=12, turns=4):
@@ -71,3 +71,12 @@ def test_a_decode_node_whose_prefill_node_ended_in_its_warmup_is_told_what_ended
     r.role = Role("decode", "nixl://127.0.0.1:7000", "nixl (UCX)")
     why = nothing_measured(r)
     assert "the prefill node ended its manifest" in why and "--trace-speedup" not in why
+
+
+def test_a_bottom_tier_without_traffic_names_the_flag_of_the_node_that_offers_the_load():
+    """A decode node's load is its prefill node's: 'raise --users' named a flag that does nothing there."""
+    r = results()
+    r.bytes[r.bottom].read = r.bytes[r.bottom].write = 0
+    assert any("raise --users or lower --cpu-mem-gb" in w for w in warnings_of(r))
+    r.role = Role("decode", "nixl://127.0.0.1:7000", "nixl (UCX)")
+    assert any("raise the prefill node's --users" in w for w in warnings_of(r))
