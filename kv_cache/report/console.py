@@ -52,7 +52,7 @@ def header(results: Results) -> list[str]:
     block = f"block {run.block_tokens} tokens = {size:.2f} MiB" if size else "whole-request objects"
     lines = [f"kv-cache-bench {run.tool_version}  run {run.run_id}  [{state}]",
              f"  model {run.model} ({run.kv_dtype}, tp {run.tp}, {run.bytes_per_token:,} B/token), "
-             f"{block}; {run.users} users, {run.workers} workers, seed {run.seed}, "
+             f"{block}; {run.users} users, {run.workers} workers{' a rank' if run.ranks > 1 else ''}, seed {run.seed}, "
              f"window {run.duration_s:.1f} s{_drain(results)} after {run.warmup_s:g} s warm-up"]
     if run.ranks > 1:
         spread = (results.rank_spread or {}).get(results.bottom, {})

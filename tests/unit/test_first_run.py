@@ -85,6 +85,14 @@ def test_the_drain_is_said_on_the_window_line():
     assert "window 64.1 s (--duration 60 + 4.1 s drain" in render(r)
 
 
+def test_the_window_line_of_ranks_says_the_workers_are_each_ranks():
+    """Merged over ranks, users are the total and workers one rank's: '800 users, 4 workers' read as 4 in all."""
+    r = results()
+    assert f"{r.run.workers} workers, seed" in render(r)
+    r.run.ranks = 4
+    assert f"{r.run.users} users, {r.run.workers} workers a rank, seed" in render(r)
+
+
 def test_an_idle_decode_node_is_told_about_its_prefill_nodes_not_its_users():
     """Issue 38, item 6: a decode node was advised to "raise --users", which means nothing there."""
     rows = [{"in_flight": 0.2}] * 30
