@@ -148,6 +148,16 @@ def test_every_line_of_a_run_fits_100_columns(small_run):
     assert not long, long
 
 
+def test_the_set_up_is_said_before_it_is_done(small_run):
+    """make run printed nothing for its first 13 s (a 4 GiB CPU tier pre-touched, the NVMe slab, the workers'
+    probe), then every set-up line at once: silence that reads as a hang. A line says what is being built first."""
+    r = run_cli(small_run("said", *bounded(2), quiet=False))
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("  building the tiers: ") and "CPU memory pre-touched" in first, r.stdout[:500]
+    assert r.stdout.index("building the tiers") < r.stdout.index("  tier cpu:")
+
+
 def test_quiet_prints_nothing(small_run):
     r = run_cli(small_run("q", *bounded(4)))
     assert r.returncode == 0 and r.stdout == ""
