@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import queue
 import threading
 import time
@@ -35,10 +36,26 @@ def mlperf_tier(tier: str, storage_tier: str) -> str:
     return {"gpu": "Tier-0", "cpu": "Tier-1"}.get(tier, "Tier-2" if tier == storage_tier else tier)
 
 
+def _stem_and_ext(name: str) -> tuple[str, str]:
+    """A trace's name split before its .csv / .zst / .csv.zst ending (the ending a reader picks its format by)."""
+    for ext in (".csv.zst", ".zst", ".csv"):
+        if name.endswith(ext) and len(name) > len(ext):
+            return name[:-len(ext)], ext
+    return name, ""
+
+
+def marked_trace_path(trace: str, marks: str) -> str:
+    """One trial's or rank's trace: marks (".trial2.rank0") go before the ending, so ops.csv.zst becomes
+    ops.trial2.rank0.csv.zst, still a compressed CSV by its name (it was ops.csv.trial2.rank0.zst)."""
+    head, name = os.path.split(trace)
+    stem, ext = _stem_and_ext(name)
+    return os.path.join(head, stem + marks + ext)
+
+
 def fio_job_path(trace) -> Path:
     """The fio job written beside a trace: its name without .zst and .csv, then .fio."""
     trace = Path(trace)
-    return trace.with_name(trace.name.removesuffix(".zst").removesuffix(".csv") + ".fio")
+    return trace.with_name(_stem_and_ext(trace.name)[0] + ".fio")
 
 
 class IOTraceWriter:

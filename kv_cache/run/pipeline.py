@@ -21,7 +21,7 @@ from kv_cache.errors import UserError
 from kv_cache.lifecycle.analysis import Analysis, analyse
 from kv_cache.lifecycle.executor import Lifecycle, LifecycleOptions
 from kv_cache.recorder.access_log import AccessLog
-from kv_cache.recorder.iotrace import IOTraceWriter
+from kv_cache.recorder.iotrace import IOTraceWriter, marked_trace_path
 from kv_cache.recorder.merge import merge_ranks
 from kv_cache.recorder.recorder import Recorder
 from kv_cache.recorder.results import RunFacts, build_results
@@ -146,11 +146,9 @@ class Stages:
 
 
 def _io_trace_path(run: RunSpec) -> str:
-    """--io-trace's file for this trial and rank: <name>[.trial<k>][.rank<r>][.zst] (none overwrites another)."""
-    name = run.s.run.io_trace
-    zst = ".zst" if name.endswith(".zst") else ""
-    return (name.removesuffix(".zst") + (f".trial{run.trial}" if run.trial else "")
-            + (f".rank{run.dist.rank}" if run.dist.active else "") + zst)
+    """--io-trace's file for this trial and rank: <name>[.trial<k>][.rank<r>][.csv][.zst] (none overwrites another)."""
+    return marked_trace_path(run.s.run.io_trace, (f".trial{run.trial}" if run.trial else "")
+                             + (f".rank{run.dist.rank}" if run.dist.active else ""))
 
 
 def _stages(run: RunSpec, p: Prepared) -> Stages:

@@ -81,6 +81,18 @@ def test_io_trace_rows_and_fio_job(small_run, tmp_path):
     assert "ioengine=psync" in job and "numjobs=64" in job and "iodepth=1" in job
 
 
+@pytest.mark.slow
+def test_each_trials_io_trace_keeps_its_ending(small_run, tmp_path):
+    """--trials 2 --io-trace ops.csv.zst wrote ops.csv.trial1.zst: no longer a .csv.zst by its name. The trial's
+    mark goes before the ending, and the fio job beside each is named after it."""
+    r = run_cli(small_run("tt", *bounded(3), "--trials", "2", "--io-trace", str(tmp_path / "ops.csv.zst")))
+    assert r.returncode == 0, r.stderr
+    for k in (1, 2):
+        with open(tmp_path / f"ops.trial{k}.csv.zst", "rb") as f:
+            assert "key" in next(csv.reader(io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f))))
+        assert "rw=" in (tmp_path / f"ops.trial{k}.fio").read_text()
+
+
 class _Stream(io.StringIO):
     def __init__(self, tty):
         super().__init__()
