@@ -88,7 +88,8 @@ def conclude(trials: list[Results], folder: Path, say) -> Results:
     outfolder.write_json(folder / "trials.json", {"trials": len(trials), "summary": rounded(summary)})
     best.trials = load_section(Trials, {"count": len(trials), "median_trial": k + 1, "summary": summary}, "trials")
     outfolder.write_json(folder / "results.json", best.to_json())
-    say(f"Trials: {len(trials)} (results.json = the median trial by cached tokens/s, trial {k + 1}; each trial in "
+    which = "the median trial" if len(trials) % 2 else "the lower of the two middle trials"  # an even count has none
+    say(f"Trials: {len(trials)} (results.json = {which} by cached tokens/s, trial {k + 1}; each trial in "
         f"trial-<k>/)\n{table(summary)}")
     for line in spread_warnings(summary):
         say(line)
