@@ -79,16 +79,21 @@ def _verdict(r: Results) -> str:
     return {"queue": f"queue ({v.cause or '-'})", "users": "users' pace", "storage": "storage"}.get(v.kind, v.kind)
 
 
+def _ranks(r: Results, one: str) -> str:
+    """A rank's figure, times the ranks of an MPI run (its settings and workers are each rank's)."""
+    return one if r.run.ranks <= 1 or one == "-" else f"{one} x {r.run.ranks}"
+
+
 def _size_gib(key: str):
     """A tier's size as the run resolved it (auto choices written in), GiB."""
     def get(r: Results) -> str:
         v = _flat(r.settings).get(key)
-        return "-" if v is None else f"{v:.4g}"
+        return _ranks(r, "-" if v is None else f"{v:.4g}")
     return get
 
 
 CHOICES = (  # what a run chose or was told, beside the numbers: the same command chooses the same on one machine
-    ("workers", lambda r: str(r.run.workers)),
+    ("workers", lambda r: _ranks(r, str(r.run.workers))),
     ("cpu tier GiB", _size_gib("tiers.cpu_mem_gb")),
     ("nvme tier GiB", _size_gib("tiers.nvme_gb")),
     ("load verdict", _verdict),

@@ -154,6 +154,16 @@ def test_compare_fits_100_columns_and_shows_the_choices_and_the_verdict():
     assert "run 1: reports/20261127T045205Z-4385-with-a-long-name" in text
 
 
+def test_compare_says_an_mpi_runs_workers_and_tiers_are_each_ranks():
+    """An MPI run beside a single process read 'workers 4 | 4', 'cpu tier GiB 1 | 4': its figures are a rank's."""
+    from kv_cache.report.compare import comparison_table
+
+    a, b = results(), results()
+    b.run.ranks = 4
+    rows = {x.split()[0]: x for x in comparison_table([("one", a), ("mpi", b)]).splitlines() if x.strip()}
+    assert rows["workers"].split()[1:] == [str(a.run.workers), str(b.run.workers), "x", "4"], rows["workers"]
+
+
 def test_a_synthetic_runs_pre_run_hit_rate_is_said_to_be_an_estimate():
     """Issue 50, point 5: synthetic users' pre-run figure is a sample of their first requests (a run beat it); its
     analysis counts as many requests as it read, which read as 'all N requests of the trace' (make run printed it)."""
