@@ -19,6 +19,7 @@ store.publish(keys, (size,) * 3, pool.fill, np.empty(size, np.uint8), rec)
 store.hand_over(Handoff("r", keys, (size,) * 3, (), (), 48, 1, 16, time.time(), store.digests(keys)))
 copies = sum(s.copies for s in dev.streams)
 link = NixlLoader(sys.argv[1], {"seed": 1}, 30, lambda m: None)
+link.ready()  # its clock runs: the prefill side hands requests only to such a node
 while len(link.slot_of) < 3:
     time.sleep(0.01)
 out, good = np.zeros(size, np.uint8), 0

@@ -10,6 +10,7 @@ from kv_cache.errors import RunFault
 from kv_cache.lifecycle.handoff.nixl import NixlLoader
 
 link = NixlLoader(sys.argv[1], {"seed": 1}, 30, print)
+link.ready()  # its clock runs: the prefill side hands requests only to such a node
 while len(link.slot_of) < 2:
     time.sleep(0.01)
 out = memoryview(np.zeros(2**20, np.uint8))

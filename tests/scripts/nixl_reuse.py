@@ -20,6 +20,7 @@ for k in (1, 2):
     store.blocks.put(k, memoryview(payload(k)))
 store.hand_over(Handoff("r", (1, 2), (size,) * 2, (), (), 32, 1, 16, time.time()))
 link = NixlLoader(sys.argv[1], {"seed": 1}, 30, lambda m: None)
+link.ready()  # its clock runs: the prefill side hands requests only to such a node
 while len(link.slot_of) < 2:
     time.sleep(0.01)
 out = np.zeros(size, np.uint8)

@@ -77,7 +77,8 @@ class PrefillChannel:
     A request line goes to one attached decode node (in turn), which loads it and acknowledges it ("ack"): only
     then are its blocks released (on_ack(keys)), so a block is never replaced while a decode node may read it. A
     decode node that leaves, or says nothing (not even its heartbeat) for peer_timeout_s, has its requests handed
-    to another; requests that arrive while none is attached wait for one. Other lines (the end) go to all."""
+    to another; requests go only to nodes whose clock runs ("ready": one still building its tiers would hold them),
+    and wait while there is none. Other lines (the end) go to all."""
 
     def __init__(self, host: str, port: int, identity: dict, slots, metadata: bytes, header: dict):
         """metadata: the prefill node's NIXL agent metadata, for decode nodes to add it as a remote agent."""
@@ -186,7 +187,9 @@ class PrefillChannel:
             elif msg.get("kind") == "done":
                 self.done.add(name)
             elif msg.get("kind") == "ready":
-                self.ready.add(name)
+                with self.lock:
+                    self.ready.add(name)
+                    self._dispatch()
         return name
 
     def _leave(self, name: str, peer: Line) -> None:
@@ -207,9 +210,9 @@ class PrefillChannel:
             self.on_ack(keys)
 
     def _dispatch(self) -> None:
-        """Lock held: hand the pending requests to the attached nodes, in turn."""
-        while self.pending and self.peers:
-            names = sorted(self.peers)
+        """Lock held: hand the pending requests to the attached nodes whose clock runs, in turn (one still building
+        its tiers would hold its requests' blocks, and the prefill node's space with them, until it is ready)."""
+        while self.pending and (names := sorted(self.ready & set(self.peers))):
             name = names[self.turn % len(names)]
             self.turn += 1
             rid, keys, line = self.pending.popleft()

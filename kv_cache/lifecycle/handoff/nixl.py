@@ -8,6 +8,7 @@ the prefill node's registered memory with NIXL READ transfers (UCX: RDMA where t
         decode -> attach {identity}         prefill -> header {agent metadata, region, tags, slot size}
                                              prefill -> every manifest line so far and then as they come,
                                                         each request with the slot of each of its blocks
+        decode -> ready (its clock runs: requests go only to such nodes)
         decode -> done                       prefill -> end
 
 A request's blocks are held in their slots until the decode node it was assigned to acknowledges it (space.py):
