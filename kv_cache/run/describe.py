@@ -76,11 +76,16 @@ def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist:
     }
 
 
+def _decode_node(results: Results) -> bool:
+    """A disaggregated decode node: its load and its end are its prefill node's, not its own flags'."""
+    return results.role is not None and results.role.role == "decode"
+
+
 def nothing_measured(results: Results) -> str:
     """Why no request completed in the window, or '' when some did (or the run was cut short)."""
     if results.requests.completed or results.run.partial:
         return ""
-    if results.run.stopped_reason == "trace_end" and results.role is not None and results.role.role == "decode":
+    if results.run.stopped_reason == "trace_end" and _decode_node(results):
         when = (f"{results.run.duration_s:.1f} s into this decode node's window" if results.run.duration_s >= 0.05
                 else "before this decode node's window opened")
         return (f"nothing was measured: the prefill node ended its manifest {when}, before any request completed in "
@@ -101,8 +106,7 @@ def warnings_of(results: Results) -> list[str]:
     out = [why] if (why := nothing_measured(results)) else []
     moved = results.bytes.get(results.bottom)
     if results.requests.completed and not (moved and (moved.read or moved.write)):
-        more = "the prefill node's --users" if results.role is not None and results.role.role == "decode" else \
-            "--users"
+        more = "the prefill node's --users" if _decode_node(results) else "--users"
         out.append(f"the {results.bottom} tier saw no traffic in the window: the numbers describe memory tiers "
                    f"only; raise {more} or lower --cpu-mem-gb.")
     for name, tier in results.run.tiers.items():

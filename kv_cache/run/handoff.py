@@ -228,7 +228,7 @@ def wait_for_decode(side: Publisher | Loader | None, wait_s: float, say) -> None
         say(f"  handoff: decode node(s) {', '.join(sorted(attached))} attached but not ready within {wait_s:g} s; "
             f"the clock starts without them")
     else:
-        side.space.waited_out = True  # none came: a full space drops unread blocks instead of waiting again
+        side.run_alone()
         say(f"  handoff: no decode node within {wait_s:g} s; this prefill node runs alone (a full handoff space "
             f"drops its oldest unread blocks, counted)")
 

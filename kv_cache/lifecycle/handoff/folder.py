@@ -136,7 +136,7 @@ class FolderPublisher(OnSpace):
         return self.attached() - _markers(self.where, ".done")
 
     def ready_nodes(self) -> set[str]:
-        return (_markers(self.where, ".ready") & self.attached()) - _markers(self.where, ".done")
+        return _markers(self.where, ".ready") & self.reading()
 
     def finish(self, wait_s: float, remove: bool, say) -> dict:
         """End line, then wait (at most wait_s) for attached decode nodes to finish; remove the folder."""

@@ -179,5 +179,9 @@ class OnSpace:
     def publish(self, keys, nbytes, fill, buf, recorder) -> int:
         return self.space.publish(keys, nbytes, fill, buf, recorder)
 
+    def run_alone(self) -> None:
+        """No decode node came before the clock: a full space drops its oldest unread blocks instead of waiting."""
+        self.space.waited_out = True
+
     def digests(self, keys) -> tuple[int, ...]:
         return self.space.digests(keys)
