@@ -48,8 +48,9 @@ class LiveLine:
         p95 = self.recorder.recent_percentile(self.tier, "read", 95.0)
         phase = "draining" if draining else "measuring" if self.recorder.measure_start_ns else "warm-up"
         rd, wr, lat = (read - r_prev) / dt / 1e9, (written - w_prev) / dt / 1e9, "-" if p95 is None else f"{p95:.1f}"
-        text = (f"[{phase} {now - self.t0:4.0f}/{self.total_s:.0f} s] {completed:,} requests, {self.tier} read "
-                f"{rd:.2f} / write {wr:.2f} GB/s, read p95 {lat} ms, hit rate {hit:.1%}")
+        elapsed = f"{now - self.t0:4.0f}" if self.tty else f"{now - self.t0:.0f}"  # a log's lines are not redrawn
+        text = (f"[{phase} {elapsed}/{self.total_s:.0f} s] {completed:,} requests, {self.tier} read "
+                f"{rd:.2f} / write {wr:.2f} GB/s, read p95 {lat} ms, hit {hit:.1%}")
         width = self.columns() if self.tty else WIDTH - 2  # a logged line: 100 columns with its indent
         if len(text) > width:  # the short form, then cut: a line that wraps is redrawn badly by '\r'
             text = (f"[{phase[:4]} {now - self.t0:.0f}/{self.total_s:.0f}s] {completed:,} requests {self.tier} "

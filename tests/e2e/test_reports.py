@@ -112,7 +112,7 @@ def test_live_line_refreshes_on_a_terminal_and_logs_otherwise(monkeypatch):
         live.next = 0  # due now
         live(5)
         text = out.getvalue()
-        assert marker in text and "5 requests" in text and "nvme read" in text and "hit rate" in text
+        assert marker in text and "5 requests" in text and "nvme read" in text and "hit 0.0%" in text
         assert live.every_s == (1.0 if tty else 10.0)
     out = _Stream(True)  # a rank under mpirun: its pty is forwarded line by line, so one line per update
     live = LiveLine(rec, 60, "nvme", out, refresh=False)
@@ -134,7 +134,26 @@ def test_the_live_line_counts_the_run_not_the_set_up_before_it(monkeypatch):
     assert out.getvalue() == ""
     now[0] += 10.0
     live(1)
-    assert out.getvalue().startswith("  [warm-up   10/6 s] 1 requests"), out.getvalue()
+    assert out.getvalue().startswith("  [warm-up 10/6 s] 1 requests"), out.getvalue()
+
+
+def test_a_logged_live_line_keeps_its_words_through_the_run(monkeypatch):
+    """A logged run (make run's output, the README's `try one`) switched to the terse '[meas 41/60s] ... nvme r 0.01 w
+    3.71 GB/s p95 102.4 ms hit 4%' once the read p95 reached 100 ms: the long form was 101 columns with its padding,
+    which a log (not redrawn) does not need. The usual figures keep the long form."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    rec = Recorder()
+    rec.start_measuring(1)
+    monkeypatch.setattr(rec, "recent_percentile", lambda tier, op, pct: 254.0)
+    out = _Stream(False)
+    live = LiveLine(rec, 60, "nvme", out)
+    live(0)
+    now[0] += 41.0
+    live(93)
+    line = out.getvalue().rstrip("\n")
+    assert line.startswith("  [measuring 41/60 s] 93 requests, nvme read ") and line.endswith("hit 0.0%"), line
+    assert "read p95 254.0 ms" in line and len(line) <= 100, line
 
 
 def test_the_live_line_fits_the_terminal(monkeypatch):

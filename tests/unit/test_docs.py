@@ -96,3 +96,14 @@ def test_every_relative_link_of_the_docs_resolves():
             if not target.startswith(("http://", "https://")) and not (page.parent / target).exists():
                 broken.append(f"{page.name}: {target}")
     assert not broken, broken
+
+
+def test_a_shipped_sample_is_as_long_as_the_text_says():
+    """The README called traces/mooncake_conversation_sample.jsonl a 400-request sample; it holds 200."""
+    said = []
+    for page in [REPO / "README.md", REPO / "traces" / "README.md", *PAGES]:
+        text = " ".join(page.read_text().split())
+        said += re.findall(r"a ([\d,]+)-request sample is `(traces/[^`]+)`", text)
+    assert said
+    for n, path in said:
+        assert len((REPO / path).read_text().splitlines()) == int(n.replace(",", "")), (n, path)
