@@ -36,10 +36,11 @@ from kv_cache.run.traffic import Traffic, build_traffic
 
 
 def build(s: Settings, reg, run_id: str, *, rank: int = 0, ranks: int = 1, join: bool = False,
-           probe: bool = True, link=None, memory: tuple[int, int] | None = None) -> RunContext:
+           probe: bool = True, link=None, memory: tuple[int, int] | None = None, building=None) -> RunContext:
     """reg: the registry (run/registry.py); probe: --workers 0 may step the storage tier's concurrency (not under
     MPI: ranks would probe each other); link: the traffic's handoff link (a NIXL decode node's); memory: (the
-    memory available to this process, the ranks sharing its host: Dist.host_memory), read now when not given."""
+    memory available to this process, the ranks sharing its host: Dist.host_memory), read now when not given;
+    building: called once the run is known to fit, before anything is made (it says what is made)."""
     if not probe and not s.schedule.workers:
         s = replace(s, "schedule.workers", default_workers())
     geo = geometry(s)
@@ -50,6 +51,8 @@ def build(s: Settings, reg, run_id: str, *, rank: int = 0, ranks: int = 1, join:
     sized = replace(s, "schedule.workers", n)  # buffers, lanes, connections and the budget for the threads that run
     budget = memory_budget(sized, geo, reg, gpu, ranks, rank)
     check_fits(budget, n, buffer_bytes(geo.io_bytes), *(memory or ()))
+    if building:
+        building()
     payloads = None if s.tiers.null_io else PayloadPool(s.run.seed, copies=payload_copies(sized, geo.io_bytes))
     fill = payloads.fill if payloads else None
     tiers, site = [], None
@@ -163,16 +166,16 @@ def prepare(run: RunSpec) -> Prepared:
         qos_policy(s)  # a bad --qos-mix is refused here, before any data is written
         if not s.tiers.null_io and s.tiers.nvme == "on" and s.tiers.cache_dir:
             check_dir(os.path.abspath(s.tiers.cache_dir))  # a wrong folder is said before the payload pool is made
-        # NOTE: said before the build: pre-touching a CPU tier's memory takes 0.1-2.5 s a GiB by the host's
-        # fragmentation (4 GiB took 10 s here), the NVMe tier and the workers' probe seconds more: silence read as
-        # a hang
-        run.say(f"  building the tiers: {_what_is_built(s)}, the workers' buffers")
+        # NOTE: said before the build, once the run is known to fit: pre-touching a CPU tier's memory takes 0.1-2.5 s
+        # a GiB by the host's fragmentation (4 GiB took 10 s here), the NVMe tier and the workers' probe seconds
+        # more: silence read as a hang
+        building = lambda: run.say(f"  building the tiers: {_what_is_built(s)}, the workers' buffers")  # noqa: E731
         if not run.shared:
             b = build(s, run.reg, f"{run.run_id}-r{dist.rank}" if dist.active else run.run_id,
                       rank=dist.rank, ranks=dist.size, probe=not dist.active, link=traffic.handoff_link,
-                      memory=memory)
+                      memory=memory, building=building)
         elif dist.rank == 0:  # rank 0 makes the shared namespace; the others join it
-            b = build(s, run.reg, run.run_id, ranks=dist.size, probe=False, memory=memory)
+            b = build(s, run.reg, run.run_id, ranks=dist.size, probe=False, memory=memory, building=building)
     except UserError as e:
         error = str(e)
     if run.shared and dist.bcast(error is None and b is not None) and dist.rank and error is None:

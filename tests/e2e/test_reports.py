@@ -189,6 +189,14 @@ def test_the_set_up_is_said_before_it_is_done(small_run):
     assert r.stdout.index("building the tiers") < r.stdout.index("  tier cpu:")
 
 
+def test_a_run_that_does_not_fit_is_refused_before_it_says_it_builds(small_run):
+    """--cpu-mem-gb 100 on a 24 GiB host printed 'building the tiers: 100 GiB of CPU memory pre-touched' and then
+    refused the run for its memory budget: nothing was built. The line comes once the run is known to fit."""
+    r = run_cli(small_run("big", "--cpu-mem-gb", "100000", *bounded(2), quiet=False))
+    assert r.returncode == 2 and "memory budget" in r.stderr, r.stderr
+    assert "building the tiers" not in r.stdout, r.stdout
+
+
 def test_quiet_prints_nothing(small_run):
     r = run_cli(small_run("q", *bounded(4)))
     assert r.returncode == 0 and r.stdout == ""
