@@ -228,22 +228,29 @@ class BufferedEngine(Engine):
 
 
 class MmapEngine(Engine):
+    """NOTE: a block's range is unmapped after each move (MADV_DONTNEED), as fio's mmap engine does with direct=1:
+    pages left mapped made the whole slab this process's resident memory over a run (peak RSS 7.4 GiB against a
+    5.6 GiB budget with a 2 GiB slab). The page cache may keep them, clean after msync, as the kernel's to reclaim;
+    a read drops its range first, so it comes from the device."""
+
     name, maps, depth, pooled = "mmap", True, 1, False
     batch = "one copy after another (a mapping: no device queue to fill)"
-    fio, summary = ("mmap", 0, False), "a mapping of the slab, msync after writes"
+    fio, summary = ("mmap", 1, False), "a mapping of the slab, msync after writes, each range unmapped after its move"
 
     def write(self, t: Target, off: int, data: np.ndarray, unit: int, times: list | None) -> None:
         np.copyto(t.view[off:off + data.size], data)  # into the mapping's pages: host time
         start = time.monotonic_ns()
         t.mm.flush(off, data.size)  # msync: the write is on the device when put returns
         device_call(start)
+        t.mm.madvise(mmap.MADV_DONTNEED, off, data.size)
 
     def read(self, t: Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
         t.mm.madvise(mmap.MADV_DONTNEED, off, out.size)
-        drop_cached(t.fd, off, out.size)
+        drop_cached(t.fd, off, out.size)  # neither mapped nor cached: each page faults in from the device
         start = time.monotonic_ns()
         np.copyto(out, t.view[off:off + out.size])  # each page faulted in from the device
         device_call(start)
+        t.mm.madvise(mmap.MADV_DONTNEED, off, out.size)
 
     def write_many(self, ios: list, unit: int, pools: Pools | None = None) -> list:
         return in_turn(self.write, ios, unit)
