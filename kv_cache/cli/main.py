@@ -135,6 +135,7 @@ def load_results(arg: str) -> tuple[Path, Results]:
     """A results.json (or the run folder holding it), read and checked against the schema, value types too."""
     path = Path(arg)
     if path.is_dir():
+        _runs_inside(path)
         path = path / "results.json"
     fix = "pass a run folder under reports/ or its results.json"
     text = read_text(str(path), "results file", RESULTS_LIMIT, fix)
@@ -148,6 +149,16 @@ def load_results(arg: str) -> tuple[Path, Results]:
         return path, Results.from_dict(data, path.name)  # the message names the path once, not in every field
     except SchemaError as e:
         raise UserError(f"{path} is an incomplete or damaged results file ({e}); re-run or restore it.") from None
+
+
+def _runs_inside(folder: Path) -> None:
+    """A folder of runs (the policies sub-command's, one a policy) is named with its runs, not as a missing file."""
+    if (folder / "results.json").exists():
+        return
+    runs = sorted(d.name for d in folder.iterdir() if (d / "results.json").is_file())
+    if runs:
+        raise UserError(f"{folder} holds no results.json of its own but the runs {', '.join(runs)}: pass one of them "
+                        f"({folder / runs[0]}).")
 
 
 def _cmd_report(argv: list[str], reg: Registry) -> int:

@@ -21,6 +21,7 @@ from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
 from kv_cache.recorder.results_schema import Results
 from kv_cache.report.policies import policy_plot, policy_table
+from kv_cache.report.table import fit
 from kv_cache.run.outfolder import write_json
 from kv_cache.run.pipeline import new_run_id
 
@@ -61,6 +62,7 @@ def compare_policies(s: Settings, names: list[str], ms_per_token: float, say, re
                               ("run.output_dir", str(root)), ("run.quiet", True)):
             sp = replace(sp, dotted, value)
         status = max(status, execute(sp, reg, lambda *a, **k: None))
+        _remove_empty_cache(root)
         if signals.received() is not None:
             return status
         signals.resume()
@@ -69,5 +71,14 @@ def compare_policies(s: Settings, names: list[str], ms_per_token: float, say, re
     model = f"modelled TTFT = measured storage TTFT + missed prompt tokens x {ms_per_token:g} ms (recompute)"
     write_json(root / "policies.json", {"policies": rows, "ttft_model": model, "settings": s.to_dict()})
     plot = policy_plot(rows, root, model)
-    say(policy_table(rows) + f"\n  {model}\n  per-policy runs in {root}/<policy>/; plot: {plot}")
+    say(policy_table(rows) + "\n" + fit(f"  {model}\n  per-policy runs in {root}/<policy>/; plot: {plot}"))
     return status
+
+
+def _remove_empty_cache(root: Path) -> None:
+    """With no --cache-dir each policy's run keeps its data under its --output-dir, the comparison's folder, and
+    removes it at its end: the folder it made there goes too once empty (--keep-data's stays)."""
+    try:
+        (root / "cache").rmdir()
+    except OSError:
+        pass

@@ -39,3 +39,24 @@ def test_a_recompute_cost_that_is_not_a_finite_number_is_refused(value):
     """Issue 37, item 7: NaN and -1 were accepted (a negative cost rewards a miss)."""
     r = run_cli(["policies", "--prefill-ms-per-token", value], timeout=60)
     assert_clean_error(r, "--prefill-ms-per-token", "finite number >= 0")
+
+
+def test_policies_print_within_100_columns_and_leave_no_folder_in_their_report(tmp_path):
+    """Its table was one row a policy of every column: 150 wide with two tiers, more with --rag and a GPU tier; with
+    no --cache-dir its runs made their data folder inside the comparison's report, left there empty; and `report`
+    of that folder said its results.json did not exist."""
+    from conftest import SMALL
+
+    out = tmp_path / "reports"
+    r = run_cli(["policies", "--config", str(SMALL), "--output-dir", str(out), "--run-id", "pol", "--max-requests",
+                 "12", "--duration", "600", "--warmup", "0", "--rag", "--gpu", "simulated", "--gpu-mem-gb", "0.02",
+                 "--policies", "lru,semantic-adaptive"], timeout=180)
+    assert r.returncode == 0, r.stderr
+    wide = [line for line in r.stdout.splitlines() if len(line) > 100 and " " in line.strip()]
+    assert not wide, wide
+    assert "Hit rate by source" in r.stdout and "  semantic-adaptive  nvme" in r.stdout, r.stdout
+    assert sorted(p.name for p in (out / "pol").iterdir()) == ["lru", "policies.json", "policies.png",
+                                                               "semantic-adaptive"]
+    # report of the comparison's folder named a results.json that does not exist; it names the runs in it
+    assert_clean_error(run_cli(["report", str(out / "pol")]), "holds no results.json of its own but the runs lru, "
+                       "semantic-adaptive: pass one of them")
