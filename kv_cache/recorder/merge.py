@@ -57,6 +57,13 @@ def _merge_dropping(a: Snapshot, b: Snapshot) -> Snapshot:
     return out
 
 
+def _merged_tier(first: dict, each: list[dict]) -> dict:
+    """A tier of every rank: their capacities summed; its description rank 0's, said so (its slots and its folder
+    were read as the sum's)."""
+    described = f"{len(each)} ranks, rank 0's: {first['description']}" if len(each) > 1 else first["description"]
+    return {**first, "capacity_bytes": sum(x["capacity_bytes"] for x in each), "description": described}
+
+
 def merge_ranks(ranks: list[Results]) -> Results:
     """One Results for all ranks (see the module docstring)."""
     results = [r.to_dict() for r in ranks]
@@ -67,8 +74,7 @@ def merge_ranks(ranks: list[Results]) -> Results:
     run.update(rank=None, ranks=len(results), hosts=sorted({h for x in runs for h in x["hosts"]}),
                partial=any(x["partial"] for x in runs), fault="; ".join(faults),
                stopped_reason=next((x["stopped_reason"] for x in runs if x["partial"]), runs[0]["stopped_reason"]),
-               tiers={t: {**info, "capacity_bytes": sum(x["tiers"][t]["capacity_bytes"] for x in runs)}
-                      for t, info in runs[0]["tiers"].items()})
+               tiers={t: _merged_tier(info, [x["tiers"][t] for x in runs]) for t, info in runs[0]["tiers"].items()})
     facts = RunFacts(
         workload=_workload(results),
         memory={"peak_rss_bytes": max(r["memory"]["peak_rss_bytes"] for r in results),

@@ -37,3 +37,13 @@ def test_a_request_outcome_is_read_back_under_the_same_names():
     r = rank(0, 2, 0)
     assert (r.tokens.prompt, r.tokens.cached, r.tokens.generated) == (64, 32, 8)
     assert r.hit_rate.tokens == 0.5
+
+
+def test_a_merged_tier_says_its_description_is_rank_zero_s():
+    """Two ranks printed 'tier cpu 1.88 GiB  host RAM arena, 12 slots of 80.00 MiB': the capacity summed over the
+    ranks, its slots (and an NVMe tier's folder, ...-r0) one rank's."""
+    merged = merge_ranks([rank(0, 1, 0), rank(1, 1, 0)])
+    one = rank(0, 1, 0).run.tiers
+    for name, tier in merged.run.tiers.items():
+        assert tier.capacity_bytes == 2 * one[name].capacity_bytes
+        assert tier.description == f"2 ranks, rank 0's: {one[name].description}"
