@@ -61,11 +61,26 @@ def header(results: Results) -> list[str]:
                      f"capacities summed over ranks" + (f"; {results.bottom} per rank: {detail}" if detail else ""))
     for name, t in run.tiers.items():
         lines.append(f"  tier {tier_label(results, name):<16} {t.capacity_bytes / GiB:8.2f} GiB  {t.description}")
+    lines += _preconditioned(results)
     lines += _injected(results)
     lines += [f"  note: {n}" for n in run.notes]
     if run.fault:
         lines.append(f"  FAULT: {run.fault}")
     return lines
+
+
+def _preconditioned(results: Results) -> list[str]:
+    """--precondition's passes: the state the device was measured in (said before the run, and in results.json;
+    the summary a reader keeps said nothing of it)."""
+    pre = results.precondition
+    if pre is None:
+        return []
+    rates = ", ".join(f"{g:.2f}" for g in pre.gbps)
+    steady = ("" if pre.steady is None else f"; steady within {pre.steady_tolerance:.0%}" if pre.steady
+              else f"; not steady within {pre.passes} passes")
+    return [f"  preconditioned: the {results.bottom} tier written whole in {pre.passes} pass"
+            f"{'es' if pre.passes != 1 else ''} before the clock ({pre.bytes_per_pass / GiB:.2f} GiB each, at {rates} "
+            f"GB/s{steady})"]
 
 
 def _injected(results: Results) -> list[str]:

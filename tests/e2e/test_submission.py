@@ -53,6 +53,9 @@ def test_precondition_writes_the_tier_and_reports_passes(small_run):
     pre = small_run.results("p")["precondition"]
     assert pre["passes"] == 2 and len(pre["gbps"]) == 2 and all(g > 0 for g in pre["gbps"])
     assert pre["bytes_per_pass"] == small_run.results("p")["run"]["tiers"]["nvme"]["capacity_bytes"]
+    # the summary a reader keeps says the device was preconditioned (only the lines before the run did)
+    summary = (small_run.out / "p" / "summary.md").read_text()
+    assert "preconditioned: the nvme tier written whole in 2 passes before the clock" in " ".join(summary.split())
 
 
 def test_submission_package_is_complete_and_validates(small_run):
