@@ -84,6 +84,7 @@ class Lifecycle(BatchedPaths, HandoffPaths):
         out.infinite_cache_tokens = self.ceiling.tokens(req, plan)
         for end, start, label in span_ranges(req.spans):
             add_to(out.prompt_tokens_by_source, label, end - start)
+        looked_ns = now_ns()  # the capacity curve orders requests by their lookups, not their completions
         storage_ns, hit = self._load(req, plan, bufs, out)
         donors, loaded = None, set()
         if self.semantic is not None:
@@ -106,7 +107,7 @@ class Lifecycle(BatchedPaths, HandoffPaths):
             self.semantic.finish(req, plan, donors, hit, loaded, out)
         self._finish(req, req.num_output_tokens, storage_ns, out, ttft_ns, own_ttft_ns)
         if self.recorder.accesses is not None and plan.chained:  # the capacity curve's input: what the cache saw
-            self._log_accesses(req, plan, whole)
+            self._log_accesses(req, plan, whole, looked_ns)
 
     def _finish(self, req: Request, output_tokens: int, storage_ns: int, out: RequestOutcome, ttft_ns: int,
                 own_ttft_ns: int) -> None:
@@ -123,13 +124,13 @@ class Lifecycle(BatchedPaths, HandoffPaths):
         self.recorder.request(req.intended_ns, req.dequeued_ns, now_ns(), storage_ns, out, ttft_ns, req.qos,
                               generation_ns, own_ttft_ns, self.recorder.own_so_far())
 
-    def _log_accesses(self, req: Request, plan: KVPlan, whole: bool) -> None:
+    def _log_accesses(self, req: Request, plan: KVPlan, whole: bool, looked_ns: int) -> None:
         n = plan.num_prompt_blocks
         prompt = [(plan.keys[i], source_tokens(plan.cached_by_source(req, i)), plan.parent(i) or 0, plan.labels[i])
                   for i in range(n)]
         decode = [] if self.handoff is not None or whole else [(plan.keys[i], plan.parent(i) or 0, plan.labels[i])
                                                                 for i in range(n, len(plan.keys))]
-        self.recorder.accesses.request(prompt, plan.groups, decode, req.num_prompt_tokens, now_ns())
+        self.recorder.accesses.request(prompt, plan.groups, decode, req.num_prompt_tokens, now_ns(), looked_ns)
 
     def _pin(self, plan: KVPlan) -> list[tuple[int, object]]:
         """Pin the plan's cached prompt blocks group by group (see KVPlan.lookup); (index, entry) pairs."""

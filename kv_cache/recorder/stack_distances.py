@@ -146,7 +146,8 @@ def sample(log: dict[str, np.ndarray], rate: float) -> dict[str, np.ndarray]:
     req = log["requests"].copy()
     req[:, 0] = first[req[:, 0]]
     return {**{k: log[k][keep] for k in ("keys", "parents", "lookup", "tokens")}, "requests": req,
-            "source_names": np.array(columns_of(log), dtype=str), "request_counts": request_counts(log)}
+            "source_names": np.array(columns_of(log), dtype=str), "request_counts": request_counts(log),
+            **{k: log[k] for k in ("request_started",) if k in log}}
 
 
 def request_counts(log: dict[str, np.ndarray]) -> np.ndarray:

@@ -195,7 +195,8 @@ def load_run(folder: Path) -> tuple[dict, dict]:
 
 ARRAYS = ("keys", "parents", "lookup", "tokens", "requests")
 # each access's plan label (a replay's) as codes into the names, its place in the plan, the token columns' sources
-OPTIONAL = ("labels", "label_names", "plan_pos", "source_names", "request_tokens", "request_counts", "sample_rate")
+OPTIONAL = ("labels", "label_names", "plan_pos", "source_names", "request_tokens", "request_counts", "request_started",
+            "sample_rate")
 META = {"upper_slots": int, "slot_bytes": int, "run_slots": int, "window_ns": list, "window_s": (int, float),
         "requests_per_s": (int, float), "policy": str, "wall_minus_monotonic_ns": int}
 
@@ -242,6 +243,9 @@ def _malformed(log: dict, meta) -> str:
     if counts is not None and (counts.shape != (len(reqs),) or not np.issubdtype(counts.dtype, np.integer)
                                or (len(counts) and counts.min() < 1)):
         return "its requests' counts differ in shape or kind from its requests"
+    started = log.get("request_started")
+    if started is not None and (started.shape != (len(reqs),) or not np.issubdtype(started.dtype, np.integer)):
+        return "its requests' lookup times differ in shape or kind from its requests"
     rate = log.get("sample_rate")
     if rate is not None and (rate.shape != () or not np.issubdtype(rate.dtype, np.floating)
                              or not 0.0 < float(rate) <= 1.0):
@@ -253,14 +257,14 @@ def _malformed(log: dict, meta) -> str:
 
 
 def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
-    """Several runs' accesses as one stream, their requests in wall-clock order of completion; the tiers above the
-    shared one pooled, the rates summed."""
+    """Several runs' accesses as one stream, their requests in wall-clock order of their lookups (of completion in
+    a log written before it kept them); the tiers above the shared one pooled, the rates summed."""
     rate = min(recorded_rate(log) for log, _ in runs)
     if rate < 1.0:  # one is a SHARDS sample: each at the lowest rate (the same hash keeps the same blocks in all)
         runs = [(_at_rate(log, rate), meta) for log, meta in runs]
-    rows = []  # (wall ns, run, request index)
+    rows = []  # (wall ns of its lookup, run, request index)
     for r, (log, meta) in enumerate(runs):
-        wall = log["requests"][:, 2] + meta["wall_minus_monotonic_ns"]
+        wall = log.get("request_started", log["requests"][:, 2]) + meta["wall_minus_monotonic_ns"]
         rows += [(int(w), r, i) for i, w in enumerate(wall)]
     rows.sort()
     columns = {columns_of(log) for log, _ in runs}
@@ -268,6 +272,7 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         raise UserError("these runs' access logs count tokens by different sources (written by different versions); "
                         "rerun them with this version's --capacity-curve.")
     keys, parents, lookup, tokens, reqs, labels, places, looked, counts = [], [], [], [], [], [], [], [], []
+    started = []
     each = [request_counts(log) for log, _ in runs]
     pos = 0
     for wall, r, i in rows:
@@ -282,7 +287,8 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
             places.append(log["plan_pos"][first:end])
         if "labels" in log:
             labels.append(log["label_names"][log["labels"][first:end]])
-        reqs.append((pos, log["requests"][i, 1], wall))
+        reqs.append((pos, log["requests"][i, 1], log["requests"][i, 2] + runs[r][1]["wall_minus_monotonic_ns"]))
+        started.append(wall)
         if "request_tokens" in log:
             looked.append(log["request_tokens"][i])
         counts.append(each[r][i])
@@ -300,7 +306,7 @@ def merged(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
         meta["tiers"] = ([["pooled", above]] if above else []) + [[bottom, 0]]
     out = {"keys": np.concatenate(keys), "parents": np.concatenate(parents), "lookup": np.concatenate(lookup),
            "tokens": np.concatenate(tokens), "requests": np.array(reqs, np.int64).reshape(len(reqs), 3),
-           "request_counts": np.array(counts, np.int64)}
+           "request_counts": np.array(counts, np.int64), "request_started": np.array(started, np.int64)}
     out["source_names"] = np.array(columns.pop(), dtype=str)
     if all("request_tokens" in log for log, _ in runs):
         out["request_tokens"] = np.array(looked, np.int64).reshape(len(reqs), out["tokens"].shape[1])
@@ -357,7 +363,7 @@ def run_capacity(folders: list[str], output: str | None, say, policies: dict) ->
                                                           f"wall-clock order; their upper tiers pooled (modelled)")
     results = _results_of(Path(folders[0]))
     results.capacity_curve = section(log, meta, policies, model)
-    for line in capacity_lines(results):
+    for line in capacity_lines(results, own=len(runs) == 1):
         say(line)
     fig = draw_capacity(results)
     out = Path(output) if output else Path(folders[0])

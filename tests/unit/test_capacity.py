@@ -202,3 +202,50 @@ def test_the_pre_run_analysis_stops_at_its_bound_of_distinct_blocks():
     assert analyse(iter(reqs), Plans())["requests_analysed"] == 10
     bounded = analyse(iter(reqs), Plans(), max_blocks=12)
     assert bounded["requests_analysed"] == 3 and bounded["prompt_tokens"]["count"] == 3  # the third passed 12
+
+
+def test_requests_are_taken_in_the_order_they_looked_the_cache_up():
+    """A request is logged when it completes. A long request A looked up block 1 (written by an earlier one) before B
+    flooded a 2-slot cache, and completed after it: taken in completion order its hit was a miss."""
+    log = AccessLog()
+    tok = (16,) + (0,) * (len(COLUMNS) - 1)
+
+    def request(chain, done_ns, started_ns):
+        prompt = [(k, tok, p, "user") for k, p in zip(chain, [0, *chain[:-1]])]
+        log.request(prompt, ((0, len(chain), False),), [], 16 * len(chain), done_ns, started_ns)
+
+    request([1], done_ns=10, started_ns=0)
+    request([7, 8, 9], done_ns=30, started_ns=20)  # B: started after A, done first
+    request([1], done_ns=40, started_ns=15)  # A
+    a = log.arrays()
+    assert list(a["request_started"]) == [0, 15, 20] and list(a["requests"][:, 2]) == [10, 40, 30]
+    assert list(a["keys"]) == [1, 1, 9, 8, 7] and list(a["requests"][:, 0]) == [0, 1, 2]
+    c = curve(a, 0, np.array([2]))
+    assert c.hit_rate[0] == 16 / (16 + 16 + 48)  # A's block 1 hits at 2 slots: its lookup came before B's writes
+
+
+def test_the_curve_at_the_run_s_capacity_is_held_against_what_the_run_measured():
+    """4 workers over 76 slots with requests of up to 123 blocks: the curve read 31 % where the run measured 48 %, and
+    nothing said so. The summary puts them side by side, and says why where they differ by more than a point."""
+    import dataclasses
+
+    from found import POLICIES
+    from results_fixture import results
+
+    from kv_cache.report.capacity import capacity_lines
+    from kv_cache.run.capacity_curve import section
+
+    log = AccessLog()
+    _chains(log, 40)
+    meta = {"upper_slots": 0, "slot_bytes": 2 << 20, "run_slots": 16, "window_ns": [0, 0], "window_s": 1.0,
+            "requests_per_s": 40.0, "policy": "lru", "wall_minus_monotonic_ns": 0}
+    r = results()  # it measured 50.0 % (16 of 32 prompt tokens)
+    r.capacity_curve = section(log.arrays(), meta, POLICIES)
+    here = next(p for p in r.capacity_curve.points if p.slots == 16).hit_rate
+    said = " ".join(" ".join(capacity_lines(r)).split())
+    assert f"at this run's capacity the curve reads {here:.1%}; the run measured 50.0%" in said
+    assert "points" not in said  # one worker: the curve is exact, a gap is the run's own
+    r.run = dataclasses.replace(r.run, workers=4)
+    said = " ".join(" ".join(capacity_lines(r)).split())
+    assert f"{abs(0.5 - here) * 100:.1f} points {'above' if here < 0.5 else 'below'} it" in said and "4 workers'" in said
+    assert "the run measured" not in " ".join(capacity_lines(r, own=False))  # merged runs: not this run's measure
