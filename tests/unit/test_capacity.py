@@ -247,5 +247,6 @@ def test_the_curve_at_the_run_s_capacity_is_held_against_what_the_run_measured()
     assert "points" not in said  # one worker: the curve is exact, a gap is the run's own
     r.run = dataclasses.replace(r.run, workers=4)
     said = " ".join(" ".join(capacity_lines(r)).split())
-    assert f"{abs(0.5 - here) * 100:.1f} points {'above' if here < 0.5 else 'below'} it" in said and "4 workers'" in said
+    side = "above" if here < 0.5 else "below"
+    assert f"{abs(0.5 - here) * 100:.1f} points {side} it" in said and "4 workers'" in said
     assert "the run measured" not in " ".join(capacity_lines(r, own=False))  # merged runs: not this run's measure
