@@ -24,7 +24,7 @@ def _top(op: str, pct: str):
 HEADLINES = (  # (name, getter, higher is better); storage = the bottom tier
     ("requests / s", lambda r: r.requests.per_s, True),
     ("cached tokens / s", lambda r: r.tokens.cached_per_s, True),
-    ("token hit rate", lambda r: r.hit_rate.tokens, True),
+    ("token hit rate %", lambda r: None if r.hit_rate.tokens is None else 100 * r.hit_rate.tokens, True),
     ("storage read GB/s", lambda r: r.storage_gbps("read"), True),
     ("storage write GB/s", lambda r: r.storage_gbps("write"), True),
     ("storage read p50 ms", _storage("read", "p50"), False),

@@ -172,3 +172,12 @@ def test_a_synthetic_runs_pre_run_hit_rate_is_said_to_be_an_estimate():
     r = results()
     r.workload.trace, r.workload.requests_analysed, r.workload.requests_total = None, 4000, 4000
     assert "an estimate, not a bound" in _analysed(r) and "trace" not in _analysed(r)
+
+
+def test_compare_gives_the_hit_rate_in_percent_as_every_other_output():
+    """compare printed 'token hit rate 0.04375 0.4581' where the summary said 4.4 % and 45.8 %."""
+    from kv_cache.report.compare import comparison_table
+
+    a = results()
+    row = next(x for x in comparison_table([("a", a), ("b", results())]).splitlines() if x.startswith("token hit"))
+    assert row.split()[:5] == ["token", "hit", "rate", "%", f"{100 * a.hit_rate.tokens:.4g}"], row
