@@ -16,7 +16,7 @@ def semantic_section(results: Results) -> list[str]:
     sem = results.semantic
     if sem is None:
         return []
-    rows = [["transform", "recipients", "exact", "candidate", "eligible", "lift", "loaded", "fuzzy", "donor found"]]
+    rows = [["transform", "recipients", "exact", "candidate", "eligible", "lift", "loaded", "fuzzy", "donor"]]
     for name, r in [*sem.by_transform.items(), ("all", sem.overall)]:
         rows.append([name, f"{r.counts.get('requests', 0):,}", _pct(r.exact_block_hit_rate),
                      _pct(r.semantic_candidate_block_rate), _pct(r.semantic_eligible_block_rate),
@@ -25,7 +25,8 @@ def semantic_section(results: Results) -> list[str]:
     s = sem.settings
     lines = ["", f"Semantic reuse (block rates over recipients' prompt blocks; embedder {s['embedder']}, cosine >= "
                  f"{s['threshold']}, top {s['top_k']}, min reuse {s['min_reuse']}, context gate "
-                 f"{'on' if s['context_gate'] else 'off'}, fuzzy {'on' if s['fuzzy'] else 'off'})"]
+                 f"{'on' if s['context_gate'] else 'off'}, fuzzy {'on' if s['fuzzy'] else 'off'}; donor: the "
+                 f"recipients whose donor was found)"]
     lines += format_table(rows, 1, "  ")
     lines.append(f"  negative controls: semantic eligible {_pct(sem.negative_control_semantic_eligible_rate)} "
                  f"(should be 0)")

@@ -20,6 +20,10 @@ def test_semantic_run_reads_donor_blocks_and_reports_sembench_metrics(small_run)
     r = run_cli(small_run("sem", *SEQUENCE, quiet=False), timeout=300)
     assert r.returncode == 0, r.stderr
     assert "Semantic reuse" in r.stdout and "negative controls: semantic eligible 0.0%" in r.stdout
+    # its table fits 100 columns: with leading_evidence_new_task's row it was 103, each row wrapped onto two lines
+    table = r.stdout.split("Semantic reuse")[1].split("negative controls")[0].split("\n  transform ")[1]
+    table = table.splitlines()[1:]  # its rows (the header's rest first)
+    assert table and all(len(line.split()) == 9 for line in table if line.strip("- ")), table
     res = small_run.results("sem")
     sem, by = res["semantic"], res["semantic"]["by_transform"]
     assert sem["negative_control_semantic_eligible_rate"] == 0.0
