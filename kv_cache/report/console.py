@@ -184,7 +184,9 @@ def traffic_section(results: Results) -> list[str]:
              f"Tokens     prompt {tok.prompt:,} ({tok.per_s:,.0f}/s), served from cache {tok.cached:,} "
              f"({tok.cached_per_s:,.0f}/s{'; ' + cached_tiers if cached_tiers else ''}), generated "
              f"{tok.generated:,}",
-             f"Hit rate   {_pct(hit.tokens)} of prompt tokens, {_pct(hit.blocks)} of prompt blocks"
+             f"Hit rate   {_pct(hit.tokens)} of prompt tokens, {_pct(hit.blocks)} of "
+             + ("prompt blocks" if results.run.block_tokens else
+                "the history objects looked up (whole-request objects: a first turn looks up none)")
              + (f"; by source (each of its own prompt tokens): {sources}" if sources else ""),
              f"           with an infinite cache: {_infinite(results)}",
              f"           estimated before the run ({_analysed(results)}): {_theoretical(results)}",
