@@ -81,7 +81,15 @@ def trace_files(path: str) -> list[str]:
 def trace_format(path: str, fmt: str) -> tuple[list[str], str]:
     """The files a --trace argument names and their format (fmt, or detected from the first file where "auto")."""
     files = trace_files(path)
-    return files, fmt if fmt != "auto" else detect_format(files[0])
+    if fmt != "auto":
+        return files, fmt
+    found = {f: detect_format(f) for f in files}  # each file's first record: one line a file
+    kinds = sorted(set(found.values()))
+    if len(kinds) > 1:
+        each = ", ".join(f"{next(f for f, k in found.items() if k == kind)} is {kind}" for kind in kinds)
+        raise UserError(f"--trace {path} holds files of {len(kinds)} formats ({each}); its files play as one trace "
+                        f"of one format: pass the files of one (a glob such as *.jsonl, or a folder of them).")
+    return files, kinds[0]
 
 
 def _first_line(path: str) -> str:

@@ -78,6 +78,14 @@ def test_strict_and_undetectable_traces(small_run, tmp_path):
     assert_clean_error(run_cli(small_run("x", "--trace", str(chat), "--arrival", "trace")), "needs timestamps")
 
 
+def test_a_folder_of_traces_of_several_formats_is_named_as_such(small_run):
+    """--trace traces (the shipped samples: Azure, BurstGPT, Mooncake) took the first file's format for all and said
+    "traces/burstgpt_sample.csv: missing column 'TIMESTAMP'", as if that file were broken."""
+    assert_clean_error(run_cli(small_run("x", "--trace", str(REPO / "traces"))), "holds files of 3 formats",
+                       "azure_conv_sample.csv is azure", "burstgpt_sample.csv is burstgpt",
+                       "mooncake_conversation_sample.jsonl is mooncake", "pass the files of one")
+
+
 @pytest.mark.parametrize("mode,label", [("prefix", "rag"), ("chunk", "rag_chunk")])
 def test_rag_reuse_modes_and_exact_theoretical_hit_rate(small_run, mode, label):
     no_think = [x for p in ("chatbot", "coding", "document") for x in ("--set", f"profiles.{p}.think_time_s=0,0")]
