@@ -162,6 +162,9 @@ def check_options(s: Settings, mpi: bool, reg) -> list[str]:
         refuse_system_dir(os.path.dirname(trace), "--io-trace", FILES)
         refuse_link(trace, "--io-trace")
         refuse_link(fio_job_path(trace), "--io-trace's fio job")
+        if not os.path.isdir(os.path.dirname(trace)):  # said before anything is built, not after
+            raise UserError(f"--io-trace {s.run.io_trace}: its folder {os.path.dirname(trace)} does not exist; "
+                            f"create it or name a file in an existing one.")
         if os.path.exists(trace) and not mpi and s.run.trials == 1:  # else <name>.trial<k>.rank<r>: the writer refuses
             raise UserError(f"--io-trace {s.run.io_trace} exists; pass a new file name (a trace is never written "
                             f"over an existing file).")

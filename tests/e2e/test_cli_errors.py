@@ -37,6 +37,8 @@ from helpers import assert_clean_error, sparse_trace
     (["--start-at", str(time.time() + 3 * 86400)], ["is more than a day ahead"]),
     (["--start-at", str(time.time() + 600), "--trials", "2"], ["--start-at starts one run's window"]),
     (["--remote-url", "valkey://127.0.0.1:1", "--remote-namespace", "a b"], ["--remote-namespace 'a b'", "letters"]),
+    # said after the tiers were built (4 GiB pre-touched, the NVMe slab): now with the other checks, before
+    (["--io-trace", "/nonexistent-kvbench/ops.csv"], ["its folder /nonexistent-kvbench does not exist"]),
 ])
 def test_bad_settings(small_run, extra, fragments):
     r = run_cli(small_run("x", *extra))
