@@ -169,7 +169,9 @@ def prepare(run: RunSpec) -> Prepared:
         # NOTE: said before the build, once the run is known to fit: pre-touching a CPU tier's memory takes 0.1-2.5 s
         # a GiB by the host's fragmentation (4 GiB took 10 s here), the NVMe tier and the workers' probe seconds
         # more: silence read as a hang
-        building = lambda: run.say(f"  building the tiers: {_what_is_built(s)}, the workers' buffers")  # noqa: E731
+        def building() -> None:
+            run.say(f"  building the tiers: {_what_is_built(s)}, the workers' buffers")
+
         if not run.shared:
             b = build(s, run.reg, f"{run.run_id}-r{dist.rank}" if dist.active else run.run_id,
                       rank=dist.rank, ranks=dist.size, probe=not dist.active, link=traffic.handoff_link,
