@@ -60,7 +60,8 @@ def header(results: Results) -> list[str]:
         lines.append(f"  {run.ranks} MPI ranks on {', '.join(run.hosts)}; histograms merged exactly; tier "
                      f"capacities summed over ranks" + (f"; {results.bottom} per rank: {detail}" if detail else ""))
     for name, t in run.tiers.items():
-        lines.append(f"  tier {tier_label(results, name):<16} {t.capacity_bytes / GiB:8.2f} GiB  {t.description}")
+        size = f"{t.capacity_bytes / GiB:8.2f}" if t.capacity_bytes else f"{'-':>8}"  # a space of another node's
+        lines.append(f"  tier {tier_label(results, name):<16} {size} GiB  {t.description}")
     lines += _preconditioned(results)
     lines += _injected(results)
     lines += [f"  note: {n}" for n in run.notes]

@@ -22,7 +22,9 @@ class Progress:
     def __init__(self, s: Settings, recorder: Recorder, cache: BlockCache, b: RunContext, quiet: bool,
                  tele: Telemetry | None):
         self.recorder, self.cache, self.tele = recorder, cache, tele
-        self.live = None if quiet else LiveLine(recorder, s.run.warmup_s + s.run.duration_s, b.tiers[-1].name,
+        # a decode node's storage under test is the handoff it loads from (its own tiers take only decode blocks)
+        shown = "handoff" if s.disagg.role == "decode" else b.tiers[-1].name
+        self.live = None if quiet else LiveLine(recorder, s.run.warmup_s + s.run.duration_s, shown,
                                                 refresh=not launched_by_mpi())
         self.slots = [(t.name, t.slot_bytes) for t in b.tiers]
 

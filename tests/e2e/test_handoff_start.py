@@ -62,5 +62,13 @@ def test_a_prefill_node_starts_its_clock_when_its_decode_node_is_ready(small_run
     # before: 'nothing was measured', exit 1 (all of it came in the decode node's warm-up)
     assert dec.returncode == 0, out[-3000:] + err[-3000:]
     p, d = small_run.results("pre"), small_run.results("dec")
+    # the decode node's row for the space it reads is the prefill node's space; a folder's read '0.03 GiB ... 1
+    # slots of 32.00 MiB': the decode node's own reader, not a space
+    lines = out.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("  tier handoff"))
+    row = " ".join(" ".join([lines[at], *(x for x in lines[at + 1:at + 4] if x.startswith(" " * 20))]).split())
+    assert row.startswith("tier handoff - GiB the prefill node's block files in" if transport == "folder" else
+                          "tier handoff 0.25 GiB the prefill node's registered memory"), row
+    assert "slots" not in row, row
     assert d["requests"]["completed"] > 0 and p["requests"]["completed"] > 0
     assert d["requests"]["completed"] + d["warmup"]["requests"] == p["requests"]["completed"] + p["warmup"]["requests"]

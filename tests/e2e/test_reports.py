@@ -223,3 +223,19 @@ def test_a_logged_live_line_fits_100_columns_too():
     live(12345678)
     line = out.getvalue().rstrip("\n")
     assert len(line) <= 100 and "] 12,345,678 requests" in line, line  # the phrase the NIXL tests wait for
+
+
+def test_a_decode_node_s_live_line_shows_the_handoff_it_loads_from():
+    """A decode node's line read 'nvme read 0.00 / write 0.00 GB/s' through its run: its own tiers take only its
+    decode blocks, and what it measures is the handoff it loads from (1.86 GB/s there)."""
+    from types import SimpleNamespace
+
+    from found import SECTIONS
+
+    from kv_cache.config import resolve
+    from kv_cache.run.progress import Progress
+
+    tiers = SimpleNamespace(tiers=[SimpleNamespace(name=n, slot_bytes=1) for n in ("cpu", "nvme")])
+    for role, shown in (("decode", "handoff"), ("prefill", "nvme"), ("both", "nvme")):
+        s = resolve(None, [], {"disagg.role": role}, media_sections=SECTIONS)
+        assert Progress(s, Recorder(), None, tiers, False, None).live.tier == shown, role

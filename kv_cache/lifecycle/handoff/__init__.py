@@ -47,6 +47,16 @@ class HandoffBlocks(Protocol):
     description: str
 
 
+class PeerSpace:
+    """A decode node's row for the handoff space it reads (HandoffBlocks): the space is the prefill node's, its
+    capacity there (0: not known here)."""
+
+    name, flags = "handoff", frozenset()
+
+    def __init__(self, engine: str, capacity_bytes: int, description: str):
+        self.engine, self.capacity_bytes, self.description = engine, capacity_bytes, description
+
+
 class Publisher(Protocol):
     """A prefill node's side: publishes a request's prompt blocks, then hands the request over."""
 

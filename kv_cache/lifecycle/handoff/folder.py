@@ -27,7 +27,7 @@ import time
 
 from kv_cache import runlog
 from kv_cache.errors import BlockVanished, RunFault, UserError
-from kv_cache.lifecycle.handoff import Transport
+from kv_cache.lifecycle.handoff import PeerSpace, Transport
 from kv_cache.lifecycle.handoff.space import HandoffSpace, OnSpace
 from kv_cache.safefiles import create_marker
 from kv_cache.types import Handoff
@@ -192,8 +192,11 @@ class FolderLoader:
 
     def __init__(self, root: str, open_blocks):
         self.where = os.path.join(root, FOLDER)
-        self.blocks = open_blocks(os.path.join(self.where, "blocks"), 0, f"d{os.getpid()}")
-        self.engine = self.blocks.engine
+        self.files = open_blocks(os.path.join(self.where, "blocks"), 0, f"d{os.getpid()}")  # read, never filled
+        self.engine = self.files.engine
+        # the results' row: the space is the prefill node's (its own tier here would read "0.03 GiB, 1 slots")
+        self.blocks = PeerSpace(self.engine, 0, f"the prefill node's block files in {self.where}/blocks, read here "
+                                                f"({self.engine}, a file per block)")
         self.marker = mark_reading(self.where)
         self._acks = -1
         self._lock = threading.Lock()
@@ -202,7 +205,7 @@ class FolderLoader:
         """Read published blocks into their buffers (the shared files' batch path); per block False when it is
         gone (removed for space, or the prefill ended)."""
         got = []
-        for d in self.blocks.get_many(items):
+        for d in self.files.get_many(items):
             if isinstance(d, BaseException) and not isinstance(d, (BlockVanished, RunFault)):
                 raise d
             got.append(not isinstance(d, BaseException))

@@ -35,10 +35,10 @@ import time
 import numpy as np
 
 from kv_cache.errors import RunFault, UserError
-from kv_cache.lifecycle.handoff import Transport
+from kv_cache.lifecycle.handoff import PeerSpace, Transport
 from kv_cache.lifecycle.handoff.agent import ENGINE, POLL_S, SCHEME, make_agent, parse_url
 from kv_cache.lifecycle.handoff.channel import HEARTBEAT, HEARTBEAT_S, Line, PrefillChannel, connect
-from kv_cache.lifecycle.handoff.regions import DeviceSlots, RegisteredSlots, RemoteSlots
+from kv_cache.lifecycle.handoff.regions import DeviceSlots, RegisteredSlots
 from kv_cache.lifecycle.handoff.space import HandoffSpace, OnSpace
 from kv_cache.lifecycle.payload import stamped_with
 from kv_cache.types import Handoff
@@ -146,7 +146,7 @@ class NixlLoader:
                             f"same --model, --kv-dtype, --tp, --block-tokens and --seed.")
         self.header = header
         try:  # a header of the wrong shape, bad base64 or a foreign metadata blob: one sentence naming the peer
-            self.blocks = RemoteSlots(int(header["nslots"]) * int(header["slot_bytes"]),
+            self.blocks = PeerSpace(ENGINE, int(header["nslots"]) * int(header["slot_bytes"]),
                                       f"the prefill node's registered memory at {url}, read with NIXL READs (UCX)")
             metadata = base64.b64decode(header["metadata"], validate=True)
         except (KeyError, TypeError, ValueError) as e:

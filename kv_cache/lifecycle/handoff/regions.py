@@ -121,11 +121,3 @@ class DeviceSlots(RegisteredSlots):
             self._copy_in(off, zeros[:min(zeros.nbytes, self.capacity_bytes - off)])
         self.backend.free(self.gpu, self.region)
 
-
-class RemoteSlots:
-    """What a decode node's results say of the handoff space it reads (the tier table's row)."""
-
-    engine, name, flags = ENGINE, "handoff", frozenset()
-
-    def __init__(self, capacity_bytes: int, description: str):
-        self.capacity_bytes, self.description = capacity_bytes, description
