@@ -145,9 +145,11 @@ def sample(log: dict[str, np.ndarray], rate: float) -> dict[str, np.ndarray]:
     first = np.cumsum(np.concatenate([[0], keep.astype(np.int64)]))  # new index of each old access
     req = log["requests"].copy()
     req[:, 0] = first[req[:, 0]]
-    return {**{k: log[k][keep] for k in ("keys", "parents", "lookup", "tokens")}, "requests": req,
-            "source_names": np.array(columns_of(log), dtype=str), "request_counts": request_counts(log),
-            **{k: log[k] for k in ("request_started",) if k in log}}
+    out = {**{k: log[k][keep] for k in ("keys", "parents", "lookup", "tokens")}, "requests": req,
+           "source_names": np.array(columns_of(log), dtype=str), "request_counts": request_counts(log)}
+    if "request_started" in log:  # a row a request, as requests: sampling keeps every one
+        out["request_started"] = log["request_started"]
+    return out
 
 
 def request_counts(log: dict[str, np.ndarray]) -> np.ndarray:

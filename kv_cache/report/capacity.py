@@ -51,7 +51,7 @@ def _held_against_the_run(results: Results, own: bool) -> list[str]:
     is exact for one request at a time, and a run of several workers can be far from it (4 workers with 76 slots
     and requests of up to 123 blocks: the curve 31 %, the run 48 %), which a reader must see."""
     c, measured = results.capacity_curve, results.hit_rate.tokens
-    here = next((p for p in c.points if p.slots == c.run_slots), None)
+    here = _at_run(c)
     if not own or here is None or measured is None or c.sample_rate < 1:
         return []
     line = f"  at this run's capacity the curve reads {here.hit_rate:.1%}; the run measured {measured:.1%}"
@@ -70,8 +70,13 @@ def _or(value, form: str) -> str:
     return "-" if value is None else form.format(value)
 
 
+def _at_run(c):
+    """The curve's point at the run's own capacity (None in a curve without it)."""
+    return next((p for p in c.points if p.slots == c.run_slots), None)
+
+
 def _sources(c) -> str:
-    here = next((p for p in c.points if p.slots == c.run_slots), None)
+    here = _at_run(c)
     return "" if here is None else ", ".join(f"{k} {v:.1%}" for k, v in here.by_source.items())
 
 
