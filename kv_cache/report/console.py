@@ -13,6 +13,7 @@ from kv_cache.report.load_lines import sections
 from kv_cache.report.semantic_lines import semantic_section
 from kv_cache.report.table import format_table, pct_ms
 from kv_cache.report.table import ms as _ms
+from kv_cache.report.trials import section as trials_section
 from kv_cache.types import INJECTED, SOURCES
 
 OP_ORDER = ("read", C.io_op("read"), "donor_read", "write", C.io_op("write"), "promote", "demote", C.io_op("demote"),
@@ -325,7 +326,8 @@ def _turn_order(results: Results) -> list[str]:
 
 def render(results: Results, results_path: str | None = None) -> str:
     lines = (header(results) + latency_section(results) + bandwidth_section(results) + traffic_section(results)
-             + telemetry_section(results) + semantic_section(results) + sections(results) + capacity_lines(results))
+             + telemetry_section(results) + semantic_section(results) + sections(results) + capacity_lines(results)
+             + trials_section(results))
     for w in results.warnings:
         lines.append(f"WARNING: {w}")
     if results_path:

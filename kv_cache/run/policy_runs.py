@@ -62,7 +62,6 @@ def compare_policies(s: Settings, names: list[str], ms_per_token: float, say, re
                               ("run.output_dir", str(root)), ("run.quiet", True)):
             sp = replace(sp, dotted, value)
         status = max(status, execute(sp, reg, lambda *a, **k: None))
-        _remove_empty_cache(root)
         if signals.received() is not None:
             return status
         signals.resume()
@@ -73,12 +72,3 @@ def compare_policies(s: Settings, names: list[str], ms_per_token: float, say, re
     plot = policy_plot(rows, root, model)
     say(policy_table(rows) + "\n" + fit(f"  {model}\n  per-policy runs in {root}/<policy>/; plot: {plot}"))
     return status
-
-
-def _remove_empty_cache(root: Path) -> None:
-    """With no --cache-dir each policy's run keeps its data under its --output-dir, the comparison's folder, and
-    removes it at its end: the folder it made there goes too once empty (--keep-data's stays)."""
-    try:
-        (root / "cache").rmdir()
-    except OSError:
-        pass

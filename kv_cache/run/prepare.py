@@ -68,7 +68,7 @@ def build(s: Settings, reg, run_id: str, *, rank: int = 0, ranks: int = 1, join:
             t.close()
         if site and not join:
             shutil.rmtree(site.data_dir, ignore_errors=True)
-            _remove_empty(site.made)  # a refused first run leaves no empty reports/cache behind
+            _remove_empty(site.made)  # a refused first run leaves no empty reports/cache behind either
         raise
     gds_note = f"GDS path: {gds.mode}; its landing and gather buffers take {gds.buffer_bytes / 2**20:,.0f} MiB of " \
         f"HBM beside the GPU tier. GDS: {gds.batch_path()}" if gds else ""
@@ -112,6 +112,7 @@ def close(b: RunContext, remove: bool, role_open: bool) -> None:
         t.close(remove=remove)
     if b.site and remove:
         shutil.rmtree(b.site.data_dir, ignore_errors=True)
+        _remove_empty(b.site.made)  # the default reports/cache goes with the run that made it, once empty
     elif b.site and os.path.isdir(b.site.data_dir):
         set_state(b.site.data_dir, "kept")  # on purpose (--keep-data): not a killed run's leftover
 

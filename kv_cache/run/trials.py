@@ -15,7 +15,7 @@ from pathlib import Path
 from kv_cache.recorder.results_schema import Results, rounded
 from kv_cache.recorder.sections import Trials
 from kv_cache.recorder.typed import load_section
-from kv_cache.report.table import format_table
+from kv_cache.report.trials import trials_lines
 from kv_cache.run import outfolder
 
 HEADLINES = {  # storage_*: the bottom tier, the storage under test
@@ -46,37 +46,10 @@ def summarize(trials: list[Results]) -> dict:
     return out
 
 
-SPREAD_WARN = 0.10  # a headline whose trials differ by more than this share of its median is not one figure
-
-
-def spread_warnings(summary: dict) -> list[str]:
-    """One line per headline whose (max - min) / median exceeds SPREAD_WARN: the trials disagree, and the median
-    alone would hide it."""
-    out = []
-    for name, s in summary.items():
-        if s["median"] and s["max"] is not None and len([v for v in s["values"] if v is not None]) > 1:
-            spread = (s["max"] - s["min"]) / abs(s["median"])
-            if spread > SPREAD_WARN:
-                out.append(f"warning: {name} differs by {spread:.0%} of its median between trials ({s['min']:,.4g} "
-                           f"to {s['max']:,.4g}, more than {SPREAD_WARN:.0%}): the system did not give one figure; "
-                           f"lengthen --duration or --warmup, or look for what else ran")
-    return out
-
-
 def median_trial(trials: list[Results]) -> int:
     """Index of the trial whose cached tokens/s is the median (lower middle for an even count)."""
     order = sorted(range(len(trials)), key=lambda i: HEADLINES["cached_tokens_per_s"](trials[i]) or 0)
     return order[(len(order) - 1) // 2]
-
-
-def table(summary: dict) -> str:
-    rows = [["headline", "", "median", "min", "max", "CV"]]
-    for name, s in summary.items():
-        if s["median"] is None:
-            continue
-        cv = "-" if s["cv"] is None else f"{s['cv']:.1%}"
-        rows.append([name, "", f"{s['median']:,.4g}", f"{s['min']:,.4g}", f"{s['max']:,.4g}", cv])
-    return "\n".join(format_table(rows, 2, "  "))
 
 
 def conclude(trials: list[Results], folder: Path, say) -> Results:
@@ -88,9 +61,5 @@ def conclude(trials: list[Results], folder: Path, say) -> Results:
     outfolder.write_json(folder / "trials.json", {"trials": len(trials), "summary": rounded(summary)})
     best.trials = load_section(Trials, {"count": len(trials), "median_trial": k + 1, "summary": summary}, "trials")
     outfolder.write_json(folder / "results.json", best.to_json())
-    which = "the median trial" if len(trials) % 2 else "the lower of the two middle trials"  # an even count has none
-    say(f"Trials: {len(trials)} (results.json = {which} by cached tokens/s, trial {k + 1}; each trial in "
-        f"trial-<k>/)\n{table(summary)}")
-    for line in spread_warnings(summary):
-        say(line)
+    say("\n".join(trials_lines(best.trials, best.run.stopped_reason)))
     return best

@@ -15,7 +15,11 @@ SMOKE = ("--submission", "smoke", "--trials", "2", "--precondition", "--seed", "
 def test_trials_report_median_and_spread(small_run):
     r = run_cli(small_run("t", "--trials", "3", *bounded(8), quiet=False))
     assert r.returncode == 0, r.stderr
-    assert "Trials: 3" in r.stdout and "CV" in r.stdout
+    assert "Trials     3 of the same schedule" in r.stdout and "CV" in r.stdout
+    said = r.stdout[r.stdout.index("Trials     3"):]
+    again = run_cli(["report", str(small_run.out / "t")])  # the spread was said once, at the run's end, and lost
+    assert again.returncode == 0 and said.split("\n")[:6] == again.stdout[again.stdout.index("Trials "):].split(
+        "\n")[:6]
     res = small_run.results("t")
     s = res["trials"]["summary"]["requests_per_s"]
     assert len(s["values"]) == 3 and s["min"] <= s["median"] <= s["max"] and s["cv"] is not None

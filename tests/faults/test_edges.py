@@ -335,6 +335,15 @@ def test_a_refused_first_run_leaves_no_empty_reports_folder(tmp_path, refused):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_run_leaves_no_empty_cache_folder_beside_its_own(tmp_path):
+    """With no --cache-dir a run (and each of --trials' runs) made <output-dir>/cache for its data, removed the data
+    and left the folder: `report <output-dir>/*` then refused it as an argument it did not know."""
+    out = tmp_path / "out"
+    r = run_cli(["--config", str(SMALL), "--output-dir", str(out), "--run-id", "r", "--trials", "2", *bounded(3)])
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in out.iterdir()] == ["r"]
+
+
 def test_a_reference_run_that_measured_nothing_is_never_a_pass(tmp_path):
     """Issue 52, item 5: under the reference's command line, a run with 0 completed requests printed "MLPerf
     reference assessment: PASS" and wrote its criteria passed, while stderr said nothing was measured."""

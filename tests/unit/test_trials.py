@@ -1,22 +1,39 @@
-"""--trials N: the warning when the trials disagree (run/trials.py)."""
+"""--trials N: what the run and `report` say of the trials (run/trials.py, report/trials.py)."""
 
 import statistics
 
-from kv_cache.run.trials import spread_warnings
+from kv_cache.recorder.sections import Spread
+from kv_cache.report.trials import spread_warning, table
 
 
-def _summary(values):
+def _spread(values):
     ok = [v for v in values if v is not None]
-    return {"requests_per_s": {"values": values, "median": statistics.median(ok), "min": min(ok), "max": max(ok),
-                               "cv": None}}
+    return Spread(values, statistics.median(ok), min(ok), max(ok), None)
 
 
 def test_a_spread_beyond_a_tenth_of_the_median_is_said():
     """Issue 39, item 3: trials differing by 47 % were reported as one median with no word."""
-    (line,) = spread_warnings(_summary([10.0, 12.0, 14.7]))
-    assert line.startswith("warning: requests_per_s differs by 39% of its median") and "10 to 14.7" in line
-    assert spread_warnings(_summary([10.0, 10.5, 10.2])) == []
-    assert spread_warnings(_summary([10.0, None])) == []  # one trial's figure: nothing to compare
+    (line,) = spread_warning({"requests_per_s": _spread([10.0, 12.0, 14.7])}, "duration")
+    assert "1 headline number: requests_per_s by 39% (10 to 14.7)" in line
+    assert spread_warning({"requests_per_s": _spread([10.0, 10.5, 10.2])}, "duration") == []
+    assert spread_warning({"requests_per_s": _spread([10.0, None])}, "duration") == []  # nothing to compare
+
+
+def test_the_trials_disagreeing_is_one_warning_whose_advice_fits_what_bounded_them():
+    """Seven headlines apart gave seven warnings, each saying 'lengthen --duration or --warmup' of trials that
+    --max-requests bounded."""
+    summary = {"requests_per_s": _spread([1.5, 2.5, 2.0]), "token_hit_rate": _spread([0.78, 0.89, 0.87])}
+    (line,) = spread_warning(summary, "max_requests")
+    assert "2 headline numbers" in line and "raise --max-requests" in line and "--duration" not in line
+    assert "token_hit_rate by 13% (78.0% to 89.0%)" in line
+    (line,) = spread_warning(summary, "duration")
+    assert "lengthen --duration or --warmup" in line
+
+
+def test_the_hit_rate_reads_as_a_percent_in_the_table():
+    """The trials' table gave token_hit_rate as 0.8662 where every other output says 86.6%."""
+    (row,) = [r for r in table({"token_hit_rate": _spread([0.78, 0.89, 0.8662])}) if "token_hit_rate" in r]
+    assert row.split()[1:4] == ["86.6%", "78.0%", "89.0%"]
 
 
 def test_an_even_count_of_trials_is_not_said_to_have_a_median_trial(tmp_path):
