@@ -49,7 +49,9 @@ from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 18  # 18: memory.budget.trace (a replayed trace's records)
+SCHEMA_VERSION = 19  # 19: workload.trace.changed (records kept with a change: answers_given_fixed_length,
+# answers_cut; they were counted as skipped)
+# (18: memory.budget.trace (a replayed trace's records))
 # (17: memory.budget.timeseries (the time series of every second the window may last))
 # (16: memory.budget.traffic (synthetic users' conversations at their longest))
 # (15: run.tiers.*.io_unit_bytes (an NVMe tier's I/O size under --io-unit layer))

@@ -181,6 +181,7 @@ class TraceLog:
     format: str
     skipped: dict[str, int]
     examples: list[str]
+    changed: dict[str, int] = field(default_factory=dict)  # records kept with a change, by what changed
 
 
 @dataclass

@@ -13,6 +13,7 @@ from kv_cache.run.sizing import batch_depth
 from kv_cache.run.stack import RunContext
 from kv_cache.run.traffic import Traffic
 from kv_cache.scheduler.runner import RunOutcome
+from kv_cache.sources.sharegpt import CHANGED
 from kv_cache.tiers.base import FAKE_IO, SIMULATED
 
 
@@ -24,6 +25,10 @@ def _describe(traffic: Traffic, analysis: dict) -> list[str]:
         skipped = traffic.trace.log.skipped
         if skipped:
             lines.append("  trace records skipped: " + ", ".join(f"{k} {v}" for k, v in skipped.items()))
+        changed = traffic.trace.log.changed
+        if changed:
+            lines.append("  trace turns kept with a change: " + ", ".join(f"{k} {v:,} ({CHANGED[k]})"
+                                                                        for k, v in changed.items()))
         lines += [f"    {e}" for e in traffic.trace.log.examples[:3]]
         if traffic.trace.tokenizer:
             lines.append(f"  tokenizer: {traffic.trace.tokenizer}")

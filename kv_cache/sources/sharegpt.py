@@ -22,6 +22,13 @@ from kv_cache.types import HISTORY, INJECTED, SYSTEM, USER, Request
 USER_ROLES = {"human", "user"}
 ASSISTANT_ROLES = {"gpt", "chatgpt", "assistant", "bing", "bard", "model"}
 
+GIVEN, CUT = "answers_given_fixed_length", "answers_cut"
+CHANGED = {  # a turn kept with a change (TraceLog.changed) -> what was done to it
+    GIVEN: "no answer in the file: given trace.missing_answer_tokens tokens (--set trace.missing_answer_tokens=0 "
+           "drops such turns)",
+    CUT: "cut to trace.max_output_tokens",
+}
+
 
 @dataclass(frozen=True)
 class ShareGPTOptions:
@@ -136,13 +143,13 @@ def _add_turns(turns, msgs, tokenizer, system_for, opts, session, log) -> None:
         elif opts.missing_answer_tokens:
             # NOTE: vLLM's --sharegpt-output-len: a prompt without an answer gets a fixed-length one.
             answer = stream(OUTPUT, (session << 20) + k, opts.missing_answer_tokens, 100_000)
-            log.skipped["answers_missing_fixed_length"] += 1
+            log.changed[GIVEN] += 1
         else:
             log.skipped["answers_missing"] += 1
             continue
         if opts.max_output_tokens and answer.size > opts.max_output_tokens:
             answer = answer[: opts.max_output_tokens]
-            log.skipped["answers_cut"] += 1
+            log.changed[CUT] += 1
         prompt_len = sum(p.size for p in parts) + message.size
         if opts.max_prompt_tokens and prompt_len > opts.max_prompt_tokens:
             log.skipped["turns_over_max_prompt"] += 1

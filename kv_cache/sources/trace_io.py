@@ -42,10 +42,12 @@ SUFFIXES = (".json", ".jsonl", ".csv")
 
 @dataclass
 class TraceLog:
-    """What loading a trace skipped, and why (shown before the run, kept in the results)."""
+    """What loading a trace skipped, and why, and what it kept with a change (shown before the run, kept in the
+    results)."""
 
     strict: bool = False
     skipped: Counter = field(default_factory=Counter)
+    changed: Counter = field(default_factory=Counter)  # kept, amended: e.g. a missing answer given a fixed length
     examples: list[str] = field(default_factory=list)
     detected: str = ""
 
@@ -57,7 +59,8 @@ class TraceLog:
             self.examples.append(f"{where}: {why}")
 
     def to_dict(self) -> dict:
-        return {"format": self.detected, "skipped": dict(self.skipped), "examples": self.examples}
+        return {"format": self.detected, "skipped": dict(self.skipped), "examples": self.examples,
+                "changed": dict(self.changed)}
 
 
 def trace_files(path: str) -> list[str]:

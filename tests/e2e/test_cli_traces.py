@@ -147,3 +147,22 @@ def test_a_replay_says_how_much_of_its_prompt_and_hit_rate_the_benchmark_injecte
     assert r.returncode == 0, r.stderr
     plain = small_run.results("as-is")["tokens"]
     assert "system_injected" not in plain["prompt_by_source"] and "injected:" not in r.stdout
+
+
+def test_sharegpt_turns_kept_with_a_changed_answer_are_not_said_skipped(small_run, tmp_path):
+    """A ShareGPT file whose messages had no answer ran every one of them with a 128-token answer, and the run said
+    "trace records skipped: answers_missing_fixed_length 1000": none was skipped."""
+    import json
+
+    trace = tmp_path / "conv.jsonl"
+    convs = [[{"from": "human", "value": f"question {k} " * 40}] for k in range(3)]  # no answer: given one
+    convs.append([{"from": "human", "value": "short question " * 30}, {"from": "gpt", "value": "long answer " * 120}])
+    trace.write_text("".join(json.dumps({"id": str(k), "conversations": c}) + "\n" for k, c in enumerate(convs)))
+    r = run_cli(small_run("a", "--trace", str(trace), *TINY, "--block-tokens", "16", "--set",
+                          "trace.max_output_tokens=150", "--set", "trace.min_prompt_tokens=1", "--warmup", "0",
+                          "--duration", "600", quiet=False))
+    assert r.returncode == 0, r.stderr
+    assert "skipped" not in r.stdout and "trace turns kept with a change: answers_given_fixed_length 3" in r.stdout
+    trace_log = small_run.results("a")["workload"]["trace"]
+    assert trace_log["skipped"] == {} and trace_log["changed"] == {"answers_given_fixed_length": 3, "answers_cut": 1}
+    assert small_run.results("a")["requests"]["completed"] == 4

@@ -107,3 +107,11 @@ def test_a_shipped_sample_is_as_long_as_the_text_says():
     assert said
     for n, path in said:
         assert len((REPO / path).read_text().splitlines()) == int(n.replace(",", "")), (n, path)
+
+
+def test_the_results_docs_give_the_schema_version_the_program_writes():
+    """docs/results.md said schema_version 16 while the program wrote 18."""
+    from kv_cache.recorder.results_schema import SCHEMA_VERSION
+
+    (said,) = re.findall(r"\| `schema_version` \| (\d+) \|", (REPO / "docs" / "results.md").read_text())
+    assert int(said) == SCHEMA_VERSION
