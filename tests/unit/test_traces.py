@@ -235,3 +235,19 @@ def test_a_record_taken_from_another_trace_builds_the_request_it_was_there(tmp_p
     taken = hashtrace.load([str(share)], "mooncake", TraceLog())[0].build(1000)
     assert np.array_equal(taken.prompt_tokens, original.prompt_tokens)
     assert np.array_equal(taken.output_tokens, original.output_tokens) and taken.seq == original.seq
+
+
+def test_a_one_line_sharegpt_array_is_told_from_its_head_not_read_whole(tmp_path):
+    """A ShareGPT JSON array is often one line of hundreds of MB: telling its format read that line whole, five
+    times before a run (0.3 s and a string as large as the file each time, for a 216 MB file)."""
+    import tracemalloc
+
+    f = tmp_path / "one_line.json"
+    f.write_text(' [{"id": "a", "conversations": [{"from": "human", "value": "' + "x" * 20_000_000 + '"}]}]')
+    tracemalloc.start()
+    try:
+        assert detect_format(str(f)) == "sharegpt"
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak
