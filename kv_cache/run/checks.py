@@ -92,9 +92,12 @@ def _without_effect(s: Settings, mpi: bool, media) -> list[str]:
                 if what is None:
                     ignored.append(NULL_IO.format(flag=flag))
                     continue
-                raise UserError(f"{flag} acts only with {what}, which this run does not have; add it or drop "
-                                f"{flag}.")
+                raise _without(flag, what)
     return ignored
+
+
+def _without(flag: str, what: str) -> UserError:
+    return UserError(f"{flag} acts only with {what}, which this run does not have; add it or drop {flag}.")
 
 
 def _whole_objects_in_parts(s: Settings) -> None:
@@ -155,7 +158,7 @@ def check_options(s: Settings, mpi: bool, reg) -> list[str]:
     _whole_objects_in_parts(s)
     _registered(s, reg)
     if not s.trace.shuffle and not s.trace.path:  # off is "nothing" to the rules above, but asks for file order
-        raise UserError("--no-shuffle acts only with a replayed trace (--trace FILE); drop it.")
+        raise _without("--no-shuffle", "a replayed trace (--trace FILE)")
     _start_at(s.run.start_at, s.run.trials)
     if s.run.io_trace:
         trace = os.path.abspath(s.run.io_trace)

@@ -283,7 +283,8 @@ def test_a_reader_that_closes_the_pipe_does_not_stop_the_run(small_run):
 @pytest.mark.parametrize("extra, says", [
     (["--trace", "traces/mooncake_conversation_sample.jsonl", "--first-turn-only"], "--first-turn-only acts on"),
     (["--trace", "traces/mooncake_conversation_sample.jsonl", "--trace-model", "GPT-4"], "--trace-model acts on"),
-    (["--no-shuffle"], "--no-shuffle acts only with a replayed trace"),
+    (["--no-shuffle"], "--no-shuffle acts only with a replayed trace (--trace FILE), which this run does not have; add "
+                       "it or drop --no-shuffle"),
     (["--arrival", "poisson", "--request-rate", "5", "--admission", "all"], "--admission all paces"),
 ])
 def test_a_flag_that_would_do_nothing_here_is_refused(small_run, extra, says):
