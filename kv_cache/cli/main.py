@@ -27,7 +27,8 @@ from kv_cache.cli.fleet import cmd_fleet
 from kv_cache.config import resolve
 from kv_cache.errors import RunFault, UserError
 from kv_cache.inputs import read_text
-from kv_cache.recorder.results_schema import RESULTS_LIMIT, Results, SchemaError
+from kv_cache.recorder.results_schema import RESULTS_LIMIT, Results
+from kv_cache.recorder.typed import SchemaError, SchemaVersionError
 from kv_cache.report.table import fit
 from kv_cache.run.registry import Registry, discover
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
@@ -147,6 +148,8 @@ def load_results(arg: str) -> tuple[Path, Results]:
         raise UserError(f"{path} is not a kv-cache-bench results file (no schema_version).")
     try:
         return path, Results.from_dict(data, path.name)  # the message names the path once, not in every field
+    except SchemaVersionError as e:  # not damaged: named by its whole path (two runs' files are both results.json)
+        raise UserError(f"{e.of(str(path))}.") from None
     except SchemaError as e:
         raise UserError(f"{path} is an incomplete or damaged results file ({e}); re-run or restore it.") from None
 

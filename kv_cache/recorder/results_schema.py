@@ -46,7 +46,7 @@ from kv_cache.recorder.sections import (
     Workload,
 )
 from kv_cache.recorder.stack_distances import CapacityCurve
-from kv_cache.recorder.typed import SchemaError, json_schema
+from kv_cache.recorder.typed import SchemaVersionError, json_schema
 from kv_cache.recorder.typed import load as _load
 
 SCHEMA_VERSION = 19  # 19: workload.trace.changed (records kept with a change: answers_given_fixed_length,
@@ -361,8 +361,7 @@ class Results:
     def from_dict(cls, data: dict, where: str = "results") -> Results:
         version = data.get("schema_version") if isinstance(data, dict) else None
         if version != SCHEMA_VERSION:
-            raise SchemaError(f"{where} has schema_version {version}, this tool reads {SCHEMA_VERSION}; "
-                              f"re-run it with this version (or read it with the version that wrote it)")
+            raise SchemaVersionError(where, version, SCHEMA_VERSION)
         return _load(cls, data, where)
 
 

@@ -21,6 +21,20 @@ class SchemaError(ValueError):
     """A results file that does not follow the schema this tool reads."""
 
 
+class SchemaVersionError(SchemaError):
+    """A whole results file of another schema version: not damaged, written by another version of the tool."""
+
+    def __init__(self, where: str, version, reads: int):
+        self.version, self.reads = version, reads
+        super().__init__(self.of(where))
+
+    def of(self, where: str) -> str:
+        age = "an older" if isinstance(self.version, int) and self.version < self.reads else "another"
+        return (f"{where} has schema_version {self.version} ({age} version of kv-cache-bench wrote it), and this "
+                f"version reads {self.reads}: re-run that run with this version, or read it with the version that "
+                f"wrote it")
+
+
 def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

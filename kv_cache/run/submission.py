@@ -26,7 +26,8 @@ import yaml
 
 from kv_cache import __version__
 from kv_cache.config import Settings, flag_name, iter_keys, replace
-from kv_cache.recorder.results_schema import Results, SchemaError
+from kv_cache.recorder.results_schema import Results
+from kv_cache.recorder.typed import SchemaError
 from kv_cache.safefiles import write_file
 from kv_cache.tiers.fsinfo import mount_of
 

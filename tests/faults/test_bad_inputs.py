@@ -179,6 +179,22 @@ def test_report_of_a_corrupt_results_file(tmp_path):
             assert_clean_error(r, str(f))
 
 
+def test_a_results_file_of_another_schema_version_is_not_called_damaged(tmp_path):
+    """A baseline written before a schema bump was "an incomplete or damaged results file ... re-run or restore
+    it", named results.json only: which of the two compared runs it was, the sentence did not say."""
+    from results_fixture import results
+
+    from kv_cache.recorder.results_schema import SCHEMA_VERSION
+
+    old = tmp_path / "baseline" / "results.json"
+    old.parent.mkdir()
+    old.write_text(json.dumps({**results().to_json(), "schema_version": SCHEMA_VERSION - 1}))
+    r = run_cli(["compare", str(old.parent), str(old.parent)], timeout=60)
+    assert_clean_error(r, f"{old} has schema_version {SCHEMA_VERSION - 1} (an older version of kv-cache-bench "
+                          f"wrote it), and this version reads {SCHEMA_VERSION}")
+    assert "damaged" not in r.stderr
+
+
 def test_compare_output_on_an_existing_file(small_run, tmp_path):
     assert run_cli(small_run("a", "--duration", "0.5", "--warmup", "0")).returncode == 0
     existing = tmp_path / "plots"

@@ -6,7 +6,8 @@ import json
 import pytest
 from results_fixture import results
 
-from kv_cache.recorder.results_schema import SCHEMA_VERSION, Results, SchemaError, render_schema, stored_schema
+from kv_cache.recorder.results_schema import SCHEMA_VERSION, Results, render_schema, stored_schema
+from kv_cache.recorder.typed import SchemaError
 from kv_cache.report.console import render
 
 
