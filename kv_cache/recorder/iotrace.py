@@ -154,15 +154,18 @@ class IOTraceWriter:
         writes = sum(n * b for (kind, b), n in self.sizes.items() if kind == "write")
         bs = max(self.sizes, key=self.sizes.get)[1] if self.sizes else 4096
         mix = round(100 * reads / (reads + writes)) if reads + writes else 0
+        size = max(capacity_bytes // max(jobs, 1) // bs * bs, bs)  # the jobs' files together span the tier
         path = fio_job_path(self.path)
         write_file(path,
             f"; fio job approximating the NVMe I/O mix kv-cache-bench measured ({self.rows:,} operations traced)\n"
             f"; read {reads:,} B, written {writes:,} B (demotions included); most common block size {bs:,} B\n"
             f"; {workers} workers x {depth} I/Os in flight each: {jobs} jobs at iodepth {iodepth}\n"
+            f"; fio lays out {jobs} files of {size:,} B in {directory} (the tier's {capacity_bytes:,} B) and leaves "
+            f"them there: rm {directory}/kv-cache-mix.* after\n"
             f"; run: fio {path.name}\n"
             "[global]\n"
             f"directory={directory}\nioengine={ioengine}\ndirect={direct}\n"
-            f"rw=randrw\nrwmixread={mix}\nbs={bs}\nsize={max(capacity_bytes // max(workers, 1), bs)}\n"
+            f"rw=randrw\nrwmixread={mix}\nbs={bs}\nsize={size}\n"
             f"numjobs={jobs}\niodepth={iodepth}\ntime_based\nruntime={max(int(runtime_s), 1)}\ngroup_reporting\n"
             + ("fsync=1\n" if fsync else "")
             + "\n[kv-cache-mix]\n")

@@ -79,6 +79,10 @@ def test_io_trace_rows_and_fio_job(small_run, tmp_path):
     assert "rw=randrw" in job and "bs=2097152" in job and f"directory={small_run.cache}" in job
     # batched (the default) on the direct engine: each of the 2 workers kept up to its pool's 32 I/Os in flight
     assert "ioengine=psync" in job and "numjobs=64" in job and "iodepth=1" in job
+    # the jobs' files together are the tier's size: each job's was the tier's / workers, 32 times the tier in all
+    size = int(next(line for line in job.splitlines() if line.startswith("size="))[5:])
+    capacity = res["run"]["tiers"]["nvme"]["capacity_bytes"]
+    assert capacity - 64 * 2097152 < 64 * size <= capacity, (size, capacity)
 
 
 @pytest.mark.slow
