@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 
 import psutil
 
@@ -48,16 +49,46 @@ def leftover(m: dict | None, kept: bool = False) -> bool | None:
     return None if alive else alive is None
 
 
-def sweep(leftovers, other_hosts: bool, dry_run: bool, say, remove, describe) -> int:
-    """Remove (with dry_run: list) what dead runs left; another host's run (maybe alive) only with other_hosts.
-    remove(x) removes one leftover, describe(x) names it; returns how many were (or would be) removed."""
-    removed = 0
+@dataclass
+class Swept:
+    """What a clean removed (or would), by why, and the kept-on-purpose ones it left."""
+
+    killed: int = 0
+    kept: int = 0
+    kept_left: int = 0  # kept with --keep-data, not asked for (clean --kept)
+
+    def __iadd__(self, other: Swept) -> Swept:
+        self.killed, self.kept, self.kept_left = (self.killed + other.killed, self.kept + other.kept,
+                                                  self.kept_left + other.kept_left)
+        return self
+
+    def line(self, what: str, dry_run: bool, where: str = "") -> str:
+        """One sentence: 'removed 2 folder(s): 1 left by a killed run, 1 kept with --keep-data.'"""
+        parts = [f"{self.killed} left by killed runs"] + ([f"{self.kept} kept with --keep-data"] if self.kept else [])
+        out = (f"{'would remove' if dry_run else 'removed'} {self.killed + self.kept} {what}{where}: "
+               f"{', '.join(parts)}")
+        if self.kept_left:
+            out += f"; {self.kept_left} kept with --keep-data stay (clean --kept removes them too)"
+        return out + "."
+
+
+def sweep(leftovers, other_hosts: bool, dry_run: bool, say, remove, describe, kept: bool = False) -> Swept:
+    """Remove (with dry_run: list) what dead runs left, and with kept what runs kept on purpose (--keep-data; else
+    counted as left); another host's run (maybe alive) only with other_hosts. remove(x) removes one leftover,
+    describe(x) names it."""
+    out = Swept()
     for x in leftovers:
+        if x.kept and not kept:
+            out.kept_left += 1
+            continue
         if x.other_host and not other_hosts:
             say(f"kept (another host's run; pass --other-hosts once it is surely over): {describe(x)}")
             continue
         if not dry_run:
             remove(x)
         say(f"{'would remove' if dry_run else 'removed'} {describe(x)}")
-        removed += 1
-    return removed
+        if x.kept:
+            out.kept += 1
+        else:
+            out.killed += 1
+    return out

@@ -302,10 +302,14 @@ def _cmd_clean(argv: list[str], reg: Registry) -> int:
     for where in (args.cache_dir, args.output_dir):
         if not Path(where).is_dir():
             raise UserError(f"{where} is not a folder; pass the --cache-dir / --output-dir the runs used.")
-    n = clean(args.cache_dir, args.other_hosts, args.dry_run, print, kept=args.kept)
-    n += clean(args.output_dir, args.other_hosts, args.dry_run, print, prefix="")
-    print(f"{'would remove' if args.dry_run else 'removed'} {n} folder(s) left by killed runs.")
+    swept = clean(args.cache_dir, args.other_hosts, args.dry_run, _say, kept=args.kept)
+    swept += clean(args.output_dir, args.other_hosts, args.dry_run, _say, prefix="")
+    print(fit(swept.line("folder(s)", args.dry_run)))
     return 0
+
+
+def _say(line: str) -> None:
+    print(fit(line))
 
 
 def _clean_remote(url: str, other_hosts: bool, dry_run: bool, kept: bool, reg: Registry) -> int:
@@ -316,12 +320,12 @@ def _clean_remote(url: str, other_hosts: bool, dry_run: bool, kept: bool, reg: R
     store = kind.open_store(url, kind.settings_section())
     try:
         store.check()
-        n = remote.clean_namespaces(store, other_hosts, dry_run, print, kept)
+        swept = remote.clean_namespaces(store, other_hosts, dry_run, _say, kept)
     except RunFault as e:  # the server went away midway
         raise UserError(str(e)) from None
     finally:
         store.close()
-    print(f"{'would remove' if dry_run else 'removed'} {n} namespace(s) left by killed runs in {store.url}.")
+    print(fit(swept.line("namespace(s)", dry_run, f" in {store.url}")))
     return 0
 
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kv_cache.markers import is_alive, is_ours, leftover, marker_body, sweep
+from kv_cache.markers import Swept, is_alive, is_ours, leftover, marker_body, sweep
 from kv_cache.safefiles import write_file
 
 MARKER = ".kvbench-run.json"
@@ -116,11 +116,11 @@ def leftovers_note(cache_dir: str) -> str:
             f"`kv_cache_benchmark.py clean --cache-dir {cache_dir}`.")
 
 
-def clean(parent: str, other_hosts: bool, dry_run: bool, say, prefix: str = DATA_PREFIX, kept: bool = False) -> int:
+def clean(parent: str, other_hosts: bool, dry_run: bool, say, prefix: str = DATA_PREFIX, kept: bool = False) -> Swept:
     """Remove the folders dead runs left under parent (of other hosts too with other_hosts, kept ones too with
-    kept); return how many."""
-    return sweep(find_leftovers(parent, prefix, kept), other_hosts, dry_run, say,
-                 lambda x: shutil.rmtree(x.path, ignore_errors=True), lambda x: x.describe())
+    kept); what it removed, and the kept ones it left."""
+    return sweep(find_leftovers(parent, prefix, kept=True), other_hosts, dry_run, say,
+                 lambda x: shutil.rmtree(x.path, ignore_errors=True), lambda x: x.describe(), kept)
 
 
 def set_state(folder: str | os.PathLike, state: str) -> None:

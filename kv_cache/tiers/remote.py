@@ -26,7 +26,7 @@ import numpy as np
 
 from kv_cache import runlog
 from kv_cache.errors import RunFault, ServerDown, UserError
-from kv_cache.markers import leftover, marker_body, sweep
+from kv_cache.markers import Swept, leftover, marker_body, sweep
 from kv_cache.tiers.base import BATCHES, REMOTE, STORAGE, SlottedTier
 from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of, scheme_of
 from kv_cache.tiers.null import NullTier
@@ -264,15 +264,15 @@ def dead_namespaces_note(store: Store, run_id: str) -> str:
             f"remove them with `kv_cache_benchmark.py clean --remote-url {store.url}`.")
 
 
-def clean_namespaces(store: Store, other_hosts: bool, dry_run: bool, say, kept: bool = False) -> int:
+def clean_namespaces(store: Store, other_hosts: bool, dry_run: bool, say, kept: bool = False) -> Swept:
     """Remove the namespaces dead runs left in store (of other hosts too with other_hosts, kept ones too with
-    kept); how many."""
+    kept); what it removed, and the kept ones it left."""
     if not isinstance(store, Listing):
         say(f"{store.url}: this store cannot list its keys, so no killed run's objects can be found there; its own "
             f"eviction reclaims them.")
-        return 0
-    return sweep(dead_namespaces(store, kept=kept), other_hosts, dry_run, say, lambda x: remove_run(store, x.run_id),
-                 lambda x: x.describe(store.url))
+        return Swept()
+    return sweep(dead_namespaces(store, kept=True), other_hosts, dry_run, say, lambda x: remove_run(store, x.run_id),
+                 lambda x: x.describe(store.url), kept)
 
 
 def build_remote(ctx: StackContext, kind: TierKind, open_store, shared_tier=None) -> tuple[SlottedTier | None, str]:

@@ -6,6 +6,7 @@ import numpy as np
 from found import REGISTRY
 from servers import valkey_keys
 
+from kv_cache.markers import Swept
 from kv_cache.tiers import remote
 
 SLOT = 64 * 1024
@@ -36,7 +37,7 @@ def test_a_killed_runs_objects_are_not_found_and_clean_says_why(valkey_server, t
     pattern = f"{remote.NAMESPACE}{tier.run_id}:*"
     said: list[str] = []
     assert remote.dead_namespaces(tier.store) == []
-    assert remote.clean_namespaces(tier.store, True, False, said.append) == 0
+    assert remote.clean_namespaces(tier.store, True, False, said.append) == Swept()
     assert said and "cannot list its keys" in said[0] and "eviction" in said[0]
     assert len(valkey_keys(valkey_server.url, pattern)) == 2  # nothing was removed blindly
     tier.close()  # the test's own cleanup: its index still knows the block

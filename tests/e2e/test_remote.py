@@ -81,6 +81,7 @@ def test_keep_data_marks_the_namespace_kept_and_no_later_run_calls_it_a_leftover
     assert later.returncode == 0 and "run kept" not in later.stdout + later.stderr  # kept, not a leftover
     asked = run_cli(["clean", "--remote-url", valkey_server.url, "--kept"])  # unless asked for
     assert asked.returncode == 0 and "kept with --keep-data" in asked.stdout, asked.stdout + asked.stderr
+    assert "removed 1 namespace(s) in " in asked.stdout and ": 0 left by killed runs, 1 kept" in asked.stdout
     assert valkey_keys(valkey_server.url) == []
 
 

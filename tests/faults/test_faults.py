@@ -260,8 +260,13 @@ def test_kept_data_is_no_leftover_until_clean_is_asked_for_it(small_run):
     assert os.listdir(small_run.cache) == ["kvbench-kept"]
     plain = run_cli(["clean", "--cache-dir", str(small_run.cache), "--output-dir", str(small_run.out)])
     assert plain.returncode == 0 and os.listdir(small_run.cache) == ["kvbench-kept"], plain.stdout
+    # it said "removed 0 folder(s) left by killed runs" of the kept one it left, and "removed 1 folder(s) left by
+    # killed runs" once --kept removed it: no run was killed
+    said = " ".join(plain.stdout.split())
+    assert "removed 0 folder(s): 0 left by killed runs; 1 kept with --keep-data stay (clean --kept" in said, said
     asked = run_cli(["clean", "--cache-dir", str(small_run.cache), "--output-dir", str(small_run.out), "--kept"])
     assert asked.returncode == 0 and "kept with --keep-data" in asked.stdout, asked.stdout + asked.stderr
+    assert "removed 1 folder(s): 0 left by killed runs, 1 kept with --keep-data." in " ".join(asked.stdout.split())
     assert os.listdir(small_run.cache) == [] and (small_run.out / "kept" / "results.json").exists()
 
 
