@@ -10,6 +10,7 @@ from kv_cache import counters as C
 from kv_cache.recorder.results_schema import Results
 from kv_cache.report.capacity import capacity_lines
 from kv_cache.report.load_lines import sections
+from kv_cache.report.ranks_telemetry import per_host_lines
 from kv_cache.report.semantic_lines import semantic_section
 from kv_cache.report.table import format_table, pct_ms
 from kv_cache.report.table import ms as _ms
@@ -210,7 +211,7 @@ def traffic_section(results: Results) -> list[str]:
 def telemetry_section(results: Results) -> list[str]:
     t = results.telemetry
     if not t:
-        return []
+        return per_host_lines(results)
     parts = []
     if t.host_cpu_pct_mean is not None:
         parts.append(f"host CPU {t.host_cpu_pct_mean:.0f}% busy (mean), memory used peak "

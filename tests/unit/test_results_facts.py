@@ -47,3 +47,23 @@ def test_a_merged_tier_says_its_description_is_rank_zero_s():
     for name, tier in merged.run.tiers.items():
         assert tier.capacity_bytes == 2 * one[name].capacity_bytes
         assert tier.description == f"2 ranks, rank 0's: {one[name].description}"
+
+
+def test_merged_ranks_say_their_hosts_telemetry_against_all_the_ranks_bytes():
+    """Two ranks' run said no telemetry at all; each rank's own, kept per rank, held the shared disk's bytes (both
+    ranks' I/O) against its own: 2.02x."""
+    from kv_cache.recorder.sections import DiskTelemetry, TelemetrySummary
+    from kv_cache.report.console import render
+
+    ranks = []
+    for r, (dev, ours) in enumerate(((12_000_000_000, 6_000_000_000), (11_900_000_000, 5_900_000_000))):
+        one = rank(r, 1, 0)
+        one.telemetry = TelemetrySummary(10, DiskTelemetry("vda", dev, dev, ours, ours), [], "no NVML", 20.0 + r,
+                                         2.0 * 2**30)
+        ranks.append(one)
+    merged = merge_ranks(ranks)
+    assert merged.telemetry is None and len(merged.telemetry_per_rank) == 2
+    said = " ".join(render(merged).split())
+    assert ("Telemetry per host (each rank samples its whole host over its window: ranks on one share its figures) "
+            "h (ranks 0-1): host CPU 20% busy (mean), memory used peak 2.00 GiB; disk vda (block layer): read 12.00 "
+            "GB, written 12.00 GB = read 1.01x, write 1.01x its 2 rank(s)' bytes") in said, said
