@@ -50,7 +50,8 @@ from kv_cache.recorder.typed import SchemaVersionError, json_schema
 from kv_cache.recorder.typed import load as _load
 
 SCHEMA_VERSION = 19  # 19: workload.trace.changed (records kept with a change: answers_given_fixed_length,
-# answers_cut; they were counted as skipped)
+# answers_cut; they were counted as skipped); precondition.tier (the tier written: not always the storage under
+# test); a decode node's run.bottom_tier is "handoff", the storage it loads prefixes from
 # (18: memory.budget.trace (a replayed trace's records))
 # (17: memory.budget.timeseries (the time series of every second the window may last))
 # (16: memory.budget.traffic (synthetic users' conversations at their longest))

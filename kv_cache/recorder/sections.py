@@ -221,6 +221,7 @@ class Precondition:
     bytes_per_pass: int
     steady: bool | None
     steady_tolerance: float | None
+    tier: str = ""  # the tier written (the NVMe tier: the storage under test may be another below it, or a handoff)
 
 
 @dataclass

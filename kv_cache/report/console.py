@@ -81,7 +81,7 @@ def _preconditioned(results: Results) -> list[str]:
     rates = ", ".join(f"{g:.2f}" for g in pre.gbps)
     steady = ("" if pre.steady is None else f"; steady within {pre.steady_tolerance:.0%}" if pre.steady
               else f"; not steady within {pre.passes} passes")
-    return [f"  preconditioned: the {results.bottom} tier written whole in {pre.passes} pass"
+    return [f"  preconditioned: the {pre.tier or results.bottom} tier written whole in {pre.passes} pass"
             f"{'es' if pre.passes != 1 else ''} before the clock ({pre.bytes_per_pass / GiB:.2f} GiB each, at {rates} "
             f"GB/s{steady})"]
 

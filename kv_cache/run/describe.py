@@ -70,7 +70,7 @@ def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist:
         "io_engine_note": site.engine_note if site else "", "nvme_layout": s.tiers.nvme_layout,
         "cache_dir": site.cache_dir if site else None, "fs_type": site.fs_type if site else None,
         "tiers": {t.name: _tier_info(t) for t in b.tiers + ([b.handoff.blocks] if b.handoff is not None else [])},
-        "bottom_tier": b.tiers[-1].name,
+        "bottom_tier": "handoff" if s.disagg.role == "decode" else b.tiers[-1].name,  # what it loads prefixes from
         "gds": None if b.gds is None else {"mode": b.gds.mode, "demoted_blocks": b.gds.demoted,
                                            "loaded_blocks": b.gds.loaded},
         "request_io": "batched" if batch_depth(s, b.geo.io_bytes) else "serial",
@@ -111,9 +111,9 @@ def warnings_of(results: Results) -> list[str]:
     out = [why] if (why := nothing_measured(results)) else []
     moved = results.bytes.get(results.bottom)
     if results.requests.completed and not (moved and (moved.read or moved.write)):
-        more = "the prefill node's --users" if _decode_node(results) else "--users"
+        fix = "raise the prefill node's --users" if _decode_node(results) else "raise --users or lower --cpu-mem-gb"
         out.append(f"the {results.bottom} tier saw no traffic in the window: the numbers describe memory tiers "
-                   f"only; raise {more} or lower --cpu-mem-gb.")
+                   f"only; {fix}.")
     for name, tier in results.run.tiers.items():
         staged = sum(t.staged for t in (tier.transfers or {}).values())
         if staged:

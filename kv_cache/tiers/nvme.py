@@ -300,7 +300,7 @@ class NvmeTier(BlockFiles, SlottedTier):
         window = rounds[-3:]
         is_steady = len(window) == 3 and max(window) - min(window) <= steady * sum(window) / 3 if steady else None
         return {"passes": len(rounds), "gbps": rounds, "bytes_per_pass": self.capacity_bytes, "steady": is_steady,
-                "steady_tolerance": steady or None}
+                "steady_tolerance": steady or None, "tier": self.name}
 
     def _fill_once(self, buf: np.ndarray) -> int:
         """One sequential pass over the tier's space; in file-per-block layout a scratch file as large."""

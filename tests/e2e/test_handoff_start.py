@@ -72,3 +72,8 @@ def test_a_prefill_node_starts_its_clock_when_its_decode_node_is_ready(small_run
     assert "slots" not in row, row
     assert d["requests"]["completed"] > 0 and p["requests"]["completed"] > 0
     assert d["requests"]["completed"] + d["warmup"]["requests"] == p["requests"]["completed"] + p["warmup"]["requests"]
+    # a decode node's storage under test is the handoff it loads from: its MLPerf table names read "storage read
+    # 0.000 GB/s" (its own NVMe tier, idle), and a warning said that tier saw no traffic
+    assert d["run"]["bottom_tier"] == "handoff" and d["bandwidth_gbps"]["handoff"]["read"] > 0
+    said = " ".join(out.split())
+    assert "storage read 0.000 GB/s" not in said and "saw no traffic" not in said, said[-3000:]

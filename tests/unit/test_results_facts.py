@@ -67,3 +67,16 @@ def test_merged_ranks_say_their_hosts_telemetry_against_all_the_ranks_bytes():
     assert ("Telemetry per host (each rank samples its whole host over its window: ranks on one share its figures) "
             "h (ranks 0-1): host CPU 20% busy (mean), memory used peak 2.00 GiB; disk vda (block layer): read 12.00 "
             "GB, written 12.00 GB = read 1.01x, write 1.01x its 2 rank(s)' bytes") in said, said
+
+
+def test_the_preconditioned_tier_is_named_as_the_tier_written_not_the_storage_under_test():
+    """With a remote tier below the NVMe tier (or a decode node's handoff) the summary said "preconditioned: the
+    valkey tier written whole": --precondition writes the NVMe tier."""
+    from results_fixture import results
+
+    from kv_cache.recorder.sections import Precondition
+    from kv_cache.report.console import render
+
+    r = results(tiers=("cpu", "nvme", "valkey"))
+    r.precondition = Precondition(2, [1.0, 1.1], 8 << 20, None, None, "nvme")
+    assert r.bottom == "valkey" and "preconditioned: the nvme tier written whole in 2 passes" in render(r)
