@@ -31,17 +31,21 @@ TASKS = (
 COMMON = {k for _, keys in TASKS for k in keys}
 TABLES = {"tiers.io_engine": lambda reg: reg.engines,  # settings whose choices are an extension table's names
           "cache.policy": lambda reg: reg.policies}
-SUBCOMMAND_HELP = """sub-commands (kv_cache_benchmark.py COMMAND --help for each):
-  (none)    run the benchmark with the flags below
-  report    re-render the summary (and --plots) of a run folder or results.json
-  compare   headline numbers of several runs side by side, ratios to the first
-  policies  one request sequence through several eviction policies, compared
-  validate  check a submission package (--submission) against its manifest and rules
-  clean     remove what killed runs left in the cache and report folders
-  capacity  hit rate and storage demand at every capacity of the bottom tier (--capacity-curve runs)
-
---help-all lists every setting's flag (config.yaml documents each key too). --debug, with any
-sub-command, prints the traceback of an internal error on stderr (it is always kept in run.log)."""
+SUBCOMMANDS = {  # each sub-command and its line in --help (main.py runs each; none: a run)
+    "report": "re-render the summary (and --plots) of a run folder or results.json",
+    "compare": "headline numbers of several runs side by side, ratios to the first",
+    "policies": "one request sequence through several eviction policies, compared",
+    "validate": "check a submission package (--submission) against its manifest and rules",
+    "clean": "remove what killed runs left in the cache and report folders",
+    "capacity": "hit rate and storage demand at every capacity of the bottom tier (--capacity-curve runs)",
+    "fleet": "N engines over one shared KV tier through a router, on paper: hit rates, demand, imbalance",
+}
+SUBCOMMAND_HELP = ("sub-commands (kv_cache_benchmark.py COMMAND --help for each):\n"
+                   "  (none)    run the benchmark with the flags below\n"
+                   + "".join(f"  {name:<9} {line}\n" for name, line in SUBCOMMANDS.items())
+                   + "\n--help-all lists every setting's flag (config.yaml documents each key too). --debug, with any\n"
+                     "sub-command, prints the traceback of an internal error on stderr (it is always kept in "
+                     "run.log).")
 
 
 def _setting_groups(full: bool, sections: dict[str, type]) -> list[tuple[str, list]]:

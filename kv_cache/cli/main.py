@@ -33,7 +33,6 @@ from kv_cache.report.table import fit
 from kv_cache.run.registry import Registry, discover
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 
-SUBCOMMANDS = ("run", "report", "compare", "validate", "policies", "clean", "capacity", "fleet")
 DEBUG = "--debug"  # any sub-command: print an internal error's traceback (it is always kept in a log file)
 
 
@@ -329,6 +328,10 @@ def _clean_remote(url: str, other_hosts: bool, dry_run: bool, kept: bool, reg: R
     return 0
 
 
+COMMANDS = {"run": _cmd_run, "report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate,
+            "policies": _cmd_policies, "clean": _cmd_clean, "capacity": _cmd_capacity, "fleet": cmd_fleet}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     stdout = sys.stdout
@@ -336,15 +339,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = runlog.PipeSafe(stdout)
     runlog.set_debug(DEBUG in argv)  # any sub-command: an internal error's traceback on stderr too
     argv = [a for a in argv if a != DEBUG]
-    command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
-    rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
+    command = argv[0] if argv and argv[0] in COMMANDS else "run"
+    rest = argv[1:] if argv and argv[0] in COMMANDS else argv
     signals.install()  # SIGTERM and SIGHUP stop a run as Ctrl-C does
     try:
         reg = discover()  # every extension point, found once and handed down
-        commands = {"report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate, "run": _cmd_run,
-                    "policies": _cmd_policies, "clean": _cmd_clean, "capacity": _cmd_capacity,
-                    "fleet": cmd_fleet}
-        return commands[command](rest, reg)
+        return COMMANDS[command](rest, reg)
     except UserError as e:
         runlog.tell(f"error: {e}")
         return 2
