@@ -176,6 +176,10 @@ def load_run(folder: Path) -> tuple[dict, dict]:
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder; pass the run folder a --capacity-curve run wrote.")
     if not path.is_file():
+        inside = sorted(d.name for d in folder.iterdir() if (d / ACCESS_FILE).is_file())
+        if inside:  # --trials' folder (trial-<k>/) or the policies sub-command's (one a policy)
+            raise UserError(f"{folder} holds no {ACCESS_FILE} of its own but its runs' ({', '.join(inside)}): pass "
+                            f"one of them ({folder / inside[0]}).")
         raise UserError(f"{folder} has no {ACCESS_FILE}: run it with --capacity-curve (add --null-io to analyse the "
                         f"traffic without moving bytes).")
     check_regular(str(path), "capacity access log", "run with --capacity-curve again")

@@ -83,6 +83,17 @@ def test_capacity_without_an_access_log_and_whole_request_mode_are_one_sentence(
     assert_clean_error(run_cli(small_run("w", "--capacity-curve", "--block-tokens", "0")), "--block-tokens > 0")
 
 
+def test_capacity_of_a_trials_folder_names_its_trials(small_run):
+    """`capacity` of a --trials --capacity-curve run's folder said "run it with --capacity-curve": each trial's
+    access log is in its trial-<k>/."""
+    r = run_cli(small_run("tr", "--trials", "2", "--capacity-curve", "--null-io", "--max-requests", "6", "--warmup",
+                          "0"))
+    assert r.returncode == 0, r.stderr
+    folder = small_run.out / "tr"
+    assert_clean_error(run_cli(["capacity", str(folder)]), f"{folder} holds no capacity_access.npz of its own but "
+                       f"its runs' (trial-1, trial-2): pass one of them ({folder / 'trial-1'})")
+
+
 def test_another_policy_is_replayed_and_predicts_a_real_run(small_run):
     """Issue 41: a policy other than LRU has no stack: its curve replays the run's accesses through the cache at a
     grid of capacities; read at another real run's capacity it is within one percentage point of what it achieved."""
