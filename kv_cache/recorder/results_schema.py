@@ -332,8 +332,11 @@ class Results:
         return self.run.bottom_tier
 
     def latency(self, tier: str, op: str, pct: str) -> float | None:
+        """A tier's latency percentile for op, or None where it has none, or is a null tier (it moves no byte: its
+        times are the generator's, not a figure of storage, as storage_gbps says of its rates)."""
+        info = self.run.tiers.get(tier)
         s = self.latency_ms.get(tier, {}).get(op)
-        return getattr(s, pct) if s is not None else None
+        return getattr(s, pct) if s is not None and not (info is not None and info.null) else None
 
     def storage_gbps(self, direction: str) -> float | None:
         """The storage (bottom) tier's read or write GB/s, or None when it moved nothing (a null tier, --null-io,

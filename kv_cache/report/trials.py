@@ -18,7 +18,8 @@ LONGER = {  # what bounded each trial's window -> what lengthens it
 
 
 def value(name: str, v: float) -> str:
-    return f"{v:.1%}" if name in PERCENT else f"{v:,.4g}"
+    """4 significant digits, a thousand and more in whole units with separators (32,784, not 3.278e+04)."""
+    return f"{v:.1%}" if name in PERCENT else f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
 def table(summary: dict[str, Spread]) -> list[str]:

@@ -46,3 +46,23 @@ def test_an_even_count_of_trials_is_not_said_to_have_a_median_trial(tmp_path):
         lines: list[str] = []
         conclude([results() for _ in range(n)], tmp_path, lines.append)
         assert f"results.json = {says} by cached tokens/s" in lines[0]
+
+
+def test_a_null_tiers_times_are_no_storage_headline():
+    """--null-io's trials said storage_read_p99_ms 0.01035 to 0.01342 and warned the trials disagreed on it, and
+    compare put its 0.0025 ms beside a real run's: the null tier moves no byte (its GB/s were already left out)."""
+    from results_fixture import results
+
+    from kv_cache.run.trials import summarize
+
+    r = results()
+    assert r.latency(r.bottom, "read", "max") is not None
+    r.run.tiers[r.bottom].null = True
+    assert r.latency(r.bottom, "read", "max") is None and r.storage_gbps("read") is None
+    assert summarize([r, r])["storage_read_p99_ms"]["median"] is None
+
+
+def test_a_large_headline_reads_in_whole_units():
+    """cached_tokens_per_s read 3.28e+04 in the trials' table."""
+    (row,) = [r for r in table({"cached_tokens_per_s": _spread([32_784.0, 32_812.0])}) if "cached" in r]
+    assert row.split()[1:4] == ["32,798", "32,784", "32,812"]
