@@ -3,6 +3,8 @@ node's own figures and steady-state detection (pure functions of the Results).""
 
 from __future__ import annotations
 
+import math
+
 from kv_cache.recorder.results_schema import Latency, ReadWrite, Results
 from kv_cache.report.table import format_table, pct_ms
 from kv_cache.report.table import ms as _ms
@@ -64,13 +66,25 @@ def role_section(results: Results) -> list[str]:
             f"({h.count:,} requests; wall clocks of both nodes)"]
 
 
+def _by_chance(per_s: float, tolerance: float) -> str:
+    """Why a tolerance cannot be met at this rate: a second's count of requests varies by 1 / sqrt(n) of its mean by
+    chance alone (a Poisson count), and every second of a window must stay within the tolerance (about 2 of those)."""
+    if not per_s or 2 / math.sqrt(per_s) <= tolerance:
+        return ""
+    chance = 1 / math.sqrt(per_s)
+    fits = math.ceil(2 * chance * 20) / 20
+    return (f"; at {per_s:.1f} requests a second, a second's count varies by about {chance:.0%} by chance alone "
+            f"(1/\u221an, a Poisson count), so {tolerance:.0%} is met only by luck: --steady-state {fits:g} or more, "
+            f"or a busier run, can show one")
+
+
 def steady_section(results: Results) -> list[str]:
     st = results.steady_state
     if st is None:
         return []
     if not st.detected:
         return [f"Steady     not reached: no {st.window_s} s window of requests/s within {st.tolerance:.0%} "
-                f"of its mean"]
+                f"of its mean{_by_chance(results.requests.per_s, st.tolerance)}"]
     return [f"Steady     from t = {st.from_s} s ({st.window_s} s within {st.tolerance:.0%}): "
             f"{st.requests_per_s:.2f} requests/s, {st.tokens_per_s:,.0f} prompt tokens/s from there on"]
 

@@ -48,3 +48,21 @@ def test_steady_state_is_found_after_a_ramp_and_not_in_noise():
     assert st["detected"] and st["from_s"] == 4 and abs(st["requests_per_s"] - 100) < 1.5
     assert not steady_state(_rows([10, 100, 10, 100, 10, 100]), 0.05, 3)["detected"]
     assert steady_state(_rows([1, 2, 3]), 0.0, 3) is None
+
+
+def test_a_tolerance_the_rates_counting_noise_cannot_meet_is_said():
+    """A flat run of 5.2 requests/s said "Steady not reached" at 10 % and nothing more: a second's count of 5
+    varies by 44 % by chance alone, so no window of it could be found (every --steady-state below about 0.9)."""
+    from results_fixture import results
+
+    from kv_cache.recorder.sections import SteadyState
+    from kv_cache.report.load_lines import steady_section
+
+    r = results()
+    r.requests.per_s = 5.2
+    r.steady_state = SteadyState(0.1, 10, False, None, None, None)
+    (line,) = steady_section(r)
+    assert "at 5.2 requests a second, a second's count varies by about 44% by chance alone" in line
+    assert "--steady-state 0.9 or more" in line
+    r.requests.per_s = 900.0  # 3 % by chance: a 10 % tolerance can be met, and not meeting it says something
+    assert steady_section(r) == ["Steady     not reached: no 10 s window of requests/s within 10% of its mean"]
