@@ -42,8 +42,18 @@ def autoscale_section(results: Results) -> list[str]:
     best = a.best
     answer = ("none" if best is None else f"{best.users} users ({best.tokens_per_s:,.0f} tokens/s, "
               f"TTFT p95 {_ms(best.ttft_p95_ms)} ms)")
-    what = "largest user count meeting every SLA" if a.mode == "qos" else "peak throughput"
+    what = "largest user count meeting every SLA" if a.mode == "qos" else _capacity_answer(a)
     return ["", f"Autoscaler ({a.mode}): {what}: {answer}; {a.verdict}"] + format_table(rows, 2, "  ")
+
+
+def _capacity_answer(a) -> str:
+    """capacity's answer is the fewest users within min_gain of the peak (a later step a few % higher is no
+    reason for more users): said so where that step is not the peak itself, which the table shows beside it."""
+    peak = max(a.curve, key=lambda p: p.tokens_per_s, default=None)
+    if peak is None or a.best is None or peak is a.best or peak.tokens_per_s == a.best.tokens_per_s:
+        return "peak throughput"
+    return (f"the fewest users within {a.settings.get('min_gain', 0):.0%} of the peak throughput "
+            f"({peak.tokens_per_s:,.0f} tokens/s at {peak.users} users)")
 
 
 def role_section(results: Results) -> list[str]:

@@ -66,3 +66,23 @@ def test_a_tolerance_the_rates_counting_noise_cannot_meet_is_said():
     assert "--steady-state 0.9 or more" in line
     r.requests.per_s = 900.0  # 3 % by chance: a 10 % tolerance can be met, and not meeting it says something
     assert steady_section(r) == ["Steady     not reached: no 10 s window of requests/s within 10% of its mean"]
+
+
+def test_the_capacity_answer_is_called_what_it_is():
+    """'peak throughput: 20 users (22,982 tokens/s)' above a table whose 30-user step served 24,002: the answer is
+    the fewest users within --autoscale-min-gain of the peak, not the peak."""
+    from results_fixture import results
+
+    from kv_cache.recorder.sections import Autoscale, AutoscaleStep
+    from kv_cache.report.load_lines import autoscale_section
+
+    steps = [AutoscaleStep(u, 10.0, 3.0, 3.0, tps, None, None, None, {}) for u, tps in
+             ((10, 19_115.0), (20, 22_982.0), (30, 24_002.0), (40, 19_377.0))]
+    r = results()
+    r.autoscale = Autoscale("capacity", 200, steps, AutoscaleStep(20, 10.0, 3.0, 3.0, 22_982.0, None, None, None, {}),
+                            "throughput did not grow by 5% in 2 steps", {"min_gain": 0.05})
+    said = " ".join(" ".join(autoscale_section(r)).split())
+    assert ("Autoscaler (capacity): the fewest users within 5% of the peak throughput (24,002 tokens/s at 30 users): "
+            "20 users (22,982 tokens/s") in said, said
+    r.autoscale.curve = steps[:2]  # the answer is the peak: called so
+    assert "Autoscaler (capacity): peak throughput: 20 users" in " ".join(autoscale_section(r))
