@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kv_cache.errors import UserError
 from kv_cache.model import all_models
-from kv_cache.report.table import format_table
+from kv_cache.report.table import fit, format_table
 
 
 def list_models_table(extra: dict | None, kv_dtype: str, tp: int, block_tokens: int) -> str:
@@ -20,4 +20,4 @@ def list_models_table(extra: dict | None, kv_dtype: str, tp: int, block_tokens: 
         rows.append([m.name, ",".join(m.aliases) or "-", str(m.layers), heads, dim, *size])
     note = f"(kv dtype {kv_dtype}, tp {tp}: bytes one tensor-parallel rank holds; notes: " + "; ".join(
         f"{m.name}: {m.note}" for m in all_models(extra) if m.note) + ")"
-    return "\n".join(format_table(rows) + [note])
+    return "\n".join(format_table(rows) + [fit(note)])

@@ -114,6 +114,7 @@ def test_null_io_measures_the_orchestrator(small_run):
 def test_list_models():
     r = run_cli(["--list-models"])
     assert r.returncode == 0 and "llama3.1-70b" in r.stdout and "80.00 MiB" in r.stdout
+    assert max(map(len, r.stdout.splitlines())) <= 100  # its notes were one line of 400 columns
 
 
 def test_a_run_ends_within_its_duration_and_drain(small_run):
