@@ -8,7 +8,7 @@ from kv_cache.report.table import fit, format_table
 
 
 def list_models_table(extra: dict | None, kv_dtype: str, tp: int, block_tokens: int) -> str:
-    rows = [["model", "aliases", "layers", "kv heads", "head dim", "bytes/token", f"block ({block_tokens} tok)"]]
+    rows = [["model", "aliases", "layers", "kv heads", "head dim", "B/token", f"{block_tokens}-tok block"]]
     for m in all_models(extra):
         heads = "MLA" if m.attention == "mla" else str(m.kv_heads)
         dim = f"{m.kv_lora_rank}+{m.rope_dim}" if m.attention == "mla" else str(m.head_dim)
