@@ -38,7 +38,7 @@ SUBCOMMANDS = {  # each sub-command and its line in --help (main.py runs each; n
     "validate": "check a submission package (--submission) against its manifest and rules",
     "clean": "remove what killed runs left in the cache and report folders",
     "capacity": "hit rate and storage demand at every capacity of the bottom tier (--capacity-curve runs)",
-    "fleet": "N engines over one shared KV tier through a router, on paper: hit rates, demand, imbalance",
+    "fleet": "engines sharing one KV tier through a router, on paper: hit rates, demand, imbalance",
 }
 SUBCOMMAND_HELP = ("sub-commands (kv_cache_benchmark.py COMMAND --help for each):\n"
                    "  (none)    run the benchmark with the flags below\n"

@@ -130,3 +130,4 @@ def test_every_sub_command_has_its_line_in_the_help():
                           text=True, timeout=60).stdout
     for name in SUBCOMMANDS:
         assert f"\n  {name} " in said, name
+    assert max(map(len, said.splitlines())) <= 100
