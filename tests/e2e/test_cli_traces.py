@@ -30,7 +30,7 @@ def test_sharegpt_multi_turn_history_gives_prefix_hits(small_run):
                           "--users", "4", "--think-time-s", "0,0", "--warmup", "0", "--duration", "600",
                           "--cpu-mem-gb", "0.5", quiet=False))
     assert r.returncode == 0, r.stderr
-    assert "traffic: sharegpt trace (sharegpt)" in r.stdout and "tokenizer:" in r.stdout
+    assert "traffic: sharegpt trace, arrival closed" in r.stdout and "tokenizer:" in r.stdout
     res = small_run.results("s")
     assert res["run"]["stopped_reason"] == "trace_end"
     assert res["hit_rate"]["by_source"]["history"] > 0.5

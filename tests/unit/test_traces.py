@@ -261,3 +261,17 @@ def test_a_one_line_sharegpt_array_is_told_from_its_head_not_read_whole(tmp_path
     finally:
         tracemalloc.stop()
     assert peak < 2**20, peak
+
+
+def test_the_traffic_line_names_a_trace_once_and_counts_with_separators():
+    """'traffic: azure trace (azure), arrival trace, 19366 requests': the format said twice, the count unlike
+    every other count the run prints."""
+    from kv_cache.run.describe import _describe
+    from kv_cache.run.traffic import Traffic
+
+    empty = {"count": 0}
+    analysis = {"prompt_tokens": empty, "output_tokens": empty, "requests_total": 19_366, "requests_analysed": 0,
+                "theoretical_hit_rate": {"tokens": None, "by_source": {}}}
+    log = TraceLog(detected="azure")
+    (line, *_) = _describe(Traffic("azure", "trace", trace=TraceSet("azure", [], log, None)), analysis)
+    assert line == "  traffic: azure trace, arrival trace, 19,366 requests"
