@@ -17,6 +17,12 @@ SNIFF_BYTES = 4096
 _BOMS = (b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")  # UTF-16 LE / BE, UTF-32 BE (its LE form starts as 16's)
 
 
+def runs_inside(folder, name: str) -> list[str]:
+    """The subfolders of folder (a Path) holding a file name: the runs of a --trials or a policies folder, which
+    holds none of its own."""
+    return sorted(d.name for d in folder.iterdir() if (d / name).is_file())
+
+
 def check_regular(path: str, what: str, fix: str) -> int:
     """Refuse anything but an existing regular file; return its size. what: 'config file'; fix: what to pass."""
     try:

@@ -26,7 +26,7 @@ from kv_cache.cli.flags import run_parser
 from kv_cache.cli.fleet import cmd_fleet
 from kv_cache.config import resolve
 from kv_cache.errors import RunFault, UserError
-from kv_cache.inputs import read_text
+from kv_cache.inputs import read_text, runs_inside
 from kv_cache.recorder.results_schema import RESULTS_LIMIT, Results
 from kv_cache.recorder.typed import SchemaError, SchemaVersionError
 from kv_cache.report.table import fit
@@ -157,7 +157,7 @@ def _runs_inside(folder: Path) -> None:
     """A folder of runs (the policies sub-command's, one a policy) is named with its runs, not as a missing file."""
     if (folder / "results.json").exists():
         return
-    runs = sorted(d.name for d in folder.iterdir() if (d / "results.json").is_file())
+    runs = runs_inside(folder, "results.json")
     if runs:
         raise UserError(f"{folder} holds no results.json of its own but the runs {', '.join(runs)}: pass one of them "
                         f"({folder / runs[0]}).")

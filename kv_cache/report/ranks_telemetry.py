@@ -4,9 +4,8 @@ rank's own ratio read 2.0x with two ranks on one disk)."""
 
 from __future__ import annotations
 
+from kv_cache.model import GiB
 from kv_cache.recorder.results_schema import Results
-
-GiB = 2**30
 
 
 def _ranks(ranks: list[int | None]) -> str:

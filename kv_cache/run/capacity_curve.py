@@ -20,7 +20,7 @@ import numpy as np
 from kv_cache.cache.simulate import Replayed, replay
 from kv_cache.errors import UserError
 from kv_cache.hostmemory import available_bytes
-from kv_cache.inputs import check_regular, read_text
+from kv_cache.inputs import check_regular, read_text, runs_inside
 from kv_cache.model import GiB
 from kv_cache.recorder.results_schema import RESULTS_LIMIT, Results
 from kv_cache.recorder.stack_distances import (
@@ -176,7 +176,7 @@ def load_run(folder: Path) -> tuple[dict, dict]:
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder; pass the run folder a --capacity-curve run wrote.")
     if not path.is_file():
-        inside = sorted(d.name for d in folder.iterdir() if (d / ACCESS_FILE).is_file())
+        inside = runs_inside(folder, ACCESS_FILE)
         if inside:  # --trials' folder (trial-<k>/) or the policies sub-command's (one a policy)
             raise UserError(f"{folder} holds no {ACCESS_FILE} of its own but its runs' ({', '.join(inside)}): pass "
                             f"one of them ({folder / inside[0]}).")

@@ -19,10 +19,7 @@ from kv_cache.tiers.base import FAKE_IO, SIMULATED
 
 def _describe(traffic: Traffic, analysis: dict) -> list[str]:
     p, o, th = analysis["prompt_tokens"], analysis["output_tokens"], analysis["theoretical_hit_rate"]
-    src = traffic.source
-    if traffic.trace is not None:  # the format detected, where it is not the source's own name
-        fmt = traffic.trace.log.detected
-        src = f"{src} trace" + (f" ({fmt})" if fmt and fmt != traffic.source else "")
+    src = traffic.source if traffic.trace is None else f"{traffic.source} trace"  # its source is its format
     total = analysis["requests_total"]
     lines = [f"  traffic: {src}, arrival {traffic.arrival}, {f'{total:,}' if total else 'unbounded'} requests"]
     if traffic.trace is not None:
