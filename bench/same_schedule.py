@@ -32,7 +32,7 @@ COMMON = ["--model", "llama3.1-8b", "--workers", "1", "--seed", "7", "--gpu", "o
           "--nvme-gb", "1", "--no-telemetry", "--warmup", "0", "--arrival", "sequence", "--duration", "3600"]
 SEQUENCES = {
     "synthetic": ["--users", "1", "--max-requests", "200"],
-    "mooncake": ["--trace", MOONCAKE, "--trace-speedup", "1000", "--max-requests", "300"],
+    "mooncake": ["--trace", MOONCAKE, "--max-requests", "300"],
     "rag": ["--users", "1", "--rag", "--rag-reuse", "chunk", "--request-probability", "1", "--num-documents", "20",
             "--max-requests", "150"],
     "semantic": ["--users", "1", "--semantic", "--max-requests", "120"],

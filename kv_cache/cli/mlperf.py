@@ -193,7 +193,7 @@ def translate(argv: list[str]) -> Translation:
     _load(ns, sets, notes)
     _tiers(ns, sets, notes, given)
     _traffic(ns, sets, notes)
-    _no_delay(ns, rest, sets, notes)
+    _speedup(ns, rest, sets, notes)
     _roles(ns, rest, sets, notes)
     _refuse_twice(sets, rest)
     idle = [k for k in sets if k.startswith("rag.") and k != "rag.enabled"] if not sets.get("rag.enabled") else []
@@ -325,17 +325,19 @@ def _traffic(ns, sets: dict, notes: list[str]) -> None:
                      f"reference)")
 
 
-def _no_delay(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
-    """--trace-speedup 0, the reference's "no delay": requests back to back, not at their timestamps."""
+def _speedup(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
+    """--trace-speedup, which the reference reads for its BurstGPT trace alone (ours refuses it where no timestamp is
+    used): 0 is its "no delay", requests back to back, not at their timestamps."""
     value = _value_of(rest, "--trace-speedup")
     try:
-        if value is None or float(value) != 0:
+        if value is None or (float(value) != 0 and ns.use_burst_trace and not ns.dataset_path):
             return
     except ValueError:
         return  # our parser says what is wrong with it
     _drop(rest, "--trace-speedup")
-    if not (ns.dataset_path or ns.use_burst_trace):
-        notes.append("--trace-speedup 0: not applied, no trace (--use-burst-trace or --dataset-path)")
+    if float(value) != 0 or not (ns.dataset_path or ns.use_burst_trace):
+        notes.append(f"--trace-speedup {value}: not applied, no BurstGPT trace (it times --use-burst-trace's "
+                     f"requests only, as in the reference)")
         return
     sets.put("schedule.arrival", "closed", "--trace-speedup 0")
     sets.put("schedule.think_time_s", [0.0, 0.0], "--trace-speedup 0")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from kv_cache.config import Settings, flag_name, iter_keys
+from kv_cache.config import Settings, TraceSettings, flag_name, iter_keys
 from kv_cache.config.keys import DAY_S
 from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
@@ -217,6 +217,10 @@ def check_options(s: Settings, mpi: bool, reg) -> list[str]:
 
 
 def check_traffic(s: Settings, arrival: str) -> None:
+    unscaled = TraceSettings.__dataclass_fields__["speedup"].default
+    if s.trace.speedup != unscaled and arrival != "trace":  # no timestamp it would scale is used
+        raise UserError(f"--trace-speedup scales the timestamps of trace arrivals (--arrival trace, a trace that "
+                        f"has them), and this run's arrival is {arrival}; drop --trace-speedup.")
     if s.schedule.request_rate and arrival != "poisson":
         raise UserError(f"--request-rate paces --arrival poisson only, and this run's arrival is {arrival}; add "
                         f"--arrival poisson or drop --request-rate.")

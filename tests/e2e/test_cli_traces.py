@@ -60,6 +60,9 @@ def test_poisson_arrivals_with_synthetic_users(small_run):
     (["--arrival", "trace"], ["needs --trace with timestamps"]),
     (["--trace", "/nonexistent/x.jsonl"], ["matches no file"]),
     (["--trace", str(REPO / "README.md")], ["cannot tell the format"]),
+    # its timestamps unused: the run went on at the rate given, the speed-up silently dropped
+    (["--trace", MOON, "--arrival", "poisson", "--request-rate", "5", "--trace-speedup", "20"],
+     ["--trace-speedup scales the timestamps", "arrival is poisson", "drop --trace-speedup"]),
 ])
 def test_bad_traffic_settings(small_run, extra, fragments):
     assert_clean_error(run_cli(small_run("x", *extra)), *fragments)

@@ -31,6 +31,11 @@ def test_trace_speedup_zero_is_no_delay_back_to_back(tmp_path):
     assert "--trace-speedup" not in t.argv and any("no delay" in n for n in t.notes)
     _, alone = settings_of("--num-users", "4", "--trace-speedup", "0")  # no trace: nothing to speed up
     assert any("--trace-speedup 0: not applied" in n for n in alone.notes)
+    # the reference times its BurstGPT trace alone: ours refuses a speed-up no timestamp uses
+    _, chats = settings_of("--dataset-path", str(trace), "--trace-speedup", "4")
+    assert "--trace-speedup" not in chats.argv and any("--trace-speedup 4: not applied" in n for n in chats.notes)
+    _, timed = settings_of("--use-burst-trace", "--burst-trace-path", str(trace), "--trace-speedup", "4")
+    assert "--trace-speedup" in timed.argv and not any("--trace-speedup" in n for n in timed.notes)
 
 
 def test_target_saturation_and_max_conversations_alone_are_accepted_with_a_note():
