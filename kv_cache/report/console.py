@@ -45,6 +45,18 @@ def tier_label(results: Results, tier: str) -> str:
     return f"{tier} (SIMULATED)" if info.simulated else (f"{tier} (null)" if info.null else tier)
 
 
+def _who(results: Results) -> str:
+    """Who asks: users where they exist (synthetic and semantic ones, a trace's closed-loop users: one a conversation
+    at most); a trace's requests at their times or a rate, or a prefill node's, have none (--users is not used)."""
+    w = results.workload
+    if w.source == "handoff":
+        return "the prefill node's requests"
+    if w.source in ("synthetic", "semantic") or w.arrival == "closed":
+        return f"{results.run.users:,} users"
+    opened = {"trace": "open loop at the trace's times", "poisson": "open loop (poisson)", "sequence": "one sequence"}
+    return opened.get(w.arrival, f"arrival {w.arrival}")
+
+
 def header(results: Results) -> list[str]:
     run = results.run
     state = "complete" if not run.partial else f"PARTIAL ({run.stopped_reason})"
@@ -54,7 +66,7 @@ def header(results: Results) -> list[str]:
     block = f"block {run.block_tokens} tokens = {size:.2f} MiB" if size else "whole-request objects"
     lines = [f"kv-cache-bench {run.tool_version}  run {run.run_id}  [{state}]",
              f"  model {run.model} ({run.kv_dtype}, tp {run.tp}, {run.bytes_per_token:,} B/token), "
-             f"{block}; {run.users} users, {run.workers} workers{' a rank' if run.ranks > 1 else ''}, seed {run.seed}, "
+             f"{block}; {_who(results)}, {run.workers} workers{' a rank' if run.ranks > 1 else ''}, seed {run.seed}, "
              f"window {run.duration_s:.1f} s{_drain(results)} after {run.warmup_s:g} s warm-up"]
     if run.ranks > 1:
         spread = (results.rank_spread or {}).get(results.bottom, {})

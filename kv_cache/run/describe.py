@@ -54,7 +54,7 @@ def _tier_info(t) -> dict:
             "io_depth": getattr(t, "io_depth", None), "io_unit_bytes": getattr(t, "io_unit_bytes", None)}
 
 
-def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist: Dist) -> dict:
+def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist: Dist, traffic: Traffic) -> dict:
     site = b.site
     return {
         "rank": dist.rank, "ranks": dist.size, "hosts": [dist.host], "wall_offset_ns": dist.wall_offset_ns,
@@ -63,7 +63,8 @@ def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist:
                                      - outcome.start_ns) / 1e9)),
         "model": b.geo.model.name, "kv_dtype": s.model.kv_dtype, "tp": s.model.tp,
         "bytes_per_token": b.geo.bytes_per_token, "block_tokens": s.model.block_tokens,
-        "block_bytes": b.geo.block_bytes, "slot_bytes": b.geo.slot_bytes, "users": s.workload.users,
+        "block_bytes": b.geo.block_bytes, "slot_bytes": b.geo.slot_bytes,
+        "users": s.workload.users if traffic.users_made is None else traffic.users_made,
         "workers": b.workers, "workers_probe": [{"threads": k, "gbps": g} for k, g in b.probe] or None,
         "seed": s.run.seed, "warmup_s": s.run.warmup_s,
         "io_engine": site.engine if site else ("null" if s.tiers.null_io else "none"),

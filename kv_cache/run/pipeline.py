@@ -266,8 +266,8 @@ def _results(run: RunSpec, p: Prepared, st: Stages, outcome: RunOutcome, precond
         shared_storage=st.cache.shared is not None, adopted_blocks=st.cache.adopted, precondition=precondition,
         autoscale=st.scaler.to_dict() if st.scaler is not None else None, role=role,
         telemetry=_telemetry(b, st, snap.counters))
-    return build_results(snap, run_info(run.s, b, run.run_id, outcome, run.dist), resolved(run.s, b, run.reg).to_dict(),
-                         facts)
+    info = run_info(run.s, b, run.run_id, outcome, run.dist, traffic)
+    return build_results(snap, info, resolved(run.s, b, run.reg).to_dict(), facts)
 
 
 def _one_run(run: RunSpec) -> tuple[int, Results | None]:

@@ -54,6 +54,7 @@ class Traffic:
     trace: TraceSet | None = None
     notes: list[str] = field(default_factory=list)
     handoff_link: object = None  # a NIXL decode node's link to its prefill node: its arrivals, then its blocks
+    users_made: int | None = None  # a trace's closed-loop users over all ranks (one a conversation at most)
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -172,6 +173,7 @@ def build_traffic(s: Settings, reg, rank: int = 0, size: int = 1) -> Traffic:
         t.users = [SequenceUser(b() for b in trace_builds(trace, vocab, cycles))]
     elif arrival == "closed":
         t.users = closed_users(trace, s.workload.users, vocab, s.schedule.think_time_s, cycles, seed, owns)
+        t.users_made = min(s.workload.users, len({r.session for r in trace.records}))
         mine = {id(r) for u in t.users for r in u.records}  # this rank's records, in trace order
         trace = TraceSet(trace.fmt, [r for r in trace.records if id(r) in mine], trace.log, trace.tokenizer)
     elif arrival == "trace":

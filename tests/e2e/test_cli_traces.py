@@ -37,6 +37,18 @@ def test_sharegpt_multi_turn_history_gives_prefix_hits(small_run):
     assert res["workload"]["theoretical_hit_rate"]["by_source"]["history"] > 0.5
 
 
+def test_a_traces_closed_loop_users_are_its_conversations_at_most(small_run, tmp_path):
+    """Three conversations and --users 50: three users replay them, and the summary said 50 users (and would have
+    said 47 of them never started)."""
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(f'{{"id": "{i}", "conversations": [{{"from": "human", "value": "question {i}"}}, '
+                            f'{{"from": "gpt", "value": "answer {i}"}}]}}\n' for i in range(3)))
+    r = run_cli(small_run("c", "--trace", str(chat), *TINY, "--users", "50", "--think-time-s", "0,0", "--warmup", "0",
+                          "--duration", "600", quiet=False))
+    assert r.returncode == 0, r.stderr
+    assert small_run.results("c")["run"]["users"] == 3 and "; 3 users, " in r.stdout
+
+
 def test_burstgpt_sample_open_loop_at_trace_time(small_run):
     r = run_cli(small_run("b", "--trace", str(REPO / "traces" / "burstgpt_sample.csv"), *TINY,
                           "--trace-speedup", "2000", "--warmup", "0", "--duration", "600"))

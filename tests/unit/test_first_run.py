@@ -93,6 +93,17 @@ def test_the_window_line_of_ranks_says_the_workers_are_each_ranks():
     assert f"{r.run.users} users, {r.run.workers} workers a rank, seed" in render(r)
 
 
+@pytest.mark.parametrize("source,arrival,said", [
+    ("synthetic", "closed", "8 users"), ("synthetic", "poisson", "8 users"), ("sharegpt", "closed", "8 users"),
+    ("mooncake", "trace", "open loop at the trace's times"), ("mooncake", "poisson", "open loop (poisson)"),
+    ("mooncake", "sequence", "one sequence"), ("handoff", "handoff", "the prefill node's requests")])
+def test_the_window_line_names_users_only_where_there_are_some(source, arrival, said):
+    """A trace's requests at their times said '200 users' (--users' default, not used there)."""
+    r = results()
+    r.run.users, r.workload.source, r.workload.arrival = 8, source, arrival
+    assert f"MiB; {said}, {r.run.workers} workers, seed" in render(r)
+
+
 def test_an_idle_decode_node_is_told_about_its_prefill_nodes_not_its_users():
     """Issue 38, item 6: a decode node was advised to "raise --users", which means nothing there."""
     rows = [{"in_flight": 0.2}] * 30
