@@ -75,7 +75,8 @@ def test_poisson_arrivals_with_synthetic_users(small_run):
     # its timestamps unused: the run went on at the rate given, the speed-up silently dropped
     (["--trace", MOON, "--arrival", "poisson", "--request-rate", "5", "--trace-speedup", "20"],
      ["--trace-speedup scales the timestamps", "arrival is poisson", "drop --trace-speedup"]),
-    (["--trace", MOON, "--think-time-s", "0,0"], ["--think-time-s is the pause", "arrival is trace", "--arrival closed"]),
+    (["--trace", MOON, "--think-time-s", "0,0"],
+     ["--think-time-s is the pause", "arrival is trace", "--arrival closed"]),
 ])
 def test_bad_traffic_settings(small_run, extra, fragments):
     assert_clean_error(run_cli(small_run("x", *extra)), *fragments)
