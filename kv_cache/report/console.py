@@ -9,6 +9,7 @@ from __future__ import annotations
 from kv_cache import counters as C
 from kv_cache.recorder.results_schema import Results
 from kv_cache.report.capacity import capacity_lines
+from kv_cache.report.device_latency import device_latency_lines
 from kv_cache.report.load_lines import sections
 from kv_cache.report.ranks_telemetry import per_host_lines
 from kv_cache.report.semantic_lines import semantic_section
@@ -240,22 +241,6 @@ def telemetry_section(results: Results) -> list[str]:
                      f"{g.get('pcie_tx_mbps_mean', float('nan')):.0f} MB/s" for g in t.gpus)
     parts.append(gpus or f"GPUs: {t.nvml}")
     return [f"Telemetry  {parts[0]}"] + [f"           {p}" for p in parts[1:]] + device_latency_lines(t.device_latency)
-
-
-def device_latency_lines(d) -> list[str]:
-    """The disk's own latency per block request beside the per-block latency (fio's clat vs the device's)."""
-    if d is None:
-        return []
-    if d.unavailable:
-        return [f"Device     latency per block request: not measured ({d.unavailable})"]
-    lines = [f"Device     latency per block request, ms ({d.source}; a block may be several requests; "
-             f"{sum(d.requests_whole_run.values()):,} requests in the whole run, {d.lost_events} lost)"]
-    for op in ("read", "write"):
-        s = getattr(d, op)
-        if s is not None and s.count:
-            lines.append(f"           {op:<5} {s.count:>9,} requests  p50 {pct_ms(s, 'p50')}  p95 {pct_ms(s, 'p95')}"
-                         f"  p99 {pct_ms(s, 'p99')}  max {_ms(s.max)}")
-    return lines
 
 
 def _infinite(results: Results) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from kv_cache.model import GiB
 from kv_cache.recorder.results_schema import Results
+from kv_cache.report.device_latency import device_latency_lines
 
 
 def _ranks(ranks: list[int | None]) -> str:
@@ -26,6 +27,15 @@ def _disk(group: list) -> str:
     shown = [f"{k} {dev / sum(x):.2f}x" for k, dev, x in (("read", read, [r for r, _ in ours]),
                                                           ("write", write, [w for _, w in ours])) if sum(x)]
     return text + (f" = {', '.join(shown)} its {len(group)} rank(s)' bytes" if shown else "")
+
+
+def _device_latency(group: list) -> list[str]:
+    """The host's disk latency from one rank's trace: each rank traces every request of the disk, its own and the
+    other ranks', so two ranks' histograms added would count each request twice."""
+    traced = [(r, t.device_latency) for r, t in group if t.device_latency is not None]
+    rank, d = next(((r, d) for r, d in traced if not d.unavailable), traced[0] if traced else (None, None))
+    whose = f"rank {rank}'s trace, every rank's requests: " if len(group) > 1 and rank is not None else ""
+    return device_latency_lines(d, "    device ", "      ", whose)
 
 
 def per_host_lines(results: Results) -> list[str]:
@@ -51,6 +61,7 @@ def per_host_lines(results: Results) -> list[str]:
                 disks.setdefault(t.disk.device, []).append((r, t))
         said += [_disk(g) for g in disks.values()]
         lines.append(f"{host} ({_ranks([r for r, _ in group])}): " + ("; ".join(said) or "nothing sampled"))
+        lines += _device_latency(group)
     if not lines:
         return []
     head = "Telemetry  per host (each rank samples its whole host over its window: ranks on one share its figures)"

@@ -69,6 +69,31 @@ def test_merged_ranks_say_their_hosts_telemetry_against_all_the_ranks_bytes():
             "GB, written 12.00 GB = read 1.01x, write 1.01x its 2 rank(s)' bytes") in said, said
 
 
+def test_merged_ranks_say_their_hosts_disk_latency_from_one_ranks_trace():
+    """Each rank traced its disk's latency, and the merged run said none of it: now one rank's a host (each rank's
+    trace holds every request of the disk, so two added would count each one twice)."""
+    from kv_cache.recorder.sections import DeviceLatency, Latency, TelemetrySummary
+    from kv_cache.report.console import render
+
+    ranks = []
+    for r, host in enumerate(("a", "a", "b")):
+        one = rank(r, 1, 0)
+        one.run.hosts = [host]
+        why = "the block tracepoints are not visible" if r == 0 else ""
+        traced = DeviceLatency(why, "eBPF", "vda", Latency(100 + r, p50=1.0 + r, p95=2.0, p99=3.0, max=4.0),
+                               None, {"read": 100 + r}, {"read": 1 << 30}, 0)
+        one.telemetry = TelemetrySummary(10, None, [], "no NVML", 20.0, 2.0 * 2**30, traced)
+        ranks.append(one)
+    merged = merge_ranks(ranks)
+    said = " ".join(render(merged).split())
+    assert ("a (ranks 0-1): host CPU 20% busy (mean), memory used peak 2.00 GiB device latency per block request, ms "
+            "(rank 1's trace, every rank's requests: eBPF; a block may be several requests; 101 requests in the whole "
+            "run, 0 lost) read 101 requests p50 2.00") in said, said
+    assert "b (rank 2): host CPU 20% busy (mean), memory used peak 2.00 GiB device latency per block request, ms " \
+           "(eBPF; a block may be several requests; 102 requests in the whole run, 0 lost) read 102 requests p50 " \
+           "3.00" in said, said
+
+
 def test_the_preconditioned_tier_is_named_as_the_tier_written_not_the_storage_under_test():
     """With a remote tier below the NVMe tier (or a decode node's handoff) the summary said "preconditioned: the
     valkey tier written whole": --precondition writes the NVMe tier."""
