@@ -107,6 +107,18 @@ class Dist:
             local.Free()
         return available // here, here
 
+    def first_rank_here(self) -> int:
+        """The lowest rank on this host (collective: every rank calls it)."""
+        if self.comm is None:
+            return self.rank
+        from mpi4py import MPI
+
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        try:
+            return local.bcast(self.rank, root=0)
+        finally:
+            local.Free()
+
     def bcast(self, value):
         return self.comm.bcast(value, root=0) if self.comm is not None else value
 

@@ -144,10 +144,14 @@ def agreed_settings_of(s: Settings, dist, reg) -> tuple[Settings, list[str]]:
     return s, notes
 
 
-def device_latency_mode(s: Settings, b: RunContext) -> str:
-    """'on' where the storage tier is a local disk whose block requests eBPF can time; else why not."""
+def device_latency_mode(s: Settings, b: RunContext, tracer: int | None = None) -> str:
+    """'on' where the storage tier is a local disk whose block requests eBPF can time; else why not (tracer: the rank
+    that traces this host's disk, when not this one: its trace holds every rank's requests, a second would only take
+    the CPU the ranks share)."""
     if s.run.device_latency == "off":
         return "off (--device-latency off)"
+    if tracer is not None:
+        return f"rank {tracer} traces this host's disk, every rank's requests"
     if s.tiers.null_io:
         return "the null tier moves no bytes"
     if REMOTE in b.tiers[-1].flags:

@@ -120,11 +120,14 @@ def test_processes_launches_the_ranks_for_the_user(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     r = run_cli(["--config", str(SMALL), "--output-dir", str(tmp_path), "--cache-dir", str(cache), "--run-id", "p",
-                 "--processes", "2", "--duration", "1.5", "--warmup", "0.3"], timeout=120)
+                 "--processes", "2", "--duration", "1.5", "--warmup", "0.3", "--device-latency", "auto"], timeout=120)
     assert r.returncode == 0, r.stderr
     assert "running as 2 processes" in r.stdout
     res = json.loads((tmp_path / "p" / "results.json").read_text())
     assert res["run"]["ranks"] == 2 and res["requests"]["completed"] > 0
+    # one trace of the host's disk (every request of it), not one a rank taking the CPU the ranks share
+    traced = [t["device_latency"]["unavailable"] for t in res["telemetry_per_rank"]]
+    assert traced[1] == "rank 0 traces this host's disk, every rank's requests" and "rank 0" not in traced[0]
     assert len(res["ranks_detail"]) == 2 and res["cpu"]["process_s"] > 0
     assert os.listdir(cache) == []
 
