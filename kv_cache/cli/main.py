@@ -123,7 +123,7 @@ def _cmd_policies(argv: list[str], reg: Registry) -> int:
         raise UserError("policies replays a fixed sequence: give its length with --max-requests N.")
     from kv_cache.run.policy_runs import compare_policies
 
-    return compare_policies(settings, names, ms, print, reg)
+    return compare_policies(settings, names, ms, (lambda *_: None) if settings.run.quiet else print, reg)
 
 
 
@@ -172,6 +172,12 @@ def _cmd_report(argv: list[str], reg: Registry) -> int:
     p.add_argument("--mlperf-profile", choices=("latency", "throughput"), default="latency",
                    help="The reference's performance profile its PASS/FAIL judges [default: latency].")
     args = p.parse_args(argv)
+    folder = Path(args.results)
+    if (folder / "policies.json").is_file() and not (folder / "results.json").exists() and not args.mlperf_output:
+        from kv_cache.report.policies import policies_report
+
+        print(policies_report(folder, args.plots))  # the policies sub-command's folder: its comparison
+        return 0
     path, data = load_results(args.results)
     from kv_cache.report.console import render
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 
+from kv_cache.errors import UserError
+from kv_cache.inputs import read_text
 from kv_cache.report.figure import save
-from kv_cache.report.table import format_table
+from kv_cache.report.table import fit, format_table
+
+FILE = "policies.json"  # the policies sub-command's comparison, in its folder beside a run folder a policy
 
 
 def _pct(v) -> str:
@@ -57,3 +62,19 @@ def policy_plot(rows: list[dict], folder: Path, model: str) -> Path:
     for ax in (ax1, ax2):
         ax.grid(axis="y", alpha=0.3)
     return save(fig, folder, "policies.png")
+
+
+def policies_report(folder: Path, plots: bool) -> str:
+    """The comparison a policies folder holds, said again (and its plot drawn again with plots)."""
+    path = folder / FILE
+    fix = "run the policies sub-command again, or pass one policy's run folder"
+    try:
+        data = json.loads(read_text(str(path), "policies file", 64 << 20, fix))
+        rows, model = data["policies"], data["ttft_model"]
+        table = policy_table(rows)
+        plot = policy_plot(rows, folder, model) if plots else folder / "policies.png"
+        drawn = f"; plot: {plot}" if plot.exists() else " (its plot is gone: --plots draws it again)"
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON's errors, a field missing or of a wrong type
+        raise UserError(f"{path} is not a policies comparison this tool reads ({type(e).__name__}: {e}); "
+                        f"{fix}.") from None
+    return table + "\n" + fit(f"  {model}\n  per-policy runs in {folder}/<policy>/{drawn}")

@@ -20,7 +20,7 @@ from kv_cache import signals
 from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
 from kv_cache.recorder.results_schema import Results
-from kv_cache.report.policies import policy_plot, policy_table
+from kv_cache.report.policies import FILE, policy_plot, policy_table
 from kv_cache.report.table import fit
 from kv_cache.run.outfolder import write_json
 from kv_cache.run.pipeline import new_run_id
@@ -68,7 +68,7 @@ def compare_policies(s: Settings, names: list[str], ms_per_token: float, say, re
         done = Results.from_dict(json.loads((root / name / "results.json").read_text()))
         rows.append(summarize(name, done, ms_per_token))
     model = f"modelled TTFT = measured storage TTFT + missed prompt tokens x {ms_per_token:g} ms (recompute)"
-    write_json(root / "policies.json", {"policies": rows, "ttft_model": model, "settings": s.to_dict()})
+    write_json(root / FILE, {"policies": rows, "ttft_model": model, "settings": s.to_dict()})
     plot = policy_plot(rows, root, model)
     say(policy_table(rows) + "\n" + fit(f"  {model}\n  per-policy runs in {root}/<policy>/; plot: {plot}"))
     return status

@@ -57,6 +57,22 @@ def test_policies_print_within_100_columns_and_leave_no_folder_in_their_report(t
     assert "Hit rate by source" in r.stdout and "  semantic-adaptive  nvme" in r.stdout, r.stdout
     assert sorted(p.name for p in (out / "pol").iterdir()) == ["lru", "policies.json", "policies.png",
                                                                "semantic-adaptive"]
-    # report of the comparison's folder named a results.json that does not exist; it names the runs in it
-    assert_clean_error(run_cli(["report", str(out / "pol")]), "holds no results.json of its own but the runs lru, "
-                       "semantic-adaptive: pass one of them")
+    # report of the comparison's folder named a results.json that does not exist; then it named the runs in it and
+    # said nothing of their comparison: it says the comparison again
+    again = run_cli(["report", str(out / "pol")])
+    assert again.returncode == 0, again.stderr
+    table = r.stdout[r.stdout.index("Policies on one request sequence"):]
+    assert again.stdout == table, again.stdout
+    assert_clean_error(run_cli(["report", str(out / "pol"), "--mlperf-output", str(tmp_path / "m.json")]),
+                       "holds no results.json of its own but the runs lru, semantic-adaptive: pass one of them")
+    (out / "pol" / "policies.json").write_text('{"policies": [{"policy": "lru"}], "ttft_model": "x"}')
+    assert_clean_error(run_cli(["report", str(out / "pol")]), "policies.json is not a policies comparison",
+                       "run the policies sub-command again")
+
+
+def test_quiet_policies_print_nothing(small_run):
+    """--quiet ("print nothing but errors") printed each policy's line and the whole comparison."""
+    r = run_cli(["policies", *small_run("q", "--max-requests", "4", "--duration", "600", "--warmup", "0"),
+                 "--policies", "lru"], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "" and (small_run.out / "q" / "policies.json").exists()
