@@ -73,4 +73,5 @@ def cmd_fleet(argv: list[str], reg: Registry) -> int:
     config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
     args.pop("lmcache_config")
     settings = resolve(config, sets, args, media_sections=reg.sections())
-    return run_fleet(settings, ask, reg, lambda text="": print(fit(str(text)), flush=True))
+    return run_fleet(settings, ask, reg, (lambda text="": None) if settings.run.quiet else
+                     (lambda text="": print(fit(str(text)), flush=True)))

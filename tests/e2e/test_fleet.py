@@ -113,6 +113,13 @@ def test_a_bounded_shared_tier_never_holds_more_than_its_capacity(tmp_path, writ
     assert bounded.points[0].hit_rate["shared"] < free.points[0].hit_rate["shared"]
 
 
+def test_a_quiet_fleet_prints_nothing(tmp_path):
+    """--quiet ("print nothing but errors") printed the planning, every point and the tables."""
+    r, f = fleet(tmp_path, "q", *SYNTHETIC, "--max-requests", "40", "--engines", "2", "--router", "round-robin",
+                 "--quiet")
+    assert r.stdout == "" and len(f.points) == 1
+
+
 @pytest.mark.slow
 def test_a_seed_gives_the_same_fleet(tmp_path):
     _, a = fleet(tmp_path, "x", *SYNTHETIC, "--engines", "2,5")
