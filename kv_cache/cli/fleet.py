@@ -22,6 +22,24 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 MAX_ENGINES = 100_000
+# What the plan reads: the traffic, the model's blocks, each engine's HBM and CPU tiers and their policy. Any other
+# setting says how a run measures (its length, its disk, its engine, its processes): typed here it would do nothing
+# on paper, unless --export-assignment hands it to the engines' runs (their settings.yaml)
+PLANNED = ("model.", "models.", "workload.", "profiles.", "trace.", "rag.", "semantic.", "cache.", "run.seed",
+           "run.max_requests", "run.output_dir", "run.run_id", "run.quiet", "schedule.request_rate", "tiers.gpu",
+           "tiers.gpu_mem_gb", "tiers.cpu_mem_gb")
+
+
+def _unplanned(flags: dict, sets: list[str], names: dict[str, str]) -> None:
+    """Refuse a setting typed (a flag, a --set) that the plan does not read (PLANNED); names: each flag's dest -> what
+    is typed."""
+    typed = [(k, names.get(k, k)) for k in flags] + \
+        [(t.split("=")[0].strip(), f"--set {t.split('=')[0].strip()}") for t in sets]
+    for dotted, said in typed:
+        if not any(dotted == k or (k.endswith(".") and dotted.startswith(k)) for k in PLANNED):
+            raise UserError(f"fleet plans on paper from the traffic, the model and each engine's HBM and CPU tiers; "
+                            f"{said} says how a run measures and would do nothing here: drop it (with "
+                            f"--export-assignment the engines' runs take it).")
 
 
 def cmd_fleet(argv: list[str], reg: Registry) -> int:
@@ -72,6 +90,8 @@ def cmd_fleet(argv: list[str], reg: Registry) -> int:
                    args.pop("export_assignment"))
     config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
     args.pop("lmcache_config")
+    if not ask.export:
+        _unplanned(args, sets, {a.dest: a.option_strings[0] for a in p._actions if a.option_strings})
     settings = resolve(config, sets, args, media_sections=reg.sections())
     return run_fleet(settings, ask, reg, (lambda text="": None) if settings.run.quiet else
                      (lambda text="": print(fit(str(text)), flush=True)))

@@ -138,6 +138,10 @@ def test_a_seed_gives_the_same_fleet(tmp_path):
     (["--semantic"], ["drop --semantic"]),
     (["--max-requests", "300000000"], ["300,000,000 requests", "GiB planned", "lower --max-requests"]),
     (["--engine-model", "stack", "--policy", "fifo"], ["--engine-model stack", "--policy is fifo"]),
+    # how a run measures: on paper it did nothing, without a word
+    (["--trials", "3"], ["fleet plans on paper", "--trials says how a run measures", "drop it"]),
+    (["--no-telemetry"], ["--no-telemetry says how a run measures"]),
+    (["--set", "tiers.io_engine=mmap"], ["--set tiers.io_engine says how a run measures"]),
 ])
 def test_bad_fleet_input_is_one_sentence(tmp_path, args, fragments):
     r = run_cli(["fleet", *SYNTHETIC, *args, "--output-dir", str(tmp_path), "--run-id", "bad"], timeout=120)
