@@ -21,9 +21,10 @@ import typing
 from pathlib import Path
 
 from kv_cache import runlog, signals
-from kv_cache.cli.args import Parser, amount
+from kv_cache.cli.args import Parser
 from kv_cache.cli.flags import run_parser
 from kv_cache.cli.fleet import cmd_fleet
+from kv_cache.cli.policies import cmd_policies
 from kv_cache.config import resolve
 from kv_cache.errors import RunFault, UserError
 from kv_cache.inputs import read_text, runs_inside
@@ -101,29 +102,6 @@ def _run(argv, reg, reference, config, sets, args, origins, lmcache_notes) -> in
 
         after_run(reference, settings, say)
     return status
-
-
-def _cmd_policies(argv: list[str], reg: Registry) -> int:
-    p = run_parser(reg)
-    p.prog = "kv_cache_benchmark.py policies"
-    p.description = "Replay one deterministic request sequence through several eviction policies and compare."
-    p.add_argument("--policies", default=",".join(reg.policies), help="Comma-separated policies [default: all].")
-    p.add_argument("--prefill-ms-per-token", type=amount, default=0.08,
-                   help="Recompute cost of a missed prompt token in the modelled TTFT [default: 0.08].")
-    args = vars(p.parse_args(argv))
-    names = [n.strip() for n in args.pop("policies").split(",") if n.strip()]
-    unknown = [n for n in names if n not in reg.policies]
-    if unknown or not names:
-        raise UserError(f"--policies: unknown policy '{(unknown or [''])[0]}'; known: {', '.join(reg.policies)}.")
-    ms = args.pop("prefill_ms_per_token")
-    config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
-    args.pop("lmcache_config")
-    settings = resolve(config, sets, args, media_sections=reg.sections())
-    if not settings.run.max_requests:
-        raise UserError("policies replays a fixed sequence: give its length with --max-requests N.")
-    from kv_cache.run.policy_runs import compare_policies
-
-    return compare_policies(settings, names, ms, (lambda *_: None) if settings.run.quiet else print, reg)
 
 
 
@@ -335,7 +313,7 @@ def _clean_remote(url: str, other_hosts: bool, dry_run: bool, kept: bool, reg: R
 
 
 COMMANDS = {"run": _cmd_run, "report": _cmd_report, "compare": _cmd_compare, "validate": _cmd_validate,
-            "policies": _cmd_policies, "clean": _cmd_clean, "capacity": _cmd_capacity, "fleet": cmd_fleet}
+            "policies": cmd_policies, "clean": _cmd_clean, "capacity": _cmd_capacity, "fleet": cmd_fleet}
 
 
 def main(argv: list[str] | None = None) -> int:

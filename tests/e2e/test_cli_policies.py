@@ -32,6 +32,9 @@ def test_policies_needs_a_sequence_length_and_known_names(small_run):
     assert_clean_error(run_cli(["policies", *small_run("p1")]), "--max-requests N")
     assert_clean_error(run_cli(["policies", *small_run("p2", "--max-requests", "5"), "--policies", "mru"]),
                        "unknown policy 'mru'")
+    # replaced by the sequence, then refused as if not typed: "add --arrival poisson or drop --request-rate"
+    r = run_cli(["policies", *small_run("p3", "--max-requests", "5", "--arrival", "poisson", "--request-rate", "5")])
+    assert_clean_error(r, "policies replays one fixed sequence", "--arrival would change how they arrive")
 
 
 @pytest.mark.parametrize("value", ["nan", "-1", "inf"])

@@ -1,0 +1,42 @@
+"""The policies sub-command's command line."""
+
+from __future__ import annotations
+
+from kv_cache.cli.args import amount
+from kv_cache.cli.flags import run_parser
+from kv_cache.config import resolve
+from kv_cache.errors import UserError
+from kv_cache.run.registry import Registry
+
+# how requests arrive: the comparison replays one fixed sequence (--arrival sequence), so each would be replaced
+ARRIVING = ("schedule.arrival", "schedule.request_rate", "schedule.think_time_s", "schedule.admission",
+            "trace.speedup", "autoscale.mode")
+
+
+def cmd_policies(argv: list[str], reg: Registry) -> int:
+    p = run_parser(reg)
+    p.prog = "kv_cache_benchmark.py policies"
+    p.description = "Replay one deterministic request sequence through several eviction policies and compare."
+    p.add_argument("--policies", default=",".join(reg.policies), help="Comma-separated policies [default: all].")
+    p.add_argument("--prefill-ms-per-token", type=amount, default=0.08,
+                   help="Recompute cost of a missed prompt token in the modelled TTFT [default: 0.08].")
+    args = vars(p.parse_args(argv))
+    names = [n.strip() for n in args.pop("policies").split(",") if n.strip()]
+    unknown = [n for n in names if n not in reg.policies]
+    if unknown or not names:
+        raise UserError(f"--policies: unknown policy '{(unknown or [''])[0]}'; known: {', '.join(reg.policies)}.")
+    typed = {a.dest: a.option_strings[0] for a in p._actions if a.option_strings}
+    for dotted in ARRIVING:
+        if dotted in args and args[dotted] != "sequence":
+            raise UserError(f"policies replays one fixed sequence of requests, one in flight (--arrival sequence), "
+                            f"so that every policy sees the same; {typed[dotted]} would change how they arrive: "
+                            f"drop it.")
+    ms = args.pop("prefill_ms_per_token")
+    config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
+    args.pop("lmcache_config")
+    settings = resolve(config, sets, args, media_sections=reg.sections())
+    if not settings.run.max_requests:
+        raise UserError("policies replays a fixed sequence: give its length with --max-requests N.")
+    from kv_cache.run.policy_runs import compare_policies
+
+    return compare_policies(settings, names, ms, (lambda *_: None) if settings.run.quiet else print, reg)
