@@ -29,6 +29,7 @@ from kv_cache.run.sizing import (
     payload_copies,
     pool_note,
     probe_workers,
+    trace_memory,
     worker_ceiling,
 )
 from kv_cache.run.stack import RunContext, build_tiers, gds_link, open_gpu, pin_host_memory
@@ -154,6 +155,15 @@ def _what_is_built(s: Settings) -> str:
     return ", ".join(parts or ["memory pre-touched"])
 
 
+def _reading(s: Settings) -> str:
+    """What a --trace is, said as it is read: text is tokenized then (a 216 MB ShareGPT file took 35 s, silent)."""
+    size, _, _, fmt = trace_memory(s)
+    text = fmt == "sharegpt" or s.semantic.enabled
+    amount = f"{size / 2**20:,.1f} MiB" if size >= 2**20 else f"{size / 2**10:,.0f} KiB"
+    return (f"  reading the trace: {amount} of {'text' if s.semantic.enabled else fmt}"
+            + (", tokenized now, before the clock (--max-conversations N reads fewer)" if text else ""))
+
+
 def prepare(run: RunSpec) -> Prepared:
     """Everything that can refuse the run, agreed on by all ranks before any of them measures."""
     s, dist = run.s, run.dist
@@ -162,6 +172,8 @@ def prepare(run: RunSpec) -> Prepared:
     try:
         ignored = check_options(s, dist.active, run.reg)
         check_traffic_fits(s, dist.size, *memory)  # before a user is made
+        if s.trace.path and s.disagg.role != "decode":  # a large trace takes a while: said, not a silent wait
+            run.say(_reading(s))
         traffic = build_traffic(s, run.reg, dist.rank, dist.size)  # bad traces are refused before any data is written
         check_traffic(s, traffic.arrival)
         qos_policy(s)  # a bad --qos-mix is refused here, before any data is written

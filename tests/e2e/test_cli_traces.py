@@ -47,6 +47,8 @@ def test_a_traces_closed_loop_users_are_its_conversations_at_most(small_run, tmp
                           "--duration", "600", quiet=False))
     assert r.returncode == 0, r.stderr
     assert small_run.results("c")["run"]["users"] == 3 and "; 3 users, " in r.stdout
+    # a large text trace is tokenized before anything is said: 35 s of silence for 216 MB
+    assert r.stdout.startswith("  reading the trace: ") and "KiB of sharegpt, tokenized now" in r.stdout.split("\n")[0]
 
 
 def test_burstgpt_sample_open_loop_at_trace_time(small_run):
