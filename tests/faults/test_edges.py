@@ -40,6 +40,8 @@ CASES = [
     (["--think-time-s", "0,1"], ["--think-time-s", "--trace"]),
     # values that were accepted and meant nothing, or hung, or overflowed
     (["--cpu-mem-gb", "1e-30"], ["--cpu-mem-gb 1e-30 holds no", "or 0 to turn the CPU tier off"]),
+    # the size typed is short, not the disk: "has too little space ... (79 GiB free); free space"
+    (["--nvme-gb", "0.001"], ["--nvme-gb 0.001 holds no 2.0 MiB object", "pass --nvme-gb 0.01 or more"]),
     (["--gpu", "simulated", "--gpu-mem-gb", "1e-6"], ["--gpu-mem-gb 1e-06 holds no"]),
     (["--semantic", "--semantic-threshold", "-1"], ["--semantic-threshold", "must be >= 0"]),
     (["--model", "LLAMA8B"], ["unknown model 'LLAMA8B'", "case-sensitive", "'llama8b'"]),
