@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kv_cache.recorder.results_schema import Results
-from kv_cache.report.table import fit, format_table
+from kv_cache.report.table import WIDTH, fit, format_table
 
 
 def _storage(op: str, pct: str):
@@ -100,24 +100,36 @@ CHOICES = (  # what a run chose or was told, beside the numbers: the same comman
 )
 
 
-def comparison_table(runs: list[tuple[str, Results]]) -> str:
-    """Runs as columns named 1, 2, ... (their folders listed first), so that the table fits 100 columns."""
-    legend = [f"run {i}: {name}" for i, (name, _) in enumerate(runs, 1)]
-    header = ["measure", ""] + [f"run {i}" for i in range(1, len(runs) + 1)] + [
-        f"{i} / 1" for i in range(2, len(runs) + 1)]
+def _table(runs: list[tuple[str, Results]], picked: list[int]) -> list[str]:
+    """The first run (the baseline) and the runs picked (their indexes) side by side, with each one's ratios to it."""
+    cols = [0, *picked]
+    header = ["measure", ""] + [f"run {i + 1}" for i in cols] + [f"{i + 1} / 1" for i in picked]
     rows = [header]
     for title, get, _better in HEADLINES:
-        values = [get(r) for _, r in runs]
+        values = [get(runs[i][1]) for i in cols]
         if all(v is None for v in values):
             continue
         base = values[0]
         ratios = [f"{v / base:.2f}x" if v is not None and base else "-" for v in values[1:]]
         rows.append([title, ""] + [_fmt(v) for v in values] + ratios)
-    pad = [""] * (len(runs) - 1)
+    pad = [""] * len(picked)
     described = [("model", lambda r: r.run.model), ("io engine", lambda r: r.run.io_engine),
                  ("storage tier", lambda r: r.bottom), *CHOICES]
-    lines = legend + [""] + format_table(rows + [[title, ""] + [get(r) for _, r in runs] + pad
-                                                  for title, get in described])
+    return format_table(rows + [[title, ""] + [get(runs[i][1]) for i in cols] + pad for title, get in described])
+
+
+def comparison_table(runs: list[tuple[str, Results]]) -> str:
+    """Runs as columns named 1, 2, ... (their folders listed first); as many runs a table beside the baseline as fit
+    100 columns (nine runs in one table wrapped each row over three lines), the baseline in each."""
+    legend = [f"run {i}: {name}" for i, (name, _) in enumerate(runs, 1)]
+    others = list(range(1, len(runs)))
+    for k in range(len(others), 0, -1):
+        tables = [_table(runs, others[j:j + k]) for j in range(0, len(others), k)]
+        if k == 1 or all(len(line) <= WIDTH for t in tables for line in t):
+            break
+    lines = legend
+    for t in tables:
+        lines += [""] + t
     diff = setting_differences(runs)
     if diff:
         lines += ["", f"note: these runs differ in {len(diff)} setting(s) that change the numbers (values in run "

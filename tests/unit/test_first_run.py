@@ -165,6 +165,19 @@ def test_compare_fits_100_columns_and_shows_the_choices_and_the_verdict():
     assert "run 1: reports/20261127T045205Z-4385-with-a-long-name" in text
 
 
+def test_compare_of_many_runs_sets_them_beside_the_baseline_in_tables_that_fit():
+    """Nine runs in one table wrapped each row over three lines; now as many runs a table as fit beside run 1."""
+    from kv_cache.report.compare import comparison_table
+
+    lines = comparison_table([(f"run-{i}", results()) for i in range(9)]).splitlines()
+    rows = [n for n, x in enumerate(lines) if x.startswith("requests / s")]
+    assert len(rows) > 1 and all(lines[n + 1].startswith("cached tokens / s") for n in rows), "\n".join(lines)
+    heads = [x.split() for x in lines if x.startswith("measure")]
+    assert all(h[1:3] == ["run", "1"] for h in heads)  # the baseline in each
+    shown = sorted(int(h) for head in heads for h in head[3:] if h.isdigit() and h != "1")
+    assert shown == sorted(list(range(2, 10)) * 2)  # every other run once, as a column and in its ratio "i / 1"
+
+
 def test_compare_says_an_mpi_runs_workers_and_tiers_are_each_ranks():
     """An MPI run beside a single process read 'workers 4 | 4', 'cpu tier GiB 1 | 4': its figures are a rank's."""
     from kv_cache.report.compare import comparison_table
