@@ -268,8 +268,8 @@ def _cmd_clean(argv: list[str], reg: Registry) -> int:
     p = Parser(prog="kv_cache_benchmark.py clean",
                description="Remove the folders that killed runs (SIGKILL, a crashed host) left: "
                            "only folders carrying this program's marker whose run is gone.")
-    p.add_argument("--cache-dir", default=str(Path("reports") / "cache"),
-                   help="The cache directory the runs used [default: reports/cache].")
+    p.add_argument("--cache-dir", default="",
+                   help="The cache directory the runs used [default: cache/ in --output-dir, as a run's].")
     p.add_argument("--output-dir", default="reports", help="Their --output-dir (empty report folders) "
                                                            "[default: reports].")
     p.add_argument("--other-hosts", action="store_true",
@@ -280,12 +280,15 @@ def _cmd_clean(argv: list[str], reg: Registry) -> int:
     args = p.parse_args(argv)
     if args.remote_url:
         return _clean_remote(args.remote_url, args.other_hosts, args.dry_run, args.kept, reg)
+    from kv_cache.markers import Swept
     from kv_cache.run.leftovers import clean
 
-    for where in (args.cache_dir, args.output_dir):
+    # where a run without --cache-dir puts its files; a run removes it once empty, so its absence is no mistake
+    cache = args.cache_dir or str(Path(args.output_dir) / "cache")
+    for where in ([args.cache_dir] if args.cache_dir else []) + [args.output_dir]:
         if not Path(where).is_dir():
             raise UserError(f"{where} is not a folder; pass the --cache-dir / --output-dir the runs used.")
-    swept = clean(args.cache_dir, args.other_hosts, args.dry_run, _say, kept=args.kept)
+    swept = clean(cache, args.other_hosts, args.dry_run, _say, kept=args.kept) if Path(cache).is_dir() else Swept()
     swept += clean(args.output_dir, args.other_hosts, args.dry_run, _say, prefix="")
     print(fit(swept.line("folder(s)", args.dry_run)))
     return 0

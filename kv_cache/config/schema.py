@@ -145,7 +145,8 @@ class TierSettings:
                                   "filesystem's size, 64 GiB and half its free space; with "
                                   "--null-io 0 means 64 GiB).",
                          lo=0.0, hi=MAX_GIB)
-    cache_dir: str = key("", "Directory for the NVMe tier's files (empty: reports/cache). A run "
+    cache_dir: str = key("", "Directory for the NVMe tier's files (empty: cache/ in --output-dir, reports/cache "
+                             "by default). A run "
                              "makes its own subdirectory there and removes it at the end.")
     io_engine: str = key("direct", "How the NVMe tier moves bytes: one of its I/O engines (their table, "
                                    "kv_cache/tiers/engines.py, lists each; --help names them).")

@@ -126,6 +126,25 @@ def test_kill_9_then_a_second_run_reports_and_clean_removes_exactly_that(small_r
     assert sorted(os.listdir(small_run.out)) == ["k2"]  # the killed run's empty report folder went too
 
 
+def test_clean_of_an_output_dir_finds_what_a_killed_run_left_in_its_cache(tmp_path):
+    """A run given --output-dir alone keeps its files in <output-dir>/cache; clean --output-dir looked in
+    reports/cache of wherever it was typed: it refused ("not a folder") or swept another folder."""
+    out = tmp_path / "out"
+    p = start(["--config", str(SMALL), "--output-dir", str(out), "--run-id", "k", "--duration", "30"])
+    left = out / "cache" / "kvbench-k"
+    end = time.monotonic() + 60
+    while not (left.is_dir() and "  running:" in p.stdout_path.read_text()) and p.poll() is None:
+        assert time.monotonic() < end, "the run never started its clock"
+        time.sleep(0.05)
+    p.kill()
+    p.communicate(timeout=30)
+    assert left.is_dir()
+    r = run_cli(["clean", "--output-dir", str(out)], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not left.exists() and "removed 2 folder(s): 2 left by killed runs" in r.stdout, r.stdout
+    assert os.listdir(out / "cache") == [] and os.listdir(out) == ["cache"]
+
+
 def test_run_id_of_a_live_run_is_refused(small_run):
     p = start(small_run("live", "--duration", "30", quiet=False))
     try:
