@@ -18,7 +18,9 @@ def capacity_lines(results: Results, rows: int = 12, own: bool = True) -> list[s
     c = results.capacity_curve
     if c is None:
         return []
-    marks = {c.knee_90_slots: "90 % knee", c.knee_99_slots: "99 % knee", c.run_slots: "this run"}
+    # merged runs: the capacity marked is the first run's, the rate the runs' summed
+    mark, whose, rate = ("this run", "this run's", "this run's") if own else ("run 1's", "run 1's", "the runs' summed")
+    marks = {c.knee_90_slots: "90 % knee", c.knee_99_slots: "99 % knee", c.run_slots: mark}
     step = max(1, len(c.points) // rows)
     shown = [p for i, p in enumerate(c.points) if p.slots in marks or i == len(c.points) - 1
              or i % step == 0 or p.read_iops is not None]
@@ -39,10 +41,10 @@ def capacity_lines(results: Results, rows: int = 12, own: bool = True) -> list[s
              f"  bottom, GB/s, IOPS, MB/req: {c.demand_model}"]
             + format_table(table, 2, "  ")
             + _held_against_the_run(results, own)
-            + ([f"  by source at this run's capacity (each a share of all prompt tokens; they sum to the hit rate): "
+            + ([f"  by source at {whose} capacity (each a share of all prompt tokens; they sum to the hit rate): "
                 f"{sources}"] if sources else [])
             + [f"  infinite cache: {c.infinite_hit_rate:.1%}; 90 % of it from {_knee(c, c.knee_90_slots)}, "
-               f"99 % from {_knee(c, c.knee_99_slots)} (storage demand: at this run's request rate, blocks of "
+               f"99 % from {_knee(c, c.knee_99_slots)} (storage demand: at {rate} request rate, blocks of "
                f"{c.slot_bytes / 2**20:.2f} MiB)"])
 
 

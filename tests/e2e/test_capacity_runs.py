@@ -58,6 +58,9 @@ def test_capacity_merges_runs_sharing_a_tier_and_compare_overlays_curves(small_r
     both = run_cli(["capacity", str(small_run.out / "n1"), str(small_run.out / "n2"), "--output", str(tmp_path)])
     assert one.returncode == both.returncode == 0, one.stderr + both.stderr
     assert "of 2 runs merged in wall-clock order" in both.stdout and "this run" in one.stdout
+    # merged: the capacity marked is run 1's and the rate both runs' ("this run" of two)
+    assert "this run" not in both.stdout and "run 1's" in both.stdout and "at the runs' summed request rate" in \
+        " ".join(both.stdout.split())
     assert (tmp_path / "capacity_curve.png").exists()
 
     def infinite(text: str) -> float:
