@@ -217,6 +217,11 @@ class Runner:
             self._dispatch(start, measure_at, deadline, max_requests)
         except KeyboardInterrupt:
             self.outcome.stopped_reason = "interrupted"
+            # NOTE: a signal's exception raised between the lock's acquire and its with-block (Condition.__enter__
+            # returning) left the lock held by this thread, which alone can take it again (an RLock): every worker
+            # then waited for it, and the drain for them, for ever (a SIGTERM in the warm-up hung a CI run)
+            while self._cond._is_owned():
+                self._cond.release()
         # NOTE: from here on a signal is remembered, not raised: the drain and the caller's writing of the
         # results must not be cut short by a second Ctrl-C. The caller resumes (signals.resume) once done.
         signals.defer()

@@ -122,3 +122,25 @@ def test_think_times_and_the_window_pass_on_the_injected_clock_not_in_sleeps():
         gaps = [(b - a) / 1e9 for a, b in zip(mine, mine[1:])]
         assert len(mine) == 3 and all(10.0 <= g < 10.5 for g in gaps), gaps  # think time + the answer's time
     assert recorder.measure_start_ns == outcome.start_ns + 15 * 10**9  # the warm-up ended on the clock
+
+
+def test_a_signal_that_leaves_the_dispatcher_holding_the_lock_still_ends_the_run():
+    """A SIGTERM's exception raised between the lock's acquire and its with-block left the main thread holding it:
+    the workers waited for it and the drain for them, for ever (a CI run hung in the warm-up)."""
+    began = time.monotonic()
+
+    class Leaky(ClosedLoopRunner):
+        def _wait(self, *args):  # under the lock, requests in flight
+            if time.monotonic() - began > 0.2:
+                self._cond.acquire()  # one more hold than the with-block it is in gives back, as a signal leaves it
+                raise KeyboardInterrupt
+            super()._wait(*args)
+
+    runner = Leaky([_User(u, think_s=0.001) for u in range(8)], 2, lambda req, state: time.sleep(0.02),
+                   lambda: None, Recorder())
+    runner.drain_s = 1.0
+    done: list = []
+    main = threading.Thread(target=lambda: done.append(runner.run(0.0, 3600.0)), daemon=True)
+    main.start()
+    main.join(timeout=60)
+    assert done and done[0].stopped_reason == "interrupted", "the run never ended: its workers wait for the lock"
