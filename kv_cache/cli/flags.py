@@ -91,6 +91,11 @@ def _add_setting_flags(p: Parser, reg, full: bool = True) -> None:
                                    choices=choices, metavar=metavar)
 
 
+def flag_names(p: argparse.ArgumentParser) -> dict[str, str]:
+    """Each option's dest (a setting's dotted key) -> the flag a user types for it."""
+    return {a.dest: a.option_strings[0] for a in p._actions if a.option_strings}
+
+
 def run_parser(reg, full: bool = True) -> Parser:
     """The run's flags (reg: the registry, whose tables give the media's sections and the engines' and policies'
     choices); full=False hides all but the common ones from --help (every flag is still accepted)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kv_cache.cli.args import amount
-from kv_cache.cli.flags import run_parser
+from kv_cache.cli.flags import flag_names, run_parser
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
 from kv_cache.report.table import fit
@@ -91,7 +91,7 @@ def cmd_fleet(argv: list[str], reg: Registry) -> int:
     config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
     args.pop("lmcache_config")
     if not ask.export:
-        _unplanned(args, sets, {a.dest: a.option_strings[0] for a in p._actions if a.option_strings})
+        _unplanned(args, sets, flag_names(p))
     settings = resolve(config, sets, args, media_sections=reg.sections())
     return run_fleet(settings, ask, reg, (lambda text="": None) if settings.run.quiet else
                      (lambda text="": print(fit(str(text)), flush=True)))

@@ -151,11 +151,12 @@ def _cmd_report(argv: list[str], reg: Registry) -> int:
                    help="The reference's performance profile its PASS/FAIL judges [default: latency].")
     args = p.parse_args(argv)
     folder = Path(args.results)
-    if (folder / "policies.json").is_file() and not (folder / "results.json").exists() and not args.mlperf_output:
-        from kv_cache.report.policies import policies_report
+    if folder.is_dir() and not (folder / "results.json").exists() and not args.mlperf_output:
+        from kv_cache.report.policies import FILE, policies_report
 
-        print(policies_report(folder, args.plots))  # the policies sub-command's folder: its comparison
-        return 0
+        if (folder / FILE).is_file():  # the policies sub-command's folder: its comparison
+            print(policies_report(folder, args.plots))
+            return 0
     path, data = load_results(args.results)
     from kv_cache.report.console import render
 

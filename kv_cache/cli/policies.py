@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kv_cache.cli.args import amount
-from kv_cache.cli.flags import run_parser
+from kv_cache.cli.flags import flag_names, run_parser
 from kv_cache.config import resolve
 from kv_cache.errors import UserError
 from kv_cache.run.registry import Registry
@@ -25,12 +25,11 @@ def cmd_policies(argv: list[str], reg: Registry) -> int:
     unknown = [n for n in names if n not in reg.policies]
     if unknown or not names:
         raise UserError(f"--policies: unknown policy '{(unknown or [''])[0]}'; known: {', '.join(reg.policies)}.")
-    typed = {a.dest: a.option_strings[0] for a in p._actions if a.option_strings}
     for dotted in ARRIVING:
-        if dotted in args and args[dotted] != "sequence":
+        if dotted in args and (dotted, args[dotted]) != ("schedule.arrival", "sequence"):  # the one it runs
             raise UserError(f"policies replays one fixed sequence of requests, one in flight (--arrival sequence), "
-                            f"so that every policy sees the same; {typed[dotted]} would change how they arrive: "
-                            f"drop it.")
+                            f"so that every policy sees the same; {flag_names(p)[dotted]} would change how they "
+                            f"arrive: drop it.")
     ms = args.pop("prefill_ms_per_token")
     config, sets, _, _ = args.pop("config"), args.pop("set"), args.pop("list_models"), args.pop("help_all")
     args.pop("lmcache_config")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from kv_cache.config import ScheduleSettings, Settings, TraceSettings, flag_name, iter_keys
+from kv_cache.config import Settings, flag_name, iter_keys
 from kv_cache.config.keys import DAY_S
 from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
@@ -217,12 +217,11 @@ def check_options(s: Settings, mpi: bool, reg) -> list[str]:
 
 
 def check_traffic(s: Settings, arrival: str) -> None:
-    unscaled = TraceSettings.__dataclass_fields__["speedup"].default
-    if s.trace.speedup != unscaled and arrival != "trace":  # no timestamp it would scale is used
+    unset = Settings()  # what each setting is when nobody gives it
+    if s.trace.speedup != unset.trace.speedup and arrival != "trace":  # no timestamp it would scale is used
         raise UserError(f"--trace-speedup scales the timestamps of trace arrivals (--arrival trace, a trace that "
                         f"has them), and this run's arrival is {arrival}; drop --trace-speedup.")
-    if s.schedule.think_time_s != ScheduleSettings.__dataclass_fields__["think_time_s"].default and \
-            arrival != "closed":  # only a closed-loop user thinks
+    if s.schedule.think_time_s != unset.schedule.think_time_s and arrival != "closed":  # only a closed-loop user thinks
         raise UserError(f"--think-time-s is the pause of closed-loop users between an answer and the next question, "
                         f"and this run's arrival is {arrival} (no user waits); drop --think-time-s or use --arrival "
                         f"closed.")

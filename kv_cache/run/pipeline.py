@@ -172,7 +172,7 @@ def _stages(run: RunSpec, p: Prepared) -> Stages:
     if traffic.analysis_total != 0:  # a wait of seconds at small blocks: said, so that it reads as work, not a hang
         run.say("  analysing the traffic before the clock (its lengths, an infinite cache's hit rate)")
     analysis = analyse(traffic.analysis_items, life, limit, total)
-    tracer = dist.first_rank_here() if dist.active else dist.rank  # collective: before any rank may skip telemetry
+    tracer = dist.first_rank_here()  # collective: before any rank may skip telemetry
     mode = device_latency_mode(s, b, None if tracer == dist.rank else tracer)
     tele = Telemetry(b.site.cache_dir if b.site else None, device_latency=mode) if s.run.telemetry else None
     progress = Progress(s, recorder, cache, b, s.run.quiet or dist.rank > 0, tele)

@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -220,18 +221,20 @@ class Ranges:
         self._busy: set[tuple[str, int]] = set()
         self._free = threading.Condition(threading.Lock())
 
-    def take(self, t: Target, off: int) -> tuple[str, int]:
+    @contextmanager
+    def alone(self, t: Target, off: int):
+        """Within: the only read of t's range at off."""
         key = (t.path, off)
         with self._free:
             while key in self._busy:
                 self._free.wait()
             self._busy.add(key)
-        return key
-
-    def give(self, key: tuple[str, int]) -> None:
-        with self._free:
-            self._busy.discard(key)
-            self._free.notify_all()
+        try:
+            yield
+        finally:
+            with self._free:
+                self._busy.discard(key)
+                self._free.notify_all()
 
 
 class BufferedEngine(Engine):
@@ -247,8 +250,7 @@ class BufferedEngine(Engine):
         drop_cached(t.fd, off, data.size)
 
     def read(self, t: Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
-        key = self.reading.take(t, off)
-        try:
+        with self.reading.alone(t, off):
             # NOTE: no readahead (fio's fadvise_hint on random I/O): the kernel's window (8 MiB on a VM here) filled
             # large folios reaching into the next units' and blocks' ranges, which their drops could not evict, so
             # they were read from the cache (--io-unit layer after --precondition: the disk read 0.12x the bytes)
@@ -257,8 +259,6 @@ class BufferedEngine(Engine):
             start = time.monotonic_ns()
             pread_all(t.fd, out, off, t.path, unit, times)
             device_call(start)
-        finally:
-            self.reading.give(key)
 
 
 class MmapEngine(Engine):
@@ -280,8 +280,7 @@ class MmapEngine(Engine):
         t.mm.madvise(mmap.MADV_DONTNEED, off, data.size)
 
     def read(self, t: Target, off: int, out: np.ndarray, unit: int, times: list | None) -> None:
-        key = self.reading.take(t, off)
-        try:
+        with self.reading.alone(t, off):
             t.mm.madvise(mmap.MADV_DONTNEED, off, out.size)
             drop_cached(t.fd, off, out.size)  # neither mapped nor cached: each page faults in from the device
             start = time.monotonic_ns()
@@ -289,8 +288,6 @@ class MmapEngine(Engine):
             np.copyto(out, t.view[off:off + out.size])  # each page faulted in from the device
             device_call(start)
             t.mm.madvise(mmap.MADV_DONTNEED, off, out.size)
-        finally:
-            self.reading.give(key)
 
     def write_many(self, ios: list, unit: int, pools: Pools | None = None) -> list:
         return in_turn(self.write, ios, unit)

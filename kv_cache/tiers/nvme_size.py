@@ -41,13 +41,13 @@ def capacity(s, site: StorageSite, slot: int, max_object_bytes: int, free: int) 
                             f"has {free / GiB:.2f} GiB free; lower --nvme-gb or free space.")
     else:
         want, said = auto_bytes(site.cache_dir)
-    if want // slot * slot < max_object_bytes and s.nvme_gb:  # the size asked for is short, not the disk
-        need = -(-max_object_bytes // slot) * slot / GiB
-        raise UserError(f"--nvme-gb {s.nvme_gb:g} holds no {max_object_bytes / 2**20:.1f} MiB object, the largest "
-                        f"this run stores; pass --nvme-gb {math.ceil(need * 100) / 100:g} or more"
-                        + (f" (and free space: {site.cache_dir} has {free / GiB:.2f} GiB free)" if need * GiB > free
-                           else "") + ".")
     if want // slot * slot < max_object_bytes:
+        if s.nvme_gb:  # the size asked for is short, not the disk
+            need = -(-max_object_bytes // slot) * slot / GiB
+            raise UserError(f"--nvme-gb {s.nvme_gb:g} holds no {max_object_bytes / 2**20:.1f} MiB object, the "
+                            f"largest this run stores; pass --nvme-gb {math.ceil(need * 100) / 100:g} or more"
+                            + (f" (and free space: {site.cache_dir} has {free / GiB:.2f} GiB free)"
+                               if need * GiB > free else "") + ".")
         raise UserError(f"{site.cache_dir} has too little space for the NVMe tier: {want / GiB:.3f} GiB holds no "
                         f"{max_object_bytes / 2**20:.1f} MiB object ({free / GiB:.2f} GiB free); free space, "
                         f"pass a larger --nvme-gb or another --cache-dir.")
