@@ -22,7 +22,7 @@ from pathlib import Path
 from kv_cache.cli.args import Parser, amount
 from kv_cache.cli.mlperf_config import apply_config, is_reference_config
 from kv_cache.cli.mlperf_files import check_output, check_xlsx, make_cache_dir
-from kv_cache.cli.mlperf_load import load_model
+from kv_cache.cli.mlperf_load import load_model, trace_at_its_times
 from kv_cache.config import Settings, flag_name, iter_keys, read_config_file
 from kv_cache.errors import UserError
 
@@ -151,6 +151,10 @@ class Sets(dict):
         super().__setitem__(dotted, value)
         self.origin[dotted] = origin
 
+    def drop(self, dotted: str) -> None:
+        del self[dotted]
+        self.origin.pop(dotted)
+
 
 def speaks_reference(argv: list[str]) -> bool:
     """True when the command line uses a flag only the reference has, or --config names a reference file."""
@@ -201,12 +205,13 @@ def translate(argv: list[str]) -> Translation:
         notes.append(f"{', '.join(sorted({sets.origin[k] for k in idle}))}: not applied, RAG is off (--enable-rag "
                      f"turns it on)")
     for k in idle:
-        del sets[k]
-        sets.origin.pop(k)
+        sets.drop(k)
+    no_users = trace_at_its_times(ns, rest, sets, notes)
     user_sets = {rest[i + 1].split("=", 1)[0] for i, a in enumerate(rest[:-1]) if a == "--set"}
     defaults = {**DEFAULTS, "workload.generation_ms_per_token": sets.timing["realistic"]}  # its default mode
     for dotted, value in defaults.items():  # the reference's defaults for what its command line left out
-        if dotted not in sets and dotted not in user_sets and not given & _OUR_FLAGS.get(dotted, set()):
+        if dotted not in sets and dotted not in user_sets and not given & _OUR_FLAGS.get(dotted, set()) \
+                and not (no_users and dotted == "workload.users"):
             sets.put(dotted, value, f"the MLPerf reference's default {dotted}")
     load_model(ns, rest, sets, notes, DEFAULTS["workload.users"])
     if ns.log_level:

@@ -34,6 +34,19 @@ def load_model(ns, rest: list[str], sets, notes: list[str], default_users: int) 
         notes.insert(0, "the MLPerf reference's load model, not ours: " + "; ".join(said))
 
 
+def trace_at_its_times(ns, rest: list[str], sets, notes: list[str]) -> bool:
+    """The burst trace's requests at their timestamps (open loop) come from no user: the reference's user count,
+    typed (--num-users, its config) or its default, is not applied (ours says --users where no user is made)."""
+    if not (_open_loop(ns, sets) and ns.use_burst_trace and not ns.dataset_path) or _typed("schedule.arrival", rest):
+        return False
+    if "workload.users" in sets:
+        origin, users = sets.origin["workload.users"], sets["workload.users"]
+        notes.append(f"{origin}: {users} users not applied, the burst trace's requests come at their timestamps, "
+                     f"from no user (--trace-speedup 0 issues them back to back, by users)")
+        sets.drop("workload.users")
+    return True
+
+
 def _open_loop(ns, sets) -> bool:
     """Arrivals that do not wait for answers (a request rate, or the burst trace's timestamps): no users to admit."""
     arrival = sets.get("schedule.arrival")

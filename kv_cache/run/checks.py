@@ -12,6 +12,7 @@ from kv_cache.config.load import iter_media_keys
 from kv_cache.errors import UserError
 from kv_cache.recorder.iotrace import fio_job_path
 from kv_cache.run.handoff import handoff_target
+from kv_cache.run.traffic import makes_users
 from kv_cache.safefiles import refuse_link
 from kv_cache.tiers.fsinfo import FILES, refuse_system_dir
 from kv_cache.tiers.remote import medium_of
@@ -35,6 +36,8 @@ ONLY_WHEN = (
      "--role prefill or decode"),
     (("tiers.precondition_passes", "tiers.precondition_steady"), lambda s, mpi: s.tiers.precondition,
      "--precondition"),
+    (("schedule.max_inflight",), lambda s, mpi: s.schedule.request_io == "batched" and s.model.block_tokens > 0,
+     "a request's blocks moved in batches (--request-io batched, --block-tokens > 0)"),
     (("tiers.layers_per_io",), lambda s, mpi: s.tiers.io_unit == "layer", "--io-unit layer"),
     (("tiers.slab_file_gb",), lambda s, mpi: s.tiers.nvme_layout == "slab", "--nvme-layout slab"),
     (("tiers.gpu_sim_gbps",), lambda s, mpi: s.tiers.gpu == "simulated", "--gpu simulated"),
@@ -216,8 +219,17 @@ def check_options(s: Settings, mpi: bool, reg) -> list[str]:
     return ignored
 
 
-def check_traffic(s: Settings, arrival: str) -> None:
+def check_traffic(s: Settings, arrival: str, source: str) -> list[str]:
+    """Refuse a traffic flag this run's arrival (closed, poisson, trace, sequence, handoff) would not use; say --users
+    where its source (synthetic, semantic, a trace's format, handoff) makes no user: the lines to say."""
     unset = Settings()  # what each setting is when nobody gives it
+    ignored = []
+    if s.workload.users != unset.workload.users and not makes_users(source, arrival):  # a config's, often: said
+        came = {"trace": "at the trace's times", "poisson": "at --request-rate", "sequence": "one after another, in "
+                "the trace's order", "handoff": "from the prefill node's manifest"}.get(arrival, f"by {arrival}")
+        instead = "the prefill node's users ask" if arrival == "handoff" else \
+            "--arrival closed replays the trace's conversations as users"
+        ignored.append(f"--users {s.workload.users} makes no user here: requests come {came} ({instead}): ignored")
     if s.trace.speedup != unset.trace.speedup and arrival != "trace":  # no timestamp it would scale is used
         raise UserError(f"--trace-speedup scales the timestamps of trace arrivals (--arrival trace, a trace that "
                         f"has them), and this run's arrival is {arrival}; drop --trace-speedup.")
@@ -231,3 +243,4 @@ def check_traffic(s: Settings, arrival: str) -> None:
     if s.autoscale.mode != "off" and arrival != "closed":
         raise UserError(f"--autoscale changes the number of closed-loop users; it cannot drive --arrival "
                         f"{arrival} (requests come at the trace's or the rate's pace). Use --arrival closed.")
+    return ignored

@@ -11,7 +11,7 @@ from kv_cache.recorder.results_schema import Results
 from kv_cache.run.distributed import Dist
 from kv_cache.run.sizing import batch_depth
 from kv_cache.run.stack import RunContext
-from kv_cache.run.traffic import Traffic
+from kv_cache.run.traffic import Traffic, makes_users
 from kv_cache.scheduler.runner import RunOutcome
 from kv_cache.sources.sharegpt import CHANGED
 from kv_cache.tiers.base import FAKE_IO, SIMULATED
@@ -54,6 +54,14 @@ def _tier_info(t) -> dict:
             "io_depth": getattr(t, "io_depth", None), "io_unit_bytes": getattr(t, "io_unit_bytes", None)}
 
 
+def _users(s: Settings, traffic: Traffic) -> int:
+    """The users made: --users of synthetic or semantic ones, a closed-loop trace's (one a conversation at most), and
+    none where requests come at a trace's times, a rate or in its order, or from a prefill node."""
+    if traffic.users_made is not None:
+        return traffic.users_made
+    return s.workload.users if makes_users(traffic.source, traffic.arrival) else 0
+
+
 def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist: Dist, traffic: Traffic) -> dict:
     site = b.site
     return {
@@ -64,7 +72,7 @@ def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist:
         "model": b.geo.model.name, "kv_dtype": s.model.kv_dtype, "tp": s.model.tp,
         "bytes_per_token": b.geo.bytes_per_token, "block_tokens": s.model.block_tokens,
         "block_bytes": b.geo.block_bytes, "slot_bytes": b.geo.slot_bytes,
-        "users": s.workload.users if traffic.users_made is None else traffic.users_made,
+        "users": _users(s, traffic),
         "workers": b.workers, "workers_probe": [{"threads": k, "gbps": g} for k, g in b.probe] or None,
         "seed": s.run.seed, "warmup_s": s.run.warmup_s,
         "io_engine": site.engine if site else ("null" if s.tiers.null_io else "none"),

@@ -175,7 +175,7 @@ def prepare(run: RunSpec) -> Prepared:
         if s.trace.path and s.disagg.role != "decode":  # a large trace takes a while: said, not a silent wait
             run.say(_reading(s))
         traffic = build_traffic(s, run.reg, dist.rank, dist.size)  # bad traces are refused before any data is written
-        check_traffic(s, traffic.arrival)
+        ignored += check_traffic(s, traffic.arrival, traffic.source)
         qos_policy(s)  # a bad --qos-mix is refused here, before any data is written
         if not s.tiers.null_io and s.tiers.nvme == "on" and s.tiers.cache_dir:
             check_dir(os.path.abspath(s.tiers.cache_dir))  # a wrong folder is said before the payload pool is made

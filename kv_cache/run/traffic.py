@@ -57,6 +57,13 @@ class Traffic:
     users_made: int | None = None  # a trace's closed-loop users over all ranks (one a conversation at most)
 
 
+def makes_users(source: str, arrival: str) -> bool:
+    """Does this traffic make --users users? Synthetic and semantic traffic does (their requests come from users,
+    open loop or not); a trace's records become users only in closed loop; a decode node's come from a manifest."""
+    return source in ("synthetic", "semantic") or (arrival == "closed" and source != "handoff")
+
+
+
 def rank_seed(seed: int, rank: int) -> int:
     """The arrival seed of an MPI rank. seed + rank made rank 1 of seed 42 replay rank 0 of seed 43; a hash of
     (seed, rank) is independent per rank. Rank 0 (every single-process run) keeps the seed itself, so a

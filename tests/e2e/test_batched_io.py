@@ -30,12 +30,21 @@ def _ops(path) -> list[tuple[str, str, str]]:
         return [(r["op"], r["tier"], r["key"]) for r in csv.DictReader(f)]
 
 
+def _as(mode: str, args) -> list[str]:
+    """args for mode: serial has no batch, and refuses the --max-inflight of one."""
+    args = list(args)
+    if mode == "serial" and "--max-inflight" in args:
+        i = args.index("--max-inflight")
+        del args[i:i + 2]
+    return [*args, "--request-io", mode]
+
+
 def _both_ways(small_run, tmp_path, *args: str, env: dict | None = None) -> dict:
     """The same seeded run serial and batched: each mode's (results, its I/O trace's ops, its summary in one line)."""
     runs = {}
     for mode in ("serial", "batched"):
         trace = tmp_path / f"{mode}.csv"
-        r = run_cli(small_run(mode, *SEQUENCE, *args, "--request-io", mode, "--io-trace", str(trace), quiet=False),
+        r = run_cli(small_run(mode, *SEQUENCE, *_as(mode, args), "--io-trace", str(trace), quiet=False),
                     extra_env=env)
         assert r.returncode == 0, r.stderr
         runs[mode] = (small_run.results(mode), _ops(trace), " ".join(r.stdout.split()))
@@ -55,7 +64,7 @@ def test_batched_makes_serial_mode_s_cache_decisions_at_depth(small_run, tmp_pat
     runs = {}
     for mode in ("serial", "batched"):
         trace = tmp_path / f"{mode}.csv"
-        r = run_cli(small_run(mode, *SEQUENCE, *tiers, "--request-io", mode, "--io-trace", str(trace), quiet=False))
+        r = run_cli(small_run(mode, *SEQUENCE, *_as(mode, tiers), "--io-trace", str(trace), quiet=False))
         assert r.returncode == 0, r.stderr
         runs[mode] = (small_run.results(mode), _ops(trace), r.stdout)
     (serial, s_ops, _), (batched, b_ops, said) = runs["serial"], runs["batched"]

@@ -52,11 +52,15 @@ def test_a_traces_closed_loop_users_are_its_conversations_at_most(small_run, tmp
 
 
 def test_burstgpt_sample_open_loop_at_trace_time(small_run):
-    r = run_cli(small_run("b", "--trace", str(REPO / "traces" / "burstgpt_sample.csv"), *TINY,
-                          "--trace-speedup", "2000", "--warmup", "0", "--duration", "600"))
+    """Its requests come at their timestamps, from no user: --users 7 did nothing, silently, and results.json said
+    7 users."""
+    r = run_cli(small_run("b", "--trace", str(REPO / "traces" / "burstgpt_sample.csv"), *TINY, "--users", "7",
+                          "--trace-speedup", "2000", "--warmup", "0", "--duration", "600", quiet=False))
     assert r.returncode == 0, r.stderr
     res = small_run.results("b")
     assert res["workload"]["arrival"] == "trace" and res["workload"]["trace"]["skipped"] == {"failed_rows": 5}
+    assert res["run"]["users"] == 0 and "open loop at the trace's times" in r.stdout
+    assert "note: --users 7 makes no user here: requests come at the trace's times" in " ".join(r.stdout.split())
     assert res["requests"]["completed"] == 95 and res["run"]["stopped_reason"] == "trace_end"
     assert res["request_latency_ms"]["queue"]["count"] == 95
 

@@ -9,7 +9,7 @@ from found import SECTIONS
 from helpers import assert_clean_error
 
 from kv_cache.cli.mlperf import expand_prefixes, translate
-from kv_cache.config import resolve
+from kv_cache.config import Settings, resolve
 from kv_cache.errors import UserError
 from kv_cache.model import find_model
 
@@ -36,6 +36,20 @@ def test_trace_speedup_zero_is_no_delay_back_to_back(tmp_path):
     assert "--trace-speedup" not in chats.argv and any("--trace-speedup 4: not applied" in n for n in chats.notes)
     _, timed = settings_of("--use-burst-trace", "--burst-trace-path", str(trace), "--trace-speedup", "4")
     assert "--trace-speedup" in timed.argv and not any("--trace-speedup" in n for n in timed.notes)
+
+
+def test_the_burst_trace_at_its_timestamps_makes_no_user_so_the_user_count_is_not_applied():
+    """Its requests come at their timestamps, from no user: --num-users (or the reference's 100) would be a --users
+    our run ignores; it is said and not passed on. Back to back (--trace-speedup 0) its requests come by users."""
+    s, t = settings_of("--num-users", "4", "--use-burst-trace")
+    assert s.workload.users == Settings().workload.users and "workload.users" not in " ".join(t.argv)
+    assert any(n.startswith("--num-users: 4 users not applied, the burst trace's requests") for n in t.notes)
+    s, t = settings_of("--use-burst-trace")  # the reference's default of 100 is not put either
+    assert "workload.users" not in " ".join(t.argv) and not any("users not applied" in n for n in t.notes)
+    s, _ = settings_of("--num-users", "4", "--use-burst-trace", "--trace-speedup", "0")
+    assert s.workload.users == 4
+    s, _ = settings_of("--num-users", "4", "--use-burst-trace", "--arrival", "closed")  # ours, typed: users ask
+    assert s.workload.users == 4
 
 
 def test_target_saturation_and_max_conversations_alone_are_accepted_with_a_note():

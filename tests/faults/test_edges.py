@@ -288,6 +288,9 @@ def test_a_reader_that_closes_the_pipe_does_not_stop_the_run(small_run):
     (["--no-shuffle"], "--no-shuffle acts only with a replayed trace (--trace FILE), which this run does not have; add "
                        "it or drop --no-shuffle"),
     (["--arrival", "poisson", "--request-rate", "5", "--admission", "all"], "--admission all paces"),
+    (["--request-io", "serial", "--max-inflight", "8"], "--max-inflight acts only with a request's blocks moved in "
+                                                        "batches (--request-io batched, --block-tokens > 0)"),
+    (["--block-tokens", "0", "--max-inflight", "8"], "--max-inflight acts only with a request's blocks moved"),
 ])
 def test_a_flag_that_would_do_nothing_here_is_refused(small_run, extra, says):
     """Issue 37, item 7: accepted though meaningless."""
