@@ -74,6 +74,11 @@ def in_flight_take() -> int | None:
     return ns
 
 
+def slots_of(n: int, slot_bytes: int) -> str:
+    """A tier's slots in its description: '12 slots of 80.00 MiB', '1 slot of 32.00 MiB'."""
+    return f"{n} slot{'' if n == 1 else 's'} of {slot_bytes / 2**20:.2f} MiB"
+
+
 def moves_real_bytes(tier) -> bool:
     """Bytes really go to a device and come back (neither the null tier nor a simulated one): its reads can be
     verified and its speed probed."""

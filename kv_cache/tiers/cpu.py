@@ -10,7 +10,7 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import UserError
-from kv_cache.tiers.base import HOST_SLOTS, SlottedTier
+from kv_cache.tiers.base import HOST_SLOTS, SlottedTier, slots_of
 from kv_cache.tiers.kinds import GiB, StackContext, TierKind, holds_no_slot
 from kv_cache.tiers.null import NullTier
 from kv_cache.tiers.slots import runs
@@ -25,7 +25,7 @@ class CpuTier(SlottedTier):
     def __init__(self, capacity_bytes: int, slot_bytes: int):
         super().__init__(capacity_bytes // slot_bytes, slot_bytes)
         self.arena = aligned_buffer(self.num_slots * slot_bytes)
-        self.description = f"host RAM arena, {self.num_slots} slots of {slot_bytes / 2**20:.2f} MiB, pre-touched"
+        self.description = f"host RAM arena, {slots_of(self.num_slots, slot_bytes)}, pre-touched"
 
     def put(self, key: int, buf: np.ndarray) -> None:
         slots = self.slots.alloc(key, buf.size)

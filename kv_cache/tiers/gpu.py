@@ -30,7 +30,7 @@ import numpy as np
 
 from kv_cache.buffers import address
 from kv_cache.errors import UserError
-from kv_cache.tiers.base import BATCHES, HOST_SLOTS, PINS_HOST, PerThread, SlottedTier, one_by_one
+from kv_cache.tiers.base import BATCHES, HOST_SLOTS, PINS_HOST, PerThread, SlottedTier, one_by_one, slots_of
 from kv_cache.tiers.devices import D2H, H2D, check_fits
 from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of, holds_no_slot
 from kv_cache.tiers.null import NullTier
@@ -82,8 +82,8 @@ class GpuTier(SlottedTier):
         self._owned: list[np.ndarray] = []  # what this tier registered itself, and so unregisters
         self.staged_why = ""  # the first staged transfer's buffer, said in the results
         models = sorted({backend.model(d) for d in devices})
-        self.description = (f"{backend.name}: {n} x {', '.join(models)}, {self.num_slots} slots of "
-                            f"{slot_bytes / 2**20:.2f} MiB, {lanes} lanes (stream per GPU + pinned staging)"
+        self.description = (f"{backend.name}: {n} x {', '.join(models)}, "
+                            f"{slots_of(self.num_slots, slot_bytes)}, {lanes} lanes (stream per GPU + pinned staging)"
                             + (f"; {paging.describe()}" if paging else "; contiguous slots"))
 
     # ---------------------------------------------------------------- host memory and lanes

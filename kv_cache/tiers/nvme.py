@@ -26,7 +26,7 @@ import numpy as np
 
 from kv_cache.buffers import aligned_buffer
 from kv_cache.errors import RunFault, UserError
-from kv_cache.tiers.base import BATCHES, IO_UNITS, PRECONDITIONS, SHARED, SPLITS, STORAGE, SlottedTier
+from kv_cache.tiers.base import BATCHES, IO_UNITS, PRECONDITIONS, SHARED, SPLITS, STORAGE, SlottedTier, slots_of
 from kv_cache.tiers.engines import POOL_ALL, POOL_MOST, POOL_THREADS, Engine, Pools, Target
 from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of
 from kv_cache.tiers.null import NullTier
@@ -106,7 +106,7 @@ class NvmeTier(BlockFiles, SlottedTier):
         note = f" ({engine_note})" if engine_note else ""
         unit = f", one I/O per {io_unit_bytes / 2**10:,.0f} KiB (layer group)" if io_unit_bytes else ""
         self.description = (f"{engine}{note}, {layout} in {directory}{' (shared by every rank)' if shared else ''}, "
-                            f"{self.num_slots} slots of {slot_bytes / 2**20:.2f} MiB{unit}")
+                            f"{slots_of(self.num_slots, slot_bytes)}{unit}")
 
     def _make_slabs(self) -> None:
         left = self.num_slots

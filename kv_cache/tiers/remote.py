@@ -27,7 +27,7 @@ import numpy as np
 from kv_cache import runlog
 from kv_cache.errors import RunFault, ServerDown, UserError
 from kv_cache.markers import Swept, leftover, marker_body, sweep
-from kv_cache.tiers.base import BATCHES, REMOTE, STORAGE, SlottedTier
+from kv_cache.tiers.base import BATCHES, REMOTE, STORAGE, SlottedTier, slots_of
 from kv_cache.tiers.kinds import GiB, StackContext, TierKind, capacity_of, scheme_of
 from kv_cache.tiers.null import NullTier
 
@@ -306,7 +306,7 @@ def build_remote(ctx: StackContext, kind: TierKind, open_store, shared_tier=None
         tier = tier_class(name, store, run_id, cap, slot,
                           f"{store.url} ({store.version}): network + server, not a device; one object per block in "
                           f"namespace {NAMESPACE}{run_id}" + (" (shared with every run naming it)" if shared else "")
-                          + f", {cap // slot} slots of {slot / 2**20:.2f} MiB")
+                          + f", {slots_of(cap // slot, slot)}")
     except BaseException:
         store.close()
         raise
