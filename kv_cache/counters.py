@@ -42,6 +42,11 @@ TOKENS_INFINITE, INFINITE_UNTRACKED = "tokens.infinite_cache", "requests.infinit
 # a request's blocks
 BLOCKS_LOOKUP, BLOCKS_HIT, BLOCKS_WRITE_SKIPPED = "blocks.lookup", "blocks.hit", "blocks.write_skipped"
 BLOCKS_HIT_BY_SOURCE = Family("blocks.hit_by_source")
+# why a new block was not written (blocks.write_skipped is their sum): no room in any tier (every slot holds a
+# block a chain needs, or one in flight), its parent not cached (no lookup could reach it: often the block before
+# it found no room), already cached or being written (by another worker)
+BLOCKS_WRITE_SKIPPED_BY = Family("blocks.write_skipped_by")
+WRITE_SKIPPED_WHY = ("no_room", "parent_gone", "cached")
 
 # requests
 REQUESTS_COMPLETED = "requests.completed"

@@ -121,7 +121,7 @@ class RequestOutcome:
     infinite_cache_tokens: int | None = 0  # what an infinite cache would have served it (None: not tracked)
     blocks_looked_up: int = 0
     blocks_hit: int = 0
-    blocks_write_skipped: int = 0
+    write_skipped: list[str] = field(default_factory=list)  # why each new block not written was refused
     prompt_tokens_by_source: dict[str, int] = field(default_factory=dict)
     cached_tokens_by_source: dict[str, int] = field(default_factory=dict)
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
@@ -136,7 +136,7 @@ class RequestOutcome:
         """The counters this request adds (zeros left out but the semantic metrics': a counter absent reads 0)."""
         out = [(C.TOKENS_PROMPT, self.prompt_tokens), (C.TOKENS_GENERATED, self.generated_tokens),
                (C.TOKENS_CACHED, self.cached_tokens), (C.BLOCKS_LOOKUP, self.blocks_looked_up),
-               (C.BLOCKS_HIT, self.blocks_hit), (C.BLOCKS_WRITE_SKIPPED, self.blocks_write_skipped),
+               (C.BLOCKS_HIT, self.blocks_hit), (C.BLOCKS_WRITE_SKIPPED, len(self.write_skipped)),
                (C.DONOR_MISSING, self.donor_blocks_missing), (C.TOKENS_INFINITE, self.infinite_cache_tokens or 0),
                (C.INFINITE_UNTRACKED, int(self.infinite_cache_tokens is None))]
         for family, by in ((C.TOKENS_PROMPT_BY_SOURCE, self.prompt_tokens_by_source),
@@ -145,6 +145,7 @@ class RequestOutcome:
                            (C.BLOCKS_HIT_BY_SOURCE, self.blocks_hit_by_source),
                            (C.DONOR_BYTES, self.donor_bytes_by_tier), (C.DONOR_BLOCKS, self.donor_blocks_by_tier)):
             out += [(family(label), n) for label, n in by.items()]
+        out += [(C.BLOCKS_WRITE_SKIPPED_BY(why), 1) for why in self.write_skipped]
         out += [(C.found(label, hit), 1) for label, hit in self.found.items()]
         out = [(name, n) for name, n in out if n]
         # a transform's metrics, zeros included: its section lists every metric it counted

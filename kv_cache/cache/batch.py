@@ -81,20 +81,20 @@ class Batches:
         self.recorder.batch(name, kind, phase, start, last - start, len(entries), busy)
 
     def place_writes(self, wants: list[tuple[int, int, str, int | None]], datas: list[np.ndarray], phase: str,
-                     scratch: np.ndarray) -> list:
+                     scratch: np.ndarray, why: list | None = None) -> list:
         """Reserve, in order, each (key, nbytes, label, parent) as reserve_write does, run the moves it needs
         (demotions) and place it, its bytes the same place in datas (made before the batch), in its tier's order
         at once (PLACING: no reader's hit until its bytes land): every later block of the batch meets the cache
         serial mode's write of this one would have left. Should a later block need it as a victim (as serial
         mode could evict or demote it), its bytes are written first (_flush). The others go with commit_batch.
-        None for a block reserve_write refuses."""
+        None for a block reserve_write refuses (its reason appended to why, as reserve_write does)."""
         placed: list = []
         me = threading.get_ident()
         evicted: list | None = None if self.recorder.in_order else []  # a batch's evictions, recorded together
         try:
             for n, want in enumerate(wants):
                 with self._lock:
-                    res = self._reserve_write(*want)
+                    res = self._reserve_write(*want, why)
                 if res is not None:
                     try:
                         self.run_moves(res.moves, scratch, defer=True, evicted=evicted)

@@ -250,20 +250,23 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
 
     # ------------------------------------------------------------------ writes
 
-    def reserve_write(self, key: int, nbytes: int, label: str, parent: int | None = None) -> Reservation | None:
+    def reserve_write(self, key: int, nbytes: int, label: str, parent: int | None = None,
+                      why: list | None = None) -> Reservation | None:
         """Reserve room for a new block in the highest tier that can make it; None if the block is
         already cached or being written, no tier can take it, or its parent (the block before it in
-        its chain) is not cached: no lookup could ever reach it, so no engine would store it."""
+        its chain) is not cached: no lookup could ever reach it, so no engine would store it (why: a
+        list the refusal's reason is appended to, one of counters.WRITE_SKIPPED_WHY)."""
         with self._lock:
-            return self._reserve_write(key, nbytes, label, parent)
+            return self._reserve_write(key, nbytes, label, parent, why)
 
-    def _reserve_write(self, key: int, nbytes: int, label: str, parent: int | None) -> Reservation | None:
+    def _reserve_write(self, key: int, nbytes: int, label: str, parent: int | None,
+                       why: list | None = None) -> Reservation | None:
         """reserve_write, the lock held."""
         if key in self.index:
-            return None
+            return _refused(why, "cached")
         p = self.index.get(parent) if parent is not None else None
         if parent is not None and (p is None or p.state in (CORRUPT, DROPPING)):
-            return None
+            return _refused(why, "parent_gone")
         if p is not None:
             p.pins += 1  # the parent must not be the victim that makes room for its own child
         try:
@@ -277,7 +280,7 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
         finally:
             if p is not None:
                 p.pins -= 1
-        return None
+        return _refused(why, "no_room")
 
     def commit_write(self, res: Reservation, buf: np.ndarray, phase: str, scratch: np.ndarray,
                      produce=None) -> None:
@@ -319,3 +322,9 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
         self._empty_trash()
 
     # ------------------------------------------------------------------ accounting
+
+
+def _refused(why: list | None, reason: str) -> None:
+    """A write refused: its reason said where the caller asked for it."""
+    if why is not None:
+        why.append(reason)

@@ -120,9 +120,9 @@ class BatchedPaths:
             self.recorder.own(now_ns() - made)  # the payloads made and stamped: the generator's work
             try:
                 start = now_ns()
-                placed = self.cache.place_writes(wants, [data for data, _ in lent], phase, bufs.scratch)
+                placed = self.cache.place_writes(wants, [data for data, _ in lent], phase, bufs.scratch,
+                                                 out.write_skipped)
                 kept = [(r, lent[n][0]) for n, r in enumerate(placed) if r is not None]
-                out.blocks_write_skipped += len(window) - len(kept)
                 if kept:
                     self.cache.commit_batch([r for r, _ in kept], [v for _, v in kept], phase)
                 storage_ns += now_ns() - start

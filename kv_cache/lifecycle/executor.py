@@ -275,9 +275,8 @@ class Lifecycle(BatchedPaths, HandoffPaths):
             self._check_stop()
             key = plan.keys[i]
             nbytes = self.object_bytes(plan.tokens_per_key[i])
-            res = self.cache.reserve_write(key, nbytes, plan.labels[i], plan.parent(i))
+            res = self.cache.reserve_write(key, nbytes, plan.labels[i], plan.parent(i), out.write_skipped)
             if res is None:
-                out.blocks_write_skipped += 1
                 continue
             if self.cache.parts.many(nbytes):  # made part by part in the worker's buffer, hashed as it goes
                 storage_ns += self._write_parts(res, key, nbytes, bufs, phase)

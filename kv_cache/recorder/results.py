@@ -245,7 +245,9 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, facts: RunFact
                      "infinite_cache": None if c.get(C.INFINITE_UNTRACKED, 0) else
                      _rate(c.get(C.TOKENS_INFINITE, 0), tokens["prompt"]),
                      "infinite_cache_untracked": c.get(C.INFINITE_UNTRACKED, 0)},
-        "blocks_write_skipped": c.get(C.BLOCKS_WRITE_SKIPPED, 0), "queue_depth": queue_depths(snap),
+        "blocks_write_skipped": c.get(C.BLOCKS_WRITE_SKIPPED, 0),
+        "blocks_write_skipped_by": {why: c.get(C.BLOCKS_WRITE_SKIPPED_BY(why), 0) for why in C.WRITE_SKIPPED_WHY},
+        "queue_depth": queue_depths(snap),
         "shared_storage": {"enabled": facts.shared_storage, "adopted_blocks": facts.adopted_blocks,
                            "vanished_blocks": c.get(C.SHARED_VANISHED, 0)},
         "verification": _verification(c, settings["run"]["verify"]),

@@ -49,7 +49,8 @@ from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaVersionError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 19  # 19: workload.trace.changed (records kept with a change: answers_given_fixed_length,
+SCHEMA_VERSION = 20  # 20: blocks_write_skipped_by (why each new block not written was refused)
+# (19: workload.trace.changed (records kept with a change: answers_given_fixed_length,
 # answers_cut; they were counted as skipped); precondition.tier (the tier written: not always the storage under
 # test); a decode node's run.bottom_tier is "handoff", the storage it loads prefixes from
 # (18: memory.budget.trace (a replayed trace's records))
@@ -302,6 +303,7 @@ class Results:
     tokens: Tokens
     hit_rate: HitRate
     blocks_write_skipped: int
+    blocks_write_skipped_by: dict[str, int]      # why: cached, parent_gone, no_room (counters.WRITE_SKIPPED_WHY)
     shared_storage: SharedStorage
     verification: Verification
     warmup: Warmup

@@ -206,6 +206,7 @@ def traffic_section(results: Results) -> list[str]:
              + (f"; by source (each of its own prompt tokens): {sources}" if sources else ""),
              f"           with an infinite cache: {_infinite(results)}",
              f"           estimated before the run ({_analysed(results)}): {_theoretical(results)}",
+             *_not_written(results),
              f"Verify     {ver.mode}: {ver.blocks_checked:,} blocks checked, {ver.failures:,} failures"
              + (f" ({ver.failures_in_warmup:,} in warm-up; {ver.blocks_discarded:,} blocks "
                 f"discarded from the cache)  <-- DATA ERRORS" if ver.failures else "")
@@ -219,6 +220,20 @@ def traffic_section(results: Results) -> list[str]:
                "storage: none measured (a null tier: no byte moves)")
     lines.append(f"MLPerf table names: cached tokens/s {m.cached_tokens_per_s:,.0f}; {storage}")
     return lines
+
+
+WHY_NOT_WRITTEN = {"no_room": "no room in any tier {n} (each slot held for a chain, or in flight)",
+                   "parent_gone": "their parent not cached {n} (no lookup could reach them)",
+                   "cached": "already cached or being written {n}"}
+
+
+def _not_written(results: Results) -> list[str]:
+    """The new blocks of the window's requests left unwritten, and why: tiers too small for a chain show here."""
+    if not results.blocks_write_skipped:
+        return []
+    by = results.blocks_write_skipped_by
+    why = "; ".join(text.format(n=f"{by[k]:,}") for k, text in WHY_NOT_WRITTEN.items() if by.get(k))
+    return [f"           new blocks not written: {results.blocks_write_skipped:,} ({why})"]
 
 
 def telemetry_section(results: Results) -> list[str]:

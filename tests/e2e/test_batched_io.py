@@ -71,6 +71,7 @@ def test_batched_makes_serial_mode_s_cache_decisions_at_depth(small_run, tmp_pat
     assert _moves(s_ops) == _moves(b_ops)  # the eviction order into each tier
     assert sorted(s_ops) == sorted(b_ops)  # the same reads and writes; a batch groups a request's I/O by tier
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    assert serial["blocks_write_skipped_by"] == batched["blocks_write_skipped_by"]  # refused alike, for one reason
     assert batched["run"]["request_io"] == "batched" and batched["run"]["max_inflight"] == (4 if tiers else 32)
     assert serial["queue_depth"] == {} and serial["run"]["request_io"] == "serial"
     depth = batched["queue_depth"]
@@ -78,6 +79,22 @@ def test_batched_makes_serial_mode_s_cache_decisions_at_depth(small_run, tmp_pat
     assert "store" in batched["latency_ms"]["cpu"]  # each batch as a whole, beside its blocks' own
     assert f"request I/O: batched, up to {4 if tiers else 32} blocks" in " ".join(said.split())
     assert batched["run"]["tiers"]["nvme"]["batches"].startswith("the direct engine's")
+
+
+@pytest.mark.parametrize("mode", ["batched", "serial"])
+def test_the_blocks_not_written_are_counted_by_why(small_run, mode):
+    """Tiers of 6 and 12 blocks under 60 requests of longer prompts: making room for a block evicts an ancestor of
+    its chain, and the rest of the chain has no parent. The console said nothing of them (results.json one count):
+    now how many and why, both ways."""
+    r = run_cli(small_run(mode, *SEQUENCE, *_as(mode, TIGHT), quiet=False))
+    assert r.returncode == 0, r.stderr
+    res = small_run.results(mode)
+    by = res["blocks_write_skipped_by"]
+    assert sum(by.values()) == res["blocks_write_skipped"] and by["parent_gone"] > 0
+    said = " ".join(r.stdout.split())
+    assert (f"new blocks not written: {res['blocks_write_skipped']:,} (" + ("" if not by["no_room"] else
+            f"no room in any tier {by['no_room']:,} (each slot held for a chain, or in flight); ") +
+            f"their parent not cached {by['parent_gone']:,} (no lookup could reach them)") in said
 
 
 def test_the_depth_the_device_was_given_is_measured_and_is_the_batch_s(small_run):
@@ -159,6 +176,7 @@ def test_hbm_straight_over_nvme_demotes_its_batches_together_in_serial_mode_s_or
     assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
     assert ("demote", "nvme") in _moves(b_ops) and "cpu" not in batched["blocks"]
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    assert serial["blocks_write_skipped_by"] == batched["blocks_write_skipped_by"]  # refused alike, for one reason
     assert batched["queue_depth"]["nvme"]["demotions"]["max"] > 1
     assert batched["run"]["tiers"]["gpu"]["transfers"]["device_to_host"]["staged"] == 0  # the scratch is pinned
     assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
@@ -175,6 +193,7 @@ def test_one_file_a_block_moves_its_batches_together_in_serial_mode_s_order(smal
             "as many I/Os in flight), each block's file opened before") in said
     assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    assert serial["blocks_write_skipped_by"] == batched["blocks_write_skipped_by"]  # refused alike, for one reason
     depth = batched["queue_depth"]["nvme"]
     assert depth["load"]["max"] > 1 and depth["demotions"]["max"] > 1
     assert batched["verification"]["blocks_checked"] > 0 and batched["verification"]["failures"] == 0
@@ -194,6 +213,7 @@ def test_layer_units_move_in_batches_each_timed_as_serial_mode_times_them(small_
     assert "every layer group's I/O of every block in it, each timed" in said
     assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    assert serial["blocks_write_skipped_by"] == batched["blocks_write_skipped_by"]  # refused alike, for one reason
     units = {mode: {op: v["count"] for op, v in r["latency_ms"]["nvme"].items() if op.endswith("_io")}
              for mode, (r, *_) in runs.items()}
     assert units["serial"] == units["batched"] and units["batched"]["read_io"] > batched["latency_ms"]["nvme"][
@@ -216,6 +236,7 @@ def test_nvme_over_a_remote_tier_demotes_its_batches_together_in_serial_mode_s_o
     assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
     assert ("demote", "valkey") in _moves(b_ops)
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    assert serial["blocks_write_skipped_by"] == batched["blocks_write_skipped_by"]  # refused alike, for one reason
     assert batched["queue_depth"]["valkey"]["demotions"]["max"] > 1
     # measured: each SET of a pipeline outstanding until its replies are read, over the demotions' batch
     assert 0 < batched["queue_depth"]["valkey"]["demotions"]["in_flight_mean"] <= 8
@@ -235,6 +256,7 @@ def test_a_batch_s_demotions_land_together_in_serial_mode_s_order(small_run, tmp
     assert _moves(s_ops) == _moves(b_ops) and sorted(s_ops) == sorted(b_ops)
     assert {("demote", "cpu"), ("demote", "nvme")} <= set(_moves(b_ops))
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    assert serial["blocks_write_skipped_by"] == batched["blocks_write_skipped_by"]  # refused alike, for one reason
     depth = batched["queue_depth"]
     assert depth["cpu"]["demotions"]["max"] > 1 and depth["nvme"]["demotions"]["max"] > 1
     assert depth["gpu"]["promotions"]["max"] > 1  # a window's promoted blocks written into HBM as one batch
@@ -261,6 +283,7 @@ def test_gds_demotions_and_reads_go_together_in_serial_mode_s_order(small_run, t
     assert "reads of nvme land in HBM 8 blocks' cuFile reads at a time" in said
     assert "through each worker's pinned scratch" not in said  # it said so, and it never was: GDS moves them
     assert serial["hit_rate"] == batched["hit_rate"] and serial["blocks"] == batched["blocks"]
+    assert serial["blocks_write_skipped_by"] == batched["blocks_write_skipped_by"]  # refused alike, for one reason
     assert serial["run"]["gds"]["demoted_blocks"] == batched["run"]["gds"]["demoted_blocks"] > 0
     assert serial["run"]["gds"]["loaded_blocks"] == batched["run"]["gds"]["loaded_blocks"] > 0
     depth = batched["queue_depth"]["nvme"]

@@ -174,3 +174,18 @@ def test_a_parent_evicted_below_a_chain_thousands_long_drops_it_without_recursin
     assert hits(cache, *(f"a{i}" for i in range(length + 1))) == 0
     assert cache.recorder.counters()["cache.cascade_drops"] >= length - 1
     assert_cache_consistent(cache)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_write_refused_says_why(policy):
+    """A chain longer than the cache: its fifth block finds every slot held for the chain (no room), the sixth has
+    no parent cached; a block written twice is cached already. The console and results.json count each reason
+    (blocks_write_skipped_by); before, one count said nothing of why."""
+    cache = make(policy, 4)
+    chain(cache, "a0", "a1", "a2", "a3")
+    why: list[str] = []
+    assert cache.reserve_write(hash("a4"), SLOT, "user", hash("a3"), why) is None
+    assert cache.reserve_write(hash("a5"), SLOT, "user", hash("a4"), why) is None
+    assert cache.reserve_write(hash("a1"), SLOT, "user", hash("a0"), why) is None
+    assert why == ["no_room", "parent_gone", "cached"]
+    assert_cache_consistent(cache)
