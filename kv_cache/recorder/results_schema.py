@@ -303,7 +303,9 @@ class Results:
     tokens: Tokens
     hit_rate: HitRate
     blocks_write_skipped: int
-    blocks_write_skipped_by: dict[str, int]      # why: cached, parent_gone, no_room (counters.WRITE_SKIPPED_WHY)
+    # why: no_room, parent_gone, cached (counters.WRITE_SKIPPED_WHY); None: a results file of schema 19, which did
+    # not record it
+    blocks_write_skipped_by: dict[str, int] | None
     shared_storage: SharedStorage
     verification: Verification
     warmup: Warmup
@@ -366,9 +368,20 @@ class Results:
     @classmethod
     def from_dict(cls, data: dict, where: str = "results") -> Results:
         version = data.get("schema_version") if isinstance(data, dict) else None
+        if version in UPGRADES:  # an older file this version still reads: what it did not record is None
+            data = UPGRADES[version](dict(data))
+            version = data["schema_version"]
         if version != SCHEMA_VERSION:
             raise SchemaVersionError(where, version, SCHEMA_VERSION)
         return _load(cls, data, where)
+
+
+def _from_19(data: dict) -> dict:
+    """Schema 19 lacks only blocks_write_skipped_by (why each new block was not written): not recorded, None."""
+    return {**data, "schema_version": 20, "blocks_write_skipped_by": None}
+
+
+UPGRADES = {19: _from_19}  # version -> the same results in the next version (older ones are refused)
 
 
 def stored_schema(version: int = SCHEMA_VERSION) -> dict | None:

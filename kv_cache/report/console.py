@@ -232,7 +232,8 @@ def _not_written(results: Results) -> list[str]:
     if not results.blocks_write_skipped:
         return []
     by = results.blocks_write_skipped_by
-    why = "; ".join(text.format(n=f"{by[k]:,}") for k, text in WHY_NOT_WRITTEN.items() if by.get(k))
+    why = "why not recorded: a results file of schema 19" if by is None else \
+        "; ".join(text.format(n=f"{by[k]:,}") for k, text in WHY_NOT_WRITTEN.items() if by.get(k))
     return [f"           new blocks not written: {results.blocks_write_skipped:,} ({why})"]
 
 

@@ -184,15 +184,33 @@ def test_a_results_file_of_another_schema_version_is_not_called_damaged(tmp_path
     it", named results.json only: which of the two compared runs it was, the sentence did not say."""
     from results_fixture import results
 
-    from kv_cache.recorder.results_schema import SCHEMA_VERSION
+    from kv_cache.recorder.results_schema import SCHEMA_VERSION, UPGRADES
 
     old = tmp_path / "baseline" / "results.json"
     old.parent.mkdir()
-    old.write_text(json.dumps({**results().to_json(), "schema_version": SCHEMA_VERSION - 1}))
+    unread = min(UPGRADES) - 1  # older than the oldest version this one still reads
+    old.write_text(json.dumps({**results().to_json(), "schema_version": unread}))
     r = run_cli(["compare", str(old.parent), str(old.parent)], timeout=60)
-    assert_clean_error(r, f"{old} has schema_version {SCHEMA_VERSION - 1} (an older version of kv-cache-bench "
+    assert_clean_error(r, f"{old} has schema_version {unread} (an older version of kv-cache-bench "
                           f"wrote it), and this version reads {SCHEMA_VERSION}")
     assert "damaged" not in r.stderr
+
+
+def test_a_results_file_of_schema_19_is_still_read(tmp_path):
+    """Schema 20 added one field (why each new block was not written): every run of the version before could no
+    longer be reported or compared ("re-run that run with this version"). It is read, that field said not recorded."""
+    from results_fixture import results
+
+    data = {**results().to_json(), "schema_version": 19, "blocks_write_skipped": 5}
+    del data["blocks_write_skipped_by"]
+    old = tmp_path / "old" / "results.json"
+    old.parent.mkdir()
+    old.write_text(json.dumps(data))
+    r = run_cli(["report", str(old.parent)], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "new blocks not written: 5 (why not recorded: a results file of schema 19)" in " ".join(r.stdout.split())
+    assert run_cli(["compare", str(old.parent), str(old.parent), "--output", str(tmp_path / "plots")],
+                   timeout=60).returncode == 0
 
 
 def test_compare_output_on_an_existing_file(small_run, tmp_path):
