@@ -145,7 +145,7 @@ class RequestOutcome:
                            (C.BLOCKS_HIT_BY_SOURCE, self.blocks_hit_by_source),
                            (C.DONOR_BYTES, self.donor_bytes_by_tier), (C.DONOR_BLOCKS, self.donor_blocks_by_tier)):
             out += [(family(label), n) for label, n in by.items()]
-        out += [(C.BLOCKS_WRITE_SKIPPED_BY(why), 1) for why in self.write_skipped]
+        out += [(C.BLOCKS_WRITE_SKIPPED_BY(why), self.write_skipped.count(why)) for why in C.WRITE_SKIPPED_WHY]
         out += [(C.found(label, hit), 1) for label, hit in self.found.items()]
         out = [(name, n) for name, n in out if n]
         # a transform's metrics, zeros included: its section lists every metric it counted

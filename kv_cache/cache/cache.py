@@ -321,8 +321,6 @@ class BlockCache(Batches, Landing, Room, PrefixStructure):
             self._wake()
         self._empty_trash()
 
-    # ------------------------------------------------------------------ accounting
-
 
 def _refused(why: list | None, reason: str) -> None:
     """A write refused: its reason said where the caller asked for it."""

@@ -63,7 +63,6 @@ def makes_users(source: str, arrival: str) -> bool:
     return source in ("synthetic", "semantic") or (arrival == "closed" and source != "handoff")
 
 
-
 def rank_seed(seed: int, rank: int) -> int:
     """The arrival seed of an MPI rank. seed + rank made rank 1 of seed 42 replay rank 0 of seed 43; a hash of
     (seed, rank) is independent per rank. Rank 0 (every single-process run) keeps the seed itself, so a
