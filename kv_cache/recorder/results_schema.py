@@ -303,9 +303,7 @@ class Results:
     tokens: Tokens
     hit_rate: HitRate
     blocks_write_skipped: int
-    # why: no_room, parent_gone, cached (counters.WRITE_SKIPPED_WHY); None: a results file of schema 19, which did
-    # not record it
-    blocks_write_skipped_by: dict[str, int] | None
+    blocks_write_skipped_by: dict[str, int] | None  # counters.WRITE_SKIPPED_WHY; None: schema 19's (not recorded)
     shared_storage: SharedStorage
     verification: Verification
     warmup: Warmup
@@ -376,12 +374,8 @@ class Results:
         return _load(cls, data, where)
 
 
-def _from_19(data: dict) -> dict:
-    """Schema 19 lacks only blocks_write_skipped_by (why each new block was not written): not recorded, None."""
-    return {**data, "schema_version": 20, "blocks_write_skipped_by": None}
-
-
-UPGRADES = {19: _from_19}  # version -> the same results in the next version (older ones are refused)
+# version -> the same results in the next version (older ones are refused): 19 lacks blocks_write_skipped_by only
+UPGRADES = {19: lambda data: {**data, "schema_version": 20, "blocks_write_skipped_by": None}}
 
 
 def stored_schema(version: int = SCHEMA_VERSION) -> dict | None:
