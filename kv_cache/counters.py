@@ -43,10 +43,11 @@ TOKENS_INFINITE, INFINITE_UNTRACKED = "tokens.infinite_cache", "requests.infinit
 BLOCKS_LOOKUP, BLOCKS_HIT, BLOCKS_WRITE_SKIPPED = "blocks.lookup", "blocks.hit", "blocks.write_skipped"
 BLOCKS_HIT_BY_SOURCE = Family("blocks.hit_by_source")
 # why a new block was not written (blocks.write_skipped is their sum): no room in any tier (every slot holds a
-# block a chain needs, or one in flight), its parent not cached (no lookup could reach it: often the block before
-# it found no room), already cached or being written (by another worker)
+# block a chain needs, or one in flight); its parent left the cache before it was written (evicted, often to make
+# room for the chain itself, or dropped); an earlier block of its own request was refused (the chain cut there: no
+# lookup could reach the rest); already cached or being written (by another worker)
 BLOCKS_WRITE_SKIPPED_BY = Family("blocks.write_skipped_by")
-WRITE_SKIPPED_WHY = ("no_room", "parent_gone", "cached")
+WRITE_SKIPPED_WHY = ("no_room", "parent_gone", "after_cut", "cached")
 
 # requests
 REQUESTS_COMPLETED = "requests.completed"

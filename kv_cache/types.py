@@ -122,6 +122,7 @@ class RequestOutcome:
     blocks_looked_up: int = 0
     blocks_hit: int = 0
     write_skipped: list[str] = field(default_factory=list)  # why each new block not written was refused
+    keys_refused: set[int] = field(default_factory=set)     # those blocks' keys (but those cached already)
     prompt_tokens_by_source: dict[str, int] = field(default_factory=dict)
     cached_tokens_by_source: dict[str, int] = field(default_factory=dict)
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
@@ -131,6 +132,15 @@ class RequestOutcome:
     donor_bytes_by_tier: dict[str, int] = field(default_factory=dict)
     donor_blocks_by_tier: dict[str, int] = field(default_factory=dict)
     semantic: dict[str, dict[str, int]] = field(default_factory=dict)  # transform -> its metrics
+
+    def refused(self, key: int, parent: int | None, why: str) -> None:
+        """A new block the cache did not write, and why (counters.WRITE_SKIPPED_WHY): a parent refused in this
+        request is the chain's earlier cut, not a parent that left the cache."""
+        if why == "parent_gone" and parent in self.keys_refused:
+            why = "after_cut"
+        self.write_skipped.append(why)
+        if why != "cached":  # another worker's block: it may still be written
+            self.keys_refused.add(key)
 
     def counts(self) -> list[tuple[str, int]]:
         """The counters this request adds (zeros left out but the semantic metrics': a counter absent reads 0)."""

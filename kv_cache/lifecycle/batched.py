@@ -120,12 +120,16 @@ class BatchedPaths:
             self.recorder.own(now_ns() - made)  # the payloads made and stamped: the generator's work
             try:
                 start = now_ns()
-                placed = self.cache.place_writes(wants, [data for data, _ in lent], phase, bufs.scratch,
-                                                 out.write_skipped)
+                why: list[str] = []
+                placed = self.cache.place_writes(wants, [data for data, _ in lent], phase, bufs.scratch, why)
                 kept = [(r, lent[n][0]) for n, r in enumerate(placed) if r is not None]
                 if kept:
                     self.cache.commit_batch([r for r, _ in kept], [v for _, v in kept], phase)
                 storage_ns += now_ns() - start
+                refusals = iter(why)  # in the window's order, one for each block placed as None
+                for (key, _, _, parent), r in zip(wants, placed):
+                    if r is None:
+                        out.refused(key, parent, next(refusals))
                 if self.verify == "checksum":  # kept in the index: every later read of the block is checked
                     hashed = now_ns()
                     for r, data in kept:

@@ -275,8 +275,10 @@ class Lifecycle(BatchedPaths, HandoffPaths):
             self._check_stop()
             key = plan.keys[i]
             nbytes = self.object_bytes(plan.tokens_per_key[i])
-            res = self.cache.reserve_write(key, nbytes, plan.labels[i], plan.parent(i), out.write_skipped)
+            why: list[str] = []
+            res = self.cache.reserve_write(key, nbytes, plan.labels[i], plan.parent(i), why)
             if res is None:
+                out.refused(key, plan.parent(i), why[0])
                 continue
             if self.cache.parts.many(nbytes):  # made part by part in the worker's buffer, hashed as it goes
                 storage_ns += self._write_parts(res, key, nbytes, bufs, phase)

@@ -223,7 +223,8 @@ def traffic_section(results: Results) -> list[str]:
 
 
 WHY_NOT_WRITTEN = {"no_room": "no room in any tier {n} (each slot held for a chain, or in flight)",
-                   "parent_gone": "their parent not cached {n} (no lookup could reach them)",
+                   "parent_gone": "their parent left the cache first {n} (evicted, often for the chain's own room)",
+                   "after_cut": "after an earlier block of their request was refused {n} (no lookup reaches them)",
                    "cached": "already cached or being written {n}"}
 
 
