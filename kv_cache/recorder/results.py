@@ -235,7 +235,7 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, facts: RunFact
         "ops": {t: C.OPS.under(t).of(c) for t in tiers},
         "requests": requests,
         "load": load_verdict(requests, window, request_latency.get("queue", {}), request_latency.get("storage", {}),
-                             run_info["workers"], series, (settings.get("disagg") or {}).get("role", "both"),
+                             run_info["workers"], series, facts.workload["arrival"],
                              None if facts.ranks else c.get(C.PROCESS_CPU_US, 0) / 1e6,
                              None if facts.ranks else os.cpu_count()),
         "tokens": tokens,

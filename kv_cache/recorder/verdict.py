@@ -17,6 +17,30 @@ CPU_BOUND = 0.85           # the process used this share of every core's time: t
 STORAGE_BUSY = 0.6         # the workers spent this share of their time in block I/O: the storage set the pace
 
 
+# What raises the load a run offers, by its arrival (workload.arrival): one source for the verdict's advice and the
+# console's warnings. A sequence keeps one request in flight, whatever the flags.
+LOAD_KNOB = {"closed": "raise --users", "trace": "raise --trace-speedup", "poisson": "raise --request-rate",
+             "handoff": "load the prefill nodes harder (their --users)"}
+PACE = {"closed": "the users' pace", "trace": "the trace's timestamps", "poisson": "the arrival rate",
+        "handoff": "the prefill nodes' pace", "sequence": "one request at a time"}
+
+
+def load_knob(arrival: str) -> str:
+    """How to offer more load under this arrival, said as an instruction."""
+    return LOAD_KNOB.get(arrival, "use --arrival closed or poisson (a sequence keeps one request in flight)")
+
+
+def pace(arrival: str) -> str:
+    """What sets the load a run offers under this arrival (the console's 'bound by ...')."""
+    return PACE.get(arrival, f"the {arrival} arrivals")
+
+
+def arrival_of(results) -> str:
+    """A Results' arrival: a decode node's is 'handoff' (its load is what its prefill nodes hand over)."""
+    decode = results.role is not None and results.role.role == "decode"
+    return "handoff" if decode else results.workload.arrival
+
+
 def _mean(rows: list[dict], key: str) -> float | None:
     values = [r[key] for r in rows if r.get(key) is not None]
     return sum(values) / len(values) if values else None
@@ -52,7 +76,7 @@ def _cause(busy: float | None, cpu: float | None, cores: int | None, workers: in
 
 
 def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: dict, workers: int,
-                 rows: list[dict], role: str = "both", cpu_s: float | None = None,
+                 rows: list[dict], arrival: str = "closed", cpu_s: float | None = None,
                  cores: int | None = None) -> dict | None:
     """{kind: storage | queue | users, cause, the rates, waits, shares and backlog it rests on, advice}; None without
     a request. requests: the Results' request counts; queue_ms / storage_ms: the per-request latency summaries;
@@ -82,15 +106,14 @@ def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: di
         return {**out, "kind": "queue",
                 "advice": f"requests waited for one of the {workers} workers ({why}); {said}"}
     if busy is not None and busy < IDLE_WORKERS * workers:
-        if role == "decode":  # its requests are what prefill nodes hand over: their pace is its load
+        if arrival == "handoff":  # its requests are what prefill nodes hand over: their pace is its load
             return {**out, "kind": "users",
                     "advice": f"on average {busy:.1f} of {workers} workers were busy: the prefill nodes' pace set "
                               f"the load (a decode node loads what they hand over), not this node's transfer or "
-                              f"storage; load the prefill nodes harder (their --users) to load it"}
+                              f"storage; {load_knob(arrival)} to load it"}
         return {**out, "kind": "users",
-                "advice": f"on average {busy:.1f} of {workers} workers were busy: the users' think time or the "
-                          f"arrival rate set the load, not the storage; raise --users (or --request-rate, "
-                          f"--trace-speedup) to load it"}
+                "advice": f"on average {busy:.1f} of {workers} workers were busy: {pace(arrival)} set the load, not "
+                          f"the storage; {load_knob(arrival)} to load it"}
     backlog_note = (f"{dropped:,} left queued at the stop, under a tenth of the {served:,} served" if dropped else
                     "none left queued at the stop")
     held = requests.get("users_waiting_at_stop", 0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kv_cache import counters as C
 from kv_cache.recorder.results_schema import Results
+from kv_cache.recorder.verdict import arrival_of, pace
 from kv_cache.report.capacity import capacity_lines
 from kv_cache.report.device_latency import device_latency_lines
 from kv_cache.report.load_lines import sections
@@ -320,7 +321,8 @@ def _verdict(results: Results) -> list[str]:
     v = results.load
     if not v:
         return []
-    kind = {"queue": "QUEUE-BOUND", "users": "bound by the users' pace", "storage": "storage-bound"}[v.kind]
+    kind = {"queue": "QUEUE-BOUND", "users": f"bound by {pace(arrival_of(results))}",
+            "storage": "storage-bound"}[v.kind]
     if v.kind == "queue" and v.cause:  # what the queue was made of: the storage at this concurrency, or the CPU
         kind += {"storage": " on storage", "cpu": " on CPU", "generator": " on the generator"}[v.cause]
     wait = (f"; queue wait p50 {_ms(v.queue_wait_p50_ms)} / p95 {_ms(v.queue_wait_p95_ms)} ms vs storage time p50 "

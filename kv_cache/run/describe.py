@@ -8,6 +8,7 @@ import time
 from kv_cache import __version__
 from kv_cache.config import Settings
 from kv_cache.recorder.results_schema import Results
+from kv_cache.recorder.verdict import arrival_of, load_knob
 from kv_cache.run.distributed import Dist
 from kv_cache.run.sizing import batch_depth
 from kv_cache.run.stack import RunContext
@@ -121,7 +122,8 @@ def warnings_of(results: Results) -> list[str]:
     out = [why] if (why := nothing_measured(results)) else []
     moved = results.bytes.get(results.bottom)
     if results.requests.completed and not (moved and (moved.read or moved.write)):
-        fix = "raise the prefill node's --users" if _decode_node(results) else "raise --users or lower --cpu-mem-gb"
+        arrival = arrival_of(results)
+        fix = load_knob(arrival) + ("" if arrival == "handoff" else " or lower --cpu-mem-gb")
         out.append(f"the {results.bottom} tier saw no traffic in the window: the numbers describe memory tiers "
                    f"only; {fix}.")
     for name, tier in results.run.tiers.items():

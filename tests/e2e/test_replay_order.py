@@ -79,4 +79,4 @@ def test_a_bottom_tier_without_traffic_names_the_flag_of_the_node_that_offers_th
     r.bytes[r.bottom].read = r.bytes[r.bottom].write = 0
     assert any("raise --users or lower --cpu-mem-gb" in w for w in warnings_of(r))
     r.role = Role("decode", "nixl://127.0.0.1:7000", "nixl (UCX)")
-    assert any("raise the prefill node's --users" in w for w in warnings_of(r))
+    assert any("load the prefill nodes harder (their --users)" in w and "or lower" not in w for w in warnings_of(r))

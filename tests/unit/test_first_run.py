@@ -8,6 +8,7 @@ from kv_cache.recorder.sections import TheoreticalHitRate
 from kv_cache.recorder.verdict import load_verdict
 from kv_cache.report.console import render, source_order
 from kv_cache.report.table import pct_ms
+from kv_cache.run.describe import warnings_of
 
 
 def verdict(offered, served, window_s, q50, st50, workers, rows, q95=None, st95=None, dropped=0):
@@ -109,8 +110,28 @@ def test_an_idle_decode_node_is_told_about_its_prefill_nodes_not_its_users():
     rows = [{"in_flight": 0.2}] * 30
     args = ({"issued_in_window": 10, "completed": 10}, 30.0, {"p50": 1.0}, {"p50": 5.0}, 4, rows)
     assert "raise --users" in load_verdict(*args)["advice"]
-    decode = load_verdict(*args, role="decode")["advice"]
+    decode = load_verdict(*args, arrival="handoff")["advice"]
     assert "prefill nodes' pace" in decode and "raise --users" not in decode
+
+
+@pytest.mark.parametrize("arrival, knob, not_said, bound_by", [
+    ("closed", "raise --users", "--trace-speedup", "the users' pace"),
+    ("trace", "raise --trace-speedup", "--users", "the trace's timestamps"),
+    ("poisson", "raise --request-rate", "--users", "the arrival rate"),
+    ("sequence", "--arrival closed or poisson", "raise", "one request at a time")])
+def test_an_idle_run_is_told_the_flag_that_loads_its_own_arrival(arrival, knob, not_said, bound_by):
+    """An Azure trace at its times was told "raise --users (or --request-rate, --trace-speedup)", and its warning
+    "raise --users": --users makes no user there (ignored, said so before the run)."""
+    rows = [{"in_flight": 0.2}] * 30
+    advice = load_verdict({"issued_in_window": 10, "completed": 10}, 30.0, {"p50": 1.0}, {"p50": 5.0}, 4, rows,
+                          arrival=arrival)["advice"]
+    assert knob in advice and not_said not in advice
+    r = results()
+    r.workload.arrival = arrival
+    r.bytes[r.bottom].read = r.bytes[r.bottom].write = 0
+    assert any(f"{knob}" in w and not_said not in w for w in warnings_of(r) if "saw no traffic" in w)
+    r.load.kind = "users"
+    assert f"load: bound by {bound_by}:" in render(r).replace("\n      ", " ")
 
 
 def test_a_disk_the_benchmark_moved_nothing_on_reads_as_a_sentence():
