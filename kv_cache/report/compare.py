@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kv_cache.recorder.results_schema import Results
+from kv_cache.recorder.verdict import arrival_of, pace
 from kv_cache.report.table import WIDTH, fit, format_table
 
 
@@ -76,7 +77,8 @@ def _verdict(r: Results) -> str:
     v = r.load
     if v is None:
         return "-"
-    return {"queue": f"queue ({v.cause or '-'})", "users": "users' pace", "storage": "storage"}.get(v.kind, v.kind)
+    paced = pace(arrival_of(r)).removeprefix("the ")  # users' pace, trace's timestamps, arrival rate, ...
+    return {"queue": f"queue ({v.cause or '-'})", "users": paced, "storage": "storage"}.get(v.kind, v.kind)
 
 
 def _ranks(r: Results, one: str) -> str:

@@ -132,6 +132,10 @@ def test_an_idle_run_is_told_the_flag_that_loads_its_own_arrival(arrival, knob, 
     assert any(f"{knob}" in w and not_said not in w for w in warnings_of(r) if "saw no traffic" in w)
     r.load.kind = "users"
     assert f"load: bound by {bound_by}:" in render(r).replace("\n      ", " ")
+    from kv_cache.report.compare import comparison_table
+
+    table = comparison_table([("a", r), ("b", r)]).splitlines()
+    assert next(line for line in table if line.startswith("load verdict")).count(bound_by.removeprefix("the ")) == 2
 
 
 def test_a_disk_the_benchmark_moved_nothing_on_reads_as_a_sentence():
