@@ -24,22 +24,30 @@ def _ms(v) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _count(v) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
 def policy_table(rows: list[dict]) -> str:
     """Tables of at most 100 columns, a tier a row (one table of every column was 150 wide with two tiers)."""
     types = sorted({t for r in rows for t, v in r["hit_rate_by_type"].items() if v is not None})
-    hits = [["policy", "tokens hit", "blocks hit", "storage TTFT", "modelled TTFT"]]
+    hits = [["policy", "tokens hit", "blocks hit", "storage TTFT", "modelled TTFT", "written", "not written"]]
     sources = [["policy", *types]]
     moved = [["policy", "tier", "read GiB", "written GiB", "demoted into GiB"]]
     lat = [["policy", "tier", "op", "count", "p50 ms", "p99 ms"]]
     for r in rows:
         hits.append([r["policy"], _pct(r["hit_rate_tokens"]), _pct(r["hit_rate_blocks"]),
-                     _ms(r["storage_ttft_mean_ms"]), _ms(r["modelled_ttft_mean_ms"])])
+                     _ms(r["storage_ttft_mean_ms"]), _ms(r["modelled_ttft_mean_ms"]), _count(r.get("blocks_written")),
+                     _count(r.get("blocks_not_written"))])
         sources.append([r["policy"], *(_pct(r["hit_rate_by_type"].get(t)) for t in types)])
         moved += [[r["policy"], t, f"{b['read'] / 2**30:.2f}", f"{b['write'] / 2**30:.2f}",
                    f"{r['demoted_bytes'].get(t, 0) / 2**30:.2f}"] for t, b in r["bytes"].items()]
         lat += [[r["policy"], tier, op, f"{st['count']:,}", _ms(st["p50"]), _ms(st["p99"])]
                 for tier, ops in r["latency_ms"].items() for op, st in ops.items() if op in ("read", "write")]
-    return "\n".join(["Policies on one request sequence: hit rates, TTFT (mean ms)"] + format_table(hits, 1, "  ")
+    return "\n".join([fit("Policies on one request sequence: hit rates, TTFT (mean ms), new blocks written and not "
+                           "(one a policy's evictions cut off from its chain is not written: less storage time, "
+                           "fewer later hits)")]
+                     + format_table(hits, 1, "  ")
                      + ["", "Hit rate by source (each of its own prompt tokens)"] + format_table(sources, 1, "  ")
                      + ["", "GiB moved"] + format_table(moved, 2, "  ")
                      + ["", "Per-block latency"] + format_table(lat, 3, "  "))

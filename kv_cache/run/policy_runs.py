@@ -44,6 +44,9 @@ def summarize(name: str, r: Results, ms_per_token: float) -> dict:
         "storage_ttft_mean_ms": mean,
         "modelled_ttft_mean_ms": (mean + ms_per_token * missed / req) if req and mean is not None else None,
         "verification_failures": r.verification.failures,
+        # a policy that evicts a chain's ancestors leaves its later blocks unwritten (unreachable): less storage time
+        "blocks_written": sum(ops.get("write", 0) for ops in r.ops.values()),
+        "blocks_not_written": None if r.blocks_write_skipped_by is None else sum(r.blocks_write_skipped_by.values()),
     }
 
 
