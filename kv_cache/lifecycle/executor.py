@@ -130,7 +130,8 @@ class Lifecycle(BatchedPaths, HandoffPaths):
                   for i in range(n)]
         decode = [] if self.handoff is not None or whole else [(plan.keys[i], plan.parent(i) or 0, plan.labels[i])
                                                                 for i in range(n, len(plan.keys))]
-        self.recorder.accesses.request(prompt, plan.groups, decode, req.num_prompt_tokens, now_ns(), looked_ns)
+        self.recorder.accesses.request(prompt, plan.groups, decode, req.num_prompt_tokens, now_ns(), looked_ns,
+                                       (req.intended_ns, req.dequeued_ns))
 
     def _pin(self, plan: KVPlan) -> list[tuple[int, object]]:
         """Pin the plan's cached prompt blocks group by group (see KVPlan.lookup); (index, entry) pairs."""

@@ -70,6 +70,8 @@ class AccessLog:
         self.request_tokens = array("q")  # per row: its lookups' tokens by COLUMNS, sampled or not
         self.counts = array("q")  # per row: the requests folded into it (1 unless sampled)
         self.starts = array("q")  # per row: when its request looked the cache up (ns): the rows' order at the end
+        self.arrivals = array("q")  # per row: when its request arrived, and left the queue (ns): how far the queue's
+        self.dequeued = array("q")  # order (QoS priority) took it from its arrival order
         self.cuts: list[int] = []  # the measured window's start (and end): rows are never folded across one
         self._latest_ns = 0
         self._empty_rows = 0  # rows without a kept access since the last fold
@@ -80,11 +82,13 @@ class AccessLog:
         return self.below / FULL
 
     def request(self, prompt: list[tuple[int, tuple[int, ...], int, str]], groups, decode: list[tuple[int, int, str]],
-                prompt_tokens: int, done_ns: int, started_ns: int | None = None) -> None:
+                prompt_tokens: int, done_ns: int, started_ns: int | None = None,
+                queued: tuple[int, int] | None = None) -> None:
         """prompt: (key, tokens by source, parent, label) of each prompt block in plan order; groups: the plan's
         lookup groups (first, end, independent); decode: (key, parent, label) of the decode blocks. Stored in the
         stack's order (see the module); a replay reads them back in plan order (plan_pos). started_ns: when the
-        request looked the cache up (its completion where not given): arrays() orders the requests by it."""
+        request looked the cache up (its completion where not given): arrays() orders the requests by it; queued:
+        when it arrived and when it left the queue (its lookup where not given)."""
         rows = _stack_order(prompt, groups, decode)
         keys = [r[0] for r in rows]
         if len(set(keys)) < len(keys):  # a block twice in one request: counted once, where it is deepest
@@ -98,6 +102,9 @@ class AccessLog:
             self.request_tokens.extend(looked)
             self.counts.append(1)
             self.starts.append(done_ns if started_ns is None else started_ns)
+            arrived, dequeued = queued or (self.starts[-1], self.starts[-1])
+            self.arrivals.append(arrived)
+            self.dequeued.append(dequeued)
             self._latest_ns = max(self._latest_ns, done_ns)
             for key, parent, looked_up, tokens, label, pos in rows:
                 if self.below < FULL and ((key * GOLDEN) & MASK) >> 40 >= self.below:
@@ -138,6 +145,8 @@ class AccessLog:
                                                               .reshape(len(reqs), -1), heads, axis=0))
             self.counts = _typed("q", np.add.reduceat(np.frombuffer(self.counts, np.int64), heads))
             self.starts = _typed("q", np.frombuffer(self.starts, np.int64)[heads])
+            self.arrivals = _typed("q", np.frombuffer(self.arrivals, np.int64)[heads])
+            self.dequeued = _typed("q", np.frombuffer(self.dequeued, np.int64)[heads])
         self._empty_rows = int(empty[heads].sum())  # those not settled yet, or heading a side of a cut
         self._fold_at = self._empty_rows + FOLD_SLACK
 
@@ -178,11 +187,14 @@ class AccessLog:
                     "request_tokens": np.frombuffer(self.request_tokens, np.int64).reshape(-1, len(COLUMNS)).copy(),
                     "request_counts": np.frombuffer(self.counts, np.int64).copy(),
                     "request_started": np.frombuffer(self.starts, np.int64).copy(),
+                    "request_arrived": np.frombuffer(self.arrivals, np.int64).copy(),
+                    "request_dequeued": np.frombuffer(self.dequeued, np.int64).copy(),
                     "sample_rate": np.array(self.rate)})
 
 
 ACCESS_ARRAYS = ("keys", "parents", "lookup", "tokens", "plan_pos", "labels")  # an entry per access
-REQUEST_ARRAYS = ("request_tokens", "request_counts", "request_started")  # an entry per request (row)
+REQUEST_ARRAYS = ("request_tokens", "request_counts", "request_started", "request_arrived",  # an entry per row
+                  "request_dequeued")
 
 
 def _in_lookup_order(log: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -49,7 +49,8 @@ from kv_cache.recorder.stack_distances import CapacityCurve
 from kv_cache.recorder.typed import SchemaVersionError, json_schema
 from kv_cache.recorder.typed import load as _load
 
-SCHEMA_VERSION = 20  # 20: blocks_write_skipped_by (why each new block not written was refused)
+SCHEMA_VERSION = 21  # 21: capacity_curve.served_order (the requests' order against their arrival order)
+# (20: blocks_write_skipped_by (why each new block not written was refused))
 # (19: workload.trace.changed (records kept with a change: answers_given_fixed_length,
 # answers_cut; they were counted as skipped); precondition.tier (the tier written: not always the storage under
 # test); a decode node's run.bottom_tier is "handoff", the storage it loads prefixes from
@@ -366,7 +367,7 @@ class Results:
     @classmethod
     def from_dict(cls, data: dict, where: str = "results") -> Results:
         version = data.get("schema_version") if isinstance(data, dict) else None
-        if version in UPGRADES:  # an older file this version still reads: what it did not record is None
+        while version in UPGRADES:  # an older file this version still reads: what it did not record is None
             data = UPGRADES[version](dict(data))
             version = data["schema_version"]
         if version != SCHEMA_VERSION:
@@ -374,8 +375,11 @@ class Results:
         return _load(cls, data, where)
 
 
-# version -> the same results in the next version (older ones are refused): 19 lacks blocks_write_skipped_by only
-UPGRADES = {19: lambda data: {**data, "schema_version": 20, "blocks_write_skipped_by": None}}
+# version -> the same results in the next version (older ones are refused): 19 lacks blocks_write_skipped_by only,
+# 20 capacity_curve.served_order
+UPGRADES = {19: lambda data: {**data, "schema_version": 20, "blocks_write_skipped_by": None},
+            20: lambda data: {**data, "schema_version": 21, "capacity_curve": data.get("capacity_curve") and
+                              {**data["capacity_curve"], "served_order": None}}}
 
 
 def stored_schema(version: int = SCHEMA_VERSION) -> dict | None:

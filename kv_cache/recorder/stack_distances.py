@@ -265,6 +265,33 @@ def capacity_grid(log: dict[str, np.ndarray], upper_slots: int, points: int = 40
     return np.union1d([0], grid).astype(np.int64)  # log-spaced for the small, linear for the large
 
 
+def served_order(log: dict[str, np.ndarray], window, beyond: int) -> ServedOrder | None:
+    """How far from their arrival order the run's queue served the window's requests (the curve takes them in about
+    that order: as they looked the cache up): each one's places late, at least (the requests dequeued before it that
+    arrived after it, less those arrived before it and dequeued after it: ties never count); late beyond `beyond`
+    places (the workers). None for a sampled log (its rows are folded) or one without arrival times (an older
+    version's, several runs merged)."""
+    arrived, dequeued = log.get("request_arrived"), log.get("request_dequeued")
+    if arrived is None or dequeued is None or recorded_rate(log) < 1.0 or not len(arrived):
+        return None
+    order = np.argsort(dequeued, kind="stable")
+    late = np.empty(len(order), np.int64)
+    late[order] = np.arange(len(order)) - (np.searchsorted(np.sort(arrived), arrived[order], side="right") - 1)
+    late = late[in_window(log["requests"][:, 2], window)]
+    return ServedOrder(beyond, len(late), int((late > beyond).sum()), int(max(late.max(initial=0), 0)))
+
+
+@dataclass
+class ServedOrder:
+    """The window's requests against their arrival order (a queue served by QoS priority reorders them, and the
+    curve's reuse distances with them)."""
+
+    beyond_places: int              # late means more places than this (the workers)
+    requests: int
+    late_requests: int              # served more than beyond_places later than their place in arrival order
+    most_places_late: int
+
+
 @dataclass
 class CapacityPoint:
     """One bottom-tier capacity of the capacity curve and what the run's traffic would ask of it there."""
@@ -302,3 +329,4 @@ class CapacityCurve:
     knee_99_slots: int | None
     demand_model: str               # how the bottom tier's share, reads and writes were had, in words
     points: list[CapacityPoint]
+    served_order: ServedOrder | None = None  # the requests' order against their arrival order (null: not known)

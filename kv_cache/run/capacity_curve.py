@@ -13,6 +13,7 @@ import io
 import json
 import time
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from kv_cache.recorder.stack_distances import (
     recorded_rate,
     request_counts,
     sample,
+    served_order,
 )
 from kv_cache.recorder.typed import load_section
 from kv_cache.safefiles import write_file
@@ -53,7 +55,7 @@ def attach(results: Results, recorder, tiers: list, folder: Path, policy: str, p
             "run_slots": bottom.capacity_bytes // bottom.slot_bytes,
             "window_ns": [recorder.measure_start_ns or 0, recorder.measure_end_ns or 0],
             "window_s": results.run.duration_s, "requests_per_s": results.requests.per_s, "policy": policy,
-            "tiers": [[t.name, t.capacity_bytes] for t in tiers],
+            "tiers": [[t.name, t.capacity_bytes] for t in tiers], "workers": results.run.workers,
             "wall_minus_monotonic_ns": time.time_ns() - time.monotonic_ns()}
     buf = io.BytesIO()
     np.savez_compressed(buf, meta=np.array(json.dumps(meta)), **log)
@@ -101,8 +103,14 @@ def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack dista
         "tiers_above_slots": int(upper),
         "slot_bytes": int(slot), "requests": c.requests, "requests_per_s": meta["requests_per_s"],
         "run_slots": int(meta["run_slots"]), "infinite_hit_rate": c.infinite,
-        "knee_90_slots": c.knees[0], "knee_99_slots": c.knees[1], "demand_model": demand, "points": points},
+        "knee_90_slots": c.knees[0], "knee_99_slots": c.knees[1], "demand_model": demand, "points": points,
+        "served_order": _served_order(log, meta)},
         "capacity_curve")
+
+
+def _served_order(log: dict, meta: dict) -> dict | None:
+    order = served_order(log, tuple(meta["window_ns"]), meta["workers"]) if "workers" in meta else None
+    return None if order is None else asdict(order)
 
 
 def _replayed_or_none(value: float, scale: float = 1.0) -> float | None:
@@ -200,7 +208,7 @@ def load_run(folder: Path) -> tuple[dict, dict]:
 ARRAYS = ("keys", "parents", "lookup", "tokens", "requests")
 # each access's plan label (a replay's) as codes into the names, its place in the plan, the token columns' sources
 OPTIONAL = ("labels", "label_names", "plan_pos", "source_names", "request_tokens", "request_counts", "request_started",
-            "sample_rate")
+            "request_arrived", "request_dequeued", "sample_rate")
 META = {"upper_slots": int, "slot_bytes": int, "run_slots": int, "window_ns": list, "window_s": (int, float),
         "requests_per_s": (int, float), "policy": str, "wall_minus_monotonic_ns": int}
 
@@ -247,9 +255,10 @@ def _malformed(log: dict, meta) -> str:
     if counts is not None and (counts.shape != (len(reqs),) or not np.issubdtype(counts.dtype, np.integer)
                                or (len(counts) and counts.min() < 1)):
         return "its requests' counts differ in shape or kind from its requests"
-    started = log.get("request_started")
-    if started is not None and (started.shape != (len(reqs),) or not np.issubdtype(started.dtype, np.integer)):
-        return "its requests' lookup times differ in shape or kind from its requests"
+    for name, what in (("request_started", "lookup"), ("request_arrived", "arrival"), ("request_dequeued", "dequeue")):
+        times = log.get(name)
+        if times is not None and (times.shape != (len(reqs),) or not np.issubdtype(times.dtype, np.integer)):
+            return f"its requests' {what} times differ in shape or kind from its requests"
     rate = log.get("sample_rate")
     if rate is not None and (rate.shape != () or not np.issubdtype(rate.dtype, np.floating)
                              or not 0.0 < float(rate) <= 1.0):

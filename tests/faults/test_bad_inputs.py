@@ -221,3 +221,28 @@ def test_compare_output_on_an_existing_file(small_run, tmp_path):
     r = run_cli(["compare", run_dir, run_dir, "--output", str(existing)])
     assert_clean_error(r, "--output", str(existing))
     assert existing.read_text() == "keep me"
+
+
+def test_a_results_file_of_schema_20_with_a_capacity_curve_is_still_read(tmp_path):
+    """Schema 21 added the curve's served order: a run of schema 20 is read (its order not known: nothing said), and
+    one of 19 still is, through 20."""
+    from dataclasses import replace
+
+    from results_fixture import results
+
+    from kv_cache.recorder.results_schema import Results
+    from kv_cache.recorder.stack_distances import CapacityCurve
+
+    r = results()
+    r.capacity_curve = CapacityCurve("LRU stack distances", False, 1.0, "lru", 0, 2 << 20, 10, 1.0, 16, 0.3, 9, 12,
+                                     "-", [])
+    data = {**r.to_json(), "schema_version": 20}
+    del data["capacity_curve"]["served_order"]
+    assert Results.from_dict(json.loads(json.dumps(data))).capacity_curve == replace(r.capacity_curve)
+    old = tmp_path / "old" / "results.json"
+    old.parent.mkdir()
+    old.write_text(json.dumps(data))
+    out = run_cli(["report", str(old.parent)], timeout=60)
+    assert out.returncode == 0 and "Capacity curve" in out.stdout and "order:" not in out.stdout, out.stderr
+    del data["blocks_write_skipped_by"]
+    assert Results.from_dict({**data, "schema_version": 19}).blocks_write_skipped_by is None

@@ -251,3 +251,46 @@ def test_the_curve_at_the_run_s_capacity_is_held_against_what_the_run_measured()
     side = "above" if here < 0.5 else "below"
     assert f"{abs(0.5 - here) * 100:.1f} points {side} it" in said and "4 workers'" in said
     assert "the run measured" not in " ".join(capacity_lines(r, own=False))  # merged runs: not this run's measure
+
+
+def test_how_far_from_their_arrival_order_the_requests_were_served():
+    """Mooncake's trace at --trace-speedup 1000 queued all of it, served by QoS priority: the curve (of the order the
+    requests looked the cache up) put its 90 % knee at 96,549 blocks where the trace's own order needs 30,825, and
+    nothing said the order was not the trace's."""
+    from kv_cache.recorder.stack_distances import served_order
+
+    tok = (16,) + (0,) * (len(COLUMNS) - 1)
+
+    def log_of(arrivals: list[int]):
+        log = AccessLog()
+        for n, arrived in enumerate(arrivals):  # dequeued in this order, each at n (looked up in reverse: no matter)
+            log.request([(100 + n, tok, 0, "user")], ((0, 1, False),), [], 16, 1000 + n, 99 - n, (arrived, n))
+        return log.arrays()
+
+    in_order = served_order(log_of(list(range(20))), (0, None), 4)
+    assert (in_order.requests, in_order.late_requests, in_order.most_places_late) == (20, 0, 0)
+    assert served_order(log_of([7] * 20), (0, None), 4).late_requests == 0  # arrived together: no order to leave
+    jitter = served_order(log_of([1, 0, 3, 2, 5, 4, 6, 7]), (0, None), 4)  # workers overtaking each other
+    assert jitter.late_requests == 0 and jitter.most_places_late == 1
+    # the first 10 arrivals (a low priority) served after the 10 that arrived behind them
+    behind = served_order(log_of(list(range(10, 20)) + list(range(10))), (0, None), 4)
+    assert (behind.late_requests, behind.most_places_late) == (10, 10)
+    assert served_order(log_of(list(range(10, 20)) + list(range(10))), (1015, None), 4).requests == 5  # its window
+
+
+def test_the_summary_says_the_order_served_where_it_left_the_arrivals():
+    from dataclasses import replace
+
+    from results_fixture import results
+
+    from kv_cache.recorder.stack_distances import CapacityCurve, ServedOrder
+    from kv_cache.report.capacity import capacity_lines
+
+    r = results()
+    c = CapacityCurve("LRU stack distances", False, 1.0, "lru", 0, 2 << 20, 12_031, 197.9, 16, 0.373, 9, 12, "-", [])
+    for order, said in ((None, False), (ServedOrder(4, 12_031, 0, 3), False), (ServedOrder(4, 12_031, 100, 40), False),
+                        (ServedOrder(4, 12_031, 6_856, 5_922), True)):
+        r.capacity_curve = replace(c, served_order=order)
+        text = " ".join(" ".join(capacity_lines(r)).split())
+        assert ("6,856 of the 12,031 requests (57%) left the queue more than 4 places" in text) == said, text
+        assert ("qos.mix=batch=100" in text) == said
