@@ -237,7 +237,7 @@ def build_results(snap: Snapshot, run_info: dict, settings: dict, facts: RunFact
         "load": load_verdict(requests, window, request_latency.get("queue", {}), request_latency.get("storage", {}),
                              run_info["workers"], series, facts.workload["arrival"],
                              None if facts.ranks else c.get(C.PROCESS_CPU_US, 0) / 1e6,
-                             None if facts.ranks else os.cpu_count()),
+                             None if facts.ranks else os.cpu_count(), run_info["tiers"][bottom].get("null", False)),
         "tokens": tokens,
         "hit_rate": {"tokens": _rate(tokens["cached"], tokens["prompt"]),
                      "blocks": _rate(c.get(C.BLOCKS_HIT, 0), c.get(C.BLOCKS_LOOKUP, 0)),

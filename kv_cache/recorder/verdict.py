@@ -56,9 +56,10 @@ def _shares(storage_ms: dict, served: int, workers: int, window_s: float, cpu_s:
     return busy, cpu
 
 
-def _cause(busy: float | None, cpu: float | None, cores: int | None, workers: int) -> tuple[str, str]:
+def _cause(busy: float | None, cpu: float | None, cores: int | None, workers: int, null: bool) -> tuple[str, str]:
     """Why requests queued: (cause, its sentence). storage: the workers were busy in block I/O, so the figures are
-    the storage's at that concurrency; cpu: the process used (nearly) every core; generator: neither."""
+    the storage's at that concurrency; cpu: the process used (nearly) every core; generator: neither, or the
+    storage is a null tier (its operations move no byte: their time is the generator's own)."""
     if busy is None and cpu is None:
         return "", ("the numbers describe the load generator's queue; raise --workers or lower the load (--users, "
                     "--request-rate, --trace-speedup)")
@@ -68,6 +69,10 @@ def _cause(busy: float | None, cpu: float | None, cores: int | None, workers: in
         return "cpu", (f"the generator ran out of CPU (it used {used}; its workers spent {in_io} of their time in "
                        f"block I/O): the figures describe this machine's CPU, not the storage; use more cores or "
                        f"offer less load")
+    if busy is not None and busy >= STORAGE_BUSY and null:
+        return "generator", (f"the workers spent {in_io} of their time in the null tier's operations, which move no "
+                             f"byte (the process used {used}): the generator's own per-block work (the cache's "
+                             f"bookkeeping and its lock), not a storage's")
     if busy is not None and busy >= STORAGE_BUSY:
         return "storage", (f"the workers spent {in_io} of their time in block I/O (the process used {used}): a "
                            f"storage result at {workers} workers' concurrency; --workers N offers more")
@@ -77,10 +82,11 @@ def _cause(busy: float | None, cpu: float | None, cores: int | None, workers: in
 
 def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: dict, workers: int,
                  rows: list[dict], arrival: str = "closed", cpu_s: float | None = None,
-                 cores: int | None = None) -> dict | None:
+                 cores: int | None = None, null: bool = False) -> dict | None:
     """{kind: storage | queue | users, cause, the rates, waits, shares and backlog it rests on, advice}; None without
     a request. requests: the Results' request counts; queue_ms / storage_ms: the per-request latency summaries;
-    cpu_s: the process's CPU seconds in the window, over cores (None where not one process's: an MPI merge)."""
+    cpu_s: the process's CPU seconds in the window, over cores (None where not one process's: an MPI merge); null:
+    the storage is a null tier (--null-io: no byte moves)."""
     offered, served, dropped = requests["issued_in_window"], requests["completed"], requests.get("dropped_at_stop", 0)
     if not served or window_s <= 0:
         return None
@@ -91,7 +97,7 @@ def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: di
     if queue_ms.get("count", P95_SAMPLES) < P95_SAMPLES:  # a p95 of fewer requests is their max: not judged
         q95 = st95 = None
     in_io, cpu = _shares(storage_ms, served, workers, window_s, cpu_s, cores)
-    cause, said = _cause(in_io, cpu, cores, workers)
+    cause, said = _cause(in_io, cpu, cores, workers, null)
     out = {"offered_per_s": offered_s, "served_per_s": served_s, "queue_wait_p50_ms": q50, "queue_wait_p95_ms": q95,
            "storage_p50_ms": st50, "dropped_at_stop": dropped, "workers": workers, "workers_busy_mean": busy,
            "workers_in_io_share": in_io, "process_cpu_share": cpu, "cause": cause}
@@ -121,4 +127,6 @@ def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: di
                  if held else "")
     return {**out, "kind": "storage",
             "advice": f"workers were busy with block I/O and requests waited less for a worker than they spent in "
-                      f"storage (p50 and p95), {backlog_note}{held_note}: the numbers are the storage's"}
+                      f"storage (p50 and p95), {backlog_note}{held_note}: the numbers are "
+                      + ("the generator's own per-block work (a null tier moves no byte)" if null else
+                         "the storage's")}

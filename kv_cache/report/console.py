@@ -321,8 +321,9 @@ def _verdict(results: Results) -> list[str]:
     v = results.load
     if not v:
         return []
+    null = results.run.tiers[results.bottom].null if results.bottom in results.run.tiers else False
     kind = {"queue": "QUEUE-BOUND", "users": f"bound by {pace(arrival_of(results))}",
-            "storage": "storage-bound"}[v.kind]
+            "storage": "bound by the generator's per-block work (a null tier)" if null else "storage-bound"}[v.kind]
     if v.kind == "queue" and v.cause:  # what the queue was made of: the storage at this concurrency, or the CPU
         kind += {"storage": " on storage", "cpu": " on CPU", "generator": " on the generator"}[v.cause]
     wait = (f"; queue wait p50 {_ms(v.queue_wait_p50_ms)} / p95 {_ms(v.queue_wait_p95_ms)} ms vs storage time p50 "

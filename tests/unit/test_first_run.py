@@ -151,11 +151,24 @@ def test_a_disk_the_benchmark_moved_nothing_on_reads_as_a_sentence():
     assert "=  the benchmark's" not in text and "the benchmark moved nothing there" in text
 
 
-def _queue(storage_mean_ms: float, cpu_s: float, cores: int = 2):
+def _queue(storage_mean_ms: float, cpu_s: float, cores: int = 2, null: bool = False):
     """make run's queue: 4 workers, 30 requests served in 10 s, each waiting 2 s for a worker."""
     return load_verdict({"issued_in_window": 60, "completed": 30, "dropped_at_stop": 0}, 10.0, {"p50": 2000.0},
                         {"p50": storage_mean_ms, "mean": storage_mean_ms}, 4, [{"in_flight": 4}] * 10,
-                        cpu_s=cpu_s, cores=cores)
+                        cpu_s=cpu_s, cores=cores, null=null)
+
+
+def test_a_null_tier_is_never_called_the_storage():
+    """README's --null-io capacity command said 'QUEUE-BOUND on storage ... a storage result at 4 workers'
+    concurrency': a null tier moves no byte, and the time its operations took is the generator's own."""
+    v = _queue(storage_mean_ms=1200.0, cpu_s=6.0, null=True)
+    assert v["cause"] == "generator" and "null tier" in v["advice"] and "storage result" not in v["advice"]
+    calm = load_verdict({"issued_in_window": 30, "completed": 30}, 10.0, {"p50": 1.0}, {"p50": 5.0}, 4,
+                        [{"in_flight": 3.5}] * 10, null=True)
+    assert calm["kind"] == "storage" and "the numbers are the storage's" not in calm["advice"]
+    r = results()
+    r.load.kind, r.run.tiers[r.bottom].null = "storage", True
+    assert "load: bound by the generator's per-block work (a null tier):" in render(r)
 
 
 def test_a_queue_of_workers_busy_in_storage_is_a_storage_result_at_that_concurrency():
