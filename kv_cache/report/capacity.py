@@ -81,8 +81,8 @@ def _served_order(c) -> list[str]:
             f"the queue more than {o.beyond_places} places (the workers) after their place in arrival order, up to "
             f"{o.most_places_late:,}: the run's queue served them by QoS priority, and the curve, of the order "
             f"served, reuses blocks at other distances than the arrivals do; for the arrivals' own curve run at a "
-            f"pace the run keeps up with (a lower --trace-speedup or --request-rate) or with one QoS class (--set "
-            f"qos.mix=batch=100)"]
+            f"pace the run keeps up with (a lower --trace-speedup or --request-rate) or with one QoS class "
+            f"(--qos-mix batch=100)"]
 
 
 def _or(value, form: str) -> str:

@@ -269,7 +269,7 @@ def test_a_curve_says_how_far_from_their_arrival_order_the_requests_were_served(
     r = run_cli(["--trace", str(REPO / "traces" / "mooncake_conversation_sample.jsonl"), "--model", "llama3.1-8b",
                  "--block-tokens", "512", "--null-io", "--capacity-curve", "--warmup", "0", "--duration", "3600",
                  "--trace-speedup", "100000", "--workers", "4", "--output-dir", str(tmp_path), "--run-id", "r",
-                 *(["--set", f"qos.mix={mix}"] if mix else [])], timeout=300)
+                 *(["--qos-mix", mix] if mix else [])], timeout=300)
     assert r.returncode == 0, r.stderr
     order = json.loads((tmp_path / "r" / "results.json").read_text())["capacity_curve"]["served_order"]
     assert order["requests"] == 200 and order["beyond_places"] == 4

@@ -293,4 +293,4 @@ def test_the_summary_says_the_order_served_where_it_left_the_arrivals():
         r.capacity_curve = replace(c, served_order=order)
         text = " ".join(" ".join(capacity_lines(r)).split())
         assert ("6,856 of the 12,031 requests (57%) left the queue more than 4 places" in text) == said, text
-        assert ("qos.mix=batch=100" in text) == said
+        assert ("--qos-mix batch=100" in text) == said
