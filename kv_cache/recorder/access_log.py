@@ -175,7 +175,7 @@ class AccessLog:
         with self._lock:
             if self.below < FULL:
                 self._fold(final=True)
-            return _in_lookup_order({
+            return in_order({
                     "keys": np.frombuffer(self.keys, np.uint64).copy(),
                     "parents": np.frombuffer(self.parents, np.uint64).copy(),
                     "lookup": np.frombuffer(self.lookup, np.int8).astype(bool), "tokens": self.rows.expand(self.tokens),
@@ -197,14 +197,15 @@ REQUEST_ARRAYS = ("request_tokens", "request_counts", "request_started", "reques
                   "request_dequeued")
 
 
-def _in_lookup_order(log: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The requests reordered by when they looked the cache up, each with its accesses.
+def in_order(log: dict[str, np.ndarray], by: str = "request_started") -> dict[str, np.ndarray]:
+    """The requests reordered by a time of theirs (by default when they looked the cache up; request_arrived: when
+    they arrived), each with its accesses.
 
     NOTE: a request is logged when it completes. With several workers, requests that started after another's lookup
     and completed before it came ahead of it: its hits were taken against the stack after their writes, and a run of
     4 workers whose curve read 27.5 % at its own capacity had measured 46.2 % (one worker: equal)."""
-    started, reqs = log["request_started"], log["requests"]
-    order = np.argsort(started, kind="stable")
+    order = np.argsort(log[by], kind="stable")
+    reqs = log["requests"]
     if (order == np.arange(len(order))).all():
         return log
     lengths = (np.append(reqs[1:, 0], len(log["keys"])) - reqs[:, 0])[order]
@@ -216,7 +217,8 @@ def _in_lookup_order(log: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out["requests"] = reqs[order]
     out["requests"][:, 0] = firsts
     for name in REQUEST_ARRAYS:
-        out[name] = log[name][order]
+        if name in log:  # a log of an older version lacks some
+            out[name] = log[name][order]
     return out
 
 

@@ -265,6 +265,9 @@ def capacity_grid(log: dict[str, np.ndarray], upper_slots: int, points: int = 40
     return np.union1d([0], grid).astype(np.int64)  # log-spaced for the small, linear for the large
 
 
+LATE_SHARE = 0.01  # the share of the window's requests served late past which the curve is not the arrivals' order
+
+
 def served_order(log: dict[str, np.ndarray], window, beyond: int) -> ServedOrder | None:
     """How far from their arrival order the run's queue served the window's requests (the curve takes them in about
     that order: as they looked the cache up): each one's places late, at least (the requests dequeued before it that
@@ -290,6 +293,15 @@ class ServedOrder:
     requests: int
     late_requests: int              # served more than beyond_places later than their place in arrival order
     most_places_late: int
+    # where more than LATE_SHARE of them were late: the LRU curve of the same requests in arrival order (null else)
+    arrival_knee_90_slots: int | None = None
+    arrival_knee_99_slots: int | None = None
+    arrival_hit_rate_at_run: float | None = None  # at the run's own capacity
+
+    @property
+    def late(self) -> bool:
+        """Enough of the requests left the queue late that the curve is of the order served, not the arrivals'."""
+        return self.requests > 0 and self.late_requests >= LATE_SHARE * self.requests
 
 
 @dataclass

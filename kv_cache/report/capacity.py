@@ -7,8 +7,6 @@ from kv_cache.model import GiB
 from kv_cache.recorder.results_schema import Results
 from kv_cache.report.table import format_table
 
-LATE_SHARE = 0.01  # the requests served late, of the window's, past which the curve says its order is not theirs
-
 
 def _knee(c, slots: int | None) -> str:
     return "-" if slots is None else f"{slots:,} blocks = {slots * c.slot_bytes / GiB:,.2f} GiB"
@@ -73,16 +71,19 @@ def _held_against_the_run(results: Results, own: bool) -> list[str]:
 def _served_order(c) -> list[str]:
     """Where the run served requests far from their arrival order (a backlog served by QoS priority), the curve's
     reuse distances are those of the order served: Mooncake's trace at --trace-speedup 1000 queued all of it, and
-    its 90 % knee read 96,549 blocks where the trace's own order needs 30,825."""
+    its 90 % knee read 94,846 blocks where the trace's own order needs 30,826. Said, with the arrival order's curve."""
     o = c.served_order
-    if o is None or not o.requests or o.late_requests < LATE_SHARE * o.requests:
+    if o is None or not o.late:
         return []
+    arrival = "" if o.arrival_knee_90_slots is None and o.arrival_hit_rate_at_run is None else (
+        f"; the same requests in arrival order (LRU): 90 % of the infinite cache's hit rate from "
+        f"{_knee(c, o.arrival_knee_90_slots)}, 99 % from {_knee(c, o.arrival_knee_99_slots)}, at this run's "
+        f"capacity {_or(o.arrival_hit_rate_at_run, '{:.1%}')}")
     return [f"  order: {o.late_requests:,} of the {o.requests:,} requests ({o.late_requests / o.requests:.0%}) left "
             f"the queue more than {o.beyond_places} places (the workers) after their place in arrival order, up to "
-            f"{o.most_places_late:,}: the run's queue served them by QoS priority, and the curve, of the order "
-            f"served, reuses blocks at other distances than the arrivals do; for the arrivals' own curve run at a "
-            f"pace the run keeps up with (a lower --trace-speedup or --request-rate) or with one QoS class "
-            f"(--qos-mix batch=100)"]
+            f"{o.most_places_late:,}: the run's queue served them by QoS priority, and the curve above is of the "
+            f"order served{arrival} (one QoS class, --qos-mix batch=100, or a pace the run keeps up with serves them "
+            f"in arrival order)"]
 
 
 def _or(value, form: str) -> str:

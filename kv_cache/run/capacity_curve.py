@@ -13,7 +13,7 @@ import io
 import json
 import time
 import zipfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,7 @@ from kv_cache.errors import UserError
 from kv_cache.hostmemory import available_bytes
 from kv_cache.inputs import check_regular, read_text, runs_inside
 from kv_cache.model import GiB
+from kv_cache.recorder.access_log import in_order
 from kv_cache.recorder.results_schema import RESULTS_LIMIT, Results
 from kv_cache.recorder.stack_distances import (
     CapacityCurve,
@@ -109,8 +110,18 @@ def section(log: dict, meta: dict, policies: dict, model: str = "LRU stack dista
 
 
 def _served_order(log: dict, meta: dict) -> dict | None:
-    order = served_order(log, tuple(meta["window_ns"]), meta["workers"]) if "workers" in meta else None
-    return None if order is None else asdict(order)
+    """How far from their arrival order the queue served the requests; where it left it, the LRU curve of the same
+    requests in arrival order beside (its knees, its hit rate at the run's capacity): the arrivals' own answer."""
+    window = tuple(meta["window_ns"])
+    order = served_order(log, window, meta["workers"]) if "workers" in meta else None
+    if order is None or not order.late:
+        return None if order is None else asdict(order)
+    upper, run = meta["upper_slots"], meta["run_slots"]
+    grid = np.union1d(capacity_grid(log, upper), [run])
+    arrival = curve(in_order(log, "request_arrived"), upper, grid, window, with_knees=True)
+    at_run = float(arrival.hit_rate[np.searchsorted(arrival.capacities, run)])
+    return asdict(replace(order, arrival_knee_90_slots=arrival.knees[0], arrival_knee_99_slots=arrival.knees[1],
+                          arrival_hit_rate_at_run=at_run))
 
 
 def _replayed_or_none(value: float, scale: float = 1.0) -> float | None:

@@ -277,3 +277,4 @@ def test_a_curve_says_how_far_from_their_arrival_order_the_requests_were_served(
         assert order["late_requests"] == 0, order
     said = "the run's queue served them by QoS priority" in " ".join(r.stdout.split())
     assert said == (order["late_requests"] >= 2), (order, r.stdout)
+    assert (order["arrival_knee_90_slots"] is not None) == said  # the arrivals' own curve beside, where it differs

@@ -294,3 +294,44 @@ def test_the_summary_says_the_order_served_where_it_left_the_arrivals():
         text = " ".join(" ".join(capacity_lines(r)).split())
         assert ("6,856 of the 12,031 requests (57%) left the queue more than 4 places" in text) == said, text
         assert ("--qos-mix batch=100" in text) == said
+    r.capacity_curve = replace(c, served_order=ServedOrder(4, 12_031, 6_856, 5_922, 30_745, 83_450, 0.0459))
+    text = " ".join(" ".join(capacity_lines(r)).split())
+    assert ("the same requests in arrival order (LRU): 90 % of the infinite cache's hit rate from 30,745 blocks = "
+            "60.05 GiB, 99 % from 83,450 blocks = 162.99 GiB, at this run's capacity 4.6%") in text, text
+
+
+def test_a_curve_of_requests_served_out_of_order_gives_the_arrival_order_s_beside_it():
+    """Where the queue left the arrival order, the curve in arrival order is computed beside it: exactly the curve
+    of a log whose requests were served as they arrived (the README's command with one QoS class read 30,826 blocks
+    at its 90 % knee, the arrival order of the three-class run's own log 30,745)."""
+    from found import POLICIES
+
+    from kv_cache.recorder.stack_distances import capacity_grid
+    from kv_cache.run.capacity_curve import section
+
+    tok = (16,) + (0,) * (len(COLUMNS) - 1)
+    convs = [[1 + c * 1000 + k for k in range(6)] for c in range(30)]  # 30 conversations, a turn adds a block
+    requests = [(c, t) for t in range(1, 7) for c in range(30)]  # arrival order: each round of turns in turn
+    served = sorted(range(len(requests)), key=lambda n: (n % 3, n))  # a queue by priority: a third of them first
+
+    def log_of(order: list[int]) -> dict:
+        log = AccessLog()
+        for pos, n in enumerate(order):
+            c, t = requests[n]
+            chain = convs[c][:t]
+            prompt = [(k, tok, p, "user") for k, p in zip(chain, [0, *chain[:-1]])]
+            log.request(prompt, ((0, t, False),), [], 16 * t, 10_000 + pos, pos, (n, pos))
+        return log.arrays()
+
+    meta = {"upper_slots": 0, "slot_bytes": 2 << 20, "run_slots": 40, "window_ns": [0, 0], "window_s": 1.0,
+            "requests_per_s": 1.0, "policy": "lru", "wall_minus_monotonic_ns": 0, "workers": 1}
+    out_of_order = section(log_of(served), meta, POLICIES)
+    o = out_of_order.served_order
+    assert o.late and o.arrival_knee_90_slots is not None
+    in_arrival = log_of(list(range(len(requests))))
+    grid = np.union1d(capacity_grid(in_arrival, 0), [40])
+    truth = curve(in_arrival, 0, grid, (0, None), with_knees=True)
+    assert (o.arrival_knee_90_slots, o.arrival_knee_99_slots) == truth.knees
+    assert o.arrival_hit_rate_at_run == truth.hit_rate[np.searchsorted(truth.capacities, 40)]
+    assert (out_of_order.knee_90_slots, out_of_order.knee_99_slots) != truth.knees  # the order served differs
+    assert section(in_arrival, meta, POLICIES).served_order.arrival_knee_90_slots is None  # none late: no second
