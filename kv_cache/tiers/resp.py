@@ -64,6 +64,14 @@ def bulk_into(sock, key: str, out: np.ndarray, url: str, policy: str) -> None:
         raise RunFault(f"{url}: the reply for key {key} does not end where its length says.")
 
 
+def outstanding(read_ahead: int, value_bytes: int, gets: int) -> int:
+    """The GETs a batch keeps outstanding: read_ahead bytes of replies, one GET at least (0: every GET at once).
+    Two at least had a second 32 MiB reply buffered in the server's memory while the first was read: a batch of 16
+    read at 0.40 of the same GETs one by one, where one at a time reads at 0.99 (loopback's round trip is tens of
+    microseconds against 10 ms a value)."""
+    return max(1, read_ahead // max(value_bytes, 1)) if read_ahead else gets
+
+
 def gets_ahead(conn, parts: list[tuple[int, str, np.ndarray]], ahead: int, url: str, policy: str) -> list[int]:
     """GET each part's key (parts: (block, key, the view its value fills)) on conn, a Valkey / Redis client
     connection, with at most `ahead` GETs outstanding: the next sent as each reply is read into its view (recv_into,

@@ -42,7 +42,7 @@ from kv_cache.tiers.remote import (
     remote_medium,
 )
 from kv_cache.tiers.remote_shared import SharedRemoteTier
-from kv_cache.tiers.resp import gets_ahead
+from kv_cache.tiers.resp import gets_ahead, outstanding
 
 SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 DEFAULT_MAX_VALUE = 512 << 20  # proto-max-bulk-len's default
@@ -56,7 +56,7 @@ class ValkeySettings:
     part_mb: float = key(0.0, "Valkey/Redis remote tier: split a block into values of at most this many MiB (0: the "
                               "server's proto-max-bulk-len).", lo=0.0, hi=4096.0)
     read_ahead_mb: float = key(4.0, "Valkey/Redis remote tier: the most reply bytes a batch's pipelined GETs keep "
-                                    "outstanding on a connection, two GETs at least (0: every GET at once: a server "
+                                    "outstanding on a connection, one GET at least (0: every GET at once: a server "
                                     "handed a whole batch of large GETs answered slower).", lo=0.0, hi=4096.0)
 
 
@@ -222,7 +222,7 @@ class ValkeyStore(Names):
 
     @property
     def batch(self) -> str:  # how a batch reaches the server, in words (the run's notes and results say it)
-        gets = (f"the GETs {self.read_ahead / 2**20:g} MiB of replies ahead of the one being read, two at least"
+        gets = (f"the GETs {self.read_ahead / 2**20:g} MiB of replies outstanding, one GET at least"
                 if self.read_ahead else "every GET sent at once")
         return f"one pipeline per batch on the worker's connection (every SET sent at once; {gets})"
 
@@ -257,7 +257,7 @@ class ValkeyStore(Names):
         try:
             conn = self.pool.get_connection("GET")
             largest = max((v.size for *_, v in parts), default=1) or 1
-            ahead = max(2, self.read_ahead // largest) if self.read_ahead else len(parts)
+            ahead = outstanding(self.read_ahead, largest, len(parts))
             for (n, _, _), at in zip(parts, gets_ahead(conn, parts, ahead, self.url, self.policy)):
                 done[n] = at  # a block's last reply's arrival
         except BaseException as e:
