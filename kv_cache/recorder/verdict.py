@@ -41,6 +41,12 @@ def arrival_of(results) -> str:
     return "handoff" if decode else results.workload.arrival
 
 
+def null_bottom(results) -> bool:
+    """A Results' storage is a null tier (--null-io): its operations move no byte, their time is the generator's."""
+    tier = results.run.tiers.get(results.bottom)
+    return tier is not None and tier.null
+
+
 def _mean(rows: list[dict], key: str) -> float | None:
     values = [r[key] for r in rows if r.get(key) is not None]
     return sum(values) / len(values) if values else None

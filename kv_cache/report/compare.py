@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kv_cache.recorder.results_schema import Results
-from kv_cache.recorder.verdict import arrival_of, pace
+from kv_cache.recorder.verdict import arrival_of, null_bottom, pace
 from kv_cache.report.table import WIDTH, fit, format_table
 
 
@@ -78,7 +78,8 @@ def _verdict(r: Results) -> str:
     if v is None:
         return "-"
     paced = pace(arrival_of(r)).removeprefix("the ")  # users' pace, trace's timestamps, arrival rate, ...
-    return {"queue": f"queue ({v.cause or '-'})", "users": paced, "storage": "storage"}.get(v.kind, v.kind)
+    storage = "generator (null tier)" if null_bottom(r) else "storage"
+    return {"queue": f"queue ({v.cause or '-'})", "users": paced, "storage": storage}.get(v.kind, v.kind)
 
 
 def _ranks(r: Results, one: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kv_cache import counters as C
 from kv_cache.recorder.results_schema import Results
-from kv_cache.recorder.verdict import arrival_of, pace
+from kv_cache.recorder.verdict import arrival_of, null_bottom, pace
 from kv_cache.report.capacity import capacity_lines
 from kv_cache.report.device_latency import device_latency_lines
 from kv_cache.report.load_lines import sections
@@ -321,9 +321,8 @@ def _verdict(results: Results) -> list[str]:
     v = results.load
     if not v:
         return []
-    null = results.run.tiers[results.bottom].null if results.bottom in results.run.tiers else False
-    kind = {"queue": "QUEUE-BOUND", "users": f"bound by {pace(arrival_of(results))}",
-            "storage": "bound by the generator's per-block work (a null tier)" if null else "storage-bound"}[v.kind]
+    storage = "bound by the generator's per-block work (a null tier)" if null_bottom(results) else "storage-bound"
+    kind = {"queue": "QUEUE-BOUND", "users": f"bound by {pace(arrival_of(results))}", "storage": storage}[v.kind]
     if v.kind == "queue" and v.cause:  # what the queue was made of: the storage at this concurrency, or the CPU
         kind += {"storage": " on storage", "cpu": " on CPU", "generator": " on the generator"}[v.cause]
     wait = (f"; queue wait p50 {_ms(v.queue_wait_p50_ms)} / p95 {_ms(v.queue_wait_p95_ms)} ms vs storage time p50 "

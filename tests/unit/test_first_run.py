@@ -169,6 +169,10 @@ def test_a_null_tier_is_never_called_the_storage():
     r = results()
     r.load.kind, r.run.tiers[r.bottom].null = "storage", True
     assert "load: bound by the generator's per-block work (a null tier):" in render(r)
+    from kv_cache.report.compare import comparison_table
+
+    row = next(line for line in comparison_table([("a", r), ("b", r)]).splitlines() if line.startswith("load verdict"))
+    assert row.count("generator (null tier)") == 2, row
 
 
 def test_a_queue_of_workers_busy_in_storage_is_a_storage_result_at_that_concurrency():
