@@ -70,8 +70,8 @@ class AccessLog:
         self.request_tokens = array("q")  # per row: its lookups' tokens by COLUMNS, sampled or not
         self.counts = array("q")  # per row: the requests folded into it (1 unless sampled)
         self.starts = array("q")  # per row: when its request looked the cache up (ns): the rows' order at the end
-        self.arrivals = array("q")  # per row: when its request arrived, and left the queue (ns): how far the queue's
-        self.dequeued = array("q")  # order (QoS priority) took it from its arrival order
+        self.arrivals = array("q")  # per row: when its request arrived (ns), and
+        self.dequeued = array("q")  # when it left the queue: how far the queue's order took it from its arrival order
         self.cuts: list[int] = []  # the measured window's start (and end): rows are never folded across one
         self._latest_ns = 0
         self._empty_rows = 0  # rows without a kept access since the last fold
@@ -217,7 +217,7 @@ def in_order(log: dict[str, np.ndarray], by: str = "request_started") -> dict[st
     out["requests"] = reqs[order]
     out["requests"][:, 0] = firsts
     for name in REQUEST_ARRAYS:
-        if name in log:  # a log of an older version lacks some
+        if name in log:  # a log read back from its file (capacity RUN) may lack the optional ones
             out[name] = log[name][order]
     return out
 

@@ -281,7 +281,7 @@ def served_order(log: dict[str, np.ndarray], window, beyond: int) -> ServedOrder
     late = np.empty(len(order), np.int64)
     late[order] = np.arange(len(order)) - (np.searchsorted(np.sort(arrived), arrived[order], side="right") - 1)
     late = late[in_window(log["requests"][:, 2], window)]
-    return ServedOrder(beyond, len(late), int((late > beyond).sum()), int(max(late.max(initial=0), 0)))
+    return ServedOrder(beyond, len(late), int((late > beyond).sum()), int(late.max(initial=0)))
 
 
 @dataclass

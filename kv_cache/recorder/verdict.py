@@ -118,14 +118,12 @@ def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: di
         return {**out, "kind": "queue",
                 "advice": f"requests waited for one of the {workers} workers ({why}); {said}"}
     if busy is not None and busy < IDLE_WORKERS * workers:
-        if arrival == "handoff":  # its requests are what prefill nodes hand over: their pace is its load
-            return {**out, "kind": "users",
-                    "advice": f"on average {busy:.1f} of {workers} workers were busy: the prefill nodes' pace set "
-                              f"the load (a decode node loads what they hand over), not this node's transfer or "
-                              f"storage; {load_knob(arrival)} to load it"}
+        # a decode node's requests are what prefill nodes hand over: their pace is its load
+        not_this = (" (a decode node loads what they hand over), not this node's transfer or storage"
+                    if arrival == "handoff" else ", not the storage")
         return {**out, "kind": "users",
-                "advice": f"on average {busy:.1f} of {workers} workers were busy: {pace(arrival)} set the load, not "
-                          f"the storage; {load_knob(arrival)} to load it"}
+                "advice": f"on average {busy:.1f} of {workers} workers were busy: {pace(arrival)} set the load"
+                          f"{not_this}; {load_knob(arrival)} to load it"}
     backlog_note = (f"{dropped:,} left queued at the stop, under a tenth of the {served:,} served" if dropped else
                     "none left queued at the stop")
     held = requests.get("users_waiting_at_stop", 0)

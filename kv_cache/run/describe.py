@@ -94,7 +94,7 @@ def run_info(s: Settings, b: RunContext, run_id: str, outcome: RunOutcome, dist:
 
 def _decode_node(results: Results) -> bool:
     """A disaggregated decode node: its load and its end are its prefill node's, not its own flags'."""
-    return results.role is not None and results.role.role == "decode"
+    return arrival_of(results) == "handoff"
 
 
 def nothing_measured(results: Results) -> str:
