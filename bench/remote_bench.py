@@ -10,7 +10,9 @@ concurrency (threads = redis-benchmark's -c):
 2. S3, for each client (obstore, boto3): the tier alone against a plain threaded PUT / GET loop of that client
    library (no tier, no namespace, no bookkeeping); the faster tier is the default client (media.s3.client).
 3. The whole program over each server (--nvme off --cpu-mem-gb 0: every block goes to the remote tier):
-   the remote tier's per-block p50/p95/p99, GB/s and CPU seconds per GiB, from its results.json.
+   the remote tier's per-block p50/p95/p99, GB/s and CPU seconds per GiB, from its results.json; its reads and
+   writes together against the tier alone moving as many reads and writes, shuffled, on as many threads as the
+   run's workers (tier_mixed: the limit at the run's own mix, which neither phase alone is).
 4. The batch (`--request-io batched`): one worker's batch of --batch blocks through the tier's put_many / get_many
    (Valkey: one pipeline on its connection; S3: every request in flight together on the store's threads)
    against the same blocks one after another (the serial path) and against the limit at the batch's
@@ -35,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -46,8 +49,9 @@ import valkey
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # servers.py: the same servers the tests start
+sys.path.insert(0, str(REPO / "bench"))  # run_bench, beside this file, also where a test imports this one
 
-from run_bench import parallel  # noqa: E402 - beside this file
+from run_bench import parallel  # noqa: E402
 from servers import HOST, start  # noqa: E402
 
 from kv_cache.buffers import aligned_buffer  # noqa: E402
@@ -98,6 +102,53 @@ def tier_round(tier: RemoteTier, threads: int, per_thread: int, block: int) -> d
     for k in range(threads * per_thread):
         tier.delete(k)
     return {"write": write, "read": read}
+
+
+def tier_mixed(tier: RemoteTier, threads: int, reads: int, writes: int, block: int) -> dict:
+    """The whole program's limit: the tier alone moving as many reads and writes as the run moved in its window,
+    shuffled into one order (fixed seed) that `threads` threads take from as each finishes its last, so reads and
+    writes meet at the server as they do in the run (a server that takes writes of new values slower than reads
+    slows the mix below either phase alone). The reads cycle over keys written first, untimed; the writes are new
+    keys (the tier's close removes them all). GB/s: the blocks' bytes over the wall time from the start to the last
+    completion."""
+    src, dst = payloads(threads, block)
+    held = max(1, min(reads, 64))
+    for k in range(held):
+        tier.put(k, src[0])
+    ops = np.random.default_rng(7).permutation(np.r_[np.zeros(reads, bool), np.ones(writes, bool)])
+    taken = iter(range(ops.size))
+    lock = threading.Lock()
+
+    def work(i: int) -> None:
+        while True:
+            with lock:
+                n = next(taken, None)
+            if n is None:
+                return
+            if ops[n]:
+                tier.put(held + n, src[i])
+            else:
+                tier.get(n % held, dst[i])
+
+    cpu = time.process_time()
+    wall = parallel(threads, work)
+    nbytes = ops.size * block
+    return {"gbps": nbytes / wall / 1e9, "read_gbps": reads * block / wall / 1e9,
+            "write_gbps": writes * block / wall / 1e9, "cpu_s_per_gib": (time.process_time() - cpu) / (nbytes / GiB),
+            "reads": reads, "writes": writes, "threads": threads}
+
+
+def whole_limit(store, name: str, whole: dict, threads: int, block: int) -> dict | None:
+    """tier_mixed at the whole program's own reads and writes (None: it moved no block in its window)."""
+    reads, writes = (round(whole[op]["bytes"] / block) for op in ("read", "write"))
+    if not reads + writes:
+        return None
+    store.check()
+    tier = RemoteTier(name, store, f"bench-{os.getpid()}", (min(reads, 64) + writes + 1) * block, block, "bench")
+    try:
+        return tier_mixed(tier, threads, reads, writes, block)
+    finally:
+        tier.close()
 
 
 # ------------------------------------------------------------------------------ Valkey
@@ -338,7 +389,7 @@ def whole_program(url: str, env: dict, a, extra: list[str]) -> dict:
     out = {"tier": tier, "cpu_s_per_gib": r["cpu"]["process_s"] / ((moved["read"] + moved["write"]) / GiB)}
     for op in ("read", "write"):
         out[op] = {k: lat.get(op, {}).get(k) for k in ("count", "p50", "p95", "p99")}
-        out[op]["gbps"] = moved[op] / window / 1e9
+        out[op]["gbps"], out[op]["bytes"] = moved[op] / window / 1e9, moved[op]
     return out
 
 
@@ -362,10 +413,18 @@ def ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"  # '-': too few blocks for the percentile
 
 
-def whole_row(name: str, w: dict) -> list[str]:
-    return [f"| whole program over {name}: {w['tier']} {op} | {w[op]['gbps']:.3f} GB/s, p50/p95/p99 "
-            f"{ms(w[op]['p50'])}/{ms(w[op]['p95'])}/{ms(w[op]['p99'])} ms ({w[op]['count'] or 0:,} blocks), "
-            f"{w['cpu_s_per_gib']:.3f} CPU-s/GiB (whole process) | - | - |" for op in ("write", "read")]
+def whole_row(name: str, w: dict, limit: dict | None) -> list[str]:
+    """The whole program's rows, then its read and write together against the tier alone at the same mix."""
+    out = [f"| whole program over {name}: {w['tier']} {op} | {w[op]['gbps']:.3f} GB/s, p50/p95/p99 "
+           f"{ms(w[op]['p50'])}/{ms(w[op]['p95'])}/{ms(w[op]['p99'])} ms ({w[op]['count'] or 0:,} blocks), "
+           f"{w['cpu_s_per_gib']:.3f} CPU-s/GiB (whole process) | - | - |" for op in ("write", "read")]
+    both = w["read"]["gbps"] + w["write"]["gbps"]
+    ref = "- (no block moved in the run's window)" if limit is None else (
+        f"the tier alone, the run's {limit['reads']:,} reads + {limit['writes']:,} writes shuffled over "
+        f"{limit['threads']} threads: {limit['gbps']:.3f} GB/s (read {limit['read_gbps']:.3f}, write "
+        f"{limit['write_gbps']:.3f}), {limit['cpu_s_per_gib']:.3f} CPU-s/GiB")
+    ratio = "-" if limit is None else f"{both / limit['gbps']:.2f}"
+    return out + [f"| whole program over {name}: read + write | {both:.3f} GB/s | {ref} | {ratio} |"]
 
 
 def per_round(ours: list[dict], ref: list[dict]) -> dict:
@@ -397,7 +456,10 @@ def remote_round(a) -> dict:
                     ref.append(got)
             out["valkey"] = {"tier": median_round(ours), "tool": median_round(ref) if ref else None,
                              "ratios": per_round(ours, ref) if ref else None}
-            out["valkey"]["whole"] = whole_program(valkey.url, {}, a, [])
+            whole = out["valkey"]["whole"] = whole_program(valkey.url, {}, a, [])
+            out["valkey"]["whole_limit"] = whole_limit(
+                valkey_medium.open_store(valkey.url, valkey_medium.ValkeySettings(), a.threads), "valkey", whole,
+                a.threads, block)
         finally:
             valkey.stop()
         s3 = start("s3", Path(folder) / "s3")
@@ -412,7 +474,10 @@ def remote_round(a) -> dict:
             best = max(("obstore", "boto3"), key=lambda c: sum(out[f"s3_{c}"]["tier"][op]["gbps"]
                                                               for op in ("read", "write")))
             out["s3_default"] = best
-            out["s3_whole"] = whole_program(s3.url, s3.env, a, ["--s3-client", best])
+            whole = out["s3_whole"] = whole_program(s3.url, s3.env, a, ["--s3-client", best])
+            out["s3_whole_limit"] = whole_limit(
+                s3_medium.open_store(s3.url, s3_medium.S3Settings(client=best), a.threads, s3.env), "s3", whole,
+                a.threads, block)
         finally:
             s3.stop()
     return out
@@ -426,11 +491,12 @@ def lines(r: dict) -> list[str]:
     tool = v["tool"]["tool"] if v["tool"] else "redis-benchmark (not installed)"
     out = head + row(f"Valkey tier vs {tool} SET/GET -d {r['block_bytes']} -c {r['threads']}", v["tier"], v["tool"],
                      v["ratios"])
-    out += whole_row("Valkey", v["whole"])
+    out += whole_row("Valkey", v["whole"], v["whole_limit"])
     for client in ("obstore", "boto3"):
         s = r[f"s3_{client}"]
         out += row(f"S3 tier ({client}) vs a plain {client} PUT/GET loop", s["tier"], s["tool"], s["ratios"])
-    out += whole_row(f"S3 ({r['s3_default']}, the faster tier: the default client)", r["s3_whole"])
+    out += whole_row(f"S3 ({r['s3_default']}, the faster tier: the default client)", r["s3_whole"],
+                     r["s3_whole_limit"])
     return out
 
 
