@@ -208,7 +208,8 @@ class WorkloadSettings:
 class ScheduleSettings:
     workers: int = key(0, "Worker threads issuing block I/O (0: auto: 2 per CPU core, at least 4, at most 16, as "
                           "the machine's memory allows: the same on every run of a machine; on real storage the "
-                          "tier's bandwidth at 1, 2, 4, ... threads is probed before the run and said beside it).",
+                          "tier's bandwidth at 1, 2, 4, ... threads is probed before the run and said beside it; "
+                          "--null-io: one, as the null tier has no I/O for more to overlap).",
                        lo=0, hi=4096)
     arrival: str = key("auto", "When requests arrive: closed (users wait for answers and think), poisson (open "
                                "loop at --request-rate), trace (trace timestamps / --trace-speedup); auto: trace "

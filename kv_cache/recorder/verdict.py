@@ -25,6 +25,11 @@ PACE = {"closed": "the users' pace", "trace": "the trace's timestamps", "poisson
         "handoff": "the prefill nodes' pace", "sequence": "one request at a time"}
 
 
+def workers_said(n: int) -> str:
+    """'1 worker', '4 workers': a --null-io run has one by default."""
+    return f"{n:,} worker{'' if n == 1 else 's'}"
+
+
 def load_knob(arrival: str) -> str:
     """How to offer more load under this arrival, said as an instruction."""
     return LOAD_KNOB.get(arrival, "use --arrival closed or poisson (a sequence keeps one request in flight)")
@@ -81,7 +86,7 @@ def _cause(busy: float | None, cpu: float | None, cores: int | None, workers: in
                              f"bookkeeping and its lock), not a storage's")
     if busy is not None and busy >= STORAGE_BUSY:
         return "storage", (f"the workers spent {in_io} of their time in block I/O (the process used {used}): a "
-                           f"storage result at {workers} workers' concurrency; --workers N offers more")
+                           f"storage result at the concurrency of {workers_said(workers)}; --workers N offers more")
     return "generator", (f"the workers spent {in_io} of their time in block I/O and the process used {used}: the "
                          f"rest went to the generator's own work (payloads, checksums, bookkeeping) or to waits")
 
@@ -115,14 +120,15 @@ def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: di
         why = "; ".join(waited + ([f"{dropped:,} requests still queued at the stop"] if backlog else [])
                         + ([f"offered {offered_s:.2f} req/s > served {served_s:.2f}"]
                            if offered_s > OFFERED_OVER_SERVED * served_s else []))
-        return {**out, "kind": "queue",
-                "advice": f"requests waited for one of the {workers} workers ({why}); {said}"}
+        waited_for = "the one worker" if workers == 1 else f"one of the {workers} workers"
+        return {**out, "kind": "queue", "advice": f"requests waited for {waited_for} ({why}); {said}"}
     if busy is not None and busy < IDLE_WORKERS * workers:
         # a decode node's requests are what prefill nodes hand over: their pace is its load
         not_this = (" (a decode node loads what they hand over), not this node's transfer or storage"
                     if arrival == "handoff" else ", not the storage")
         return {**out, "kind": "users",
-                "advice": f"on average {busy:.1f} of {workers} workers were busy: {pace(arrival)} set the load"
+                "advice": f"on average {busy:.1f} of {workers_said(workers)} {'was' if workers == 1 else 'were'} busy: "
+                          f"{pace(arrival)} set the load"
                           f"{not_this}; {load_knob(arrival)} to load it"}
     backlog_note = (f"{dropped:,} left queued at the stop, under a tenth of the {served:,} served" if dropped else
                     "none left queued at the stop")

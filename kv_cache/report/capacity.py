@@ -80,7 +80,8 @@ def _served_order(c) -> list[str]:
         f"{_knee(c, o.arrival_knee_90_slots)}, 99 % from {_knee(c, o.arrival_knee_99_slots)}, at this run's "
         f"capacity {_or(o.arrival_hit_rate_at_run, '{:.1%}')}")
     return [f"  order: {o.late_requests:,} of the {o.requests:,} requests ({o.late_requests / o.requests:.0%}) left "
-            f"the queue more than {o.beyond_places} places (the workers) after their place in arrival order, up to "
+            f"the queue more than {o.beyond_places} place{'' if o.beyond_places == 1 else 's'} (the workers) after "
+            f"their place in arrival order, up to "
             f"{o.most_places_late:,}: the run's queue served them by QoS priority, and the curve above is of the "
             f"order served{arrival} (one QoS class, --qos-mix batch=100, or a pace the run keeps up with serves them "
             f"in arrival order)"]

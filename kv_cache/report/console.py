@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kv_cache import counters as C
 from kv_cache.recorder.results_schema import Results
-from kv_cache.recorder.verdict import arrival_of, null_bottom, pace
+from kv_cache.recorder.verdict import arrival_of, null_bottom, pace, workers_said
 from kv_cache.report.capacity import capacity_lines
 from kv_cache.report.device_latency import device_latency_lines
 from kv_cache.report.load_lines import sections
@@ -68,7 +68,8 @@ def header(results: Results) -> list[str]:
     block = f"block {run.block_tokens} tokens = {size:.2f} MiB" if size else "whole-request objects"
     lines = [f"kv-cache-bench {run.tool_version}  run {run.run_id}  [{state}]",
              f"  model {run.model} ({run.kv_dtype}, tp {run.tp}, {run.bytes_per_token:,} B/token), "
-             f"{block}; {_who(results)}, {run.workers} workers{' a rank' if run.ranks > 1 else ''}, seed {run.seed}, "
+             f"{block}; {_who(results)}, {workers_said(run.workers)}{' a rank' if run.ranks > 1 else ''}, "
+             f"seed {run.seed}, "
              f"window {run.duration_s:.1f} s{_drain(results)} after {run.warmup_s:g} s warm-up"]
     if run.ranks > 1:
         spread = (results.rank_spread or {}).get(results.bottom, {})

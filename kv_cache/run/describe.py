@@ -8,7 +8,7 @@ import time
 from kv_cache import __version__
 from kv_cache.config import Settings
 from kv_cache.recorder.results_schema import Results
-from kv_cache.recorder.verdict import arrival_of, load_knob
+from kv_cache.recorder.verdict import arrival_of, load_knob, workers_said
 from kv_cache.run.distributed import Dist
 from kv_cache.run.sizing import batch_depth
 from kv_cache.run.stack import RunContext
@@ -180,4 +180,4 @@ def running_line(s: Settings, b: RunContext, traffic: Traffic, dist: Dist) -> st
     who = f"{len(traffic.users)} users" if traffic.users is not None else f"open loop ({traffic.arrival})"
     ranks = f" on each of {dist.size} MPI ranks (rank 0 shown)" if dist.active else ""
     return (f"  running: {s.run.warmup_s:g} s warm-up + {s.run.duration_s:g} s measured, {who}, "
-            f"{b.workers} workers{ranks} (Ctrl-C stops cleanly)")
+            f"{workers_said(b.workers)}{ranks} (Ctrl-C stops cleanly)")

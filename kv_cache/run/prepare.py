@@ -43,11 +43,11 @@ def build(s: Settings, reg, run_id: str, *, rank: int = 0, ranks: int = 1, join:
     memory available to this process, the ranks sharing its host: Dist.host_memory), read now when not given;
     building: called once the run is known to fit, before anything is made (it says what is made)."""
     if not probe and not s.schedule.workers:
-        s = replace(s, "schedule.workers", default_workers())
+        s = replace(s, "schedule.workers", default_workers(s))
     geo = geometry(s)
     gpu, gpu_note = open_gpu(s)
     ceiling = worker_ceiling(s, geo, reg, gpu)
-    n = s.schedule.workers or min(default_workers(), ceiling)  # a rule of fixed facts: known before the tiers
+    n = s.schedule.workers or min(default_workers(s), ceiling)  # a rule of fixed facts: known before the tiers
     s, n, handoff_size_note = _sized_handoff(s, reg, geo, gpu, n, ranks)
     sized = replace(s, "schedule.workers", n)  # buffers, lanes, connections and the budget for the threads that run
     budget = memory_budget(sized, geo, reg, gpu, ranks, rank)

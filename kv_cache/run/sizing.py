@@ -17,6 +17,7 @@ from kv_cache.lifecycle.payload import SEGMENT_BYTES, pool_bytes, pool_copies, s
 from kv_cache.lifecycle.sketch import ShingleSketch
 from kv_cache.lifecycle.worker import buffer_bytes
 from kv_cache.model import GiB
+from kv_cache.recorder.verdict import workers_said
 from kv_cache.run.budget import (
     ACCESS_LOG_BYTES,
     ACCESS_LOG_FIXED_BYTES,
@@ -37,10 +38,19 @@ from kv_cache.tiers.probe import concurrency
 AUTO_MAX = 16  # --workers 0 (auto): the most the rule gives, halved until the machine's memory holds them
 
 
-def default_workers() -> int:
+def default_workers(s: Settings) -> int:
     """--workers 0 (auto): 2 per core, at least 4, at most 16: a fixed fact of the machine, so the same command
-    runs the same workers whatever a neighbour does (the probe's bandwidth did not: 4 and 32 on one machine)."""
-    return max(4, min(16, 2 * (os.cpu_count() or 1)))
+    runs the same workers whatever a neighbour does (the probe's bandwidth did not: 4 and 32 on one machine).
+    --null-io: one. The null tier has no I/O for a second worker to overlap, and the interpreter runs one thread at
+    a time: more workers only queue on the cache's lock, each handing the interpreter over as it waits (the
+    Mooncake trace's analysis served 558 requests/s with one worker, 226 with four, on 2 cores)."""
+    return 1 if s.tiers.null_io else max(4, min(16, 2 * (os.cpu_count() or 1)))
+
+
+def workers_rule(s: Settings) -> str:
+    """How --workers 0 chose (the banner's note)."""
+    return ("one on the null tier, which has no I/O for more to overlap" if s.tiers.null_io else
+            f"2 per core of {os.cpu_count() or 1}, at least 4, at most 16")
 
 
 BATCH_ARENA_BYTES = 160 << 20  # a worker's in-flight blocks at most: llama70b's 80 MiB blocks go 2 at a time (3, at
@@ -97,9 +107,9 @@ def io_shape(s: Settings, tiers: list, n: int, io_bytes: int, gds=None) -> str:
                          for a, b in through_scratch(tiers, gds))
     bound = (f"--max-inflight {s.schedule.max_inflight} bounded by {BATCH_ARENA_BYTES >> 20} MiB of batch buffers "
              f"a worker" if depth < s.schedule.max_inflight else "--max-inflight sets it")
-    return (f"request I/O: batched, up to {depth} blocks of a request handed to a tier together per worker ({n} "
-            f"workers: up to {n * depth}; {bound}; how many each medium keeps in flight: its path here, measured "
-            f"in the summary's queue depth); {paths}")
+    return (f"request I/O: batched, up to {depth} blocks of a request handed to a tier together per worker ("
+            f"{workers_said(n)}: up to {n * depth}; {bound}; how many each medium keeps in flight: its path here, "
+            f"measured in the summary's queue depth); {paths}")
 
 
 def _lent(s: Settings, io_bytes: int) -> int:
@@ -126,7 +136,7 @@ def pool_note(s: Settings, io_bytes: int) -> str:
 
 
 def workers(s: Settings) -> int:
-    return s.schedule.workers or default_workers()
+    return s.schedule.workers or default_workers(s)
 
 
 def worker_ceiling(s: Settings, geo: Geometry, reg, gpu=None) -> int:
@@ -143,13 +153,13 @@ def worker_ceiling(s: Settings, geo: Geometry, reg, gpu=None) -> int:
 
 def probe_workers(s: Settings, tiers: list, geo: Geometry, n: int, ceiling: int,
                   fill) -> tuple[list, str]:
-    """(the probe's steps, the line that says the workers' rule) for n workers. --workers 0 runs default_workers()
+    """(the probe's steps, the line that says the workers' rule) for n workers. --workers 0 runs default_workers(s)
     within the memory's ceiling; on a real storage tier its bandwidth at 1, 2, 4, ... up to n threads is probed
     first, as information (said beside the choice; the run's most-writes estimate reads it)."""
     if s.schedule.workers:
         return [], ""
-    rule = (f"workers: {n} (auto: 2 per core of {os.cpu_count() or 1}, at least 4, at most 16"
-            + (f", as memory allows at most {ceiling}" if ceiling < default_workers() else "")
+    rule = (f"workers: {n} (auto: {workers_rule(s)}"
+            + (f", as memory allows at most {ceiling}" if ceiling < default_workers(s) else "")
             + "; --workers N pins it)")
     bottom = tiers[-1]
     if not moves_real_bytes(bottom):

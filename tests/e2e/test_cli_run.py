@@ -111,6 +111,21 @@ def test_null_io_measures_the_orchestrator(small_run):
     assert not re.search(r"storage (read|write) [0-9.]+ GB/s", r.stdout), r.stdout
 
 
+def test_a_null_io_run_takes_one_worker_unless_pinned(small_run):
+    """--workers 0 gave a --null-io run 2 per core, at least 4: with no I/O to overlap, its workers only queued on
+    the cache's lock, each handing the interpreter over as it waited (the Mooncake trace's analysis served 226
+    requests/s with four workers, 558 with one, on 2 cores). Auto is one there, said so; a pinned count stays."""
+    r = run_cli(small_run("n1", "--null-io", "--workers", "0", *bounded(8), quiet=False))
+    assert r.returncode == 0, r.stderr
+    assert small_run.results("n1")["run"]["workers"] == 1
+    said = " ".join(r.stdout.split())
+    assert "workers: 1 (auto: one on the null tier, which has no I/O for more to overlap" in said
+    assert "1 worker (Ctrl-C stops cleanly)" in said and "1 workers" not in said
+    pinned = run_cli(small_run("n3", "--null-io", "--workers", "3", *bounded(8)))
+    assert pinned.returncode == 0, pinned.stderr
+    assert small_run.results("n3")["run"]["workers"] == 3
+
+
 def test_list_models():
     r = run_cli(["--list-models"])
     assert r.returncode == 0 and "llama3.1-70b" in r.stdout and "80.00 MiB" in r.stdout

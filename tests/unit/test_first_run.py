@@ -89,9 +89,12 @@ def test_the_drain_is_said_on_the_window_line():
 def test_the_window_line_of_ranks_says_the_workers_are_each_ranks():
     """Merged over ranks, users are the total and workers one rank's: '800 users, 4 workers' read as 4 in all."""
     r = results()
-    assert f"{r.run.workers} workers, seed" in render(r)
+    r.run.workers = 4
+    assert "4 workers, seed" in render(r)
     r.run.ranks = 4
-    assert f"{r.run.users} users, {r.run.workers} workers a rank, seed" in render(r)
+    assert f"{r.run.users} users, 4 workers a rank, seed" in render(r)
+    r.run.workers = 1  # one, as a --null-io run takes by default: not '1 workers'
+    assert f"{r.run.users} users, 1 worker a rank, seed" in render(r)
 
 
 @pytest.mark.parametrize("source,arrival,said", [
@@ -101,8 +104,8 @@ def test_the_window_line_of_ranks_says_the_workers_are_each_ranks():
 def test_the_window_line_names_users_only_where_there_are_some(source, arrival, said):
     """A trace's requests at their times said '200 users' (--users' default, not used there)."""
     r = results()
-    r.run.users, r.workload.source, r.workload.arrival = 8, source, arrival
-    assert f"MiB; {said}, {r.run.workers} workers, seed" in render(r)
+    r.run.users, r.workload.source, r.workload.arrival, r.run.workers = 8, source, arrival, 2
+    assert f"MiB; {said}, 2 workers, seed" in render(r)
 
 
 def test_an_idle_decode_node_is_told_about_its_prefill_nodes_not_its_users():
@@ -181,7 +184,7 @@ def test_a_queue_of_workers_busy_in_storage_is_a_storage_result_at_that_concurre
     v = _queue(storage_mean_ms=1200.0, cpu_s=6.0)  # 30 x 1.2 s in I/O of 4 x 10 s: 90 %
     assert v["kind"] == "queue" and v["cause"] == "storage"
     assert v["workers_in_io_share"] == pytest.approx(0.9) and v["process_cpu_share"] == pytest.approx(0.3)
-    assert "a storage result at 4 workers' concurrency" in v["advice"]
+    assert "a storage result at the concurrency of 4 workers" in v["advice"]
 
 
 def test_a_queue_of_a_generator_out_of_cpu_says_so():

@@ -275,3 +275,22 @@ def test_the_traffic_line_names_a_trace_once_and_counts_with_separators():
     log = TraceLog(detected="azure")
     (line, *_) = _describe(Traffic("azure", "trace", trace=TraceSet("azure", [], log, None)), analysis)
     assert line == "  traffic: azure trace, arrival trace, 19,366 requests"
+
+
+@pytest.mark.parametrize("ids, length, trace_block", [([7, -3, 2**62, 9], 1500, 512), ([5, 6], 1100, 512),
+                                                      ([1, 2, 3, 4, 5], 9, 4), ([], 33, 16), ([11], 0, 16)])
+def test_a_hash_id_prompt_is_its_streams_heads_built_in_one_pass(ids, length, trace_block):
+    """hashed_prompt built each id's stream alone (a dozen small array operations each: 540 us a Mooncake request
+    on the dispatching thread, 45 % of the interpreter's time in a --null-io analysis); now every stream's head in
+    one pass, 150 us. The tokens are the definition's: block j the first tokens of stream (HASHED, id_j), a tail
+    past the ids unique to the record, ids past the prompt unused."""
+    from kv_cache.sources.content import HASHED, UNIQUE, hashed_prompt, stream
+
+    want, left = [], length
+    for h in ids:
+        want.append(stream(HASHED, h, max(0, min(trace_block, left)), 32000))
+        left -= trace_block
+    if left > 0:
+        want.append(stream(UNIQUE, 77, left, 32000))
+    got = hashed_prompt(ids, length, trace_block, 32000, tail_ident=77)
+    assert got.dtype == np.int32 and np.array_equal(got, np.concatenate(want))
