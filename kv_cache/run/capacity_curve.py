@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from kv_cache.cache.simulate import Replayed, replay
 from kv_cache.errors import UserError
 from kv_cache.hostmemory import available_bytes
 from kv_cache.inputs import check_regular, read_text, runs_inside
@@ -38,8 +37,8 @@ from kv_cache.recorder.stack_distances import (
     served_order,
 )
 from kv_cache.recorder.typed import load_section
+from kv_cache.run.replays import replay_many
 from kv_cache.safefiles import write_file
-from kv_cache.tiers.catalog import accounting_stack
 
 ACCESS_FILE = "capacity_access.npz"
 
@@ -148,8 +147,7 @@ def _replay_demand(c: Curve, log: dict, meta: dict, policy: type) -> str:
         return (f"not modelled: a replay of {accesses:,} accesses is past this tool's budget of {REPLAY_BUDGET:,} "
                 f"(stack distances give the hit rate, not the waterfall's reads and writes)")
     chosen = _demand_slots(c.capacities, [meta["run_slots"], *c.knees], n)
-    for x in chosen:
-        r = replay_at(log, meta, int(x), policy)
+    for x, r in zip(chosen, replay_many(log, meta, chosen, policy)):
         i = int(np.searchsorted(c.capacities, x))
         c.bottom_hit_rate[i], c.read_blocks[i], c.write_blocks[i] = r.bottom_hit_rate, r.reads, r.writes
     return (f"the cache replayed on accounting tiers at {len(chosen)} of the {len(c.capacities)} capacities (its "
@@ -165,21 +163,12 @@ def _demand_slots(capacities: np.ndarray, first: list, n: int) -> list[int]:
     return sorted(out[:n])
 
 
-def replay_at(log: dict, meta: dict, slots: int, policy: type) -> Replayed:
-    """The cache replayed with a bottom tier of slots under the run's tiers above it."""
-    slot, bottom = meta["slot_bytes"], meta["tiers"][-1][0]
-    tiers = accounting_stack([*[(name, cap) for name, cap in meta["tiers"][:-1]], (bottom, slots * slot)], slot)
-    if not tiers:  # no tier holds a block: nothing is cached
-        return Replayed(0.0, 0.0, 0, 0)
-    return replay(log, tiers, policy, tuple(meta["window_ns"]), bottom)
-
-
 def _replayed(log: dict, meta: dict, grid: np.ndarray, policy: type) -> Curve:
     """The curve of the run's policy (its class) by replaying the log at each capacity of grid
     (cache/simulate.py)."""
     window = tuple(meta["window_ns"])
-    runs = [replay_at(log, meta, int(x), policy) for x in grid]
-    top = replay_at(log, meta, int(grid[-1] + 1) * 4, policy).hit_rate  # room for every block: its infinite cache
+    *runs, room = replay_many(log, meta, [*grid, int(grid[-1] + 1) * 4], policy)
+    top = room.hit_rate  # room for every block: its infinite cache
     rates_a = np.array([r.hit_rate for r in runs])
     knees = tuple(next((int(x) for x, r in zip(grid, rates_a) if r >= share * top - 1e-12), None)
                   for share in (0.90, 0.99))

@@ -14,7 +14,8 @@ from found import POLICIES
 from helpers import assert_clean_error
 
 from kv_cache.recorder.stack_distances import curve
-from kv_cache.run.capacity_curve import load_run, replay_at
+from kv_cache.run.capacity_curve import load_run
+from kv_cache.run.replays import replay_at
 from kv_cache.types import SOURCES
 
 pytestmark = pytest.mark.slow  # make test-all (CI)
@@ -278,3 +279,36 @@ def test_a_curve_says_how_far_from_their_arrival_order_the_requests_were_served(
     said = "the run's queue served them by QoS priority" in " ".join(r.stdout.split())
     assert said == (order["late_requests"] >= 2), (order, r.stdout)
     assert (order["arrival_knee_90_slots"] is not None) == said  # the arrivals' own curve beside, where it differs
+
+
+def test_the_replays_side_by_side_give_what_one_process_gives(small_run, monkeypatch):
+    """The README's Mooncake analysis spent 73 of its 104 s replaying the cache at 7 capacities one after another,
+    one core busy of two (`capacity RUN` over its log: 75 s; in child processes 43 s, the same output byte for
+    byte). The children's replays must be this process's: here its own replay_at fails, so only children answer."""
+    from kv_cache.run import replays
+
+    _run(small_run, "src", "0.5", "--null-io")
+    log, meta = load_run(small_run.out / "src")
+    slots = [10, 40, 200]
+    here = [replay_at(log, meta, s, POLICIES["lru"]) for s in slots]
+    monkeypatch.setattr(replays, "SIDE_BY_SIDE_ACCESSES", 0)  # this small log too
+    monkeypatch.setattr(replays.os, "cpu_count", lambda: 4)  # on any machine
+    monkeypatch.setattr(replays, "replay_at", lambda *a: pytest.fail("replayed in this process"))
+    assert replays.side_by_side(len(log["keys"]), len(slots)) == 3
+    assert replays.replay_many(log, meta, slots, POLICIES["lru"]) == here
+
+
+def test_a_replaying_child_leaves_ctrl_c_to_the_run():
+    """A terminal's Ctrl-C reaches the whole process group. A child that took it would send its KeyboardInterrupt
+    back through the replays while the run defers the signal to finish its results (the curve among them), and the
+    results would be lost; so a child ignores SIGINT and SIGHUP and dies of SIGTERM (the run's terminate)."""
+    import multiprocessing
+    import signal
+    from concurrent.futures import ProcessPoolExecutor
+
+    from kv_cache.run import replays
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=replays._hold,
+                             initargs=({}, {}, None)) as pool:
+        got = list(pool.map(signal.getsignal, (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)))
+    assert got == [signal.SIG_IGN, signal.SIG_IGN, signal.SIG_DFL]
