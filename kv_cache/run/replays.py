@@ -48,14 +48,13 @@ def side_by_side(accesses: int, replays: int) -> int:
 
 def replay_many(log: dict, meta: dict, slots: list[int], policy: type) -> list[Replayed]:
     """replay_at at each of slots, in their order. Side by side where side_by_side says so (how many never changes
-    a figure); should a child die (killed for memory), the replays are done here one after another."""
-    n = side_by_side(len(log["keys"]), len(slots))
-    if n > 1:  # spawned, not forked: the run's threads (telemetry, a signal watch) may hold locks a fork would copy
-        pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_hold,
-                                   initargs=(log, meta, policy))
+    a figure); where no child can start, or one dies (killed for memory), the replays are done here one after
+    another."""
+    pool = _pool(side_by_side(len(log["keys"]), len(slots)), log, meta, policy)
+    if pool is not None:
         try:
             return list(pool.map(_replay_held, [int(x) for x in slots]))
-        except BrokenProcessPool:
+        except (BrokenProcessPool, OSError):  # a child killed, or none could be started
             pass
         except BaseException:  # interrupted (signals.Interrupted) where nothing defers it: the children stop now,
             for child in list(getattr(pool, "_processes", {}).values()):  # not once their replays are done
@@ -64,6 +63,18 @@ def replay_many(log: dict, meta: dict, slots: list[int], policy: type) -> list[R
         finally:
             pool.shutdown(cancel_futures=True)
     return [replay_at(log, meta, int(x), policy) for x in slots]
+
+
+def _pool(n: int, log: dict, meta: dict, policy: type) -> ProcessPoolExecutor | None:
+    """n children, spawned, not forked: the run's threads (telemetry, a signal watch) may hold locks a fork would
+    copy. None for one, or where none can be made (no /dev/shm for its semaphores: this process replays)."""
+    if n < 2:
+        return None
+    try:
+        return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_hold,
+                                   initargs=(log, meta, policy))
+    except OSError:
+        return None
 
 
 _HELD: tuple = ()  # a child's (log, meta, policy): sent once a child, not once a replay

@@ -296,6 +296,15 @@ def test_the_replays_side_by_side_give_what_one_process_gives(small_run, monkeyp
     monkeypatch.setattr(replays, "replay_at", lambda *a: pytest.fail("replayed in this process"))
     assert replays.side_by_side(len(log["keys"]), len(slots)) == 3
     assert replays.replay_many(log, meta, slots, POLICIES["lru"]) == here
+    monkeypatch.undo()  # where no child can start (no /dev/shm for a pool's semaphores): this process replays
+
+    def no_pool(*_a, **_k):
+        raise PermissionError(13, "Permission denied", "/dev/shm/sem.mp-x")
+
+    monkeypatch.setattr(replays, "SIDE_BY_SIDE_ACCESSES", 0)
+    monkeypatch.setattr(replays.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(replays, "ProcessPoolExecutor", no_pool)
+    assert replays.replay_many(log, meta, slots, POLICIES["lru"]) == here
 
 
 def test_a_replaying_child_leaves_ctrl_c_to_the_run():
