@@ -41,6 +41,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -143,10 +144,17 @@ def whole_limit(store, name: str, whole: dict, threads: int, block: int) -> dict
     reads, writes = (round(whole[op]["bytes"] / block) for op in ("read", "write"))
     if not reads + writes:
         return None
-    store.check()
-    tier = RemoteTier(name, store, f"bench-{os.getpid()}", (min(reads, 64) + writes + 1) * block, block, "bench")
-    try:
+    with bench_tier(store, name, (min(reads, 64) + writes + 1) * block, block) as tier:
         return tier_mixed(tier, threads, reads, writes, block)
+
+
+@contextmanager
+def bench_tier(store, name: str, capacity_bytes: int, block: int):
+    """A RemoteTier over store (checked first) in this bench's namespace, removed at the end."""
+    store.check()
+    tier = RemoteTier(name, store, f"bench-{os.getpid()}", capacity_bytes, block, "bench")
+    try:
+        yield tier
     finally:
         tier.close()
 
@@ -154,13 +162,9 @@ def whole_limit(store, name: str, whole: dict, threads: int, block: int) -> dict
 # ------------------------------------------------------------------------------ Valkey
 
 def tier_over(store, name: str, threads: int, per_thread: int, block: int) -> dict:
-    """tier_round on a RemoteTier over store (checked first), its namespace removed at the end."""
-    store.check()
-    tier = RemoteTier(name, store, f"bench-{os.getpid()}", threads * per_thread * block, block, "bench")
-    try:
+    """tier_round on a bench_tier over store."""
+    with bench_tier(store, name, threads * per_thread * block, block) as tier:
         return tier_round(tier, threads, per_thread, block)
-    finally:
-        tier.close()
 
 
 def valkey_tier(url: str, threads: int, per_thread: int, block: int) -> dict:

@@ -128,8 +128,7 @@ def load_verdict(requests: dict, window_s: float, queue_ms: dict, storage_ms: di
                     if arrival == "handoff" else ", not the storage")
         return {**out, "kind": "users",
                 "advice": f"on average {busy:.1f} of {workers_said(workers)} {'was' if workers == 1 else 'were'} busy: "
-                          f"{pace(arrival)} set the load"
-                          f"{not_this}; {load_knob(arrival)} to load it"}
+                          f"{pace(arrival)} set the load{not_this}; {load_knob(arrival)} to load it"}
     backlog_note = (f"{dropped:,} left queued at the stop, under a tenth of the {served:,} served" if dropped else
                     "none left queued at the stop")
     held = requests.get("users_waiting_at_stop", 0)

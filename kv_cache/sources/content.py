@@ -19,13 +19,11 @@ _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, in place over an array of the caller's own (array arithmetic wraps modulo 2^64
-    without a warning; numpy scalars would warn, so a lone word goes as a one-element array)."""
-    for shift, factor in ((30, _M1), (27, _M2)):
-        x ^= x >> np.uint64(shift)
-        x *= factor
-    x ^= x >> np.uint64(31)
-    return x
+    """splitmix64's finaliser over an array (array arithmetic wraps modulo 2^64 without a warning; numpy scalars
+    would warn, so a lone word goes as a one-element array)."""
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
 
 
 def _bases(namespace: int, idents: list[int]) -> np.ndarray:
@@ -36,7 +34,7 @@ def _bases(namespace: int, idents: list[int]) -> np.ndarray:
 
 
 def _tokens(idx: np.ndarray, vocab: int) -> np.ndarray:
-    """Token ids in [0, vocab) of stream positions idx (mixed in place)."""
+    """Token ids in [0, vocab) of stream positions idx."""
     return (_mix(idx) % np.uint64(vocab)).astype(np.int32)
 
 
