@@ -26,6 +26,9 @@ SIDE_BY_SIDE_ACCESSES = 500_000  # replays' accesses in all below which one proc
 # run/budget.ACCESS_LOG_BYTES gives a log and the curve computed from it
 CHILD_BYTES = 160 << 20
 CHILD_BYTES_PER_ACCESS = 420
+# The children's deadline: all the replays one after another at 1 ms an access (about 12x the 85 us measured on one
+# core), and a minute for their start; past it they are stopped and this process replays
+DEADLINE_S, DEADLINE_S_PER_ACCESS = 60.0, 1e-3
 
 
 def replay_at(log: dict, meta: dict, slots: int, policy: type) -> Replayed:
@@ -48,21 +51,26 @@ def side_by_side(accesses: int, replays: int) -> int:
 
 def replay_many(log: dict, meta: dict, slots: list[int], policy: type) -> list[Replayed]:
     """replay_at at each of slots, in their order. Side by side where side_by_side says so (how many never changes
-    a figure); where no child can start, or one dies (killed for memory), the replays are done here one after
-    another."""
+    a figure); where no child can start, one dies (killed for memory) or they pass their deadline, the replays are
+    done here one after another."""
     pool = _pool(side_by_side(len(log["keys"]), len(slots)), log, meta, policy)
     if pool is not None:
+        deadline = DEADLINE_S + len(log["keys"]) * len(slots) * DEADLINE_S_PER_ACCESS
         try:
-            return list(pool.map(_replay_held, [int(x) for x in slots]))
-        except (BrokenProcessPool, OSError):  # a child killed, or none could be started
-            pass
-        except BaseException:  # interrupted (signals.Interrupted) where nothing defers it: the children stop now,
-            for child in list(getattr(pool, "_processes", {}).values()):  # not once their replays are done
-                child.terminate()
-            raise
+            return list(pool.map(_replay_held, [int(x) for x in slots], timeout=deadline))
+        except BaseException as e:  # the children stop now, not once their replays are done
+            _stop(pool)
+            if not isinstance(e, (BrokenProcessPool, OSError)):  # interrupted where nothing defers it (a child
+                raise  # killed, past the deadline: TimeoutError, or none started: this process replays)
         finally:
             pool.shutdown(cancel_futures=True)
     return [replay_at(log, meta, int(x), policy) for x in slots]
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Its children ended now (shutdown would wait for a replay under way)."""
+    for child in list((getattr(pool, "_processes", None) or {}).values()):  # private, present since Python 3.2
+        child.terminate()
 
 
 def _pool(n: int, log: dict, meta: dict, policy: type) -> ProcessPoolExecutor | None:

@@ -285,6 +285,8 @@ def test_the_replays_side_by_side_give_what_one_process_gives(small_run, monkeyp
     """The README's Mooncake analysis spent 73 of its 104 s replaying the cache at 7 capacities one after another,
     one core busy of two (`capacity RUN` over its log: 75 s; in child processes 43 s, the same output byte for
     byte). The children's replays must be this process's: here its own replay_at fails, so only children answer."""
+    import multiprocessing
+
     from kv_cache.run import replays
 
     _run(small_run, "src", "0.5", "--null-io")
@@ -305,6 +307,13 @@ def test_the_replays_side_by_side_give_what_one_process_gives(small_run, monkeyp
     monkeypatch.setattr(replays.os, "cpu_count", lambda: 4)
     monkeypatch.setattr(replays, "ProcessPoolExecutor", no_pool)
     assert replays.replay_many(log, meta, slots, POLICIES["lru"]) == here
+    monkeypatch.undo()  # children past their deadline: stopped, and this process replays
+    monkeypatch.setattr(replays, "SIDE_BY_SIDE_ACCESSES", 0)
+    monkeypatch.setattr(replays.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(replays, "DEADLINE_S", 0.0)
+    monkeypatch.setattr(replays, "DEADLINE_S_PER_ACCESS", 0.0)
+    assert replays.replay_many(log, meta, slots, POLICIES["lru"]) == here
+    assert multiprocessing.active_children() == []
 
 
 def test_a_replaying_child_leaves_ctrl_c_to_the_run():
