@@ -1,9 +1,13 @@
 """Issue 19: the MLPerf reference's command lines run here, map to our settings, and --output writes its fields."""
 
+import csv
 import json
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import xxhash
 from conftest import REPO, SMALL, bounded, run_cli
 from found import REGISTRY, SECTIONS
 from helpers import assert_clean_error
@@ -300,24 +304,43 @@ def test_device_and_host_split_as_the_reference_splits_a_buffered_write(tmp_path
     cache = json.loads(out.read_text())["summary"]["cache_stats"]
     write = {k: cache[f"storage_write_{k}_p50_ms"] for k in ("device", "host")}
     assert write["device"] > 0 and write["host"] > 0, write
-    assert write["device"] + write["host"] <= cache["storage_write_p50_ms"] * 2.0  # parts of one operation
-    assert cache["storage_write_device_p95_ms"] < cache["storage_write_p95_ms"] * 1.01
+    # the device part is a part of each operation, so each of its percentiles is at most the operation's (timed
+    # apart, the two would not be ordered); host holds work beside the storage call, so no such bound holds for it
+    for k in ("p50", "p95"):
+        assert cache[f"storage_write_device_{k}_ms"] <= cache[f"storage_write_{k}_ms"] * 1.01, k
 
 
 @pytest.mark.slow
 def test_an_o_direct_operation_s_host_part_holds_its_payload_and_its_checksum(tmp_path):
     """Issue 51, point 2, for O_DIRECT: device = the read and write calls, host = the rest of the operation, its
     payload made and stamped and its checksum included (the reference's host part holds its own serialisation).
-    Those were timed in neither part: host was what the operation left beside its calls, a few microseconds, about
-    its total less its device time. Now the payload's work makes host several times that."""
-    out = tmp_path / "direct.json"
+    Those were timed in neither part: host was what the operation left beside its calls, a few microseconds.
+    Each operation's host part now holds at least one XXH3 of its object, so its median is at least that of the
+    median object (the --io-trace's rows), timed here unloaded: a slow or busy machine only raises the run's side.
+    (The test compared host with the median total less the median device time: two medians of different
+    operations, whose difference on a slow disk was anything, and CI failed on it.)"""
+    out, trace = tmp_path / "direct.json", tmp_path / "ops.csv"
     r = run_cli(["--model", "llama3.1-8b", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.03", "--cache-dir", str(tmp_path),
                  "--storage-capacity-gb", "0.25", "--seed", "42", "--output", str(out), "--config", str(SMALL),
                  "--output-dir", str(tmp_path / "reports"), "--num-users", "4", *bounded(12), "--generation-mode",
-                 "none", "--io-engine", "direct", "--verify", "checksum"], timeout=180)
+                 "none", "--io-engine", "direct", "--verify", "checksum", "--io-trace", str(trace)], timeout=180)
     assert r.returncode == 0, r.stderr
     cache = json.loads(out.read_text())["summary"]["cache_stats"]
+    rows = [row for row in csv.DictReader(trace.open()) if row["measured"] == "1" and row["tier"] == "nvme"]
     for op in ("write", "read"):
+        sizes = sorted(int(row["bytes"]) for row in rows if row["op"] == op)
+        assert sizes, (op, "no operation of the kind in the window")
+        median = sizes[(len(sizes) + 1) // 2 - 1]  # the histogram's p50: the lower middle of an even count
         device, host = cache[f"storage_{op}_device_p50_ms"], cache[f"storage_{op}_host_p50_ms"]
-        beside = max(cache[f"storage_{op}_p50_ms"] - device, 0.01)  # what the operation itself left beside its calls
-        assert device > 0 and host > 5 * beside, (op, device, host, cache[f"storage_{op}_p50_ms"])
+        floor = _xxh3_ms(median) / 2  # a half for a faster core in this process than in the run's
+        assert device > 0 and host > floor, (op, device, host, floor, median)
+
+
+def _xxh3_ms(nbytes: int) -> float:
+    """The fastest of five XXH3-64 digests of nbytes of touched memory, in ms."""
+    data, best = np.ones(nbytes, dtype=np.uint8), float("inf")
+    for _ in range(5):
+        start = time.perf_counter_ns()
+        xxhash.xxh3_64_intdigest(data)
+        best = min(best, (time.perf_counter_ns() - start) / 1e6)
+    return best
