@@ -22,7 +22,7 @@ from pathlib import Path
 from kv_cache.cli.args import Parser, amount
 from kv_cache.cli.mlperf_config import apply_config, is_reference_config
 from kv_cache.cli.mlperf_files import check_output, check_xlsx, make_cache_dir
-from kv_cache.cli.mlperf_load import load_model, trace_at_its_times
+from kv_cache.cli.mlperf_load import load_model, trace_at_its_times, typed_value, value_of
 from kv_cache.config import Settings, flag_name, iter_keys, read_config_file
 from kv_cache.errors import UserError
 
@@ -161,17 +161,8 @@ def speaks_reference(argv: list[str]) -> bool:
     flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     if flags & (REFERENCE_FLAGS - SHARED_FLAGS):
         return True
-    config = _value_of(argv, "--config")
+    config = value_of(argv, "--config")
     return bool(config) and Path(config).is_file() and is_reference_config(read_config_file(Path(config)))
-
-
-def _value_of(argv: list[str], flag: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
 
 
 def translate(argv: list[str]) -> Translation:
@@ -191,7 +182,7 @@ def translate(argv: list[str]) -> Translation:
             raise UserError(f"--xlsx-output {ns.xlsx_output} is --output's file too: the spreadsheet would replace "
                             f"the JSON results; name another file.")
         check_xlsx(ns.xlsx_output)
-    made = make_cache_dir(_value_of(rest, "--cache-dir"), notes)
+    made = make_cache_dir(value_of(rest, "--cache-dir"), notes)
     given = {a.split("=", 1)[0] for a in rest if a.startswith("--")}
     _config(rest, sets, notes)
     _load(ns, sets, notes)
@@ -220,7 +211,7 @@ def translate(argv: list[str]) -> Translation:
     argv_out = list(rest)
     for dotted, value in sets.items():
         argv_out += ["--set", f"{dotted}={json.dumps(value)}"]  # JSON is YAML: --set parses it back
-    if ns.output and not _value_of(rest, "--run-id"):  # --output reads the run's folder: name it
+    if ns.output and not value_of(rest, "--run-id"):  # --output reads the run's folder: name it
         argv_out += ["--run-id", f"{Path(ns.output).stem or 'mlperf'}-{time.strftime('%Y%m%dT%H%M%S')}"]
     typed = {"Generation Mode": ns.generation_mode or "realistic", "Multi-turn": not ns.disable_multi_turn,
              "Prefix Caching": not ns.disable_prefix_caching, "Max Concurrent Allocs": ns.max_concurrent_allocs or 0,
@@ -332,10 +323,11 @@ def _traffic(ns, sets: dict, notes: list[str]) -> None:
 
 def _speedup(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
     """--trace-speedup, which the reference reads for its BurstGPT trace alone (ours refuses it where no timestamp is
-    used): 0 is its "no delay", requests back to back, not at their timestamps."""
-    value = _value_of(rest, "--trace-speedup")
+    used): 0 is its "no delay", requests back to back, not at their timestamps. Beside our --trace it is ours."""
+    value = value_of(rest, "--trace-speedup")
     try:
-        if value is None or (float(value) != 0 and ns.use_burst_trace and not ns.dataset_path):
+        if value is None or typed_value("trace.path", rest) or (float(value) != 0 and ns.use_burst_trace
+                                                                and not ns.dataset_path):
             return
     except ValueError:
         return  # our parser says what is wrong with it
@@ -359,7 +351,7 @@ def _drop(rest: list[str], flag: str) -> None:
 def _roles(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
     if ns.prefill_only and ns.decode_only:
         raise UserError("--prefill-only and --decode-only exclude each other (as in the reference); keep one.")
-    handoff = _value_of(rest, "--handoff-dir")
+    handoff = value_of(rest, "--handoff-dir")
     if ns.prefill_only:
         if handoff:
             sets.put("disagg.role", "prefill", "--prefill-only")
@@ -377,11 +369,11 @@ def _roles(ns, rest: list[str], sets: dict, notes: list[str]) -> None:
 
 def _config(rest: list[str], sets: Sets, notes: list[str]) -> None:
     """A --config file of the reference's: read here (our own defaults stay the base), mapped onto our keys."""
-    path = _value_of(rest, "--config")
+    path = value_of(rest, "--config")
     if not path:
         return
     data = read_config_file(Path(path))
     if not is_reference_config(data):
         return
     _drop(rest, "--config")
-    apply_config(path, data, _value_of(rest, "--model") or DEFAULTS["model.name"], sets, notes)
+    apply_config(path, data, value_of(rest, "--model") or DEFAULTS["model.name"], sets, notes)

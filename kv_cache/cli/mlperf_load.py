@@ -4,6 +4,8 @@ users at once, one object per request, its RAG and trace defaults, its autoscale
 from __future__ import annotations
 
 from kv_cache.config import Settings, flag_name, iter_keys
+from kv_cache.errors import UserError
+from kv_cache.sources.trace_io import trace_format
 
 REFERENCE_USERS_MAX = 500  # the reference's autoscaler clamps its user count here
 
@@ -13,7 +15,7 @@ def load_model(ns, rest: list[str], sets, notes: list[str], default_users: int) 
     or --set) or a reference flag did; one line lists each difference and how to get ours. sets: mlperf.Sets."""
     users = ns.num_users if ns.num_users is not None else default_users
     model = [  # (key, value, applies, what the reference does, how to get ours)
-        ("schedule.admission", "all", not _open_loop(ns, sets), "all users start at once", "--admission paced"),
+        ("schedule.admission", "all", not _open_loop(ns, sets, rest), "all users start at once", "--admission paced"),
         ("model.block_tokens", 0, True, "one object per request", "--block-tokens 256 for honest blocks"),
         ("rag.num_documents", 10, bool(ns.enable_rag), "10 RAG documents", "--set rag.num_documents=1000"),
         ("trace.replay_cycles", 0, bool(ns.use_burst_trace and not ns.dataset_path),
@@ -35,22 +37,62 @@ def load_model(ns, rest: list[str], sets, notes: list[str], default_users: int) 
 
 
 def trace_at_its_times(ns, rest: list[str], sets, notes: list[str]) -> bool:
-    """The burst trace's requests at their timestamps (open loop) come from no user: the reference's user count,
-    typed (--num-users, its config) or its default, is not applied (ours says --users where no user is made)."""
-    if not (_open_loop(ns, sets) and ns.use_burst_trace and not ns.dataset_path) or _typed("schedule.arrival", rest):
+    """The burst trace's requests at their timestamps (open loop), or those of a trace our --trace names, come from
+    no user: the reference's user count, typed (--num-users, its config) or its default, is not applied (ours says
+    --users where no user is made)."""
+    at_times = (ns.use_burst_trace and not ns.dataset_path) or _timestamped(rest)
+    if not (at_times and _open_loop(ns, sets, rest)) or typed_value("schedule.arrival", rest) not in (None, "auto",
+                                                                                                     "trace"):
         return False
     if "workload.users" in sets:
         origin, users = sets.origin["workload.users"], sets["workload.users"]
-        notes.append(f"{origin}: {users} users not applied, the burst trace's requests come at their timestamps, "
+        notes.append(f"{origin}: {users} users not applied, the trace's requests come at their timestamps, "
                      f"from no user (--trace-speedup 0 issues them back to back, by users)")
         sets.drop("workload.users")
     return True
 
 
-def _open_loop(ns, sets) -> bool:
-    """Arrivals that do not wait for answers (a request rate, or the burst trace's timestamps): no users to admit."""
-    arrival = sets.get("schedule.arrival")
-    return arrival == "poisson" or (bool(ns.use_burst_trace) and not ns.dataset_path and arrival != "closed")
+def _open_loop(ns, sets, rest: list[str]) -> bool:
+    """Arrivals that do not wait for answers (a request rate, a trace's timestamps, a sequence): no users to admit.
+    The arrival typed with our flag or --set, else a reference flag's, else auto: the burst trace's timestamps, or
+    those of a trace our --trace names (every format but ShareGPT has them)."""
+    arrival = typed_value("schedule.arrival", rest) or sets.get("schedule.arrival") or "auto"
+    if arrival != "auto":
+        return arrival != "closed"
+    return bool(ns.use_burst_trace and not ns.dataset_path) or _timestamped(rest)
+
+
+def _timestamped(rest: list[str]) -> bool:
+    """Our --trace beside the reference's flags names a trace with timestamps (its format typed or detected)."""
+    path = typed_value("trace.path", rest)
+    if not path:
+        return False
+    try:
+        return trace_format(path, typed_value("trace.format", rest) or "auto")[1] != "sharegpt"
+    except UserError:
+        return False  # loading the trace says what is wrong with it, in the run
+
+
+def value_of(argv: list[str], flag: str) -> str | None:
+    """The value a command line gives flag (--flag V or --flag=V); None where it is not there."""
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def typed_value(dotted: str, rest: list[str]) -> str | None:
+    """The value the command line gives dotted with our own flag or --set (a --set value's quotes dropped)."""
+    fields = {d: f for d, f, _ in iter_keys(Settings)}
+    flag = flag_name(dotted, fields[dotted]) if dotted in fields else None
+    value = value_of(rest, flag) if flag else None
+    if value is not None:
+        return value
+    sets = [a.split("=", 1)[1] for i, a in enumerate(rest[1:], 1) if rest[i - 1] == "--set"
+            and a.split("=", 1)[0] == dotted and "=" in a]
+    return sets[-1].strip("'\"") if sets else None
 
 
 def _typed(dotted: str, rest: list[str]) -> bool:

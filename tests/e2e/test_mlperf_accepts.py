@@ -4,7 +4,7 @@ what the MLPerf reference accepts is accepted here — its "no delay", its satur
 outside its strict config schema, an --output that cannot be written) is refused, before the run."""
 
 import pytest
-from conftest import SMALL, bounded, run_cli
+from conftest import REPO, SMALL, bounded, run_cli
 from found import SECTIONS
 from helpers import assert_clean_error
 
@@ -13,6 +13,7 @@ from kv_cache.config import Settings, resolve
 from kv_cache.errors import UserError
 from kv_cache.model import find_model
 
+MOONCAKE = REPO / "traces" / "mooncake_conversation_sample.jsonl"
 OURS = {"--users", "--duration", "--model", "--output-dir", "--max-requests", "--seed", "--cache-dir"}
 
 
@@ -43,13 +44,40 @@ def test_the_burst_trace_at_its_timestamps_makes_no_user_so_the_user_count_is_no
     our run ignores; it is said and not passed on. Back to back (--trace-speedup 0) its requests come by users."""
     s, t = settings_of("--num-users", "4", "--use-burst-trace")
     assert s.workload.users == Settings().workload.users and "workload.users" not in " ".join(t.argv)
-    assert any(n.startswith("--num-users: 4 users not applied, the burst trace's requests") for n in t.notes)
+    assert any(n.startswith("--num-users: 4 users not applied, the trace's requests") for n in t.notes)
     s, t = settings_of("--use-burst-trace")  # the reference's default of 100 is not put either
     assert "workload.users" not in " ".join(t.argv) and not any("users not applied" in n for n in t.notes)
     s, _ = settings_of("--num-users", "4", "--use-burst-trace", "--trace-speedup", "0")
     assert s.workload.users == 4
     s, _ = settings_of("--num-users", "4", "--use-burst-trace", "--arrival", "closed")  # ours, typed: users ask
     assert s.workload.users == 4
+
+
+def test_our_trace_beside_a_reference_flag_keeps_its_times_its_speed_up_and_our_admission(tmp_path):
+    """Our --trace of a timestamped trace beside a reference flag (--output): its requests come at their times,
+    from no user, so the reference's all-at-once admission and its 100 users are not put (the run refused
+    "--admission all", a flag never typed), and --trace-speedup is ours (it was dropped as the burst trace's).
+    A ShareGPT file has no times: its conversations are users, admitted all at once as the reference does."""
+    out = str(tmp_path / "out.json")
+    s, t = settings_of("--output", out, "--trace", str(MOONCAKE), "--trace-speedup", "1000")
+    assert s.schedule.admission == Settings().schedule.admission and "--trace-speedup" in t.argv
+    assert "workload.users" not in " ".join(t.argv) and not any("--trace-speedup" in n for n in t.notes)
+    chats = tmp_path / "chats.json"
+    chats.write_text('[{"id": "a", "conversations": [{"from": "human", "value": "1 2 3"}, '
+                     '{"from": "gpt", "value": "4 5"}]}]')
+    s, _ = settings_of("--output", out, "--trace", str(chats))
+    assert s.schedule.admission == "all"
+    s, _ = settings_of("--output", out, "--trace", str(MOONCAKE), "--arrival", "closed")  # ours, typed: users
+    assert s.schedule.admission == "all"
+
+
+@pytest.mark.slow
+def test_our_trace_beside_a_reference_flag_runs(tmp_path):
+    r = run_cli(["--output", str(tmp_path / "out.json"), "--trace", str(MOONCAKE), "--trace-speedup", "1000",
+                 "--block-tokens", "512", "--null-io", "--generation-mode", "none", "--gpu-mem-gb", "0",
+                 "--cache-dir", str(tmp_path), "--output-dir", str(tmp_path / "o"), *bounded(5)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "arrival trace" in r.stdout and "users not applied" not in r.stdout
 
 
 def test_target_saturation_and_max_conversations_alone_are_accepted_with_a_note():
