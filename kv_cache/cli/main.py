@@ -339,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         # a run that started measuring never gets here: the runner catches the signal and results are written
         runlog.tell(f"{signals.name()} received before the measurement started; nothing was measured and "
-                    f"temporary data was removed.")
+                    f"temporary data was removed." if command == "run" else
+                    f"{signals.name()} received: the {command} command stopped before it finished.")
         return signals.exit_status()
     except Exception as e:  # a bug of ours, not the user's: one line, the traceback in a log file
         runlog.tell(f"{runlog.internal('internal error', e)}; please report it with that file"

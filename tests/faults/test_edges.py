@@ -403,3 +403,14 @@ def test_the_mlpstorage_wrapper_refuses_bad_input_in_one_sentence(tmp_path, args
                        text=True, timeout=30, env=dict(os.environ, **env))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and fragment in r.stderr, r.stderr
+
+
+def test_ctrl_c_in_another_command_says_that_command_stopped(small_run):
+    """Ctrl-C in `capacity` (minutes over a long trace) said "received before the measurement started; nothing
+    was measured": a run's sentence, where no run was stopped."""
+    assert run_cli(small_run("cap", "--null-io", "--capacity-curve", *bounded(6))).returncode == 0
+    patch = KILL_IN.format(module="kv_cache.run.capacity_curve", name="section").replace("SIGTERM", "SIGINT")
+    r = run_patched(patch, ["capacity", str(small_run.out / "cap")])
+    assert r.returncode == 128 + signal.SIGINT, r.stderr
+    assert "SIGINT received: the capacity command stopped before it finished." in " ".join(r.stderr.split())
+    assert "measure" not in r.stderr, r.stderr
