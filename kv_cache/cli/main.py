@@ -42,6 +42,7 @@ def _cmd_run(argv: list[str], reg: Registry) -> int:
 
     parser = run_parser(reg, full="--help-all" in argv)
     argv, expanded = mlperf.expand_prefixes(argv, {s for a in parser._actions for s in a.option_strings})
+    typed = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     reference = mlperf.translate(argv) if mlperf.speaks_reference(argv) else None
     if reference is not None:
         argv = reference.argv
@@ -63,7 +64,12 @@ def _cmd_run(argv: list[str], reg: Registry) -> int:
             return _run(argv, reg, reference, config, sets, args, origins, lmcache_notes)
         except UserError as e:
             raise blame(e, lmcache, lm_sets, argv) from None
-    return _run(argv, reg, reference, config, sets, args, origins, lmcache_notes)
+    try:
+        return _run(argv, reg, reference, config, sets, args, origins, lmcache_notes)
+    except UserError as e:
+        if reference is None:
+            raise
+        raise mlperf.blame(e, reference, typed) from None
 
 
 def _run(argv, reg, reference, config, sets, args, origins, lmcache_notes) -> int:

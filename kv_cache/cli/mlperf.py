@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,6 +219,20 @@ def translate(argv: list[str]) -> Translation:
              "Precondition Size (GiB)": ns.precondition_size_gb or 0}  # the reference's defaults where not typed
     return Translation(argv_out, notes, ns.output, ns.performance_profile or "latency", sets.origin,
                        ns.xlsx_output, made, typed)
+
+
+def blame(e: UserError, t: Translation, typed: set[str]) -> UserError:
+    """An error a later check raised naming our flag for a value the reference's flag, config key or default gave
+    (--storage-capacity-gb 2 refused as "--nvme-gb 2 holds no ..."): what set it named first, so that the user
+    changes what they typed (our flag beside theirs is refused as setting the key twice)."""
+    text, fields = str(e), {d: f for d, f, _ in iter_keys(Settings)}
+    named = []
+    for dotted, origin in t.origins.items():
+        flag = flag_name(dotted, fields[dotted]) if dotted in fields else None
+        if flag and flag not in typed and not text.startswith(origin) and re.search(re.escape(flag) + r"(?![\w-])",
+                                                                                      text):
+            named.append(f"{origin} sets {flag} here")
+    return UserError(f"{'; '.join(named)}: {text}") if named else e
 
 
 def _refuse_twice(sets: Sets, rest: list[str]) -> None:

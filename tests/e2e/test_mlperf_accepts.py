@@ -174,3 +174,15 @@ def test_a_bad_value_in_their_config_is_refused_naming_its_key(tmp_path):
     cfg.write_text("qos_distribution:\n  interactive_probability: 2\n")
     with pytest.raises(UserError, match=r"qos_distribution.interactive_probability must be a number from 0 to 1"):
         translate(["--config", str(cfg), "--num-users", "2", "--output", str(tmp_path / "o.json")])
+
+
+def test_a_refusal_naming_our_flag_names_the_reference_flag_that_set_it(tmp_path):
+    """--storage-capacity-gb too small for the run's largest object was refused as "--nvme-gb 0.01 holds no ...",
+    a flag the user never typed (and typed beside theirs it is refused as setting the key twice)."""
+    r = run_cli(["--model", "llama3.1-8b", "--num-users", "2", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
+                 "--storage-capacity-gb", "0.01", "--cache-dir", str(tmp_path / "c"), "--output",
+                 str(tmp_path / "out.json"), "--output-dir", str(tmp_path / "o"), *bounded(2)], timeout=120)
+    assert r.returncode == 2
+    said = " ".join(r.stderr.split())
+    assert "error: --storage-capacity-gb sets --nvme-gb here: --nvme-gb 0.01 holds no" in said, said
+    assert not (tmp_path / "c").exists()  # made for the run, removed with its refusal
