@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kv_cache.config import Settings, flag_name, iter_keys
 from kv_cache.errors import UserError
-from kv_cache.sources.trace_io import trace_format
+from kv_cache.run.traffic import trace_has_times
 
 REFERENCE_USERS_MAX = 500  # the reference's autoscaler clamps its user count here
 
@@ -68,7 +68,7 @@ def _timestamped(rest: list[str]) -> bool:
     if not path:
         return False
     try:
-        return trace_format(path, typed_value("trace.format", rest) or "auto")[1] != "sharegpt"
+        return trace_has_times(path, typed_value("trace.format", rest) or "auto")
     except UserError:
         return False  # loading the trace says what is wrong with it, in the run
 

@@ -87,6 +87,11 @@ def _user_traffic(source: str, arrival: str, users, rate: float, seed: int, rank
     return t
 
 
+def trace_has_times(path: str, fmt: str) -> bool:
+    """A --trace whose records carry arrival times: every format read here but ShareGPT's (fmt "auto": detected)."""
+    return trace_format(path, fmt)[1] != "sharegpt"
+
+
 def load_trace(s: Settings) -> TraceSet:
     t = s.trace
     files, fmt = trace_format(s.trace.path, s.trace.format)
