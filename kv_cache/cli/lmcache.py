@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kv_cache.cli.folders import make_missing
 from kv_cache.config.load import read_config_file
 from kv_cache.errors import UserError
 from kv_cache.tiers.fsinfo import refuse_system_dir
@@ -49,9 +50,10 @@ def blame(e: UserError, path: str, sets: list[str], argv: list[str]) -> UserErro
     return UserError(f"--lmcache-config {path} ({'; '.join(named)}): {text}")
 
 
-def translate(path: str, media) -> tuple[list[str], dict[str, str], list[str]]:
-    """(--set entries, dotted key -> what set it, notes) for an LMCache YAML file; one sentence for what cannot
-    be run here."""
+def translate(path: str, media) -> tuple[list[str], dict[str, str], list[str], list[str]]:
+    """(--set entries, dotted key -> what set it, notes, folders made) for an LMCache YAML file; one sentence for
+    what cannot be run here. Its local_disk is made where missing, as LMCache makes it (removed again, where still
+    empty, when the run is refused: main.py)."""
     conf = read_config_file(Path(path), "--lmcache-config", "LMCache configuration")
     out: dict[str, object] = {}
     notes: list[str] = []
@@ -102,7 +104,11 @@ def translate(path: str, media) -> tuple[list[str], dict[str, str], list[str]]:
                         f"lists those it runs).")
     sets = [f"{k}={_yaml(v)}" for k, v in out.items()]
     origins = {k: where(next((lk for lk, ours in MAPPED.items() if ours == k and lk in conf), k)) for k in out}
-    return sets, origins, notes
+    made = make_missing(out["tiers.cache_dir"], where("local_disk")) if "tiers.cache_dir" in out else []
+    if made:  # LMCache makes it ("this directory does NOT need to exist beforehand", its local storage docs)
+        notes.append(f"{where('local_disk')} {out['tiers.cache_dir']}: made (it did not exist; LMCache makes it too); "
+                     f"it stays after the run")
+    return sets, origins, notes, made
 
 
 def _gib(value, where: str) -> float:
@@ -129,10 +135,9 @@ def _disk_path(value: str, where: str) -> str:
         raise UserError(f"{where} is {value!r}, which names no folder; give the disk tier's folder "
                         f"(file:///mnt/nvme/lmcache or a path).")
     refuse_system_dir(path, where)  # the culprit is the LMCache file's key, not --cache-dir
-    if not os.path.isdir(path):
-        what = "a file" if os.path.exists(path) else ("a link to nothing" if os.path.islink(path) else "missing")
-        raise UserError(f"{where} is {value!r}, {what}: the disk tier's folder must exist; create it or name "
-                        f"another.")
+    if not os.path.isdir(path) and (os.path.exists(path) or os.path.islink(path)):
+        what = "a file" if os.path.exists(path) else "a link to nothing"
+        raise UserError(f"{where} is {value!r}, {what}: the disk tier's folder must be a folder; name another.")
     return path
 
 

@@ -24,6 +24,7 @@ from kv_cache import runlog, signals
 from kv_cache.cli.args import Parser
 from kv_cache.cli.flags import run_parser
 from kv_cache.cli.fleet import cmd_fleet
+from kv_cache.cli.folders import remove_if_empty
 from kv_cache.cli.policies import cmd_policies
 from kv_cache.config import resolve
 from kv_cache.errors import RunFault, UserError
@@ -57,12 +58,13 @@ def _cmd_run(argv: list[str], reg: Registry) -> int:
         from kv_cache.cli.lmcache import blame
         from kv_cache.cli.lmcache import translate as lmcache_translate
 
-        lm_sets, lm_origins, lmcache_notes = lmcache_translate(lmcache, reg.media)
+        lm_sets, lm_origins, lmcache_notes, made = lmcache_translate(lmcache, reg.media)
         sets, origins = lm_sets + sets, {**lm_origins, **origins}  # the file below --set and the flags
         lmcache_notes[:0] = [f"LMCache configuration {lmcache}, run here as: --set " + " --set ".join(lm_sets)]
         try:
             return _run(argv, reg, reference, config, sets, args, origins, lmcache_notes)
         except UserError as e:
+            remove_if_empty(made)
             raise blame(e, lmcache, lm_sets, argv) from None
     try:
         return _run(argv, reg, reference, config, sets, args, origins, lmcache_notes)
@@ -99,9 +101,7 @@ def _run(argv, reg, reference, config, sets, args, origins, lmcache_notes) -> in
     try:
         status = execute(settings, reg, say)
     except UserError:
-        for made in reference.made_dirs if reference is not None else []:
-            if not os.listdir(made):  # refused before anything ran: the folders it made go again
-                os.rmdir(made)
+        remove_if_empty(reference.made_dirs if reference is not None else [])
         raise
     if reference is not None:
         from kv_cache.cli.mlperf_files import after_run

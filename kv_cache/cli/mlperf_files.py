@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kv_cache.cli.folders import make_missing
 from kv_cache.errors import UserError
 from kv_cache.safefiles import refuse_link
 
@@ -45,22 +46,11 @@ def check_xlsx(path: str) -> None:
 
 def make_cache_dir(path: str | None, notes: list[str]) -> list[str]:
     """The reference makes its --cache-dir when it does not exist: so does a reference command line here."""
-    from kv_cache.tiers.fsinfo import refuse_system_dir
-
-    if not path or os.path.exists(path):
-        return []
-    refuse_system_dir(os.path.abspath(path), "--cache-dir")
-    missing, at = [], os.path.abspath(path)
-    while not os.path.exists(at):
-        missing.append(at)
-        at = os.path.dirname(at)
-    try:
-        os.makedirs(path)
-    except OSError as e:
-        raise UserError(f"--cache-dir {path} does not exist and cannot be made ({e.strerror}); pass a folder you "
-                        f"may write.") from None
-    notes.append(f"--cache-dir {path}: made (it did not exist; the reference makes it too); it stays after the run")
-    return missing
+    made = make_missing(path, "--cache-dir") if path else []
+    if made:
+        notes.append(f"--cache-dir {path}: made (it did not exist; the reference makes it too); it stays after the "
+                     f"run")
+    return made
 
 
 def after_run(reference, settings, say) -> None:
