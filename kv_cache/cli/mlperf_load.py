@@ -14,9 +14,14 @@ def load_model(ns, rest: list[str], sets, notes: list[str], default_users: int) 
     """The reference's load model where ours differs, unless the command line set that key itself (with our flag
     or --set) or a reference flag did; one line lists each difference and how to get ours. sets: mlperf.Sets."""
     users = ns.num_users if ns.num_users is not None else default_users
+    role = sets.get("disagg.role") or typed_value("disagg.role", rest) or "both"
+    if role != "both" and not _typed("model.block_tokens", rest):
+        notes.append(f"one object per request (the reference's): not applied, a {role} node hands its blocks over "
+                     f"through --handoff-dir, each at most --io-chunk-mb; ours: blocks of "
+                     f"{Settings().model.block_tokens} tokens (--block-tokens N)")
     model = [  # (key, value, applies, what the reference does, how to get ours)
         ("schedule.admission", "all", not _open_loop(ns, sets, rest), "all users start at once", "--admission paced"),
-        ("model.block_tokens", 0, True, "one object per request", "--block-tokens 256 for honest blocks"),
+        ("model.block_tokens", 0, role == "both", "one object per request", "--block-tokens 256 for honest blocks"),
         ("rag.num_documents", 10, bool(ns.enable_rag), "10 RAG documents", "--set rag.num_documents=1000"),
         ("trace.replay_cycles", 0, bool(ns.use_burst_trace and not ns.dataset_path),
          "the burst trace looped until --duration", "--replay-cycles 1"),

@@ -80,6 +80,20 @@ def test_our_trace_beside_a_reference_flag_runs(tmp_path):
     assert "arrival trace" in r.stdout and "users not applied" not in r.stdout
 
 
+def test_a_node_of_a_handoff_keeps_blocks_not_one_object_per_request(tmp_path):
+    """--decode-only's refusal says: run a --prefill-only node with --handoff-dir; doing so was refused in turn
+    (the reference's one object per request, 4,196 MiB here, is past the handoff's --io-chunk-mb 64). A node of a
+    handoff keeps our blocks, said in a note; --block-tokens typed stays; a single node keeps the reference's."""
+    for role in ("--prefill-only", "--decode-only"):
+        s, t = settings_of(role, "--handoff-dir", str(tmp_path))
+        assert s.model.block_tokens == Settings().model.block_tokens > 0, role
+        assert any("one object per request (the reference's): not applied" in n for n in t.notes), t.notes
+    _, t = settings_of("--prefill-only", "--handoff-dir", str(tmp_path), "--block-tokens", "16")
+    assert "--block-tokens" in t.argv and not any("not applied, a prefill node" in n for n in t.notes)
+    s, _ = settings_of("--prefill-only")  # no handoff: one node, the reference's objects
+    assert s.model.block_tokens == 0
+
+
 def test_target_saturation_and_max_conversations_alone_are_accepted_with_a_note():
     _, t = settings_of("--num-users", "4", "--target-saturation", "0.8", "--max-conversations", "50")
     assert any(n.startswith("--target-saturation 0.8: accepted, not used") for n in t.notes)
