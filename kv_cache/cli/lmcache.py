@@ -135,7 +135,7 @@ def _disk_path(value: str, where: str) -> str:
         raise UserError(f"{where} is {value!r}, which names no folder; give the disk tier's folder "
                         f"(file:///mnt/nvme/lmcache or a path).")
     refuse_system_dir(path, where)  # the culprit is the LMCache file's key, not --cache-dir
-    if not os.path.isdir(path) and (os.path.exists(path) or os.path.islink(path)):
+    if os.path.lexists(path) and not os.path.isdir(path):
         what = "a file" if os.path.exists(path) else "a link to nothing"
         raise UserError(f"{where} is {value!r}, {what}: the disk tier's folder must be a folder; name another.")
     return path

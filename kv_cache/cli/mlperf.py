@@ -23,8 +23,8 @@ from pathlib import Path
 from kv_cache.cli.args import Parser, amount
 from kv_cache.cli.mlperf_config import apply_config, is_reference_config
 from kv_cache.cli.mlperf_files import check_output, check_xlsx, make_cache_dir
-from kv_cache.cli.mlperf_load import load_model, trace_at_its_times, typed_value, value_of
-from kv_cache.config import Settings, flag_name, iter_keys, read_config_file
+from kv_cache.cli.mlperf_load import load_model, our_flag, our_trace_timed, trace_at_its_times, typed_value, value_of
+from kv_cache.config import read_config_file
 from kv_cache.errors import UserError
 
 GENERATION_MS = {"none": 0.0, "fast": 2.0, "realistic": 30.0}  # the reference's sleep per output token
@@ -198,14 +198,15 @@ def translate(argv: list[str]) -> Translation:
                      f"turns it on)")
     for k in idle:
         sets.drop(k)
-    no_users = trace_at_its_times(ns, rest, sets, notes)
+    timed = our_trace_timed(rest)
+    no_users = trace_at_its_times(ns, rest, sets, notes, timed)
     user_sets = {rest[i + 1].split("=", 1)[0] for i, a in enumerate(rest[:-1]) if a == "--set"}
     defaults = {**DEFAULTS, "workload.generation_ms_per_token": sets.timing["realistic"]}  # its default mode
     for dotted, value in defaults.items():  # the reference's defaults for what its command line left out
         if dotted not in sets and dotted not in user_sets and not given & _OUR_FLAGS.get(dotted, set()) \
                 and not (no_users and dotted == "workload.users"):
             sets.put(dotted, value, f"the MLPerf reference's default {dotted}")
-    load_model(ns, rest, sets, notes, DEFAULTS["workload.users"])
+    load_model(ns, rest, sets, notes, DEFAULTS["workload.users"], timed)
     if ns.log_level:
         notes.append(f"--log-level {ns.log_level}: there are no log levels here; the summary is printed, "
                      f"--quiet prints nothing but errors")
@@ -225,10 +226,9 @@ def blame(e: UserError, t: Translation, typed: set[str]) -> UserError:
     """An error a later check raised naming our flag for a value the reference's flag, config key or default gave
     (--storage-capacity-gb 2 refused as "--nvme-gb 2 holds no ..."): what set it named first, so that the user
     changes what they typed (our flag beside theirs is refused as setting the key twice)."""
-    text, fields = str(e), {d: f for d, f, _ in iter_keys(Settings)}
-    named = []
+    text, named = str(e), []
     for dotted, origin in t.origins.items():
-        flag = flag_name(dotted, fields[dotted]) if dotted in fields else None
+        flag = our_flag(dotted)
         if flag and flag not in typed and not text.startswith(origin) and re.search(re.escape(flag) + r"(?![\w-])",
                                                                                       text):
             named.append(f"{origin} sets {flag} here")
@@ -237,9 +237,8 @@ def blame(e: UserError, t: Translation, typed: set[str]) -> UserError:
 
 def _refuse_twice(sets: Sets, rest: list[str]) -> None:
     """A reference flag and our own flag (or --set) for the same setting: neither may win silently."""
-    fields = {d: f for d, f, _ in iter_keys(Settings)}
     for dotted, origin in sets.origin.items():
-        ours = flag_name(dotted, fields[dotted]) if dotted in fields else None
+        ours = our_flag(dotted)
         typed = [a for a in rest if ours and (a == ours or a.startswith(ours + "="))] or \
                 [f"--set {a.split('=')[0]}" for a in rest if a.split("=")[0] == dotted]
         if typed:

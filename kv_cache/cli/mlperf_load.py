@@ -3,6 +3,8 @@ users at once, one object per request, its RAG and trace defaults, its autoscale
 
 from __future__ import annotations
 
+import functools
+
 from kv_cache.config import Settings, flag_name, iter_keys
 from kv_cache.errors import UserError
 from kv_cache.run.traffic import trace_has_times
@@ -10,17 +12,19 @@ from kv_cache.run.traffic import trace_has_times
 REFERENCE_USERS_MAX = 500  # the reference's autoscaler clamps its user count here
 
 
-def load_model(ns, rest: list[str], sets, notes: list[str], default_users: int) -> None:
+def load_model(ns, rest: list[str], sets, notes: list[str], default_users: int, timed: bool) -> None:
     """The reference's load model where ours differs, unless the command line set that key itself (with our flag
-    or --set) or a reference flag did; one line lists each difference and how to get ours. sets: mlperf.Sets."""
+    or --set) or a reference flag did; one line lists each difference and how to get ours. sets: mlperf.Sets;
+    timed: our_trace_timed(rest)."""
     users = ns.num_users if ns.num_users is not None else default_users
     role = sets.get("disagg.role") or typed_value("disagg.role", rest) or "both"
     if role != "both" and not _typed("model.block_tokens", rest):
         notes.append(f"one object per request (the reference's): not applied, a {role} node hands its blocks over "
                      f"through --handoff-dir, each at most --io-chunk-mb; ours: blocks of "
                      f"{Settings().model.block_tokens} tokens (--block-tokens N)")
+    closed = not _open_loop(ns, sets, rest, timed)
     model = [  # (key, value, applies, what the reference does, how to get ours)
-        ("schedule.admission", "all", not _open_loop(ns, sets, rest), "all users start at once", "--admission paced"),
+        ("schedule.admission", "all", closed, "all users start at once", "--admission paced"),
         ("model.block_tokens", 0, role == "both", "one object per request", "--block-tokens 256 for honest blocks"),
         ("rag.num_documents", 10, bool(ns.enable_rag), "10 RAG documents", "--set rag.num_documents=1000"),
         ("trace.replay_cycles", 0, bool(ns.use_burst_trace and not ns.dataset_path),
@@ -41,13 +45,13 @@ def load_model(ns, rest: list[str], sets, notes: list[str], default_users: int) 
         notes.insert(0, "the MLPerf reference's load model, not ours: " + "; ".join(said))
 
 
-def trace_at_its_times(ns, rest: list[str], sets, notes: list[str]) -> bool:
-    """The burst trace's requests at their timestamps (open loop), or those of a trace our --trace names, come from
-    no user: the reference's user count, typed (--num-users, its config) or its default, is not applied (ours says
-    --users where no user is made)."""
-    at_times = (ns.use_burst_trace and not ns.dataset_path) or _timestamped(rest)
-    if not (at_times and _open_loop(ns, sets, rest)) or typed_value("schedule.arrival", rest) not in (None, "auto",
-                                                                                                     "trace"):
+def trace_at_its_times(ns, rest: list[str], sets, notes: list[str], timed: bool) -> bool:
+    """The burst trace's requests at their timestamps (open loop), or those of a trace our --trace names (timed:
+    our_trace_timed(rest)), come from no user: the reference's user count, typed (--num-users, its config) or its
+    default, is not applied (ours says --users where no user is made)."""
+    at_times = (ns.use_burst_trace and not ns.dataset_path) or timed
+    typed = typed_value("schedule.arrival", rest)
+    if not (at_times and _open_loop(ns, sets, rest, timed)) or typed not in (None, "auto", "trace"):
         return False
     if "workload.users" in sets:
         origin, users = sets.origin["workload.users"], sets["workload.users"]
@@ -57,18 +61,19 @@ def trace_at_its_times(ns, rest: list[str], sets, notes: list[str]) -> bool:
     return True
 
 
-def _open_loop(ns, sets, rest: list[str]) -> bool:
+def _open_loop(ns, sets, rest: list[str], timed: bool) -> bool:
     """Arrivals that do not wait for answers (a request rate, a trace's timestamps, a sequence): no users to admit.
     The arrival typed with our flag or --set, else a reference flag's, else auto: the burst trace's timestamps, or
     those of a trace our --trace names (every format but ShareGPT has them)."""
     arrival = typed_value("schedule.arrival", rest) or sets.get("schedule.arrival") or "auto"
     if arrival != "auto":
         return arrival != "closed"
-    return bool(ns.use_burst_trace and not ns.dataset_path) or _timestamped(rest)
+    return bool(ns.use_burst_trace and not ns.dataset_path) or timed
 
 
-def _timestamped(rest: list[str]) -> bool:
-    """Our --trace beside the reference's flags names a trace with timestamps (its format typed or detected)."""
+def our_trace_timed(rest: list[str]) -> bool:
+    """Our --trace beside the reference's flags names a trace with timestamps (its format typed or detected: its
+    files' first lines read, once a command line)."""
     path = typed_value("trace.path", rest)
     if not path:
         return False
@@ -88,10 +93,20 @@ def value_of(argv: list[str], flag: str) -> str | None:
     return None
 
 
+@functools.cache
+def _fields() -> dict:
+    return {d: f for d, f, _ in iter_keys(Settings)}
+
+
+def our_flag(dotted: str) -> str | None:
+    """Our flag for a setting (None: a key with no flag of its own, set with --set only)."""
+    f = _fields().get(dotted)
+    return flag_name(dotted, f) if f is not None else None
+
+
 def typed_value(dotted: str, rest: list[str]) -> str | None:
     """The value the command line gives dotted with our own flag or --set (a --set value's quotes dropped)."""
-    fields = {d: f for d, f, _ in iter_keys(Settings)}
-    flag = flag_name(dotted, fields[dotted]) if dotted in fields else None
+    flag = our_flag(dotted)
     value = value_of(rest, flag) if flag else None
     if value is not None:
         return value
@@ -102,6 +117,5 @@ def typed_value(dotted: str, rest: list[str]) -> str | None:
 
 def _typed(dotted: str, rest: list[str]) -> bool:
     """Did the command line set this key with our own flag or --set?"""
-    fields = {d: f for d, f, _ in iter_keys(Settings)}
-    flag = flag_name(dotted, fields[dotted]) if dotted in fields else None
+    flag = our_flag(dotted)
     return any(a == flag or (flag and a.startswith(flag + "=")) or a.split("=")[0] == dotted for a in rest)
