@@ -3,6 +3,8 @@ the trials disagree on. The run says it at its end, and `report` of its folder s
 
 from __future__ import annotations
 
+import math
+
 from kv_cache.recorder.results_schema import Results
 from kv_cache.recorder.sections import Spread, Trials
 from kv_cache.report.table import format_table
@@ -17,9 +19,17 @@ LONGER = {  # what bounded each trial's window -> what lengthens it
 }
 
 
-def value(name: str, v: float) -> str:
-    """4 significant digits, a thousand and more in whole units with separators (32,784, not 3.278e+04)."""
-    return f"{v:.1%}" if name in PERCENT else f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+def decimals(v: float) -> int:
+    """The decimals that give 4 significant digits; a thousand and more in whole units (32,784, not 3.278e+04)."""
+    return 0 if v == 0 or abs(v) >= 1000 else max(0, 3 - math.floor(math.log10(abs(v))))
+
+
+def value(name: str, v: float, places: int | None = None) -> str:
+    """v with `places` decimals (default: its own 4 significant digits), as a percent for a hit rate. A row gives
+    its min and max the median's places, so that a column of figures reads alike (341.0 beside 331.6, not 341)."""
+    if name in PERCENT:
+        return f"{v:.1%}"
+    return f"{v:,.{decimals(v) if places is None else places}f}"
 
 
 def table(summary: dict[str, Spread]) -> list[str]:
@@ -27,7 +37,8 @@ def table(summary: dict[str, Spread]) -> list[str]:
     for name, s in summary.items():
         if s.median is not None:
             cv = "-" if s.cv is None else f"{s.cv:.1%}"
-            rows.append([name, "", value(name, s.median), value(name, s.min), value(name, s.max), cv])
+            places = decimals(s.median)
+            rows.append([name, "", *(value(name, v, places) for v in (s.median, s.min, s.max)), cv])
     return format_table(rows, 2, "  ")
 
 
@@ -41,7 +52,8 @@ def _spread(s: Spread) -> float | None:
 def spread_warning(summary: dict[str, Spread], stopped_reason: str | None) -> list[str]:
     """One line naming every headline whose trials differ by more than SPREAD_WARN of its median (the median alone
     would hide it), with what lengthens a trial given what bounded it."""
-    apart = [f"{name} by {spread:.0%} ({value(name, s.min)} to {value(name, s.max)})" for name, s in summary.items()
+    apart = [f"{name} by {spread:.0%} ({value(name, s.min, decimals(s.median))} to "
+             f"{value(name, s.max, decimals(s.median))})" for name, s in summary.items()
              if (spread := _spread(s)) is not None and spread > SPREAD_WARN]
     if not apart:
         return []

@@ -14,7 +14,7 @@ def _spread(values):
 def test_a_spread_beyond_a_tenth_of_the_median_is_said():
     """Issue 39, item 3: trials differing by 47 % were reported as one median with no word."""
     (line,) = spread_warning({"requests_per_s": _spread([10.0, 12.0, 14.7])}, "duration")
-    assert "1 headline number: requests_per_s by 39% (10 to 14.7)" in line
+    assert "1 headline number: requests_per_s by 39% (10.00 to 14.70)"  # the table's decimals in line
     assert spread_warning({"requests_per_s": _spread([10.0, 10.5, 10.2])}, "duration") == []
     assert spread_warning({"requests_per_s": _spread([10.0, None])}, "duration") == []  # nothing to compare
 
@@ -66,3 +66,13 @@ def test_a_large_headline_reads_in_whole_units():
     """cached_tokens_per_s read 3.28e+04 in the trials' table."""
     (row,) = [r for r in table({"cached_tokens_per_s": _spread([32_784.0, 32_812.0])}) if "cached" in r]
     assert row.split()[1:4] == ["32,798", "32,784", "32,812"]
+
+
+def test_a_row_gives_its_min_and_max_the_medians_decimals():
+    """A row read 0.8589 0.785 0.8695 and 341 331.6 363.9: each figure with its own significant digits."""
+    rows = table({"storage_read_gbps": _spread([0.8589, 0.785, 0.8695]),
+                  "storage_read_p99_ms": _spread([341.0, 331.6, 363.9])})
+    (gbps,) = [r for r in rows if "gbps" in r]
+    (p99,) = [r for r in rows if "p99" in r]
+    assert gbps.split()[1:4] == ["0.8589", "0.7850", "0.8695"]
+    assert p99.split()[1:4] == ["341.0", "331.6", "363.9"]
