@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kv_cache.recorder.results_schema import Results
 from kv_cache.recorder.verdict import arrival_of, null_bottom, pace
+from kv_cache.report.console import run_state
 from kv_cache.report.table import WIDTH, fit, format_table
 
 
@@ -116,7 +117,7 @@ def _table(runs: list[tuple[str, Results]], picked: list[int]) -> list[str]:
         ratios = [f"{v / base:.2f}x" if v is not None and base else "-" for v in values[1:]]
         rows.append([title, ""] + [_fmt(v) for v in values] + ratios)
     pad = [""] * len(picked)
-    described = [("model", lambda r: r.run.model), ("io engine", lambda r: r.run.io_engine),
+    described = [("run", run_state), ("model", lambda r: r.run.model), ("io engine", lambda r: r.run.io_engine),
                  ("storage tier", lambda r: r.bottom), *CHOICES]
     return format_table(rows + [[title, ""] + [get(runs[i][1]) for i in cols] + pad for title, get in described])
 
@@ -133,6 +134,11 @@ def comparison_table(runs: list[tuple[str, Results]]) -> str:
     lines = legend
     for t in tables:
         lines += [""] + t
+    short = [f"run {i} stopped {r.run.duration_s:.1f} s into its measurement ({r.run.stopped_reason})"
+             for i, (_, r) in enumerate(runs, 1) if r.run.partial]
+    if short:
+        lines += ["", f"note: partial results: {'; '.join(short)}; {'its' if len(short) == 1 else 'their'} figures "
+                      f"are of that window, not of the run asked for."]
     diff = setting_differences(runs)
     if diff:
         lines += ["", f"note: these runs differ in {len(diff)} setting(s) that change the numbers (values in run "

@@ -59,11 +59,17 @@ def _who(results: Results) -> str:
     return opened.get(w.arrival, f"arrival {w.arrival}")
 
 
+def run_state(results: Results) -> str:
+    """complete, PARTIAL (why it stopped early) or NOTHING MEASURED: the header's word, and compare's."""
+    run = results.run
+    if run.partial:
+        return f"PARTIAL ({run.stopped_reason})"
+    return "complete" if results.requests.completed else "NOTHING MEASURED"
+
+
 def header(results: Results) -> list[str]:
     run = results.run
-    state = "complete" if not run.partial else f"PARTIAL ({run.stopped_reason})"
-    if not results.requests.completed and not run.partial:
-        state = "NOTHING MEASURED"
+    state = run_state(results)
     size = run.block_bytes / MiB if run.block_tokens else None
     block = f"block {run.block_tokens} tokens = {size:.2f} MiB" if size else "whole-request objects"
     lines = [f"kv-cache-bench {run.tool_version}  run {run.run_id}  [{state}]",

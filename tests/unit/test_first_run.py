@@ -250,3 +250,15 @@ def test_compare_gives_the_hit_rate_in_percent_as_every_other_output():
     a = results()
     row = next(x for x in comparison_table([("a", a), ("b", results())]).splitlines() if x.startswith("token hit"))
     assert row.split()[:5] == ["token", "hit", "rate", "%", f"{100 * a.hit_rate.tokens:.4g}"], row
+
+
+def test_compare_says_which_run_stopped_early():
+    """An interrupted run compared beside a whole one read like any other: its 7.7 s of figures beside 10 s, no word."""
+    from kv_cache.report.compare import comparison_table
+
+    a, b = results(), results()
+    b.run.partial, b.run.stopped_reason, b.run.duration_s = True, "interrupted", 7.7
+    text = comparison_table([("whole", a), ("cut", b)])
+    rows = {x.split()[0]: x for x in text.splitlines() if x.strip()}
+    assert rows["run"].split()[1:] == ["complete", "PARTIAL", "(interrupted)"], rows["run"]
+    assert "run 2 stopped 7.7 s into its measurement (interrupted)" in text
