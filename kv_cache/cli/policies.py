@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from kv_cache.cli.args import amount
 from kv_cache.cli.flags import flag_names, run_parser
-from kv_cache.config import resolve
+from kv_cache.config import replace, resolve
+from kv_cache.config.keys import DAY_S
 from kv_cache.errors import UserError
 from kv_cache.run.registry import Registry
 
@@ -36,6 +37,14 @@ def cmd_policies(argv: list[str], reg: Registry) -> int:
     settings = resolve(config, sets, args, media_sections=reg.sections())
     if not settings.run.max_requests:
         raise UserError("policies replays a fixed sequence: give its length with --max-requests N.")
+    if "run.warmup_s" in args and settings.run.warmup_s:
+        raise UserError(f"policies judges every policy on every request of its sequence; --warmup "
+                        f"{settings.run.warmup_s:g} would leave out those of its first seconds, a different number "
+                        f"for each policy: drop it.")
+    # the sequence's end, not the clock, ends each policy's run; a typed --duration stays a cap, said if it cut any
+    settings = replace(settings, "run.warmup_s", 0.0)
+    if "run.duration_s" not in args:
+        settings = replace(settings, "run.duration_s", float(DAY_S))
     from kv_cache.run.policy_runs import compare_policies
 
     return compare_policies(settings, names, ms, (lambda *_: None) if settings.run.quiet else print, reg)

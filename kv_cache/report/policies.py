@@ -28,6 +28,24 @@ def _count(v) -> str:
     return "-" if v is None else f"{v:,}"
 
 
+def unequal(rows: list[dict]) -> bool:
+    """The policies did not all complete the same requests (a --duration ended some runs earlier than others)."""
+    return len({r.get("requests") for r in rows}) > 1
+
+
+def cut_lines(rows: list[dict]) -> list[str]:
+    """What a typed --duration cut: a note where it ended every run at the same request, a warning where not."""
+    cut = [f"{r['policy']} {r['requests']:,}" for r in rows if r.get("stopped_reason") == "duration"]
+    if not cut:
+        return []
+    if not unequal(rows):
+        return [fit(f"note: --duration ended every policy's run after {rows[0]['requests']:,} requests, before the "
+                    f"sequence's end: the comparison is of those.")]
+    return [fit(f"warning: --duration ended {len(cut)} of the {len(rows)} policies' runs before the sequence's end "
+                f"(requests completed: {', '.join(cut)}): they did not see the same requests, so their figures do "
+                f"not compare; raise --duration or lower --max-requests.")]
+
+
 def policy_table(rows: list[dict]) -> str:
     """Tables of at most 100 columns, a tier a row (one table of every column was 150 wide with two tiers)."""
     types = sorted({t for r in rows for t, v in r["hit_rate_by_type"].items() if v is not None})
@@ -44,13 +62,14 @@ def policy_table(rows: list[dict]) -> str:
                    f"{r['demoted_bytes'].get(t, 0) / 2**30:.2f}"] for t, b in r["bytes"].items()]
         lat += [[r["policy"], tier, op, f"{st['count']:,}", _ms(st["p50"]), _ms(st["p99"])]
                 for tier, ops in r["latency_ms"].items() for op, st in ops.items() if op in ("read", "write")]
-    return "\n".join([fit("Policies on one request sequence: hit rates, TTFT (mean ms), new blocks written and not "
-                           "(one a policy's evictions cut off from its chain is not written: less storage time, "
-                           "fewer later hits)")]
+    each = "cut short: see below" if unequal(rows) else f"{rows[0].get('requests') or 0:,} requests each"
+    return "\n".join([fit(f"Policies on one request sequence ({each}): hit rates, TTFT (mean ms), new blocks "
+                           "written and not (one a policy's evictions cut off from its chain is not written: less "
+                           "storage time, fewer later hits)")]
                      + format_table(hits, 1, "  ")
                      + ["", "Hit rate by source (each of its own prompt tokens)"] + format_table(sources, 1, "  ")
                      + ["", "GiB moved"] + format_table(moved, 2, "  ")
-                     + ["", "Per-block latency"] + format_table(lat, 3, "  "))
+                     + ["", "Per-block latency"] + format_table(lat, 3, "  ") + cut_lines(rows))
 
 
 def policy_plot(rows: list[dict], folder: Path, model: str) -> Path:

@@ -20,7 +20,7 @@ from kv_cache import signals
 from kv_cache.config import Settings, replace
 from kv_cache.errors import UserError
 from kv_cache.recorder.results_schema import Results
-from kv_cache.report.policies import FILE, policy_plot, policy_table
+from kv_cache.report.policies import FILE, policy_plot, policy_table, unequal
 from kv_cache.report.table import fit
 from kv_cache.run.outfolder import write_json
 from kv_cache.run.pipeline import new_run_id
@@ -35,7 +35,7 @@ def summarize(name: str, r: Results, ms_per_token: float) -> dict:
     block = r.run.block_bytes
     full = r.to_dict()
     return {
-        "policy": name, "requests": req,
+        "policy": name, "requests": req, "stopped_reason": r.run.stopped_reason,
         "hit_rate_tokens": r.hit_rate.tokens, "hit_rate_blocks": r.hit_rate.blocks,
         "hit_rate_by_type": r.hit_rate.by_source,
         "bytes": full["bytes"],
@@ -70,6 +70,8 @@ def compare_policies(s: Settings, names: list[str], ms_per_token: float, say, re
         signals.resume()
         done = Results.from_dict(json.loads((root / name / "results.json").read_text()))
         rows.append(summarize(name, done, ms_per_token))
+    if unequal(rows):  # said under the table: the policies did not see the same requests
+        status = max(status, 1)
     model = f"modelled TTFT = measured storage TTFT + missed prompt tokens x {ms_per_token:g} ms (recompute)"
     write_json(root / FILE, {"policies": rows, "ttft_model": model, "settings": s.to_dict()})
     plot = policy_plot(rows, root, model)

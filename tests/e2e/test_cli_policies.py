@@ -87,3 +87,38 @@ def test_quiet_policies_print_nothing(small_run):
                  "--policies", "lru"], timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout == "" and (small_run.out / "q" / "policies.json").exists()
+
+
+def test_each_policy_runs_the_whole_sequence_whatever_the_configs_clock(small_run):
+    """`policies --max-requests 200` ran each policy for the default 60 s after a 5 s warm-up: 38 to 47 of the 200
+    requests, a different number a policy, under "Policies on one request sequence". The sequence's end ends a run
+    now (the config's 2 s and 0.5 s warm-up here); a typed --duration that cuts one is said, exit 1."""
+    r = run_cli(["policies", *small_run("whole", "--max-requests", "60", quiet=False), "--policies", "lru,fifo"],
+                timeout=240)
+    assert r.returncode == 0, r.stderr
+    runs = [json.loads((small_run.out / "whole" / n / "results.json").read_text()) for n in ("lru", "fifo")]
+    assert [(x["requests"]["completed"], x["run"]["stopped_reason"]) for x in runs] == [(60, "max_requests")] * 2
+    assert "warning" not in r.stdout
+    assert "Policies on one request sequence (60 requests each)" in r.stdout, r.stdout
+    cut = run_cli(["policies", *small_run("cut", "--max-requests", "5000", "--duration", "0.5", quiet=False),
+                   "--policies", "lru"], timeout=240)
+    assert cut.returncode == 0, cut.stderr  # one policy: cut, but nothing to differ from
+    done = json.loads((small_run.out / "cut" / "lru" / "results.json").read_text())["requests"]["completed"]
+    assert f"note: --duration ended every policy's run after {done:,} requests, before the sequence's end" \
+        in " ".join(cut.stdout.split()), cut.stdout
+    assert_clean_error(run_cli(["policies", *small_run("w", "--max-requests", "5", "--warmup", "1")]),
+                       "--warmup 1 would leave out those of its first seconds")
+
+
+def test_policies_cut_to_different_lengths_are_said_not_to_compare():
+    from kv_cache.report.policies import cut_lines, unequal
+
+    def row(name, done, why):
+        return {"policy": name, "requests": done, "stopped_reason": why}
+
+    rows = [row("lru", 38, "duration"), row("s3fifo", 47, "duration"), row("fifo", 200, "max_requests")]
+    (line,) = cut_lines(rows)
+    assert unequal(rows) and " ".join(line.split()).startswith(
+        "warning: --duration ended 2 of the 3 policies' runs before the sequence's end (requests completed: lru 38, "
+        "s3fifo 47): they did not see the same requests"), line
+    assert cut_lines([row("lru", 200, "max_requests")] * 2) == [] and not unequal([row("lru", 200, "max_requests")] * 2)
