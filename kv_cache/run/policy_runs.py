@@ -70,6 +70,8 @@ def compare_policies(s: Settings, names: list[str], ms_per_token: float, say, re
         signals.resume()
         done = Results.from_dict(json.loads((root / name / "results.json").read_text()))
         rows.append(summarize(name, done, ms_per_token))
+        hit = "-" if done.hit_rate.tokens is None else f"{done.hit_rate.tokens:.1%}"
+        say(f"   {done.requests.completed:,} requests in {done.run.duration_s:.1f} s, {hit} of prompt tokens hit")
     if unequal(rows):  # said under the table: the policies did not see the same requests
         status = max(status, 1)
     model = f"modelled TTFT = measured storage TTFT + missed prompt tokens x {ms_per_token:g} ms (recompute)"

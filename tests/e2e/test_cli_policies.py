@@ -100,6 +100,7 @@ def test_each_policy_runs_the_whole_sequence_whatever_the_configs_clock(small_ru
     assert [(x["requests"]["completed"], x["run"]["stopped_reason"]) for x in runs] == [(60, "max_requests")] * 2
     assert "warning" not in r.stdout
     assert "Policies on one request sequence (60 requests each)" in r.stdout, r.stdout
+    assert r.stdout.count("\n   60 requests in ") == 2, r.stdout  # each policy's end said as it comes (minutes each)
     cut = run_cli(["policies", *small_run("cut", "--max-requests", "5000", "--duration", "0.5", quiet=False),
                    "--policies", "lru"], timeout=240)
     assert cut.returncode == 0, cut.stderr  # one policy: cut, but nothing to differ from
