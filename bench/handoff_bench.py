@@ -128,7 +128,11 @@ def store_reader(url: str, blocks: int, rounds: int) -> None:
     from kv_cache.lifecycle.handoff.nixl import NixlLoader
 
     link = NixlLoader(url, IDENT, 30, lambda m: None)
+    link.ready()  # as a decode node whose clock starts: requests go only to ready nodes
+    deadline = time.monotonic() + 30
     while len(link.slot_of) < blocks:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{len(link.slot_of)} of the {blocks} blocks handed over within 30 s")
         time.sleep(0.01)
     out, times = memoryview(np.zeros(BLOCK, np.uint8)), []
     for _ in range(rounds):

@@ -438,3 +438,14 @@ def test_without_nixl_the_nixl_handoff_is_one_sentence(small_run, tmp_path):
                           "--disagg-handoff-gb", "0.25", *bounded(2)),
                 extra_env={"PYTHONPATH": str(tmp_path / "shadow")})
     assert_clean_error(r, "the NIXL handoff needs NIXL's wheel: pip install --no-deps nixl-cu12")
+
+
+def test_the_handoff_benchs_load_path_pair_runs():
+    """make bench's handoff row 'NixlLoader.load() alone' hung for its 300 s and killed the bench: its reader never
+    said ready, and requests go only to decode nodes that have (since 13c1215)."""
+    from helpers import bench_module
+
+    bench = bench_module("handoff_bench")
+    url = f"nixl://127.0.0.1:{free_port()}"
+    got = bench.pair(bench.pinned, ["--store-target", url, "8"], ["--store-reader", url, "8", "2"])
+    assert got["blocks"] == 16 and got["p50_ms"] > 0
