@@ -121,7 +121,9 @@ def store_target(url: str, blocks: int) -> None:
         store.blocks.put(k, memoryview(data))
     store.hand_over(Handoff("r", keys, (BLOCK,) * blocks, (), (), blocks * 16, 1, 16, time.time()))
     deadline = time.monotonic() + 60
-    while not store.channel.attached() and time.monotonic() < deadline:  # finish() waits only for those attached
+    # a prefill node's clock starts once a decode node is ready, and requests go only to ready nodes: the end line
+    # finish() sends to every attached node would reach one not yet ready before its request
+    while not store.ready_nodes() and time.monotonic() < deadline:
         time.sleep(0.05)
     store.finish(120, True, lambda *_: None)  # its reader never acknowledges (no workload): nothing to say
     os._exit(0)
