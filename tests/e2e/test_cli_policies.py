@@ -91,8 +91,8 @@ def test_quiet_policies_print_nothing(small_run):
 
 def test_each_policy_runs_the_whole_sequence_whatever_the_configs_clock(small_run):
     """`policies --max-requests 200` ran each policy for the default 60 s after a 5 s warm-up: 33 to 40 of the 200
-    requests completed, a different number a policy, under "Policies on one request sequence". The sequence's end ends a run
-    now (the config's 2 s and 0.5 s warm-up here); a typed --duration that cuts one is said, exit 1."""
+    requests completed, a different number a policy, under "Policies on one request sequence". The sequence's end
+    ends a run now (the config's 2 s and 0.5 s warm-up here); a typed --duration that cuts one is said, exit 1."""
     r = run_cli(["policies", *small_run("whole", "--max-requests", "60", quiet=False), "--policies", "lru,fifo"],
                 timeout=240)
     assert r.returncode == 0, r.stderr
